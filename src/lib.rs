@@ -10,3 +10,4 @@
 
 pub mod error;
 pub mod netlink;
+pub mod install;
