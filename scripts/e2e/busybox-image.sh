@@ -1,16 +1,16 @@
 #!/bin/bash
-# busybox-image.sh OUT.tar IMAGE_REF [ENTRYPOINT_JSON]
+# busybox-image.sh OUT.tar IMAGE_REF [CMD_JSON]
 #
 # Writes an OCI image-layout archive of Debian's busybox-static (one layer: /bin/busybox,
 # one symlink per applet, /etc/passwd, /etc/group, /tmp), without a registry or an image
 # builder. Same input, same bytes: the layer tar and every JSON document are reproducible.
 # The archive loads with `ctr [-n k8s.io] images import OUT.tar` and `podman load -i OUT.tar`.
 #   IMAGE_REF       e.g. docker.io/library/ng-e2e-busybox:1 (the name ctr/CRI will use)
-#   ENTRYPOINT_JSON default ["/bin/sh"]; a CRI sandbox ("pause") image uses
-#                   ["/bin/sleep","2147483647"]
+#   CMD_JSON        default ["/bin/sh"]; there is no Entrypoint, so `run IMAGE CMD...` runs
+#                   CMD. A CRI sandbox ("pause") image uses ["/bin/sleep","2147483647"].
 set -euo pipefail
-[ $# -ge 2 ] || { echo "usage: $0 OUT.tar IMAGE_REF [ENTRYPOINT_JSON]" >&2; exit 2; }
-out=$1 ref=$2 entrypoint=${3:-'["/bin/sh"]'}
+[ $# -ge 2 ] || { echo "usage: $0 OUT.tar IMAGE_REF [CMD_JSON]" >&2; exit 2; }
+out=$1 ref=$2 cmd=${3:-'["/bin/sh"]'}
 bb=/bin/busybox
 [ -x "$bb" ] || { echo "$0: $bb missing (apt-get install busybox-static)" >&2; exit 1; }
 # a dynamically linked busybox would not run inside the image
@@ -43,9 +43,9 @@ diff_id=sha256:$(sha256sum "$work/layer.tar" | cut -d' ' -f1)
 gzip -n -9 < "$work/layer.tar" > "$work/layer.tgz"
 read -r layer_digest layer_size < <(blob "$work/layer.tgz")
 
-jq -cn --arg created "$epoch" --arg diff "$diff_id" --argjson ep "$entrypoint" '{
+jq -cn --arg created "$epoch" --arg diff "$diff_id" --argjson cmd "$cmd" '{
   created: $created, architecture: "amd64", os: "linux",
-  config: {Env: ["PATH=/bin:/sbin:/usr/bin:/usr/sbin"], Entrypoint: $ep, WorkingDir: "/"},
+  config: {Env: ["PATH=/bin:/sbin:/usr/bin:/usr/sbin"], Cmd: $cmd, WorkingDir: "/"},
   rootfs: {type: "layers", diff_ids: [$diff]},
   history: [{created: $created, created_by: "scripts/e2e/busybox-image.sh"}]}' > "$work/config.json"
 read -r config_digest config_size < <(blob "$work/config.json")

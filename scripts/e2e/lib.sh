@@ -1,0 +1,444 @@
+# shellcheck shell=bash
+# scripts/e2e/lib.sh: shared functions of natguard's end-to-end tests (sourced, not run).
+#
+# Every test builds the same small world out of network namespaces and never touches the
+# root netns's firewall, routes or conntrack:
+#
+#   ng-<t>-node    the node: runs the container runtime (nsenter --net), the CNI plugins
+#                  (bridge cni0 + host-local [+ portmap] + natguard) and the node-local
+#                  metadata proxy (HTTP on :8181 answering "proxy").
+#                  up0 172.31.250.1/24 -> remote (default route), cl0 172.31.251.1/30 -> cloud
+#   ng-<t>-remote  the outside world: 10.200.0.2 (inside nonMasqueradeCIDRs' 10.0.0.0/8) and
+#                  11.0.0.2 (outside the list), HTTP :80 /cgi-bin/src answers the source
+#                  address it sees.
+#   ng-<t>-cloud   169.254.169.254, HTTP :80 answering "cloud" (the real metadata API).
+#
+# A pod's request to 169.254.169.254 must reach the proxy (natguard's DNAT), an exempt
+# namespace's pod must reach the cloud, 10.200.0.2 must see the pod's address and 11.0.0.2
+# the node's (masquerade).
+#
+# Environment:
+#   NATGUARD_BIN  plugin binary (default: target/x86_64-unknown-linux-gnu/release/natguard,
+#                 then .../debug/natguard; built with `cargo build --release` if neither exists)
+#   NG_E2E_KEEP=1 on failure, keep everything for inspection (prints the cleanup commands)
+set -u -o pipefail
+
+E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$E2E_DIR/../.." && pwd)
+NODE_IP=172.31.250.1
+REMOTE_GW=172.31.250.2
+CLOUD_LINK_NODE=172.31.251.1
+CLOUD_LINK_CLOUD=172.31.251.2
+METADATA_IP=169.254.169.254
+REMOTE_IN=10.200.0.2
+REMOTE_OUT=11.0.0.2
+PROXY_PORT=8181
+EXEMPT_NS=ng-e2e-exempt
+IMAGE_REF=docker.io/library/ng-e2e-busybox:1
+PAUSE_REF=docker.io/library/ng-e2e-pause:1
+
+T=""          # test name, set by e2e_init
+NODE="" CLOUD="" REMOTE=""
+W=""          # work dir of this test
+CLEANUP=()    # commands run in reverse order on exit
+T0=0
+
+log() { printf '[e2e %s] %s\n' "$T" "$*" >&2; }
+fail() {
+  log "FAIL: $*"
+  exit 1
+}
+# defer CMD: run CMD (a string, eval'ed) at exit, after everything deferred later.
+defer() { CLEANUP+=("$*"); }
+
+_run_cleanup() {
+  local rc=$? i
+  trap - EXIT INT TERM
+  if [ "$rc" -ne 0 ] && [ "${NG_E2E_KEEP:-0}" = 1 ]; then
+    log "NG_E2E_KEEP=1: leaving everything in place; to clean up run:"
+    for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do printf '  %s\n' "${CLEANUP[i]}" >&2; done
+    exit "$rc"
+  fi
+  for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do
+    eval "${CLEANUP[i]}" >/dev/null 2>&1 || true
+  done
+  if [ "$rc" -eq 0 ]; then
+    log "PASS ($(elapsed)s)"
+  else
+    log "FAILED (exit $rc, $(elapsed)s)"
+  fi
+  exit "$rc"
+}
+
+elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# e2e_init NAME: names, work dir, one-at-a-time lock, exit trap.
+e2e_init() {
+  T=$1
+  T0=$(date +%s.%N)
+  [ "$(id -u)" = 0 ] || fail "must run as root"
+  NODE=ng-$T-node CLOUD=ng-$T-cloud REMOTE=ng-$T-remote
+  # The e2e tests share /etc/cni/net.d, /opt/cni/bin and /var/lib/cni: one at a time.
+  exec 9>/run/ng-e2e.lock
+  flock -w 600 9 || fail "another e2e test holds /run/ng-e2e.lock"
+  W=$(mktemp -d "/tmp/ng-e2e-$T.XXXXXX")
+  trap _run_cleanup EXIT
+  trap 'exit 130' INT TERM
+  defer "rm -rf '$W'"
+}
+
+# need CMD...: every prerequisite must be there; a missing one is a failure, never a skip.
+need() {
+  local c
+  for c in "$@"; do
+    command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || fail "prerequisite missing: $c (see scripts/e2e/README or scripts/test.sh)"
+  done
+}
+
+# in_node CMD...: run CMD in the node's netns only (not `ip netns exec`: that remounts /sys,
+# hiding the cgroup mounts that runc and podman need).
+# (fd 9 holds the e2e lock: daemons started from here must not inherit it)
+in_node() { nsenter --net="/run/netns/$NODE" "$@" 9>&-; }
+in_ns() {
+  local ns=$1
+  shift
+  nsenter --net="/run/netns/$ns" "$@" 9>&-
+}
+
+# natguard_bin: path of the plugin binary under test (built if absent).
+natguard_bin() {
+  local b
+  if [ -n "${NATGUARD_BIN:-}" ]; then
+    [ -x "$NATGUARD_BIN" ] || fail "NATGUARD_BIN=$NATGUARD_BIN is not executable"
+    echo "$NATGUARD_BIN"
+    return
+  fi
+  for b in "$REPO/target/x86_64-unknown-linux-gnu/release/natguard" "$REPO/target/x86_64-unknown-linux-gnu/debug/natguard"; do
+    [ -x "$b" ] && { echo "$b"; return; }
+  done
+  log "building natguard (cargo build --release)"
+  (cd "$REPO" && cargo build --release -q) >&2 || fail "cargo build --release"
+  echo "$REPO/target/x86_64-unknown-linux-gnu/release/natguard"
+}
+
+# natguard_conf [EXTRA_JSON]: natguard's entry for a conflist (defaults plus an exempt namespace).
+natguard_conf() {
+  jq -cn --arg log "$W/natguard.log" --arg ex "$EXEMPT_NS" --argjson extra "${1:-{\}}" \
+    '{type: "natguard", metadata: {mode: "proxy", exemptNamespaces: [$ex]}, logFile: $log} * $extra'
+}
+
+# bridge_conf BRIDGE SUBNET [IPMASQ]: Debian's bridge + host-local (default IPAM dir).
+bridge_conf() {
+  jq -cn --arg br "$1" --arg sn "$2" --argjson masq "${3:-false}" '{
+    type: "bridge", bridge: $br, isGateway: true, ipMasq: $masq, hairpinMode: true,
+    ipam: {type: "host-local", ranges: [[{subnet: $sn}]], routes: [{dst: "0.0.0.0/0"}]}}'
+}
+
+# --- the world ------------------------------------------------------------------------------
+
+_mk_ns() {
+  ip netns add "$1" || fail "ip netns add $1"
+  defer "ip netns del '$1'"
+  ip -n "$1" link set lo up
+}
+
+# world_up: node, cloud and remote netns, their links, routes and HTTP servers.
+world_up() {
+  need ip nsenter busybox jq nft conntrack
+  local ns
+  for ns in "$NODE" "$CLOUD" "$REMOTE"; do
+    [ -e "/run/netns/$ns" ] && ip netns del "$ns" # leftover of an interrupted run
+  done
+  _mk_ns "$NODE"
+  _mk_ns "$CLOUD"
+  _mk_ns "$REMOTE"
+  # node <-> remote
+  ip -n "$NODE" link add up0 type veth peer name eth0 netns "$REMOTE" || fail "veth node-remote"
+  ip -n "$NODE" addr add "$NODE_IP/24" dev up0
+  ip -n "$NODE" link set up0 up
+  ip -n "$REMOTE" addr add "$REMOTE_GW/24" dev eth0
+  ip -n "$REMOTE" addr add "$REMOTE_IN/32" dev lo
+  ip -n "$REMOTE" addr add "$REMOTE_OUT/32" dev lo
+  ip -n "$REMOTE" link set eth0 up
+  ip -n "$NODE" route add default via "$REMOTE_GW"
+  ip -n "$REMOTE" route add default via "$NODE_IP"
+  # node <-> cloud (the metadata API's address is routed from the node to the cloud netns)
+  ip -n "$NODE" link add cl0 type veth peer name eth0 netns "$CLOUD" || fail "veth node-cloud"
+  ip -n "$NODE" addr add "$CLOUD_LINK_NODE/30" dev cl0
+  ip -n "$NODE" link set cl0 up
+  ip -n "$CLOUD" addr add "$CLOUD_LINK_CLOUD/30" dev eth0
+  ip -n "$CLOUD" addr add "$METADATA_IP/32" dev lo
+  ip -n "$CLOUD" link set eth0 up
+  ip -n "$NODE" route add "$METADATA_IP/32" via "$CLOUD_LINK_CLOUD"
+  ip -n "$CLOUD" route add default via "$CLOUD_LINK_NODE"
+  in_node sysctl -qw net.ipv4.ip_forward=1 || fail "ip_forward in $NODE"
+
+  # HTTP servers (busybox httpd; started with nsenter, which execs, so $! is the server)
+  mkdir -p "$W/www-proxy" "$W/www-cloud" "$W/www-remote/cgi-bin"
+  echo proxy >"$W/www-proxy/index.html"
+  echo cloud >"$W/www-cloud/index.html"
+  printf '#!/bin/sh\nprintf "Content-Type: text/plain\\r\\n\\r\\n%%s\\n" "$REMOTE_ADDR"\n' >"$W/www-remote/cgi-bin/src"
+  chmod +x "$W/www-remote/cgi-bin/src"
+  _serve "$NODE" "0.0.0.0:$PROXY_PORT" "$W/www-proxy"
+  _serve "$CLOUD" 0.0.0.0:80 "$W/www-cloud"
+  _serve "$REMOTE" 0.0.0.0:80 "$W/www-remote"
+  # wait until all three answer (bounded)
+  local i ok
+  for i in $(seq 50); do
+    ok=1
+    [ "$(in_node timeout 2 busybox wget -q -O- "http://$NODE_IP:$PROXY_PORT/" 2>/dev/null)" = proxy ] || ok=0
+    [ "$(in_node timeout 2 busybox wget -q -O- "http://$METADATA_IP/" 2>/dev/null)" = cloud ] || ok=0
+    [ "$(in_node timeout 2 busybox wget -q -O- "http://$REMOTE_IN/cgi-bin/src" 2>/dev/null)" = "$NODE_IP" ] || ok=0
+    [ "$ok" = 1 ] && break
+    sleep 0.1
+  done
+  [ "$ok" = 1 ] || fail "world: servers do not answer from the node"
+  log "world up: $NODE (proxy $NODE_IP:$PROXY_PORT), $CLOUD ($METADATA_IP), $REMOTE ($REMOTE_IN, $REMOTE_OUT)"
+}
+
+_serve() {
+  nsenter --net="/run/netns/$1" busybox httpd -f -p "$2" -h "$3" >/dev/null 2>&1 9>&- &
+  defer "kill $!"
+}
+
+# The shell snippet a container runs to probe the world; prints four lines:
+#   ip=<its eth0 IPv4>  meta=<who answered 169.254.169.254>  in=<source seen by 10.200.0.2>
+#   out=<source seen by 11.0.0.2>
+# (busybox wget -T crashes in busybox 1.35: bound every request with timeout instead.)
+PROBE='echo "ip=$(ip -4 -o addr show dev eth0 | sed "s/.*inet \([0-9.]*\).*/\1/")"
+echo "meta=$(timeout 5 wget -q -O- http://169.254.169.254/ 2>&1)"
+echo "in=$(timeout 5 wget -q -O- http://10.200.0.2/cgi-bin/src 2>&1)"
+echo "out=$(timeout 5 wget -q -O- http://11.0.0.2/cgi-bin/src 2>&1)"'
+
+# check_probe OUTPUT WHO [EXPECT_META]: assert on PROBE's output; WHO names the pod in messages.
+# Prints the pod's IP.
+check_probe() {
+  local out=$1 who=$2 want_meta=${3:-proxy} ip meta in outv
+  ip=$(sed -n 's/^ip=//p' <<<"$out")
+  meta=$(sed -n 's/^meta=//p' <<<"$out")
+  in=$(sed -n 's/^in=//p' <<<"$out")
+  outv=$(sed -n 's/^out=//p' <<<"$out")
+  [[ $ip =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "$who: no pod address in probe output: $out"
+  [ "$meta" = "$want_meta" ] || fail "$who ($ip): 169.254.169.254 answered '$meta', want '$want_meta'"
+  [ "$in" = "$ip" ] || fail "$who ($ip): $REMOTE_IN (non-masquerade CIDR) saw source '$in', want the pod address"
+  [ "$outv" = "$NODE_IP" ] || fail "$who ($ip): $REMOTE_OUT saw source '$outv', want the node's $NODE_IP (masquerade)"
+  log "$who ($ip): metadata -> $meta, $REMOTE_IN sees $in, $REMOTE_OUT sees $outv"
+  echo "$ip"
+}
+
+# --- natguard's kernel state -----------------------------------------------------------------
+
+nft_table() { in_node nft list table inet natguard 2>/dev/null; }
+
+# ip_re IP: an extended regex matching IP as a whole address
+ip_re() { printf '(^|[^0-9.])%s([^0-9]|$)' "${1//./\\.}"; }
+
+# set_has NET SET IP
+set_has() { in_node nft list set inet natguard "$1-$2" 2>/dev/null | grep -Eq "$(ip_re "$3")"; }
+
+# assert_pod_installed NET IP CID [exempt]: natguard has the pod under policy.
+assert_pod_installed() {
+  local net=$1 ip=$2 cid=$3 exempt=${4:-}
+  nft_table >/dev/null || fail "no nftables table inet natguard in $NODE"
+  set_has "$net" masq4 "$ip" || fail "pod $ip is not in $net-masq4"
+  if [ "$exempt" = exempt ]; then
+    set_has "$net" meta4 "$ip" && fail "exempt pod $ip is in $net-meta4"
+  else
+    set_has "$net" meta4 "$ip" || fail "pod $ip is not in $net-meta4"
+  fi
+  in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -q -- "$cid" ||
+    fail "no owner entry for container $cid in $net-pods"
+}
+
+# assert_pod_gone NET IP CID: nothing of the pod remains in natguard's table, in conntrack,
+# in host-local's IPAM store or in libcni's result cache. CID may be a prefix.
+assert_pod_gone() {
+  local net=$1 ip=$2 cid=$3 t f ct
+  t=$(nft_table)
+  if grep -Eq "$(ip_re "$ip")" <<<"$t"; then
+    fail "natguard's table still holds pod $ip: $(grep -E "$(ip_re "$ip")" <<<"$t")"
+  fi
+  grep -q -- "$cid" <<<"$t" && fail "natguard's table still holds container $cid: $(grep -- "$cid" <<<"$t")"
+  ct=$(in_node conntrack -L -s "$ip" 2>/dev/null; in_node conntrack -L -d "$ip" 2>/dev/null
+    in_node conntrack -L --reply-src "$ip" 2>/dev/null; in_node conntrack -L --reply-dst "$ip" 2>/dev/null)
+  [ -z "$ct" ] || fail "conntrack still holds flows of pod $ip: $ct"
+  [ -e "/var/lib/cni/networks/$net/$ip" ] && fail "host-local still reserves $ip (/var/lib/cni/networks/$net/$ip)"
+  if [ -d "/var/lib/cni/networks/$net" ] && grep -rlq -- "$cid" "/var/lib/cni/networks/$net"; then
+    fail "host-local still holds container $cid in /var/lib/cni/networks/$net"
+  fi
+  for f in /var/lib/cni/results/"$net"-*; do
+    [ -e "$f" ] || continue
+    case $f in *"$cid"*) fail "CNI cache still holds $f" ;; esac
+  done
+  log "pod $ip ($cid) left nothing behind: nft, conntrack, IPAM, CNI cache"
+}
+
+# --- files on the real root filesystem --------------------------------------------------------
+
+# mkdir_tracked DIR: create DIR (and missing parents); remove the ones we created at exit
+# (only if empty again).
+mkdir_tracked() {
+  local d=$1 missing=()
+  while [ ! -e "$d" ]; do
+    missing+=("$d")
+    d=$(dirname "$d")
+  done
+  # outermost first, so that the innermost is removed first at exit
+  local i
+  for ((i = ${#missing[@]} - 1; i >= 0; i--)); do defer "rmdir '${missing[i]}'"; done
+  [ ${#missing[@]} -eq 0 ] || mkdir -p "$1"
+}
+
+# put_file SRC DEST [MODE]: install SRC as DEST; at exit restore what DEST was (or remove it).
+put_file() {
+  local src=$1 dst=$2 mode=${3:-0644}
+  mkdir_tracked "$(dirname "$dst")"
+  if [ -e "$dst" ] || [ -L "$dst" ]; then
+    cp -a "$dst" "$W/saved.$(echo "$dst" | tr / _)"
+    defer "mv -f '$W/saved.$(echo "$dst" | tr / _)' '$dst'"
+  else
+    defer "rm -f '$dst'"
+  fi
+  install -m "$mode" "$src" "$dst.ng-tmp" && mv -f "$dst.ng-tmp" "$dst" || fail "install $dst"
+}
+
+# cni_state_cleanup NET: at exit, remove what host-local and libcni keep for network NET.
+cni_state_cleanup() {
+  mkdir_tracked /var/lib/cni/networks
+  mkdir_tracked /var/lib/cni/results
+  defer "rm -rf '/var/lib/cni/networks/$1'; rm -f /var/lib/cni/results/'$1'-*"
+}
+
+# first_conflist DIR: the file kubelet/containerd/ctr would pick (first *.conf* by name)
+first_conflist() {
+  find "$1" -maxdepth 1 -type f \( -name '*.conflist' -o -name '*.conf' -o -name '*.json' \) -printf '%f\n' |
+    LC_ALL=C sort | head -n1
+}
+
+# image_tar NAME: build (once per test) the busybox OCI archive; prints its path.
+image_tar() {
+  local ref=$1 entry=${2:-'["/bin/sh"]'} out
+  out="$W/$(echo "$ref" | tr '/:' '__').tar"
+  [ -f "$out" ] || "$E2E_DIR/busybox-image.sh" "$out" "$ref" "$entry" >/dev/null || fail "busybox-image.sh $ref"
+  echo "$out"
+}
+
+# cgroup_cleanup NAME...: at exit, remove empty cgroup parents runtimes leave behind.
+cgroup_cleanup() {
+  local n
+  for n in "$@"; do
+    defer "for d in /sys/fs/cgroup/*/'$n' /sys/fs/cgroup/'$n'; do [ -d \"\$d\" ] && find \"\$d\" -depth -type d -exec rmdir {} \\; ; done"
+  done
+}
+
+# umount_under DIR: at exit, unmount everything mounted below DIR (deepest first).
+umount_under() {
+  defer "awk -v d='$1/' 'index(\$2, d) == 1 { print \$2 }' /proc/self/mounts | sort -r | xargs -r -n1 umount -l"
+}
+
+# --- containerd ---------------------------------------------------------------------------------
+
+CTD_SOCK=""
+# ctd CTR_ARGS...: ctr against this test's containerd
+ctd() { ctr --address "$CTD_SOCK" "$@"; }
+
+# track_run_containerd: containerd 1.6 keeps shim sockets, runc state and ctr's fifos under
+# the fixed /run/containerd whatever its config says: remove what we add there.
+track_run_containerd() {
+  if [ -e /run/containerd ]; then
+    defer "for d in /run/containerd/runc/* /run/containerd/fifo/* /run/containerd/s /run/containerd/runc /run/containerd/fifo; do rmdir \"\$d\"; done"
+  else
+    defer "find /run/containerd -depth -type d -empty -delete"
+  fi
+}
+
+# cgroup_track NAME...: at exit, remove the cgroup parents NAME that runc creates (only those
+# that did not exist before, and only when empty).
+cgroup_track() {
+  local n d
+  for n in "$@"; do
+    for d in /sys/fs/cgroup/*/"$n" /sys/fs/cgroup/"$n"; do
+      [ -e "$d" ] && continue 2
+    done
+    defer "for d in /sys/fs/cgroup/*/'$n' /sys/fs/cgroup/'$n'; do [ -d \"\$d\" ] && find \"\$d\" -depth -type d -exec rmdir {} + ; done"
+  done
+}
+
+# containerd_up CRI_TOML: start containerd (own root, state and socket under $W) inside the
+# node netns. CRI_TOML: the [plugins."io.containerd.grpc.v1.cri"] body, or "" to disable CRI.
+containerd_up() {
+  need containerd ctr runc containerd-shim-runc-v2
+  local d=$W/containerd i
+  mkdir -p "$d"
+  CTD_SOCK=$d/containerd.sock
+  track_run_containerd
+  {
+    echo 'version = 2'
+    echo "root = \"$d/root\""
+    echo "state = \"$d/state\""
+    if [ -z "$1" ]; then
+      echo 'disabled_plugins = ["io.containerd.grpc.v1.cri"]'
+    fi
+    echo '[grpc]'
+    echo "  address = \"$CTD_SOCK\""
+    echo '[plugins."io.containerd.internal.v1.opt"]'
+    echo "  path = \"$d/opt\""
+    if [ -n "$1" ]; then
+      echo '[plugins."io.containerd.grpc.v1.cri"]'
+      echo "$1"
+    fi
+  } >"$d/config.toml"
+  umount_under "$d"
+  # Last of containerd's cleanups (run first): stop what is left of its tasks and itself.
+  # nsenter directly, not in_node: a backgrounded function is a subshell, and $! its pid
+  nsenter --net="/run/netns/$NODE" containerd --config "$d/config.toml" >"$d/containerd.log" 2>&1 9>&- &
+  local pid=$!
+  defer "_containerd_down $pid"
+  for i in $(seq 100); do
+    [ -S "$CTD_SOCK" ] && ctd version >/dev/null 2>&1 && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  ctd version >/dev/null 2>&1 || fail "containerd did not start: $(tail -5 "$d/containerd.log")"
+}
+
+_containerd_down() {
+  local pid=$1 ns c p
+  for ns in $(ctd namespaces ls -q 2>/dev/null); do
+    for c in $(ctd -n "$ns" tasks ls -q 2>/dev/null); do
+      ctd -n "$ns" tasks kill -s KILL "$c"
+      ctd -n "$ns" tasks rm -f "$c"
+    done
+    for c in $(ctd -n "$ns" containers ls -q 2>/dev/null); do ctd -n "$ns" containers rm "$c"; done
+  done
+  kill "$pid" 2>/dev/null
+  for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  # shims started by this containerd carry its socket in their command line
+  for p in $(pgrep -f -- "-address $CTD_SOCK" 2>/dev/null); do kill -9 "$p"; done
+}
+
+# ctd_import TAR [NAMESPACE]
+ctd_import() { ctd -n "${2:-default}" images import "$1" >/dev/null || fail "ctr images import $1"; }
+
+# cri_client: path of tests/cri-client's binary (cargo build: a no-op when up to date)
+cri_client() {
+  local dir=$REPO/tests/cri-client b
+  need cargo protoc
+  (cd "$dir" && cargo build --release -q) >&2 || fail "cargo build tests/cri-client"
+  for b in "$dir"/target/x86_64-unknown-linux-gnu/release/cri-client "$dir"/target/release/cri-client; do
+    [ -x "$b" ] && { echo "$b"; return; }
+  done
+  fail "tests/cri-client built, but no binary found"
+}
+
+# cnitool: path of tests/cnitool's binary (built into $W; Go in GOPATH mode, offline)
+cnitool_bin() {
+  local src=/usr/share/gocode/src/github.com/containernetworking/cni/libcni
+  need go
+  [ -d "$src" ] || fail "prerequisite missing: $src (apt-get install golang-github-appc-cni-dev)"
+  if [ ! -x "$W/cnitool" ]; then
+    (cd "$REPO/tests/cnitool" && GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= \
+      GOCACHE="${GOCACHE:-/tmp/ng-e2e-gocache}" go build -o "$W/cnitool" .) >&2 || fail "go build tests/cnitool"
+  fi
+  echo "$W/cnitool"
+}
