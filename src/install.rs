@@ -940,12 +940,12 @@ fn active_file(opts: &InstallOpts) -> Result<PathBuf, String> {
 }
 
 /// Puts natguard's entry into the active list; writes nothing when it is already there.
-fn install_conflist(opts: &InstallOpts) -> Result<Outcome, String> {
+fn install_conflist(opts: &InstallOpts, dry: bool) -> Result<Outcome, String> {
     // A rename by another agent between reading and writing aborts the write; try again.
     let mut attempts = 0;
     loop {
         attempts += 1;
-        match install_conflist_once(opts) {
+        match install_conflist_once(opts, dry) {
             Err(Retry::Again(e)) if attempts < 5 => log(format!("{e}; trying again")),
             Err(Retry::Again(e)) | Err(Retry::Fail(e)) => return Err(e),
             Ok(o) => return Ok(o),
@@ -973,10 +973,14 @@ fn io_retry(path: &Path, e: io::Error) -> Retry {
     }
 }
 
-fn install_conflist_once(opts: &InstallOpts) -> Result<Outcome, Retry> {
+/// One attempt; with `dry`, every check is made and nothing is written.
+fn install_conflist_once(opts: &InstallOpts, dry: bool) -> Result<Outcome, Retry> {
     let path = active_file(opts)?;
     let l = load(&path)?;
     if is_list_path(&path) {
+        if let Some(single) = rewritten_single(&l) {
+            return convert_single(opts, &single, dry).map(Outcome::Wrote);
+        }
         let plugins = check_list(&l)?;
         let existing = plugins.iter().position(is_natguard);
         if let Some(i) = existing {
@@ -993,6 +997,9 @@ fn install_conflist_once(opts: &InstallOpts) -> Result<Outcome, Retry> {
         }
         let want = Value::Object(want);
         let text = checked_text(splice_entry(&l.text, &opts.entry, existing), &want);
+        if dry {
+            return Ok(Outcome::Wrote(path));
+        }
         let old = l.text.as_bytes();
         write_atomic(&path, text.as_bytes(), 0o644, Some(&l.meta), &|| {
             same_bytes(&path, old)
@@ -1009,12 +1016,34 @@ fn install_conflist_once(opts: &InstallOpts) -> Result<Outcome, Retry> {
         ));
         Ok(Outcome::Wrote(path))
     } else {
-        convert_single(opts, &l).map(Outcome::Wrote)
+        convert_single(opts, &l, dry).map(Outcome::Wrote)
     }
 }
 
+/// Whether `list` is natguard's conversion of a `.json` config of the same basename that its agent
+/// has written again since; that config then has to be converted again, or the stale list would
+/// shadow it (`x.conflist` sorts before `x.json`). A `.conf` sorts before its list and is found as
+/// the active file anyway.
+fn rewritten_single(list: &Loaded) -> Option<Loaded> {
+    let sibling = list.path.with_extension("json");
+    if !fs::symlink_metadata(&sibling).is_ok_and(|m| m.is_file()) {
+        return None;
+    }
+    let single = load(&sibling).ok()?;
+    converted_from(list, &single).then_some(single)
+}
+
+/// Whether `list` has the shape natguard gives a converted single config: same name, the plugin,
+/// then natguard.
+fn converted_from(list: &Loaded, single: &Loaded) -> bool {
+    list.doc.get("name").is_some()
+        && list.doc.get("name") == single.doc.get("name")
+        && matches!(list.doc.get("plugins"), Some(Value::Array(p))
+            if p.len() == 2 && is_natguard(&p[1]))
+}
+
 /// Turns a lone plugin config into a list of the same basename with natguard after it.
-fn convert_single(opts: &InstallOpts, l: &Loaded) -> Result<PathBuf, Retry> {
+fn convert_single(opts: &InstallOpts, l: &Loaded, dry: bool) -> Result<PathBuf, Retry> {
     check_single(l)?;
     let path = &l.path;
     let new_path = path.with_extension("conflist");
@@ -1042,15 +1071,11 @@ fn convert_single(opts: &InstallOpts, l: &Loaded) -> Result<PathBuf, Retry> {
             }
         }
     }
-    let name = l.doc.get("name").cloned().unwrap_or(Value::Null);
-    if new_path.exists() {
+    if fs::symlink_metadata(&new_path).is_ok() {
         // Only a list that natguard made from this very config may be replaced: the agent
-        // wrote its .conf again after an earlier conversion.
+        // wrote its config again after an earlier conversion.
         let prev = load(&new_path)?;
-        let ours = prev.doc.get("name") == Some(&name)
-            && matches!(prev.doc.get("plugins"), Some(Value::Array(p))
-                if p.len() == 2 && is_natguard(&p[1]));
-        if !ours {
+        if !converted_from(&prev, l) {
             return Err(Retry::Fail(format!(
                 "{} is a single plugin config and {} already exists and is not natguard's \
                  conversion of it; resolve by hand",
@@ -1075,6 +1100,9 @@ fn convert_single(opts: &InstallOpts, l: &Loaded) -> Result<PathBuf, Retry> {
         "plugins".into(),
         Value::Array(vec![Value::Object(plugin), opts.entry.clone()]),
     );
+    if dry {
+        return Ok(new_path);
+    }
     let text = pretty(&Value::Object(list));
     let old = l.text.as_bytes();
     write_atomic(&new_path, text.as_bytes(), 0o644, Some(&l.meta), &|| {
@@ -1131,9 +1159,10 @@ fn entry_present(opts: &InstallOpts) -> Result<PathBuf, String> {
     if !is_list_path(&path) {
         return Err(format!("{} is a single plugin config", path.display()));
     }
-    match l.doc.get("plugins") {
-        Some(Value::Array(p)) if p.iter().any(is_natguard) => Ok(path),
-        _ => Err(format!("natguard is not in {}", path.display())),
+    if check_list(&l)?.iter().any(is_natguard) {
+        Ok(path)
+    } else {
+        Err(format!("natguard is not in {}", path.display()))
     }
 }
 
@@ -1175,6 +1204,15 @@ pub fn install_cli(args: &[String]) -> i32 {
     if opts.check {
         return check(&opts);
     }
+    if !opts.watch {
+        // Refuse before anything is copied; --watch waits for a usable config instead.
+        if let Err(e) = install_conflist(&opts, true) {
+            log(format!("refusing: {e}"));
+            set_ready(&opts.ready_file, entry_present(&opts).ok().as_deref());
+            return 1;
+        }
+    }
+    // The binary goes first: the list must never name a plugin that is not there.
     if let Err(e) = install_binary(&opts.bin_dir) {
         log(format!("error: {e}"));
         return 1;
@@ -1182,7 +1220,7 @@ pub fn install_cli(args: &[String]) -> i32 {
     if opts.watch {
         return watch(&opts);
     }
-    match install_conflist(&opts) {
+    match install_conflist(&opts, false) {
         Ok(outcome) => {
             let path = match outcome {
                 Outcome::UpToDate(p) => {
@@ -1364,7 +1402,7 @@ fn reconcile(opts: &InstallOpts, quiet: bool) {
     if let Err(e) = install_binary(&opts.bin_dir) {
         log(format!("error: {e}"));
     }
-    match install_conflist(opts) {
+    match install_conflist(opts, false) {
         Ok(Outcome::UpToDate(p)) => {
             if !quiet {
                 log(format!("natguard is in {}; nothing to write", p.display()));

@@ -1,0 +1,696 @@
+//! `natguard install` / `natguard uninstall` on temporary directories, through the real binary.
+//! No root needed: every directory (netconf, bin, readiness file) is a temp dir given by flag.
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_natguard");
+
+struct Node {
+    dir: PathBuf,
+}
+
+impl Node {
+    fn new(tag: &str) -> Node {
+        let dir = std::env::temp_dir().join(format!("ng-install-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("net.d")).unwrap();
+        fs::create_dir_all(dir.join("bin")).unwrap();
+        Node { dir }
+    }
+    fn netd(&self) -> PathBuf {
+        self.dir.join("net.d")
+    }
+    fn conf(&self, name: &str) -> PathBuf {
+        self.netd().join(name)
+    }
+    fn bin(&self) -> PathBuf {
+        self.dir.join("bin")
+    }
+    fn ready(&self) -> PathBuf {
+        self.dir.join("run/ready")
+    }
+    fn write(&self, name: &str, text: &str) {
+        fs::write(self.conf(name), text).unwrap();
+    }
+    fn read(&self, name: &str) -> String {
+        fs::read_to_string(self.conf(name)).unwrap()
+    }
+    fn base_args(&self) -> Vec<String> {
+        vec![
+            "--netconf-dir".into(),
+            self.netd().display().to_string(),
+            "--cni-bin-dir".into(),
+            self.bin().display().to_string(),
+            "--ready-file".into(),
+            self.ready().display().to_string(),
+        ]
+    }
+    fn cmd(&self, sub: &str, extra: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg(sub).args(self.base_args());
+        if sub == "install" {
+            c.arg("--no-adopt");
+        }
+        c.args(extra);
+        c
+    }
+    fn run(&self, sub: &str, extra: &[&str]) -> Output {
+        self.cmd(sub, extra).output().unwrap()
+    }
+    fn install(&self, extra: &[&str]) -> Output {
+        let out = self.run("install", extra);
+        assert!(out.status.success(), "install failed: {}", text(&out));
+        out
+    }
+    /// Every file of the netconf dir with its bytes, for "nothing else changed" checks.
+    fn snapshot(&self) -> BTreeMap<String, (Vec<u8>, u64)> {
+        let mut m = BTreeMap::new();
+        for e in fs::read_dir(self.netd()).unwrap() {
+            let e = e.unwrap();
+            let meta = fs::symlink_metadata(e.path()).unwrap();
+            let bytes = if meta.file_type().is_symlink() {
+                fs::read_link(e.path())
+                    .unwrap()
+                    .display()
+                    .to_string()
+                    .into_bytes()
+            } else {
+                fs::read(e.path()).unwrap_or_default()
+            };
+            m.insert(e.file_name().to_string_lossy().into(), (bytes, meta.ino()));
+        }
+        m
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout: {}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn parse(s: &str) -> Value {
+    serde_json::from_str(s).unwrap()
+}
+
+fn keys(v: &Value) -> Vec<String> {
+    v.as_object().unwrap().keys().cloned().collect()
+}
+
+/// Waits (bounded) until `cond` holds; the bound only stops a broken build from hanging.
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "gave up waiting for: {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+// A Calico-style list: 4-space indent, cniVersion 0.3.1, numbers and escapes that a
+// re-serialization would change, and keys in no particular order.
+const CALICO: &str = r#"{
+    "name": "k8s-pod-network",
+    "cniVersion": "0.3.1",
+    "disableCheck": true,
+    "plugins": [
+        {
+            "type": "calico",
+            "log_level": "info",
+            "mtu": 1.44e3,
+            "nodename_file_optional": false,
+            "note": "caf\u00e9 ]}",
+            "ipam": {"type": "calico-ipam"},
+            "policy": {
+                "type": "k8s"
+            }
+        },
+        {
+            "type": "portmap",
+            "snat": true,
+            "capabilities": {"portMappings": true}
+        }
+    ],
+    "zzz": [1, 2.50, -0.0]
+}
+"#;
+
+#[test]
+fn insert_appends_after_the_chain_and_keeps_every_other_byte() {
+    let n = Node::new("insert");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[]);
+    let after = n.read("10-calico.conflist");
+    // Everything up to the end of the last plugin and everything after it is unchanged.
+    let cut = CALICO.find("\n    ],").unwrap();
+    assert!(after.starts_with(&CALICO[..cut]), "{after}");
+    assert!(after.ends_with(&CALICO[cut..]), "{after}");
+    assert_eq!(
+        &after[cut..after.len() - (CALICO.len() - cut)],
+        ",\n        {\n            \"type\": \"natguard\"\n        }"
+    );
+    let v = parse(&after);
+    assert_eq!(
+        keys(&v),
+        ["name", "cniVersion", "disableCheck", "plugins", "zzz"]
+    );
+    assert_eq!(v["cniVersion"], "0.3.1");
+    let types: Vec<_> = v["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["type"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(types, ["calico", "portmap", "natguard"]);
+    assert_eq!(v["plugins"][2], json!({"type": "natguard"}));
+
+    // The binary is in the bin dir, executable, byte for byte the running one.
+    let installed = n.bin().join("natguard");
+    assert_eq!(fs::read(&installed).unwrap(), fs::read(BIN).unwrap());
+    assert_eq!(
+        fs::metadata(&installed).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    // The readiness file names the list; no temporary file is left behind.
+    assert_eq!(
+        fs::read_to_string(n.ready()).unwrap().trim(),
+        n.conf("10-calico.conflist").display().to_string()
+    );
+    let names: Vec<_> = n.snapshot().into_keys().collect();
+    assert_eq!(names, ["10-calico.conflist"]);
+    assert_eq!(fs::read_dir(n.bin()).unwrap().count(), 1);
+}
+
+#[test]
+fn a_second_run_writes_nothing() {
+    let n = Node::new("idem");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&["--mode", "deny"]);
+    let list = n.snapshot();
+    let bin_ino = fs::metadata(n.bin().join("natguard")).unwrap().ino();
+    let ready_ino = fs::metadata(n.ready()).unwrap().ino();
+    let out = n.install(&["--mode", "deny"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already in"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(n.snapshot(), list, "the list was rewritten");
+    assert_eq!(
+        fs::metadata(n.bin().join("natguard")).unwrap().ino(),
+        bin_ino
+    );
+    assert_eq!(fs::metadata(n.ready()).unwrap().ino(), ready_ino);
+}
+
+#[test]
+fn config_from_flags_and_file_replaces_only_natguards_entry() {
+    let n = Node::new("config");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[
+        "--mode",
+        "proxy",
+        "--proxy-port",
+        "9181",
+        "--proxy-ipv4",
+        "10.0.0.1",
+        "--proxy-ipv6=auto",
+        "--exempt-namespace",
+        "kube-system",
+        "--exempt-namespace",
+        "creds",
+        "--non-masquerade-cidr",
+        "10.0.0.0/8",
+        "--non-masquerade-cidr",
+        "fd00::/8",
+    ]);
+    let v = parse(&n.read("10-calico.conflist"));
+    assert_eq!(
+        v["plugins"][2],
+        json!({"type": "natguard", "metadata": {"mode": "proxy", "proxyPort": 9181,
+            "proxyIPv4": "10.0.0.1", "proxyIPv6": "auto", "exemptNamespaces": ["kube-system", "creds"]},
+            "masquerade": {"nonMasqueradeCIDRs": ["10.0.0.0/8", "fd00::/8"]}})
+    );
+
+    // A config file; flags override its fields; "type" may be left out.
+    let cfg = n.dir.join("natguard.json");
+    fs::write(
+        &cfg,
+        r#"{"metadata": {"mode": "proxy", "ports": [80, 8080]}, "logFile": "/var/log/natguard.log"}"#,
+    )
+    .unwrap();
+    n.install(&[
+        "--config",
+        cfg.to_str().unwrap(),
+        "--mode",
+        "deny",
+        "--no-masquerade",
+    ]);
+    let after = n.read("10-calico.conflist");
+    let v = parse(&after);
+    let entry = &v["plugins"][2];
+    assert_eq!(
+        entry,
+        &json!({"type": "natguard", "metadata": {"mode": "deny", "ports": [80, 8080]},
+            "logFile": "/var/log/natguard.log", "masquerade": {"enabled": false}})
+    );
+    assert_eq!(keys(entry), ["type", "metadata", "logFile", "masquerade"]);
+    let cut = CALICO.find("\n    ],").unwrap();
+    assert!(after.starts_with(&CALICO[..cut]) && after.ends_with(&CALICO[cut..]));
+    assert_eq!(v["plugins"].as_array().unwrap().len(), 3);
+
+    // Back to the defaults: the entry is replaced in place, nothing else moves.
+    n.install(&[]);
+    let v = parse(&n.read("10-calico.conflist"));
+    assert_eq!(v["plugins"][2], json!({"type": "natguard"}));
+    assert_eq!(v["plugins"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn the_first_config_by_name_is_the_active_one() {
+    let n = Node::new("active");
+    let bridge = |name: &str| {
+        format!(
+            r#"{{"cniVersion":"1.0.0","name":"{name}","plugins":[{{"type":"bridge","bridge":"{name}"}}]}}"#
+        )
+    };
+    n.write("20-b.conflist", &bridge("b"));
+    n.write("10-a.conflist", &bridge("a"));
+    n.write("05-notes.txt", "not a config");
+    n.write("00-a.conflist.bak", "{");
+    fs::create_dir(n.conf("01-dir.conflist")).unwrap();
+    n.install(&[]);
+    let a = parse(&n.read("10-a.conflist"));
+    assert_eq!(a["plugins"][1]["type"], "natguard");
+    // Compact lists stay compact.
+    assert_eq!(
+        n.read("10-a.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","bridge":"a"},{"type":"natguard"}]}"#
+    );
+    assert_eq!(n.read("20-b.conflist"), bridge("b"));
+
+    // --conflist forces another file (a name in the netconf dir, or a path).
+    n.install(&["--conflist", "20-b.conflist"]);
+    assert_eq!(
+        parse(&n.read("20-b.conflist"))["plugins"][1]["type"],
+        "natguard"
+    );
+}
+
+#[test]
+fn a_lone_conf_becomes_a_list() {
+    for ext in ["conf", "json"] {
+        let n = Node::new(&format!("conv-{ext}"));
+        let conf = r#"{
+  "cniVersion": "0.4.0",
+  "name": "mynet",
+  "type": "bridge",
+  "bridge": "cni0",
+  "isGateway": true,
+  "ipam": {"type": "host-local", "subnet": "10.22.0.0/16"}
+}"#;
+        n.write(&format!("10-mynet.{ext}"), conf);
+        n.write("20-other.conflist", "{\"name\":\"x\"}");
+        n.install(&["--mode", "deny"]);
+        assert!(!n.conf(&format!("10-mynet.{ext}")).exists());
+        let v = parse(&n.read("10-mynet.conflist"));
+        assert_eq!(keys(&v), ["cniVersion", "name", "plugins"]);
+        assert_eq!(v["cniVersion"], "0.4.0");
+        assert_eq!(v["name"], "mynet");
+        assert_eq!(
+            v["plugins"][0],
+            json!({"type": "bridge", "bridge": "cni0", "isGateway": true,
+                "ipam": {"type": "host-local", "subnet": "10.22.0.0/16"}})
+        );
+        assert_eq!(
+            keys(&v["plugins"][0]),
+            ["type", "bridge", "isGateway", "ipam"]
+        );
+        assert_eq!(
+            v["plugins"][1],
+            json!({"type": "natguard", "metadata": {"mode": "deny"}})
+        );
+        let snap = n.snapshot();
+        n.install(&["--mode", "deny"]);
+        assert_eq!(n.snapshot(), snap);
+
+        // The agent writes its .conf again: the conversion is redone over natguard's own list.
+        n.write(&format!("10-mynet.{ext}"), conf);
+        n.install(&["--mode", "deny"]);
+        assert!(!n.conf(&format!("10-mynet.{ext}")).exists());
+        assert_eq!(
+            parse(&n.read("10-mynet.conflist"))["plugins"][1]["type"],
+            "natguard"
+        );
+    }
+}
+
+fn assert_refused(n: &Node, extra: &[&str], needle: &str) {
+    let before = n.snapshot();
+    let out = n.run("install", extra);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    assert_eq!(n.snapshot(), before, "a refused install changed the dir");
+    assert!(!n.ready().exists());
+}
+
+#[test]
+fn unsafe_directories_are_refused_untouched() {
+    let n = Node::new("refuse");
+    assert_refused(&n, &[], "no network config");
+
+    // An unparsable file that sorts first: containerd fails on it, kubelet skips it.
+    n.write("05-broken.conflist", "{\"name\": \"x\", ");
+    n.write("10-calico.conflist", CALICO);
+    assert_refused(&n, &[], "05-broken.conflist is not valid JSON");
+    fs::remove_file(n.conf("05-broken.conflist")).unwrap();
+
+    // The active file is a symlink (e.g. into a ConfigMap mount).
+    let outside = n.dir.join("outside.conflist");
+    fs::write(&outside, CALICO).unwrap();
+    std::os::unix::fs::symlink(&outside, n.conf("01-link.conflist")).unwrap();
+    assert_refused(&n, &[], "is a symbolic link");
+    assert_eq!(fs::read_to_string(&outside).unwrap(), CALICO);
+    fs::remove_file(n.conf("01-link.conflist")).unwrap();
+
+    let cases = [
+        (
+            r#"{"cniVersion":"0.2.0","name":"n","plugins":[{"type":"bridge"}]}"#,
+            "cniVersion \"0.2.0\" is not one natguard supports",
+        ),
+        (
+            r#"{"name":"n","plugins":[{"type":"bridge"}]}"#,
+            "no \"cniVersion\"",
+        ),
+        (
+            r#"{"cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}"#,
+            "no \"name\"",
+        ),
+        (
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[]}"#,
+            "no primary plugin",
+        ),
+        (
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"natguard"}]}"#,
+            "no primary plugin",
+        ),
+        (
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"},{"type":"natguard"},{"type":"natguard","x":1}]}"#,
+            "natguard is listed 2 times",
+        ),
+        (r#"["not", "an", "object"]"#, "not a JSON object"),
+    ];
+    for (list, needle) in cases {
+        n.write("01-case.conflist", list);
+        assert_refused(&n, &[], needle);
+    }
+    fs::remove_file(n.conf("01-case.conflist")).unwrap();
+
+    // A list in a .conf file: runtimes read it as one plugin config and fail.
+    n.write(
+        "01-list.conf",
+        r#"{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge"}]}"#,
+    );
+    assert_refused(&n, &[], "rename it to .conflist");
+    fs::remove_file(n.conf("01-list.conf")).unwrap();
+
+    // Converting would let another file sort first.
+    n.write(
+        "01-x.conf",
+        r#"{"cniVersion":"1.0.0","name":"x","type":"bridge"}"#,
+    );
+    n.write(
+        "01-x.conf-b.conf",
+        r#"{"cniVersion":"1.0.0","name":"y","type":"bridge"}"#,
+    );
+    assert_refused(&n, &[], "would become the active network");
+    fs::remove_file(n.conf("01-x.conf-b.conf")).unwrap();
+
+    // Converting would overwrite a list natguard did not make.
+    n.write(
+        "01-x.conflist",
+        r#"{"cniVersion":"1.0.0","name":"other","plugins":[{"type":"ptp"}]}"#,
+    );
+    assert_refused(&n, &[], "already exists");
+
+    // Bad entries are usage errors, checked before anything is touched.
+    for bad in [
+        vec!["--mode", "allow"],
+        vec!["--proxy-port", "0"],
+        vec!["--proxy-ipv4", "fd00::1"],
+        vec!["--non-masquerade-cidr", "10.0.0.0/40"],
+        vec!["--frobnicate"],
+    ] {
+        let before = n.snapshot();
+        let out = n.run("install", &bad);
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out));
+        assert_eq!(n.snapshot(), before);
+        assert!(!n.bin().join("natguard").exists());
+    }
+    let cfg = n.dir.join("bad.json");
+    for (body, needle) in [
+        (r#"{"type":"bridge"}"#, "expected \"natguard\""),
+        (r#"{"metadata":{"mode":"allow"}}"#, "metadata.mode"),
+        (
+            r#"{"cniVersion":"1.0.0","name":"n","plugins":[]}"#,
+            "plugin entry only",
+        ),
+        ("[1]", "expected a JSON object"),
+        ("{", "not JSON"),
+    ] {
+        fs::write(&cfg, body).unwrap();
+        let out = n.run("install", &["--config", cfg.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(needle),
+            "{needle}: {}",
+            text(&out)
+        );
+    }
+}
+
+#[test]
+fn uninstall_removes_only_natguard() {
+    let n = Node::new("uninstall");
+    n.write("10-calico.conflist", CALICO);
+    let other = r#"{"cniVersion":"1.0.0","name":"b","plugins":[{"type":"natguard"},{"type":"bridge"}, {"type":"natguard","metadata":{}}]}"#;
+    n.write("20-other.conflist", other);
+    n.write("30-plain.conflist", "{\"name\":\"plain\",\"plugins\":[]}");
+    n.write("40-broken.conflist", "{");
+    n.install(&["--mode", "deny"]);
+    assert!(n.bin().join("natguard").exists() && n.ready().exists());
+    let out = n.run("uninstall", &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    // The spliced entry is cut out again: the list is byte for byte what it was.
+    assert_eq!(n.read("10-calico.conflist"), CALICO);
+    assert_eq!(
+        n.read("20-other.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"b","plugins":[{"type":"bridge"}]}"#
+    );
+    assert_eq!(
+        n.read("30-plain.conflist"),
+        "{\"name\":\"plain\",\"plugins\":[]}"
+    );
+    assert_eq!(n.read("40-broken.conflist"), "{");
+    assert!(!n.bin().join("natguard").exists());
+    assert!(!n.ready().exists());
+    // Twice is fine.
+    let out = n.run("uninstall", &[]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    // A converted .conf stays a list, without natguard.
+    let n = Node::new("uninstall-conv");
+    n.write(
+        "10-mynet.conf",
+        r#"{"cniVersion":"0.3.1","name":"mynet","type":"ptp","ipMasq":true}"#,
+    );
+    n.install(&[]);
+    assert!(n.run("uninstall", &[]).status.success());
+    assert!(!n.conf("10-mynet.conf").exists());
+    assert_eq!(
+        parse(&n.read("10-mynet.conflist")),
+        json!({"cniVersion":"0.3.1","name":"mynet","plugins":[{"type":"ptp","ipMasq":true}]})
+    );
+}
+
+#[test]
+fn check_reports_whether_natguard_is_in_the_active_list() {
+    let n = Node::new("check");
+    n.write("10-calico.conflist", CALICO);
+    let check = || n.run("install", &["--check"]);
+    let out = check();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("not ready"));
+    n.install(&[]);
+    let out = check();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ready: natguard is in"));
+    // --check only looks.
+    let snap = n.snapshot();
+    check();
+    assert_eq!(n.snapshot(), snap);
+    n.write("10-calico.conflist", CALICO);
+    assert_eq!(check().status.code(), Some(1));
+    n.install(&[]);
+    fs::remove_file(n.bin().join("natguard")).unwrap();
+    assert_eq!(check().status.code(), Some(1));
+}
+
+/// A `natguard install --watch` child whose stderr lines are collected.
+struct Watcher {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Watcher {
+    fn start(n: &Node, extra: &[&str]) -> Watcher {
+        let mut child = n
+            .cmd("install", &[&["--watch"], extra].concat())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for l in BufReader::new(err).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        Watcher { child, lines }
+    }
+    fn count(&self, needle: &str) -> usize {
+        self.lines
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+    fn log(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "watcher ignored SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn has_natguard(path: &Path) -> bool {
+    fs::read_to_string(path)
+        .ok()
+        .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+        .and_then(|v| v["plugins"].as_array().cloned())
+        .is_some_and(|p| p.iter().any(|x| x["type"] == "natguard"))
+}
+
+#[test]
+fn watch_keeps_natguard_in_the_active_list() {
+    let n = Node::new("watch");
+    let w = Watcher::start(&n, &[]);
+    // No config yet (the primary plugin's agent has not written it): the watcher waits.
+    wait_for("the watcher to report the empty dir", || {
+        w.count("no network config") == 1
+    });
+    assert!(!n.ready().exists());
+
+    // The agent writes its list: natguard joins it.
+    let list = n.conf("10-aws.conflist");
+    n.write("10-aws.conflist", CALICO);
+    wait_for("natguard in the new list", || has_natguard(&list));
+    wait_for("the readiness file", || n.ready().exists());
+
+    // The agent rewrites its list from the template, atomically (rename over it).
+    let tmp = n.conf(".aws.tmp");
+    fs::write(&tmp, CALICO).unwrap();
+    fs::rename(&tmp, &list).unwrap();
+    wait_for("natguard back after a rename", || has_natguard(&list));
+
+    // ... and in place (truncate and write).
+    fs::write(&list, CALICO).unwrap();
+    wait_for("natguard back after an in-place write", || {
+        has_natguard(&list)
+    });
+    wait_for("three writes logged", || {
+        w.count("added natguard's entry") == 3
+    });
+
+    // Another agent puts a list in front (cni-exclusive renames the others away).
+    fs::rename(&list, n.conf("10-aws.conflist.cilium_bak")).unwrap();
+    let cilium = n.conf("05-cilium.conflist");
+    n.write(
+        "05-cilium.conflist",
+        r#"{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni"}]}"#,
+    );
+    wait_for("natguard in the list that sorts first", || {
+        has_natguard(&cilium)
+    });
+    assert_eq!(
+        fs::read_to_string(n.ready()).unwrap().trim(),
+        cilium.display().to_string()
+    );
+
+    // Its own writes do not wake it into writing again: an unrelated event gets one check,
+    // which finds nothing to do, and the list keeps its inode.
+    wait_for("four writes logged", || {
+        w.count("added natguard's entry") == 4
+    });
+    let ino = fs::metadata(&cilium).unwrap().ino();
+    let checks = w.count("nothing to write");
+    n.write("99-unrelated.conflist", "{}");
+    wait_for("the unrelated event checked", || {
+        w.count("nothing to write") > checks
+    });
+    assert_eq!(w.count("added natguard's entry"), 4, "{}", w.log());
+    assert_eq!(fs::metadata(&cilium).unwrap().ino(), ino);
+
+    // The active list goes away and what remains cannot take natguard: not ready.
+    fs::remove_file(&cilium).unwrap();
+    fs::remove_file(n.conf("10-aws.conflist.cilium_bak")).unwrap();
+    wait_for("the readiness file removed", || !n.ready().exists());
+    fs::remove_file(n.conf("99-unrelated.conflist")).unwrap();
+
+    let status = w.stop();
+    assert!(status.success(), "watcher exit {status:?}");
+}
