@@ -8,6 +8,15 @@
 //! lowers a plan to one nf_tables netlink batch and reads state back, [`conntrack`] deletes flows
 //! over ctnetlink.
 
+pub mod adopt;
+pub mod cni;
+pub mod config;
 pub mod error;
-pub mod netlink;
 pub mod install;
+pub mod log;
+pub mod netlink;
+pub mod nft;
+pub mod node;
+pub mod plan;
+pub mod plugin;
+pub mod status;

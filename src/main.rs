@@ -1,1 +1,87 @@
-fn main() {}
+//! The natguard binary: a CNI plugin when a runtime execs it with `CNI_COMMAND`, and a node tool
+//! (`status`, `adopt`, `install`, ...) when run by hand. It reads the invocation, calls the
+//! library, prints the reply or the CNI error JSON on stdout, and sets the exit code.
+
+use natguard::cni::{self, Command};
+use natguard::error::Error;
+use std::io::{Read, Write};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match args.first().map(String::as_str) {
+        Some("status") => natguard::status::cli(&args[1..]),
+        Some("adopt") => natguard::adopt::cli(&args[1..], false),
+        Some("reconcile") => natguard::adopt::cli(&args[1..], true),
+        Some("install") => natguard::install::install_cli(&args[1..]),
+        Some("uninstall") => natguard::install::uninstall_cli(&args[1..]),
+        Some("version") | Some("--version") => {
+            println!("natguard {}", env!("CARGO_PKG_VERSION"));
+            0
+        }
+        Some("help") | Some("--help") | Some("-h") => {
+            print!("{}", USAGE);
+            0
+        }
+        _ => run_cni(),
+    };
+    std::process::exit(code);
+}
+
+const USAGE: &str = "\
+natguard: CNI chained plugin for metadata interception and masquerade policy
+
+As a CNI plugin, natguard is executed by the container runtime with CNI_COMMAND set.
+By hand:
+  natguard status      print what natguard has installed on this node
+  natguard adopt       bring pods that predate natguard under policy (from the CNI cache)
+  natguard reconcile   restore every pod's entries from the CNI cache
+  natguard install     copy the binary and add natguard to the node's conflist
+  natguard uninstall   remove natguard's conflist entry, binary and kernel state
+  natguard version
+";
+
+fn run_cni() -> i32 {
+    let get = |k: &str| std::env::var(k).ok();
+    let Some(cmd_text) = get("CNI_COMMAND") else {
+        let e = Error::InvalidEnv(
+            "CNI_COMMAND: not set; natguard runs as a CNI plugin, or try `natguard help`".into(),
+        );
+        return print_error(None, &e);
+    };
+    let Some(command) = Command::parse(&cmd_text) else {
+        let e = Error::InvalidEnv(format!(
+            "CNI_COMMAND: {:?} is not one of ADD, DEL, CHECK, VERSION, STATUS, GC",
+            cni::truncate(&cmd_text, 32)
+        ));
+        return print_error(None, &e);
+    };
+    let mut stdin = Vec::new();
+    let limit = natguard::config::MAX_STDIN as u64 + 1;
+    if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut stdin) {
+        return print_error(None, &Error::io("read stdin", e));
+    }
+    match natguard::plugin::run(command, &get, &stdin) {
+        Ok(reply) => {
+            if let Some(v) = reply {
+                let mut out = std::io::stdout().lock();
+                let _ = serde_json::to_writer(&mut out, &v);
+                let _ = out.write_all(b"\n");
+            }
+            0
+        }
+        Err(e) => {
+            let version = natguard::config::decode_stdin(&stdin)
+                .ok()
+                .and_then(|v| natguard::config::cni_version_of(&v).ok().flatten());
+            print_error(version, &e)
+        }
+    }
+}
+
+fn print_error(version: Option<cni::CniVersion>, e: &Error) -> i32 {
+    natguard::log::write("error", &e.to_string());
+    let mut out = std::io::stdout().lock();
+    let _ = serde_json::to_writer(&mut out, &cni::error_reply(version, e));
+    let _ = out.write_all(b"\n");
+    1
+}

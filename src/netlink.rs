@@ -66,7 +66,8 @@ impl MsgBuf {
         self.msg_start = Some(self.buf.len());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched in end()
         self.buf.extend_from_slice(&msg_type.to_ne_bytes());
-        self.buf.extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
         self.buf.extend_from_slice(&seq.to_ne_bytes());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it in
         self.buf.push(family);
@@ -118,7 +119,8 @@ impl MsgBuf {
     pub fn nest_begin(&mut self, ty: u16) -> usize {
         let pos = self.buf.len();
         self.buf.extend_from_slice(&0u16.to_ne_bytes());
-        self.buf.extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
+        self.buf
+            .extend_from_slice(&(ty | NLA_F_NESTED).to_ne_bytes());
         pos
     }
 
@@ -305,13 +307,13 @@ impl NfSocket {
 
     fn send(&self, buf: &MsgBuf) -> Result<()> {
         let kernel = SocketAddr::new(0, 0);
-        let n = self
-            .sock
-            .send_to(buf.as_bytes(), &kernel, 0)
-            .map_err(|e| match e.raw_os_error() {
-                Some(errno) => Error::netlink("send netlink request", errno),
-                None => Error::io("send netlink request", e),
-            })?;
+        let n =
+            self.sock
+                .send_to(buf.as_bytes(), &kernel, 0)
+                .map_err(|e| match e.raw_os_error() {
+                    Some(errno) => Error::netlink("send netlink request", errno),
+                    None => Error::io("send netlink request", e),
+                })?;
         if n != buf.as_bytes().len() {
             return Err(Error::Protocol(format!(
                 "short netlink send: {n} of {} bytes",
@@ -421,11 +423,7 @@ impl NfSocket {
 
     /// Like [`NfSocket::request`], retried on "try again" errnos (EBUSY, ENOBUFS, EINTR for an
     /// interrupted dump) a bounded number of times.
-    pub fn request_retry(
-        &mut self,
-        build: &dyn Fn(&mut MsgBuf),
-        what: &str,
-    ) -> Result<Vec<Msg>> {
+    pub fn request_retry(&mut self, build: &dyn Fn(&mut MsgBuf), what: &str) -> Result<Vec<Msg>> {
         let mut attempt = 0;
         loop {
             let mut b = self.msgbuf();
@@ -461,7 +459,9 @@ fn ext_ack_msg(m: &Msg) -> Option<String> {
     } else {
         4 + align4(orig_len)
     };
-    let t = Attrs::new(m.body.get(skip..)?).get(NLMSGERR_ATTR_MSG)?.str();
+    let t = Attrs::new(m.body.get(skip..)?)
+        .get(NLMSGERR_ATTR_MSG)?
+        .str();
     (!t.is_empty()).then(|| t.to_string())
 }
 

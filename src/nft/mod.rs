@@ -1,0 +1,410 @@
+//! natguard's nf_tables state: one batch per invocation, and the reads CHECK, DEL and GC need.
+//!
+//! Writing: [`Tx`] collects messages between BATCH_BEGIN and BATCH_END; `commit` sends them in
+//! one `sendmsg` and checks every ACK, so a transaction lands whole or not at all. Idempotency
+//! lives in the batch: "make sure element E exists with comment C" is add, delete, add; "make
+//! sure E is absent" is add, delete. Neither needs to know the current state, and neither can
+//! fail with EEXIST or ENOENT.
+//!
+//! Reading: single-element GETs (the kernel looks the key up, so cost does not depend on the
+//! number of pods), and dumps of one set or one chain's rules for CHECK, GC and `status`.
+
+pub mod encode;
+
+use crate::error::{Error, Result};
+use crate::netlink::{Msg, MsgBuf, NfSocket};
+use crate::plan::{NetNames, OwnerKey, PodPlan, SetKind, SharedPlan};
+use encode::*;
+use std::net::IpAddr;
+
+/// A set element as read back from the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ElemRead {
+    pub key: Vec<u8>,
+    pub flags: u32,
+    pub comment: Option<String>,
+}
+
+impl ElemRead {
+    /// The key of a `NET-pods` element as the owner key it encodes.
+    pub fn owner(&self) -> Option<OwnerKey> {
+        let end = self
+            .key
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(self.key.len());
+        std::str::from_utf8(&self.key[..end])
+            .ok()
+            .and_then(OwnerKey::parse_hex)
+    }
+    /// The owner written in an address element's comment.
+    pub fn comment_owner(&self) -> Option<OwnerKey> {
+        self.comment.as_deref().and_then(OwnerKey::parse_hex)
+    }
+    pub fn addr(&self) -> Option<IpAddr> {
+        match self.key.len() {
+            4 => Some(IpAddr::from(<[u8; 4]>::try_from(&self.key[..]).ok()?)),
+            16 => Some(IpAddr::from(<[u8; 16]>::try_from(&self.key[..]).ok()?)),
+            _ => None,
+        }
+    }
+}
+
+fn parse_elems(m: &Msg) -> Vec<ElemRead> {
+    let mut out = Vec::new();
+    let Some(list) = m.nf_attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS) else {
+        return out;
+    };
+    for el in list.nested().filter(|a| a.ty == NFTA_LIST_ELEM) {
+        let attrs = el.nested();
+        let key = attrs
+            .get(NFTA_SET_ELEM_KEY)
+            .and_then(|k| k.nested().get(NFTA_DATA_VALUE))
+            .map(|v| v.payload.to_vec())
+            .unwrap_or_default();
+        let flags = attrs
+            .get(NFTA_SET_ELEM_FLAGS)
+            .and_then(|f| f.u32_be())
+            .unwrap_or(0);
+        let comment = attrs
+            .get(NFTA_SET_ELEM_USERDATA)
+            .and_then(|u| comment_of_udata(u.payload).map(str::to_string));
+        out.push(ElemRead {
+            key,
+            flags,
+            comment,
+        });
+    }
+    out
+}
+
+/// A transaction under construction.
+pub struct Tx {
+    buf: MsgBuf,
+    /// What each message does, by sequence number, for error messages.
+    what: Vec<(u32, String)>,
+}
+
+impl Tx {
+    pub fn new(sock: &mut NfSocket) -> Self {
+        let mut buf = sock.msgbuf();
+        begin_batch(&mut buf);
+        Tx {
+            buf,
+            what: Vec::new(),
+        }
+    }
+
+    fn note(&mut self, seq: u32, what: impl Into<String>) {
+        self.what.push((seq, what.into()));
+    }
+
+    /// Converges a network's shared objects to `plan`: creates what is missing, rewrites every
+    /// rule and every shared set's contents. Per-pod sets are created but never flushed.
+    pub fn converge_shared(&mut self, plan: &SharedPlan) {
+        let s = new_table(&mut self.buf);
+        self.note(s, format!("create table inet {}", crate::plan::TABLE));
+        for (i, set) in plan.sets.iter().enumerate() {
+            let s = new_set(&mut self.buf, &set.name, set.kind, i as u32 + 1);
+            self.note(s, format!("create set {}", set.name));
+        }
+        let comment = plan.rule_comment();
+        for c in crate::plan::ChainKind::ALL {
+            let name = plan.names.chain(c);
+            let s = new_chain(&mut self.buf, &name, c.chain_type(), c.hook(), c.priority());
+            self.note(s, format!("create chain {name}"));
+            let s = flush_chain(&mut self.buf, &name);
+            self.note(s, format!("flush chain {name}"));
+            for r in plan.rules_of(c) {
+                let s = new_rule(&mut self.buf, &name, r, &plan.names, &comment);
+                self.note(
+                    s,
+                    format!(
+                        "add rule {name} {}",
+                        crate::plan::render_rule(r, &plan.names)
+                    ),
+                );
+            }
+        }
+        for set in &plan.sets {
+            let Some(elems) = &set.elements else { continue };
+            let s = flush_set(&mut self.buf, &set.name);
+            self.note(s, format!("flush set {}", set.name));
+            let data: Vec<ElemData> = elems
+                .iter()
+                .flat_map(|e| elem_data(e, set.kind.is_interval()))
+                .collect();
+            if !data.is_empty() {
+                let s = set_elems(
+                    &mut self.buf,
+                    NFT_MSG_NEWSETELEM,
+                    NLM_F_CREATE_,
+                    &set.name,
+                    &data,
+                );
+                self.note(s, format!("fill set {}", set.name));
+            }
+        }
+    }
+
+    /// Makes sure `key` is in `set`, carrying `comment` (replacing any earlier comment).
+    pub fn ensure_elem(&mut self, set: &str, key: Vec<u8>, comment: String, what: &str) {
+        let bare = [ElemData {
+            key: key.clone(),
+            flags: 0,
+            comment: None,
+        }];
+        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &bare);
+        self.note(s, format!("add {what} to {set}"));
+        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
+        self.note(s, format!("replace {what} in {set}"));
+        let full = [ElemData {
+            key,
+            flags: 0,
+            comment: Some(comment),
+        }];
+        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &full);
+        self.note(s, format!("add {what} to {set}"));
+    }
+
+    /// Makes sure `key` is not in `set`.
+    pub fn ensure_no_elem(&mut self, set: &str, key: Vec<u8>, what: &str) {
+        let bare = [ElemData {
+            key,
+            flags: 0,
+            comment: None,
+        }];
+        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &bare);
+        self.note(s, format!("add {what} to {set}"));
+        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
+        self.note(s, format!("remove {what} from {set}"));
+    }
+
+    /// Deletes an element known to exist (read under the lock in this invocation).
+    pub fn delete_elem(&mut self, set: &str, key: Vec<u8>, what: &str) {
+        let bare = [ElemData {
+            key,
+            flags: 0,
+            comment: None,
+        }];
+        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
+        self.note(s, format!("remove {what} from {set}"));
+    }
+
+    /// Adds a pod's own elements.
+    pub fn add_pod(&mut self, names: &NetNames, pod: &PodPlan) {
+        let owner = pod.owner.hex();
+        for (kind, ip) in &pod.present {
+            self.ensure_elem(
+                &names.set(*kind),
+                ip_bytes(ip),
+                owner.clone(),
+                &ip.to_string(),
+            );
+        }
+        for (kind, ip) in &pod.absent {
+            self.ensure_no_elem(&names.set(*kind), ip_bytes(ip), &ip.to_string());
+        }
+        self.ensure_elem(
+            &names.set(SetKind::Pods),
+            owner_key_bytes(&owner),
+            pod.comment.clone(),
+            &format!("pod {owner}"),
+        );
+    }
+
+    pub fn delete_table(&mut self) {
+        let s = del_table(&mut self.buf);
+        self.note(s, format!("delete table inet {}", crate::plan::TABLE));
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.what.is_empty()
+    }
+
+    /// Number of messages in the transaction.
+    pub fn len(&self) -> usize {
+        self.what.len()
+    }
+
+    /// Sends the batch and checks every ACK; retries the whole batch on "try again" errnos.
+    pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
+        if self.what.is_empty() {
+            return Ok(());
+        }
+        end_batch(&mut self.buf);
+        let what = |seq: u32| -> String {
+            self.what
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map(|(_, w)| w.clone())
+                .unwrap_or_else(|| "nftables transaction".into())
+        };
+        let mut attempt = 0;
+        loop {
+            match sock.transact(&self.buf, &what) {
+                Err(e) if e.is_transient() && attempt < crate::netlink::TRANSIENT_RETRIES => {
+                    attempt += 1;
+                    crate::netlink::backoff(attempt);
+                }
+                r => return r,
+            }
+        }
+    }
+}
+
+/// NEWSETELEM without NLM_F_EXCL: adding an element that exists is not an error.
+const NLM_F_CREATE_: u16 = crate::netlink::NLM_F_CREATE;
+
+/// Reads one element: `Ok(None)` when it, its set or the table does not exist.
+pub fn get_element(sock: &mut NfSocket, set: &str, key: &[u8]) -> Result<Option<ElemRead>> {
+    let r = sock.request_retry(
+        &|b| {
+            get_elem(b, set, key);
+        },
+        &format!("read element of set {set}"),
+    );
+    match r {
+        Ok(msgs) => Ok(msgs.iter().flat_map(parse_elems).next()),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Reads every element of a set: empty when the set or the table does not exist.
+pub fn dump_set(sock: &mut NfSocket, set: &str) -> Result<Vec<ElemRead>> {
+    match sock.request_retry(
+        &|b| {
+            dump_elems(b, set);
+        },
+        &format!("list set {set}"),
+    ) {
+        Ok(msgs) => Ok(msgs.iter().flat_map(parse_elems).collect()),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The comments of a chain's rules, in order; `None` when the chain does not exist.
+pub fn rule_comments(sock: &mut NfSocket, chain: &str) -> Result<Option<Vec<String>>> {
+    match sock.request_retry(
+        &|b| {
+            dump_rules(b, Some(chain));
+        },
+        &format!("list chain {chain}"),
+    ) {
+        Ok(msgs) => Ok(Some(
+            msgs.iter()
+                .filter(|m| {
+                    m.nf_attrs()
+                        .get(NFTA_RULE_CHAIN)
+                        .is_some_and(|c| c.str() == chain)
+                })
+                .map(|m| {
+                    m.nf_attrs()
+                        .get(NFTA_RULE_USERDATA)
+                        .and_then(|u| comment_of_udata(u.payload).map(str::to_string))
+                        .unwrap_or_default()
+                })
+                .collect(),
+        )),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Names of natguard's chains; empty when the table does not exist.
+pub fn chain_names(sock: &mut NfSocket) -> Result<Vec<String>> {
+    match sock.request_retry(
+        &|b| {
+            dump_chains(b);
+        },
+        "list chains",
+    ) {
+        Ok(msgs) => Ok(msgs
+            .iter()
+            .filter(|m| {
+                m.nf_attrs()
+                    .get(NFTA_CHAIN_TABLE)
+                    .is_some_and(|t| t.str() == crate::plan::TABLE)
+            })
+            .filter_map(|m| {
+                m.nf_attrs()
+                    .get(NFTA_CHAIN_NAME)
+                    .map(|n| n.str().to_string())
+            })
+            .collect()),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Names of natguard's sets; empty when the table does not exist.
+pub fn set_names(sock: &mut NfSocket) -> Result<Vec<String>> {
+    match sock.request_retry(
+        &|b| {
+            dump_sets(b);
+        },
+        "list sets",
+    ) {
+        Ok(msgs) => Ok(msgs
+            .iter()
+            .filter(|m| {
+                m.nf_attrs()
+                    .get(NFTA_SET_TABLE)
+                    .is_some_and(|t| t.str() == crate::plan::TABLE)
+            })
+            .filter_map(|m| m.nf_attrs().get(NFTA_SET_NAME).map(|n| n.str().to_string()))
+            .collect()),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether nf_tables answers at all (STATUS): a GETGEN round trip.
+pub fn probe(sock: &mut NfSocket) -> Result<()> {
+    sock.request_retry(
+        &|b| {
+            get_gen(b);
+        },
+        "read the nf_tables generation",
+    )
+    .map(|_| ())
+}
+
+/// Whether natguard's table exists.
+pub fn table_exists(sock: &mut NfSocket) -> Result<bool> {
+    match sock.request_retry(
+        &|b| {
+            get_table(b);
+        },
+        "read table",
+    ) {
+        Ok(_) => Ok(true),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes natguard's whole table (uninstall). A missing table is not an error.
+pub fn delete_all() -> Result<()> {
+    let mut sock = NfSocket::open()?;
+    if !table_exists(&mut sock)? {
+        return Ok(());
+    }
+    let mut tx = Tx::new(&mut sock);
+    tx.delete_table();
+    match tx.commit(&mut sock) {
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
+        r => r,
+    }
+}
+
+/// Errors that mean "nf_tables is not there at all", so there is nothing of natguard's to
+/// remove either.
+pub fn is_unavailable(e: &Error) -> bool {
+    matches!(
+        e.errno(),
+        Some(libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT | libc::EOPNOTSUPP)
+    )
+}

@@ -1,0 +1,800 @@
+//! The pure plan: (configuration, node facts, pod) → the kernel objects natguard wants.
+//!
+//! Nothing here makes a syscall. Node facts (the proxy addresses that `auto` resolves to) are
+//! looked up before planning and passed in, so the same inputs always give the same plan, and
+//! the plan prints as nft text for golden-file tests.
+//!
+//! Layout in the kernel: one table, `inet natguard`. Each CNI network gets its own chains and
+//! sets, prefixed with the network name, so networks with different configs never clobber each
+//! other. What is shared by a network's pods (chains, rules, the CIDR and metadata sets) is
+//! rewritten whole by every ADD of that network; what a pod owns is only set elements:
+//! - its addresses in `NET-meta4/6` (intercepted) and `NET-masq4/6` (masquerade policy), each
+//!   element commented with the owner key, so "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone;
+//! - one element in `NET-pods`, keyed by a hash of (network, container ID, ifname), whose comment
+//!   lists the pod's addresses: DEL and GC find everything a pod owns from that key alone.
+//!
+//! Per-pod work is therefore a constant number of set operations, whatever the number of pods.
+
+use crate::config::{Cidr, Config, MetadataMode};
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub const TABLE: &str = "natguard";
+/// The mark kube-proxy sets on traffic it wants masqueraded; such traffic is never exempted.
+pub const KUBE_MASQ_MARK: u32 = 0x4000;
+/// nft keeps comments up to 128 bytes, NUL included.
+pub const MAX_COMMENT: usize = 127;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    pub fn of(ip: &IpAddr) -> Family {
+        if ip.is_ipv4() {
+            Family::V4
+        } else {
+            Family::V6
+        }
+    }
+    pub fn nft(self) -> &'static str {
+        match self {
+            Family::V4 => "ip",
+            Family::V6 => "ip6",
+        }
+    }
+    pub fn suffix(self) -> &'static str {
+        match self {
+            Family::V4 => "4",
+            Family::V6 => "6",
+        }
+    }
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChainKind {
+    /// nat, prerouting, dstnat - 10: metadata DNAT before any other DNAT.
+    Dnat,
+    /// nat, postrouting, srcnat - 10: identity SNAT for exceptions, then masquerade.
+    Snat,
+    /// filter, forward, filter - 10: reject metadata traffic that was not DNATed.
+    Forward,
+    /// filter, input, filter - 10: the same, where the metadata address is local.
+    Input,
+}
+
+impl ChainKind {
+    pub const ALL: [ChainKind; 4] = [
+        ChainKind::Dnat,
+        ChainKind::Snat,
+        ChainKind::Forward,
+        ChainKind::Input,
+    ];
+    pub fn suffix(self) -> &'static str {
+        match self {
+            ChainKind::Dnat => "dnat",
+            ChainKind::Snat => "snat",
+            ChainKind::Forward => "fwd",
+            ChainKind::Input => "in",
+        }
+    }
+    pub fn chain_type(self) -> &'static str {
+        match self {
+            ChainKind::Dnat | ChainKind::Snat => "nat",
+            ChainKind::Forward | ChainKind::Input => "filter",
+        }
+    }
+    /// Netfilter hook number (NF_INET_*).
+    pub fn hook(self) -> u32 {
+        match self {
+            ChainKind::Dnat => 0,
+            ChainKind::Input => 1,
+            ChainKind::Forward => 2,
+            ChainKind::Snat => 4,
+        }
+    }
+    pub fn hook_name(self) -> &'static str {
+        match self {
+            ChainKind::Dnat => "prerouting",
+            ChainKind::Input => "input",
+            ChainKind::Forward => "forward",
+            ChainKind::Snat => "postrouting",
+        }
+    }
+    pub fn priority(self) -> i32 {
+        match self {
+            ChainKind::Dnat => -110,
+            ChainKind::Snat => 90,
+            ChainKind::Forward | ChainKind::Input => -10,
+        }
+    }
+    pub fn priority_name(self) -> &'static str {
+        match self {
+            ChainKind::Dnat => "dstnat - 10",
+            ChainKind::Snat => "srcnat - 10",
+            ChainKind::Forward | ChainKind::Input => "filter - 10",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SetKind {
+    /// Pod addresses whose metadata traffic is intercepted (pods not in an exempt namespace).
+    Meta(Family),
+    /// Pod addresses under the masquerade policy.
+    Masq(Family),
+    /// Destinations that keep the pod's source address (interval set).
+    NoMasq(Family),
+    /// The metadata addresses.
+    MetaDst(Family),
+    /// The metadata ports.
+    MetaPorts,
+    /// Owner keys of the pods of this network.
+    Pods,
+}
+
+impl SetKind {
+    pub fn suffix(self) -> String {
+        match self {
+            SetKind::Meta(f) => format!("meta{}", f.suffix()),
+            SetKind::Masq(f) => format!("masq{}", f.suffix()),
+            SetKind::NoMasq(f) => format!("nomasq{}", f.suffix()),
+            SetKind::MetaDst(f) => format!("mdst{}", f.suffix()),
+            SetKind::MetaPorts => "mports".into(),
+            SetKind::Pods => "pods".into(),
+        }
+    }
+    /// nft datatype id and key length in bytes.
+    pub fn key_type(self) -> (u32, u32) {
+        match self {
+            SetKind::Meta(f) | SetKind::Masq(f) | SetKind::NoMasq(f) | SetKind::MetaDst(f) => {
+                match f {
+                    Family::V4 => (7, 4),
+                    Family::V6 => (8, 16),
+                }
+            }
+            SetKind::MetaPorts => (13, 2),
+            SetKind::Pods => (41, 16),
+        }
+    }
+    pub fn type_name(self) -> &'static str {
+        match self {
+            SetKind::Meta(Family::V4)
+            | SetKind::Masq(Family::V4)
+            | SetKind::NoMasq(Family::V4)
+            | SetKind::MetaDst(Family::V4) => "ipv4_addr",
+            SetKind::MetaPorts => "inet_service",
+            SetKind::Pods => "ifname",
+            _ => "ipv6_addr",
+        }
+    }
+    pub fn is_interval(self) -> bool {
+        matches!(self, SetKind::NoMasq(_))
+    }
+    /// Sets whose elements belong to pods; the shared converge never flushes them.
+    pub fn is_per_pod(self) -> bool {
+        matches!(self, SetKind::Meta(_) | SetKind::Masq(_) | SetKind::Pods)
+    }
+    pub const ALL: [SetKind; 10] = [
+        SetKind::Pods,
+        SetKind::Meta(Family::V4),
+        SetKind::Meta(Family::V6),
+        SetKind::Masq(Family::V4),
+        SetKind::Masq(Family::V6),
+        SetKind::MetaDst(Family::V4),
+        SetKind::MetaDst(Family::V6),
+        SetKind::MetaPorts,
+        SetKind::NoMasq(Family::V4),
+        SetKind::NoMasq(Family::V6),
+    ];
+}
+
+/// Chain and set names of one network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetNames {
+    pub network: String,
+    prefix: String,
+}
+
+impl NetNames {
+    /// Network names are validated by the config parser (alphanumerics, `_`, `.`, `-`); long
+    /// ones are shortened with a hash so every object name stays well under nft's limits.
+    pub fn new(network: &str) -> Self {
+        let prefix = if network.len() <= 40 {
+            network.to_string()
+        } else {
+            format!(
+                "{}~{:08x}",
+                &network[..31],
+                fnv1a64(network.as_bytes()) as u32
+            )
+        };
+        NetNames {
+            network: network.to_string(),
+            prefix,
+        }
+    }
+    pub fn chain(&self, c: ChainKind) -> String {
+        format!("{}-{}", self.prefix, c.suffix())
+    }
+    pub fn set(&self, s: SetKind) -> String {
+        format!("{}-{}", self.prefix, s.suffix())
+    }
+    /// Whether a chain name belongs to this network.
+    pub fn owns_chain(&self, name: &str) -> bool {
+        ChainKind::ALL.iter().any(|c| self.chain(*c) == name)
+    }
+    /// The network a natguard chain name belongs to (for `status`), by its `-dnat` suffix.
+    pub fn network_of_chain(name: &str) -> Option<&str> {
+        name.strip_suffix("-dnat")
+    }
+}
+
+/// FNV-1a, 64 bit: stable across releases, unlike std's hasher, so keys written by one version
+/// of natguard are found by the next.
+pub fn fnv1a64(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The key of everything one attachment owns: 16 hex digits of a hash of
+/// (network, container ID, ifname), stored as an `ifname`-typed (16-byte string) set key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerKey(pub u64);
+
+impl OwnerKey {
+    pub fn new(network: &str, container_id: &str, ifname: &str) -> Self {
+        let mut buf = Vec::with_capacity(network.len() + container_id.len() + ifname.len() + 2);
+        buf.extend_from_slice(network.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(container_id.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(ifname.as_bytes());
+        OwnerKey(fnv1a64(&buf))
+    }
+    pub fn hex(self) -> String {
+        format!("{:016x}", self.0)
+    }
+    pub fn parse_hex(s: &str) -> Option<Self> {
+        (s.len() == 16)
+            .then(|| u64::from_str_radix(s, 16).ok())
+            .flatten()
+            .map(OwnerKey)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Match {
+    /// `meta nfproto ipv4|ipv6`: every address match in an inet table needs it.
+    NfProto(Family),
+    SaddrIn(Family, SetKind),
+    DaddrIn(Family, SetKind),
+    /// `meta l4proto tcp tcp dport @set`
+    TcpDportIn(SetKind),
+    /// `meta mark & M == M`
+    MarkHas(u32),
+    /// `ct status ! dnat`: the flow was not destination-NATed.
+    NotDnatted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    DnatTo(IpAddr, u16),
+    /// `snat ip to ip saddr`: an identity SNAT. A plain `accept` in an earlier nat chain does
+    /// not stop later nat chains from masquerading; a NAT binding does.
+    SnatToSaddr(Family),
+    Masquerade {
+        random_fully: bool,
+    },
+    RejectTcpReset,
+    Return,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub chain: ChainKind,
+    pub matches: Vec<Match>,
+    pub action: Action,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Elem {
+    Addr(IpAddr),
+    /// An inclusive address range of one family.
+    Range(Family, u128, u128),
+    Port(u16),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetSpec {
+    pub kind: SetKind,
+    pub name: String,
+    /// Contents the converge writes (flush, then fill); `None` for per-pod sets.
+    pub elements: Option<Vec<Elem>>,
+}
+
+/// Node facts looked up before planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeFacts {
+    pub proxy_v4: Option<Ipv4Addr>,
+    pub proxy_v6: Option<Ipv6Addr>,
+}
+
+/// Everything a network's pods share.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedPlan {
+    pub names: NetNames,
+    pub sets: Vec<SetSpec>,
+    pub rules: Vec<Rule>,
+    /// A hash of the whole shared plan, written into every rule's comment; CHECK compares it.
+    pub fingerprint: String,
+    pub warnings: Vec<String>,
+}
+
+impl SharedPlan {
+    pub fn rule_comment(&self) -> String {
+        format!("natguard {} {}", self.names.network, self.fingerprint)
+    }
+    pub fn rules_of(&self, c: ChainKind) -> impl Iterator<Item = &Rule> {
+        self.rules.iter().filter(move |r| r.chain == c)
+    }
+}
+
+/// What one attachment owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodPlan {
+    pub owner: OwnerKey,
+    /// Comment of the `NET-pods` element: addresses first (DEL parses them), then who it is.
+    pub comment: String,
+    pub addrs: Vec<IpAddr>,
+    /// (set, address) pairs that must exist, owned by this pod.
+    pub present: Vec<(SetKind, IpAddr)>,
+    /// (set, address) pairs that must not exist (e.g. an exempt pod's address in `meta4`).
+    pub absent: Vec<(SetKind, IpAddr)>,
+}
+
+/// Who a pod is, from the CNI invocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodRef<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    pub namespace: Option<&'a str>,
+    pub pod_name: Option<&'a str>,
+}
+
+fn merge_ranges(mut r: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
+    r.sort();
+    let mut out: Vec<(u128, u128)> = Vec::new();
+    for (s, e) in r {
+        match out.last_mut() {
+            Some(last) if s <= last.1.saturating_add(1) => last.1 = last.1.max(e),
+            _ => out.push((s, e)),
+        }
+    }
+    out
+}
+
+/// The CIDRs whose destinations keep the pod's source address, per family, merged.
+pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
+    let m = &cfg.masquerade;
+    let mut cidrs: Vec<Cidr> = m
+        .non_masquerade_cidrs
+        .iter()
+        .filter(|c| Family::of(&c.addr) == f)
+        .copied()
+        .collect();
+    match f {
+        Family::V4 if !m.masq_link_local => cidrs.push(Cidr::parse("169.254.0.0/16").unwrap()),
+        Family::V6 if !m.masq_link_local_ipv6 => cidrs.push(Cidr::parse("fe80::/10").unwrap()),
+        _ => {}
+    }
+    merge_ranges(cidrs.iter().map(Cidr::range).collect())
+}
+
+/// Plans the objects a network shares, from its config and the node facts.
+pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan {
+    let names = NetNames::new(network);
+    let md = &cfg.metadata;
+    let mut warnings = Vec::new();
+    let mut rules = Vec::new();
+
+    let meta_on = md.mode != MetadataMode::Off;
+    for f in Family::ALL {
+        let has_dst = md.addresses.iter().any(|a| Family::of(a) == f);
+        if !meta_on || !has_dst {
+            continue;
+        }
+        let base = vec![
+            Match::NfProto(f),
+            Match::SaddrIn(f, SetKind::Meta(f)),
+            Match::DaddrIn(f, SetKind::MetaDst(f)),
+            Match::TcpDportIn(SetKind::MetaPorts),
+        ];
+        if md.mode == MetadataMode::Proxy {
+            let proxy: Option<IpAddr> = match f {
+                Family::V4 => node.proxy_v4.map(IpAddr::V4),
+                Family::V6 => node.proxy_v6.map(IpAddr::V6),
+            };
+            match proxy {
+                Some(p) => rules.push(Rule {
+                    chain: ChainKind::Dnat,
+                    matches: base.clone(),
+                    action: Action::DnatTo(p, md.proxy_port),
+                }),
+                None => warnings.push(format!(
+                    "network {network}: no IPv{} proxy address (proxyIPv{} is \"auto\" and the node has no route to pick one from); IPv{} metadata traffic is denied",
+                    f.suffix(), f.suffix(), f.suffix()
+                )),
+            }
+        }
+        // Whatever reaches the metadata address without having been DNATed is reset: deny mode,
+        // a family without a proxy, and flows that predate the DNAT rule.
+        for chain in [ChainKind::Forward, ChainKind::Input] {
+            let mut m = base.clone();
+            m.push(Match::NotDnatted);
+            rules.push(Rule {
+                chain,
+                matches: m,
+                action: Action::RejectTcpReset,
+            });
+        }
+    }
+
+    let mut nomasq: [Vec<(u128, u128)>; 2] = [Vec::new(), Vec::new()];
+    if cfg.masquerade.enabled {
+        rules.push(Rule {
+            chain: ChainKind::Snat,
+            matches: vec![Match::MarkHas(KUBE_MASQ_MARK)],
+            action: Action::Return,
+        });
+        for (i, f) in Family::ALL.into_iter().enumerate() {
+            nomasq[i] = non_masquerade_ranges(cfg, f);
+            if !nomasq[i].is_empty() {
+                rules.push(Rule {
+                    chain: ChainKind::Snat,
+                    matches: vec![
+                        Match::NfProto(f),
+                        Match::SaddrIn(f, SetKind::Masq(f)),
+                        Match::DaddrIn(f, SetKind::NoMasq(f)),
+                    ],
+                    action: Action::SnatToSaddr(f),
+                });
+            }
+            rules.push(Rule {
+                chain: ChainKind::Snat,
+                matches: vec![Match::NfProto(f), Match::SaddrIn(f, SetKind::Masq(f))],
+                action: Action::Masquerade {
+                    random_fully: cfg.masquerade.random_fully,
+                },
+            });
+        }
+    }
+
+    let sets = SetKind::ALL
+        .iter()
+        .map(|&kind| {
+            let elements = match kind {
+                k if k.is_per_pod() => None,
+                SetKind::NoMasq(f) => Some(
+                    nomasq[if f == Family::V4 { 0 } else { 1 }]
+                        .iter()
+                        .map(|&(s, e)| {
+                            if s == e {
+                                Elem::Addr(u128_to_ip(f, s))
+                            } else {
+                                Elem::Range(f, s, e)
+                            }
+                        })
+                        .collect(),
+                ),
+                SetKind::MetaDst(f) => Some(if meta_on {
+                    md.addresses
+                        .iter()
+                        .filter(|a| Family::of(a) == f)
+                        .map(|a| Elem::Addr(*a))
+                        .collect()
+                } else {
+                    Vec::new()
+                }),
+                SetKind::MetaPorts => Some(if meta_on {
+                    md.ports.iter().map(|p| Elem::Port(*p)).collect()
+                } else {
+                    Vec::new()
+                }),
+                _ => None,
+            };
+            SetSpec {
+                kind,
+                name: names.set(kind),
+                elements,
+            }
+        })
+        .collect();
+
+    let mut plan = SharedPlan {
+        names,
+        sets,
+        rules,
+        fingerprint: String::new(),
+        warnings,
+    };
+    plan.fingerprint = format!("{:016x}", fnv1a64(render_shared_body(&plan).as_bytes()));
+    plan
+}
+
+pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
+    match f {
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(v as u32)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(v)),
+    }
+}
+
+/// Plans what one attachment owns.
+pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
+    let owner = OwnerKey::new(pod.network, pod.container_id, pod.ifname);
+    let exempt = pod
+        .namespace
+        .is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
+    let intercept = cfg.metadata.mode != MetadataMode::Off && !exempt;
+    let mut present = Vec::new();
+    let mut absent = Vec::new();
+    for a in addrs {
+        let f = Family::of(a);
+        for (kind, want) in [
+            (SetKind::Meta(f), intercept),
+            (SetKind::Masq(f), cfg.masquerade.enabled),
+        ] {
+            if want {
+                present.push((kind, *a));
+            } else {
+                absent.push((kind, *a));
+            }
+        }
+    }
+    PodPlan {
+        owner,
+        comment: pod_comment(pod, addrs),
+        addrs: addrs.to_vec(),
+        present,
+        absent,
+    }
+}
+
+/// "10.22.0.5,fd00::5 default/web cid=0123456789ab if=eth0", cut to nft's comment limit; the
+/// addresses come first and are never cut (`plan_pod` callers cap the address count).
+pub fn pod_comment(pod: &PodRef<'_>, addrs: &[IpAddr]) -> String {
+    let ips: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let mut s = if ips.is_empty() {
+        "-".to_string()
+    } else {
+        ips.join(",")
+    };
+    let who = match (pod.namespace, pod.pod_name) {
+        (Some(ns), Some(n)) => format!("{ns}/{n}"),
+        (Some(ns), None) => format!("{ns}/-"),
+        (None, Some(n)) => format!("-/{n}"),
+        (None, None) => "-/-".into(),
+    };
+    let cid: String = pod.container_id.chars().take(12).collect();
+    let _ = write!(s, " {who} cid={cid} if={}", pod.ifname);
+    if s.len() > MAX_COMMENT {
+        let mut cut = MAX_COMMENT;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// The addresses in a `NET-pods` element comment.
+pub fn addrs_from_comment(comment: &str) -> Vec<IpAddr> {
+    comment
+        .split(' ')
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+/// The namespace/name part of a `NET-pods` element comment.
+pub fn who_from_comment(comment: &str) -> &str {
+    comment.split(' ').nth(1).unwrap_or("-/-")
+}
+
+/// How many addresses always fit in a pod comment (with the longest IPv6 form).
+pub const MAX_POD_ADDRS: usize = 3;
+
+// ---------- rendering as nft text (golden files, `status`, error messages) ----------
+
+fn render_match(m: &Match, names: &NetNames) -> String {
+    match m {
+        // nft prints the family dependency implicitly, as part of the address match.
+        Match::NfProto(_) => String::new(),
+        Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), names.set(*s)),
+        Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), names.set(*s)),
+        Match::TcpDportIn(s) => format!("tcp dport @{}", names.set(*s)),
+        Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
+        Match::NotDnatted => "ct status ! dnat".to_string(),
+    }
+}
+
+fn render_action(a: &Action) -> String {
+    match a {
+        Action::DnatTo(IpAddr::V4(ip), port) => format!("dnat ip to {ip}:{port}"),
+        Action::DnatTo(IpAddr::V6(ip), port) => format!("dnat ip6 to [{ip}]:{port}"),
+        Action::SnatToSaddr(f) => format!("snat {0} to {0} saddr", f.nft()),
+        Action::Masquerade { random_fully } => {
+            if *random_fully {
+                "masquerade fully-random".into()
+            } else {
+                "masquerade".into()
+            }
+        }
+        Action::RejectTcpReset => "reject with tcp reset".into(),
+        Action::Return => "return".into(),
+    }
+}
+
+pub fn render_rule(r: &Rule, names: &NetNames) -> String {
+    let mut parts: Vec<String> = r
+        .matches
+        .iter()
+        .map(|m| render_match(m, names))
+        .filter(|s| !s.is_empty())
+        .collect();
+    parts.push(render_action(&r.action));
+    parts.join(" ")
+}
+
+pub fn render_elem(e: &Elem) -> String {
+    match e {
+        Elem::Addr(a) => a.to_string(),
+        Elem::Port(p) => p.to_string(),
+        Elem::Range(f, s, e) => {
+            // Print as a prefix when the range is one.
+            let span = e - s;
+            let bits = if *f == Family::V4 { 32 } else { 128 };
+            if span == u128::MAX {
+                format!("{}/0", u128_to_ip(*f, *s))
+            } else if span.wrapping_add(1).is_power_of_two() && s & span == 0 {
+                let host = (span + 1).trailing_zeros();
+                format!("{}/{}", u128_to_ip(*f, *s), bits - host)
+            } else {
+                format!("{}-{}", u128_to_ip(*f, *s), u128_to_ip(*f, *e))
+            }
+        }
+    }
+}
+
+fn render_shared_body(p: &SharedPlan) -> String {
+    let mut out = String::new();
+    for s in &p.sets {
+        let _ = write!(
+            out,
+            "\tset {} {{\n\t\ttype {}\n",
+            s.name,
+            s.kind.type_name()
+        );
+        if s.kind.is_interval() {
+            out.push_str("\t\tflags interval\n");
+        }
+        match &s.elements {
+            Some(e) if !e.is_empty() => {
+                let items: Vec<String> = e.iter().map(render_elem).collect();
+                let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
+            }
+            Some(_) => {}
+            None => out.push_str("\t\t# per-pod elements\n"),
+        }
+        out.push_str("\t}\n");
+    }
+    for c in ChainKind::ALL {
+        let _ = write!(
+            out,
+            "\tchain {} {{\n\t\ttype {} hook {} priority {}; policy accept;\n",
+            p.names.chain(c),
+            c.chain_type(),
+            c.hook_name(),
+            c.priority_name()
+        );
+        for r in p.rules_of(c) {
+            let _ = writeln!(out, "\t\t{}", render_rule(r, &p.names));
+        }
+        out.push_str("\t}\n");
+    }
+    out
+}
+
+/// The shared plan as nft text, in the shape `nft list table` prints.
+pub fn render_shared(p: &SharedPlan) -> String {
+    let mut out = format!(
+        "table inet {TABLE} {{\n\t# network {} fingerprint {}\n",
+        p.names.network, p.fingerprint
+    );
+    for w in &p.warnings {
+        let _ = writeln!(out, "\t# warning: {w}");
+    }
+    out.push_str(&render_shared_body(p));
+    out.push_str("}\n");
+    out
+}
+
+pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
+    let mut out = format!(
+        "add element inet {TABLE} {} {{ \"{}\" comment \"{}\" }}\n",
+        names.set(SetKind::Pods),
+        p.owner.hex(),
+        p.comment
+    );
+    for (k, a) in &p.present {
+        let _ = writeln!(
+            out,
+            "add element inet {TABLE} {} {{ {a} comment \"{}\" }}",
+            names.set(*k),
+            p.owner.hex()
+        );
+    }
+    for (k, a) in &p.absent {
+        let _ = writeln!(out, "# absent: {} {a}", names.set(*k));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owner_keys_are_stable_and_distinct() {
+        let a = OwnerKey::new("net", "abc", "eth0");
+        assert_eq!(a, OwnerKey::new("net", "abc", "eth0"));
+        assert_ne!(a, OwnerKey::new("net", "abc", "eth1"));
+        assert_ne!(a, OwnerKey::new("ne", "tabc", "eth0"));
+        assert_eq!(OwnerKey::parse_hex(&a.hex()), Some(a));
+        // Pinned: changing the hash would orphan every pod on upgrade.
+        assert_eq!(fnv1a64(b"natguard"), 7_819_764_532_579_754_049);
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+    }
+
+    #[test]
+    fn ranges_merge_and_render_as_prefixes() {
+        let m = merge_ranges(vec![(10, 20), (15, 30), (31, 40), (50, 60)]);
+        assert_eq!(m, vec![(10, 40), (50, 60)]);
+        let c = Cidr::parse("10.0.0.0/8").unwrap().range();
+        assert_eq!(
+            render_elem(&Elem::Range(Family::V4, c.0, c.1)),
+            "10.0.0.0/8"
+        );
+        let all = Cidr::parse("::/0").unwrap().range();
+        assert_eq!(render_elem(&Elem::Range(Family::V6, all.0, all.1)), "::/0");
+    }
+
+    #[test]
+    fn comments_keep_addresses_first() {
+        let pod = PodRef {
+            network: "n",
+            container_id: &"a".repeat(64),
+            ifname: "eth0",
+            namespace: Some(&"x".repeat(63)),
+            pod_name: Some(&"y".repeat(200)),
+        };
+        let addrs: Vec<IpAddr> = vec![
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff1".parse().unwrap(),
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff2".parse().unwrap(),
+            "255.255.255.255".parse().unwrap(),
+        ];
+        let c = pod_comment(&pod, &addrs);
+        assert!(c.len() <= MAX_COMMENT);
+        assert_eq!(addrs_from_comment(&c), addrs);
+    }
+}

@@ -1,0 +1,450 @@
+//! The CNI verbs: parse → plan → one transaction → reply.
+//!
+//! Every verb that reads kernel state before writing (DEL, GC, and ADD when it replaces an
+//! earlier ADD of the same attachment) holds an exclusive lock on `/run/natguard/lock` from the
+//! read to the commit, so that "ADD A (ip X), ADD B (ip X), DEL A" cannot interleave into B
+//! losing its policy. The lock is held for about a millisecond; conntrack work happens after it
+//! is released.
+
+use crate::cni::{self, CniVersion, Command, Env};
+use crate::config::{self, NetConf};
+use crate::error::{Error, Result};
+use crate::netlink::NfSocket;
+use crate::nft::{self, encode, Tx};
+use crate::plan::{self, Family, NetNames, OwnerKey, PodRef, SetKind, SharedPlan};
+use crate::{info, warn};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::fs::{File, OpenOptions};
+use std::net::IpAddr;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+
+pub const RUN_DIR: &str = "/run/natguard";
+
+/// Holds natguard's node-wide lock while alive.
+pub struct Lock(#[allow(dead_code)] File);
+
+pub fn lock() -> Result<Lock> {
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(RUN_DIR);
+    let path = format!("{RUN_DIR}/lock");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| Error::io(format!("open lock file {path}"), e))?;
+    f.lock().map_err(|e| Error::io(format!("lock {path}"), e))?;
+    Ok(Lock(f))
+}
+
+/// The reply of a successful invocation, if it prints one.
+pub type Reply = Option<Value>;
+
+/// Runs one CNI invocation. `stdin` is the raw network configuration.
+pub fn run(
+    command: Command,
+    env_get: &dyn Fn(&str) -> Option<String>,
+    stdin: &[u8],
+) -> Result<Reply> {
+    if command == Command::Version {
+        // No config needed: podman sends only {"cniVersion":"1.0.0"}, with dummy env.
+        let requested = config::decode_stdin(stdin)
+            .ok()
+            .and_then(|v| config::cni_version_of(&v).ok().flatten());
+        return Ok(Some(cni::version_reply(requested)));
+    }
+    let env = Env::from_lookup(command, env_get)?;
+    let conf = config::parse_netconf(stdin)?;
+    if let Some(path) = &conf.natguard.log_file {
+        crate::log::set_file(path);
+    }
+    crate::log::set_context(format!(
+        "{} {} {} {}",
+        command.as_str(),
+        conf.name,
+        cni::truncate(&env.container_id, 12),
+        env.ifname
+    ));
+    match command {
+        Command::Add => cmd_add(&env, &conf).map(Some),
+        Command::Del => cmd_del(&env, &conf).map(|_| None),
+        Command::Check => {
+            if !conf.cni_version.supports_check() {
+                return Err(Error::IncompatibleVersion(format!(
+                    "cniVersion {}: CHECK needs 0.4.0 or later",
+                    conf.cni_version.as_str()
+                )));
+            }
+            cmd_check(&env, &conf).map(|_| None)
+        }
+        Command::Gc => {
+            require_1_1(conf.cni_version, "GC")?;
+            cmd_gc(&conf).map(|_| None)
+        }
+        Command::Status => {
+            require_1_1(conf.cni_version, "STATUS")?;
+            cmd_status().map(|_| None)
+        }
+        Command::Version => unreachable!("handled above"),
+    }
+}
+
+fn require_1_1(v: CniVersion, verb: &str) -> Result<()> {
+    if v.supports_gc_status() {
+        Ok(())
+    } else {
+        Err(Error::IncompatibleVersion(format!(
+            "cniVersion {}: {verb} needs 1.1.0 or later",
+            v.as_str()
+        )))
+    }
+}
+
+fn pod_ref<'a>(env: &'a Env, conf: &'a NetConf) -> PodRef<'a> {
+    PodRef {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+        namespace: env.args.pod_namespace.as_deref(),
+        pod_name: env.args.pod_name.as_deref(),
+    }
+}
+
+fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
+    let len: usize = addrs.iter().map(|a| a.to_string().len() + 1).sum();
+    if len > 120 {
+        return Err(Error::InvalidConfig(format!(
+            "prevResult: {} addresses on {ifname} ({}) are more than natguard records per interface (at most {} IPv6 addresses)",
+            addrs.len(),
+            addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+            plan::MAX_POD_ADDRS
+        )));
+    }
+    Ok(())
+}
+
+fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        Error::InvalidConfig(
+            "prevResult: missing; natguard is a chained plugin and must follow a primary plugin (bridge, ptp, Calico, ...) in a conflist".into(),
+        )
+    })?;
+    let addrs = cni::validate_prev_result(prev, &env.ifname)?;
+    check_addr_count(&addrs, &env.ifname)?;
+    let cfg = &conf.natguard;
+    let node = crate::node::facts(cfg);
+    let shared = plan::plan_shared(&conf.name, cfg, &node);
+    for w in &shared.warnings {
+        warn!("{w}");
+    }
+    let pod = plan::plan_pod(cfg, &pod_ref(env, conf), &addrs);
+    if addrs.is_empty() {
+        warn!(
+            "prevResult has no address on {}; only the shared objects are installed",
+            env.ifname
+        );
+    }
+    apply_pod(&shared, &pod)?;
+    info!(
+        "installed {} for {}",
+        pod.owner.hex(),
+        addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    if cfg.conntrack.flush_on_add && !addrs.is_empty() {
+        flush_conntrack(&addrs, "ADD");
+    }
+    Ok(cni::passthrough(prev, conf.cni_version))
+}
+
+/// One locked read-modify-write: converge the network's shared objects and install `pod`,
+/// removing what an earlier ADD of the same attachment owned and no longer should.
+pub fn apply_pod(shared: &SharedPlan, pod: &plan::PodPlan) -> Result<()> {
+    let mut sock = NfSocket::open()?;
+    let _lock = lock()?;
+    let names = &shared.names;
+    let mut tx = Tx::new(&mut sock);
+    tx.converge_shared(shared);
+    // An earlier ADD of this attachment with other addresses: release what it owned.
+    if let Some(old) = nft::get_element(
+        &mut sock,
+        &names.set(SetKind::Pods),
+        &encode::owner_key_bytes(&pod.owner.hex()),
+    )? {
+        let stale: Vec<IpAddr> = plan::addrs_from_comment(old.comment.as_deref().unwrap_or(""))
+            .into_iter()
+            .filter(|a| !pod.addrs.contains(a))
+            .collect();
+        release_addrs(&mut sock, &mut tx, names, pod.owner, &stale)?;
+    }
+    tx.add_pod(names, pod);
+    tx.commit(&mut sock)
+}
+
+/// Adds to `tx` the removal of `addrs` from the pod sets wherever `owner` still owns them.
+fn release_addrs(
+    sock: &mut NfSocket,
+    tx: &mut Tx,
+    names: &NetNames,
+    owner: OwnerKey,
+    addrs: &[IpAddr],
+) -> Result<()> {
+    for a in addrs {
+        let f = Family::of(a);
+        for kind in [SetKind::Meta(f), SetKind::Masq(f)] {
+            let set = names.set(kind);
+            let key = encode::ip_bytes(a);
+            if let Some(e) = nft::get_element(sock, &set, &key)? {
+                if e.comment_owner() == Some(owner) {
+                    tx.delete_elem(&set, key, &a.to_string());
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn flush_conntrack(addrs: &[IpAddr], verb: &str) {
+    match conntrack_flush(addrs) {
+        Ok(r) => info!(
+            "conntrack: deleted {} entries in {} kernel walks ({})",
+            r.deleted, r.walks, r.path
+        ),
+        Err(e) => warn!("conntrack cleanup at {verb} failed (policy is installed): {e}"),
+    }
+}
+
+fn cmd_del(env: &Env, conf: &NetConf) -> Result<()> {
+    let names = NetNames::new(&conf.name);
+    let owner = OwnerKey::new(&conf.name, &env.container_id, &env.ifname);
+    // prevResult is optional on DEL (0.3.x lists send none); when present and usable it adds
+    // its addresses to the ones recorded in the kernel.
+    let mut addrs: Vec<IpAddr> = conf
+        .prev_result
+        .as_ref()
+        .and_then(|p| cni::pod_addresses(p, &env.ifname).ok())
+        .unwrap_or_default();
+    let released = match remove_owner(&names, owner, &mut addrs) {
+        Ok(n) => n,
+        Err(e) if nft::is_unavailable(&e) => {
+            warn!("nf_tables is not available, nothing to remove: {e}");
+            0
+        }
+        Err(e) => return Err(e),
+    };
+    info!("removed {} entries of {}", released, owner.hex());
+    if !addrs.is_empty() {
+        flush_conntrack(&addrs, "DEL");
+    }
+    Ok(())
+}
+
+/// Removes everything `owner` owns in a network; returns the number of elements removed and
+/// extends `addrs` with the addresses the kernel had recorded.
+pub fn remove_owner(names: &NetNames, owner: OwnerKey, addrs: &mut Vec<IpAddr>) -> Result<usize> {
+    let mut sock = NfSocket::open()?;
+    let _lock = lock()?;
+    let pods_set = names.set(SetKind::Pods);
+    let key = encode::owner_key_bytes(&owner.hex());
+    let mut tx = Tx::new(&mut sock);
+    let mut removed = 0;
+    if let Some(e) = nft::get_element(&mut sock, &pods_set, &key)? {
+        for a in plan::addrs_from_comment(e.comment.as_deref().unwrap_or("")) {
+            if !addrs.contains(&a) {
+                addrs.push(a);
+            }
+        }
+        tx.delete_elem(&pods_set, key, &format!("pod {}", owner.hex()));
+        removed += 1;
+    }
+    let before = tx.len();
+    release_addrs(&mut sock, &mut tx, names, owner, addrs)?;
+    removed += tx.len() - before;
+    tx.commit(&mut sock)?;
+    Ok(removed)
+}
+
+fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        Error::InvalidConfig("prevResult: missing; CHECK needs the cached result of ADD".into())
+    })?;
+    let addrs = cni::validate_prev_result(prev, &env.ifname)?;
+    let cfg = &conf.natguard;
+    let node = crate::node::facts(cfg);
+    let shared = plan::plan_shared(&conf.name, cfg, &node);
+    let pod = plan::plan_pod(cfg, &pod_ref(env, conf), &addrs);
+    let mut sock = NfSocket::open()?;
+    check_shared(&mut sock, &shared)?;
+    check_pod(&mut sock, &shared.names, &pod)
+}
+
+/// Compares the kernel's shared objects of a network with the plan.
+pub fn check_shared(sock: &mut NfSocket, shared: &SharedPlan) -> Result<()> {
+    let names = &shared.names;
+    let sets: HashSet<String> = nft::set_names(sock)?.into_iter().collect();
+    for s in &shared.sets {
+        if !sets.contains(&s.name) {
+            return Err(Error::CheckFailed(format!(
+                "set inet {} {} is missing",
+                plan::TABLE,
+                s.name
+            )));
+        }
+    }
+    let expected = shared.rule_comment();
+    for c in plan::ChainKind::ALL {
+        let chain = names.chain(c);
+        let want = shared.rules_of(c).count();
+        match nft::rule_comments(sock, &chain)? {
+            None => {
+                return Err(Error::CheckFailed(format!(
+                    "chain inet {} {chain} is missing",
+                    plan::TABLE
+                )))
+            }
+            Some(got) => {
+                if got.len() != want || got.iter().any(|g| *g != expected) {
+                    let seen: Vec<&str> = got.iter().map(|s| s.as_str()).collect();
+                    return Err(Error::CheckFailed(format!(
+                        "chain {chain} differs from the config: expected {want} rules commented {expected:?}, found {} ({seen:?}); the next ADD on this network rewrites it",
+                        got.len()
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Compares a pod's elements with its plan.
+pub fn check_pod(sock: &mut NfSocket, names: &NetNames, pod: &plan::PodPlan) -> Result<()> {
+    let owner = pod.owner.hex();
+    let rec = nft::get_element(
+        sock,
+        &names.set(SetKind::Pods),
+        &encode::owner_key_bytes(&owner),
+    )?
+    .ok_or_else(|| {
+        Error::CheckFailed(format!(
+            "pod entry {owner} is missing from set {}",
+            names.set(SetKind::Pods)
+        ))
+    })?;
+    let mut recorded = plan::addrs_from_comment(rec.comment.as_deref().unwrap_or(""));
+    let mut want = pod.addrs.clone();
+    recorded.sort();
+    want.sort();
+    if recorded != want {
+        return Err(Error::CheckFailed(format!(
+            "pod {owner} is recorded with addresses {recorded:?}, prevResult has {want:?}"
+        )));
+    }
+    for (kind, ip) in &pod.present {
+        let set = names.set(*kind);
+        match nft::get_element(sock, &set, &encode::ip_bytes(ip))? {
+            None => {
+                return Err(Error::CheckFailed(format!(
+                    "address {ip} is missing from set {set}"
+                )))
+            }
+            Some(e) if e.comment_owner() != Some(pod.owner) => {
+                return Err(Error::CheckFailed(format!(
+                    "address {ip} in set {set} belongs to {:?}, not to this pod ({owner})",
+                    e.comment.unwrap_or_default()
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    for (kind, ip) in &pod.absent {
+        let set = names.set(*kind);
+        if nft::get_element(sock, &set, &encode::ip_bytes(ip))?.is_some() {
+            return Err(Error::CheckFailed(format!(
+                "address {ip} must not be in set {set} for this pod's config"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn cmd_gc(conf: &NetConf) -> Result<()> {
+    let names = NetNames::new(&conf.name);
+    let valid: HashSet<OwnerKey> = conf
+        .valid_attachments
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .map(|a| OwnerKey::new(&conf.name, &a.container_id, &a.ifname))
+        .collect();
+    let removed = match gc_network(&names, &valid) {
+        Err(e) if nft::is_unavailable(&e) => 0,
+        r => r?,
+    };
+    info!("GC removed {removed} elements");
+    Ok(())
+}
+
+/// Removes every pod entry of a network whose owner is not in `valid`, and every address
+/// element whose owner is not. Returns the number of elements removed.
+pub fn gc_network(names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
+    let mut sock = NfSocket::open()?;
+    let _lock = lock()?;
+    let mut tx = Tx::new(&mut sock);
+    let pods_set = names.set(SetKind::Pods);
+    for e in nft::dump_set(&mut sock, &pods_set)? {
+        if !e.owner().is_some_and(|o| valid.contains(&o)) {
+            tx.delete_elem(&pods_set, e.key.clone(), "stale pod");
+        }
+    }
+    for f in Family::ALL {
+        for kind in [SetKind::Meta(f), SetKind::Masq(f)] {
+            let set = names.set(kind);
+            for e in nft::dump_set(&mut sock, &set)? {
+                if !e.comment_owner().is_some_and(|o| valid.contains(&o)) {
+                    let what = e.addr().map(|a| a.to_string()).unwrap_or_default();
+                    tx.delete_elem(&set, e.key.clone(), &what);
+                }
+            }
+        }
+    }
+    let n = tx.len();
+    tx.commit(&mut sock)?;
+    Ok(n)
+}
+
+fn cmd_status() -> Result<()> {
+    let mut sock = NfSocket::open().map_err(|e| {
+        Error::NotReady(format!(
+            "nf_tables is not usable: cannot open a netfilter netlink socket: {e}"
+        ))
+    })?;
+    nft::probe(&mut sock).map_err(|e| Error::NotReady(format!("nf_tables is not usable: {e}")))?;
+    conntrack_probe()
+        .map_err(|e| Error::NotReady(format!("conntrack netlink is not usable: {e}")))?;
+    Ok(())
+}
+
+// Temporary until the conntrack module lands.
+struct FlushReport {
+    deleted: u64,
+    walks: u32,
+    path: &'static str,
+}
+fn conntrack_flush(_a: &[IpAddr]) -> Result<FlushReport> {
+    Ok(FlushReport {
+        deleted: 0,
+        walks: 0,
+        path: "none",
+    })
+}
+fn conntrack_probe() -> Result<()> {
+    Ok(())
+}
