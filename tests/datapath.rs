@@ -1,0 +1,827 @@
+//! Root integration tests: the real natguard binary chained after Debian's `bridge` +
+//! `host-local`, driven like libcni drives a conflist, with real traffic in network namespaces
+//! that each test creates (see `common::World` for the topology). Needs root; never skips.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::net::IpAddr;
+
+// ---------------------------------------------------------------------------------------------
+// Assertions
+// ---------------------------------------------------------------------------------------------
+
+/// The pod's HTTP requests to both metadata addresses are answered by `who`.
+fn assert_metadata(pod: &Pod, who: &str) {
+    for meta in [META4, META6] {
+        assert_eq!(
+            http_get(&pod.ns, sa(meta, HTTP_PORT)),
+            body(who),
+            "pod {} ({}) -> http://{}/ should be answered by {who}",
+            pod.att.container_id,
+            pod.v4,
+            sa(meta, HTTP_PORT)
+        );
+    }
+}
+
+/// The pod's TCP connections to both metadata addresses are refused (reset), never answered.
+fn assert_metadata_refused(pod: &Pod) {
+    for meta in [META4, META6] {
+        assert_eq!(
+            http_get(&pod.ns, sa(meta, HTTP_PORT)),
+            Outcome::Refused,
+            "pod {} -> http://{}/ should be refused at once (never reach the cloud, never hang)",
+            pod.att.container_id,
+            sa(meta, HTTP_PORT)
+        );
+    }
+}
+
+/// The who-am-i server at `remote` sees `expected` as the pod's source, over TCP and UDP.
+fn assert_sees(pod: &Pod, remote: IpAddr, expected: IpAddr) {
+    assert_eq!(
+        tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+        Ok(expected),
+        "TCP from pod {} to {remote}: the remote should see {expected}",
+        pod.att.container_id
+    );
+    assert_eq!(
+        udp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+        Ok(expected),
+        "UDP from pod {} to {remote}: the remote should see {expected}",
+        pod.att.container_id
+    );
+}
+
+/// ip-masq-agent semantics for both families: remote-in sees the pod, remote-out sees the node.
+fn assert_masquerade_policy(pod: &Pod) {
+    assert_sees(pod, REMOTE_IN4, pod.v4);
+    assert_sees(pod, REMOTE_IN6, pod.v6);
+    assert_sees(pod, REMOTE_OUT4, NODE_OUT4);
+    assert_sees(pod, REMOTE_OUT6, NODE_OUT6);
+}
+
+/// `nft list table inet natguard` mentions none of the pod's addresses nor its container ID.
+fn assert_no_trace(w: &World, pod: &Pod) {
+    let Some(table) = w.table() else { return };
+    for ip in pod.ips() {
+        assert!(
+            !mentions(&table, &ip.to_string()),
+            "after DEL the table still mentions {ip} of pod {}:\n{table}",
+            pod.att.container_id
+        );
+    }
+    assert!(
+        !table.contains(&pod.att.container_id),
+        "after DEL the table still mentions container {}:\n{table}",
+        pod.att.container_id
+    );
+}
+
+/// The table holds the pod's addresses.
+fn assert_installed(w: &World, pod: &Pod) {
+    let table = w.table().unwrap_or_else(|| {
+        panic!(
+            "no table inet natguard after ADD of {}",
+            pod.att.container_id
+        )
+    });
+    for ip in pod.ips() {
+        assert!(
+            mentions(&table, &ip.to_string()),
+            "table does not mention {ip} of pod {}:\n{table}",
+            pod.att.container_id
+        );
+    }
+}
+
+fn ok<T>(r: Result<T, CniError>, what: &str) -> T {
+    r.unwrap_or_else(|e| panic!("{what}: {e}"))
+}
+
+/// A world with one network `ngnet` (bridge + host-local + natguard with `patch`).
+fn world(test: &str, version: &str, patch: Value) -> (World, Chain) {
+    let w = World::new(test);
+    let list = w.list("ngnet", version, 0, Some(w.natguard(patch)));
+    let chain = w.chain(list);
+    (w, chain)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The harness itself (no natguard involved)
+// ---------------------------------------------------------------------------------------------
+
+/// Without natguard the topology reaches the real metadata server, keeps the pod's source
+/// everywhere, and another component's MASQUERADE rule (iptables-nft and iptables-legacy)
+/// really rewrites traffic to remote-in: so the natguard tests below can tell the difference.
+#[test]
+fn baseline_topology_without_natguard() {
+    let w = World::new("baseline");
+    let chain = w.chain(w.list("plain", "1.0.0", 0, None));
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_metadata(&pod, "cloud");
+    assert_sees(&pod, REMOTE_OUT4, pod.v4);
+    assert_sees(&pod, REMOTE_OUT6, pod.v6);
+    assert_sees(&pod, REMOTE_IN4, pod.v4);
+
+    w.on_node(&[
+        "iptables-nft",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "!",
+        "-d",
+        "10.244.0.0/16",
+        "-j",
+        "MASQUERADE",
+    ]);
+    w.on_node(&[
+        "ip6tables-nft",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "!",
+        "-d",
+        "fd00:10:244::/48",
+        "-j",
+        "MASQUERADE",
+    ]);
+    assert_sees(&pod, REMOTE_IN4, NODE_IN4);
+    assert_sees(&pod, REMOTE_IN6, NODE_IN6);
+    w.on_node(&["iptables-nft", "-t", "nat", "-F", "POSTROUTING"]);
+    w.on_node(&["ip6tables-nft", "-t", "nat", "-F", "POSTROUTING"]);
+
+    w.on_node(&[
+        "iptables-legacy",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "!",
+        "-d",
+        "10.244.0.0/16",
+        "-j",
+        "MASQUERADE",
+    ]);
+    w.on_node(&[
+        "ip6tables-legacy",
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "!",
+        "-d",
+        "fd00:10:244::/48",
+        "-j",
+        "MASQUERADE",
+    ]);
+    assert_sees(&pod, REMOTE_IN4, NODE_IN4);
+    assert_sees(&pod, REMOTE_IN6, NODE_IN6);
+
+    ok(chain.check(&pod.att), "CHECK");
+    ok(chain.del(&pod.att), "DEL");
+    assert!(!chain.cache_path(&pod.att).exists(), "DEL leaves the cache");
+}
+
+/// Dropping the harness (also while unwinding from a panic) kills its processes and deletes its
+/// namespaces.
+#[test]
+fn harness_cleans_up_even_on_panic() {
+    let names = std::sync::Arc::new(std::sync::Mutex::new((String::new(), 0u32)));
+    let inner = names.clone();
+    let r = std::panic::catch_unwind(move || {
+        let h = Harness::new("cleanup");
+        let ns = h.netns("a");
+        let server = h.http_server(&ns, 8080, "x");
+        *inner.lock().unwrap() = (ns.path(), server.pids[0]);
+        panic!("deliberate");
+    });
+    assert!(r.is_err());
+    let (path, pid) = names.lock().unwrap().clone();
+    assert!(!std::path::Path::new(&path).exists(), "{path} still exists");
+    // SAFETY: signal 0 only checks for existence.
+    let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
+    assert!(!alive, "server {pid} still running");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Metadata interception
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn proxy_mode_sends_metadata_to_node_local_proxy() {
+    let (w, chain) = world("proxy", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_installed(&w, &pod);
+    assert_metadata(&pod, "proxy");
+    // Other traffic is not intercepted.
+    assert_sees(&pod, REMOTE_IN4, pod.v4);
+    ok(chain.del(&pod.att), "DEL");
+    assert_no_trace(&w, &pod);
+}
+
+#[test]
+fn exempt_namespace_reaches_real_metadata_server() {
+    let (w, chain) = world(
+        "exempt",
+        "1.0.0",
+        json!({ "metadata": { "exemptNamespaces": ["kube-system"] } }),
+    );
+    let exempt = w.add_pod(&chain, "sys", "kube-system");
+    let normal = w.add_pod(&chain, "app", "default");
+    assert_metadata(&exempt, "cloud");
+    assert_metadata(&normal, "proxy");
+    // Masquerade policy still applies to exempt pods.
+    assert_masquerade_policy(&exempt);
+    ok(chain.del(&exempt.att), "DEL exempt");
+    ok(chain.del(&normal.att), "DEL normal");
+    assert_no_trace(&w, &exempt);
+    assert_no_trace(&w, &normal);
+}
+
+#[test]
+fn deny_mode_resets_metadata_connections() {
+    let (w, chain) = world("deny", "1.0.0", json!({ "metadata": { "mode": "deny" } }));
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_metadata_refused(&pod);
+    assert_sees(&pod, REMOTE_IN4, pod.v4);
+    ok(chain.del(&pod.att), "DEL");
+    assert_no_trace(&w, &pod);
+}
+
+#[test]
+fn off_mode_leaves_metadata_alone() {
+    let (w, chain) = world("off", "1.0.0", json!({ "metadata": { "mode": "off" } }));
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_metadata(&pod, "cloud");
+    assert_masquerade_policy(&pod);
+    ok(chain.del(&pod.att), "DEL");
+    assert_no_trace(&w, &pod);
+}
+
+/// With the proxy down, the connection is refused by the node; it never falls through to the
+/// real metadata server.
+#[test]
+fn proxy_down_is_refused_never_cloud() {
+    let (w, chain) = world("proxydown", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_metadata(&pod, "proxy");
+    w.stop_proxy();
+    assert_metadata_refused(&pod);
+    ok(chain.del(&pod.att), "DEL");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Masquerade policy
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn masquerade_keeps_pod_source_inside_and_masquerades_outside() {
+    let (w, chain) = world("masq", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_masquerade_policy(&pod);
+    ok(chain.del(&pod.att), "DEL");
+    assert_no_trace(&w, &pod);
+}
+
+#[test]
+fn masquerade_disabled_keeps_pod_source_everywhere() {
+    let (w, chain) = world(
+        "nomasq",
+        "1.0.0",
+        json!({ "masquerade": { "enabled": false } }),
+    );
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_sees(&pod, REMOTE_OUT4, pod.v4);
+    assert_sees(&pod, REMOTE_OUT6, pod.v6);
+    assert_metadata(&pod, "proxy");
+    ok(chain.del(&pod.att), "DEL");
+}
+
+fn other_masquerade(w: &World, v4: &str, v6: &str) {
+    w.on_node(&[
+        v4,
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "!",
+        "-d",
+        "10.244.0.0/16",
+        "-j",
+        "MASQUERADE",
+    ]);
+    w.on_node(&[
+        v6,
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "!",
+        "-d",
+        "fd00:10:244::/48",
+        "-j",
+        "MASQUERADE",
+    ]);
+}
+
+/// kubenet-style `! -d <x> -j MASQUERADE` in iptables-nft, installed before and after natguard.
+#[test]
+fn identity_snat_beats_iptables_nft_masquerade() {
+    let (w, chain) = world("ipt-nft", "1.0.0", json!({}));
+    other_masquerade(&w, "iptables-nft", "ip6tables-nft");
+    let pod = w.add_pod(&chain, "pod", "default");
+    other_masquerade(&w, "iptables-nft", "ip6tables-nft");
+    assert_masquerade_policy(&pod);
+    ok(chain.del(&pod.att), "DEL");
+}
+
+/// The same rule in iptables-legacy (xtables, not nf_tables).
+#[test]
+fn identity_snat_beats_iptables_legacy_masquerade() {
+    let (w, chain) = world("ipt-legacy", "1.0.0", json!({}));
+    other_masquerade(&w, "iptables-legacy", "ip6tables-legacy");
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_masquerade_policy(&pod);
+    ok(chain.del(&pod.att), "DEL");
+}
+
+/// The bridge plugin's own `ipMasq` (its CNI-xxxx chain masquerades everything but the subnet).
+#[test]
+fn identity_snat_beats_bridge_ipmasq() {
+    let w = World::new("bridge-ipmasq");
+    let mut list = w.list("ngnet", "1.0.0", 0, Some(w.natguard(json!({}))));
+    list["plugins"][0]["ipMasq"] = json!(true);
+    let chain = w.chain(list);
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert!(
+        w.on_node(&["iptables-nft-save", "-t", "nat"])
+            .contains("MASQUERADE"),
+        "bridge ipMasq installed no MASQUERADE rule"
+    );
+    assert_masquerade_policy(&pod);
+    ok(chain.del(&pod.att), "DEL");
+    assert_no_trace(&w, &pod);
+}
+
+/// Traffic kube-proxy marked for masquerade (0x4000) is masqueraded even towards
+/// nonMasqueradeCIDRs; unmarked traffic to the same host keeps the pod source.
+#[test]
+fn kube_proxy_masquerade_mark_is_not_exempted() {
+    let (w, chain) = world("kp-mark", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let port = WHOAMI_PORT.to_string();
+    for (ipt, remote, pod_ip) in [
+        ("iptables-nft", REMOTE_IN4, pod.v4),
+        ("ip6tables-nft", REMOTE_IN6, pod.v6),
+    ] {
+        let (src, dst) = (pod_ip.to_string(), remote.to_string());
+        // KUBE-MARK-MASQ for TCP only, then KUBE-POSTROUTING's MASQUERADE of marked packets.
+        w.on_node(&[
+            ipt,
+            "-t",
+            "nat",
+            "-A",
+            "PREROUTING",
+            "-s",
+            &src,
+            "-d",
+            &dst,
+            "-p",
+            "tcp",
+            "--dport",
+            &port,
+            "-j",
+            "MARK",
+            "--set-xmark",
+            "0x4000/0x4000",
+        ]);
+        w.on_node(&[
+            ipt,
+            "-t",
+            "nat",
+            "-A",
+            "POSTROUTING",
+            "-m",
+            "mark",
+            "--mark",
+            "0x4000/0x4000",
+            "-j",
+            "MASQUERADE",
+        ]);
+    }
+    for (remote, node_ip, pod_ip) in [
+        (REMOTE_IN4, NODE_IN4, pod.v4),
+        (REMOTE_IN6, NODE_IN6, pod.v6),
+    ] {
+        assert_eq!(
+            tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+            Ok(node_ip),
+            "marked TCP to {remote} must be masqueraded"
+        );
+        assert_eq!(
+            udp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+            Ok(pod_ip),
+            "unmarked UDP to {remote} must keep the pod source"
+        );
+    }
+    ok(chain.del(&pod.att), "DEL");
+}
+
+// ---------------------------------------------------------------------------------------------
+// CNI versions and verbs
+// ---------------------------------------------------------------------------------------------
+
+/// ADD, traffic, CHECK, STATUS, DEL for one cniVersion, with libcni's prevResult rules.
+fn lifecycle(version: &str) {
+    let (w, chain) = world(
+        &format!("v{}", version.replace('.', "")),
+        version,
+        json!({}),
+    );
+    let pod = w.add_pod(&chain, "pod", "default");
+
+    let add = chain
+        .last_call("natguard", "ADD", &pod.att.container_id)
+        .expect("natguard ADD call");
+    let printed: Value = serde_json::from_str(&add.stdout).expect("natguard ADD output is JSON");
+    assert_eq!(
+        printed, add.stdin["prevResult"],
+        "natguard must print its prevResult unchanged"
+    );
+    assert_eq!(printed["cniVersion"], json!(version));
+
+    assert_installed(&w, &pod);
+    assert_metadata(&pod, "proxy");
+    assert_masquerade_policy(&pod);
+    if version_at_least(version, "0.4.0") {
+        ok(chain.check(&pod.att), "CHECK");
+    }
+    if version_at_least(version, "1.1.0") {
+        ok(chain.status(), "STATUS");
+    }
+
+    ok(chain.del(&pod.att), "DEL");
+    let del = chain
+        .last_call("natguard", "DEL", &pod.att.container_id)
+        .expect("natguard DEL call");
+    assert_eq!(
+        del.stdin.get("prevResult").is_some(),
+        version_at_least(version, "0.4.0"),
+        "libcni sends prevResult on DEL only from 0.4.0 on"
+    );
+    assert_no_trace(&w, &pod);
+}
+
+#[test]
+fn cni_version_0_3_0() {
+    lifecycle("0.3.0");
+}
+
+#[test]
+fn cni_version_0_3_1() {
+    lifecycle("0.3.1");
+}
+
+#[test]
+fn cni_version_0_4_0() {
+    lifecycle("0.4.0");
+}
+
+#[test]
+fn cni_version_1_0_0() {
+    lifecycle("1.0.0");
+}
+
+#[test]
+fn cni_version_1_1_0() {
+    lifecycle("1.1.0");
+}
+
+/// natguard's ADD repeated for the same attachment (a runtime retry) is harmless, and one DEL
+/// removes everything.
+#[test]
+fn add_twice_then_del_leaves_nothing() {
+    let (w, chain) = world("add-twice", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let add = chain
+        .last_call("natguard", "ADD", &pod.att.container_id)
+        .expect("natguard ADD call");
+    let again = ok(chain.replay(&add), "second ADD of natguard");
+    assert_eq!(again.as_ref(), Some(&add.stdin["prevResult"]));
+    assert_metadata(&pod, "proxy");
+    assert_masquerade_policy(&pod);
+    ok(chain.del(&pod.att), "DEL");
+    assert_no_trace(&w, &pod);
+}
+
+/// DEL twice, and CRI's pair: DEL with the netns, then DEL with `CNI_NETNS=""`.
+#[test]
+fn del_twice_succeeds() {
+    let (w, chain) = world("del-twice", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let cached = chain.cached_result(&pod.att).expect("cached result");
+    ok(chain.del(&pod.att), "first DEL");
+    assert_no_trace(&w, &pod);
+    // The cache is gone after the first DEL; a runtime may still send the result it kept.
+    ok(
+        chain.del_with(
+            &pod.att,
+            &DelOpts {
+                prev_result: PrevResult::Given(cached),
+                netns: None,
+            },
+        ),
+        "second DEL with prevResult",
+    );
+    ok(
+        chain.del_with(
+            &pod.att,
+            &DelOpts {
+                prev_result: PrevResult::Libcni,
+                netns: Some(String::new()),
+            },
+        ),
+        "third DEL (CNI_NETNS empty)",
+    );
+    assert_no_trace(&w, &pod);
+}
+
+/// DEL without prevResult (0.3.x lists, lost cache) still removes exactly the pod's entries.
+#[test]
+fn del_without_prev_result_removes_pod() {
+    let (w, chain) = world("del-noprev", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let other = w.add_pod(&chain, "other", "default");
+    ok(
+        chain.del_with(
+            &pod.att,
+            &DelOpts {
+                prev_result: PrevResult::Omit,
+                netns: None,
+            },
+        ),
+        "DEL without prevResult",
+    );
+    let del = chain
+        .last_call("natguard", "DEL", &pod.att.container_id)
+        .expect("natguard DEL call");
+    assert!(del.stdin.get("prevResult").is_none());
+    assert_no_trace(&w, &pod);
+    assert_installed(&w, &other);
+    assert_metadata(&other, "proxy");
+    ok(chain.del(&other.att), "DEL other");
+}
+
+/// DEL with `CNI_NETNS=""` (containerd's second DEL, ctr's only DEL) removes the pod's entries.
+#[test]
+fn del_with_empty_netns_removes_pod() {
+    let (w, chain) = world("del-nonetns", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    ok(
+        chain.del_with(
+            &pod.att,
+            &DelOpts {
+                prev_result: PrevResult::Libcni,
+                netns: Some(String::new()),
+            },
+        ),
+        "DEL with empty CNI_NETNS",
+    );
+    assert_no_trace(&w, &pod);
+}
+
+/// DEL with the netns already gone and no prevResult (the worst case a runtime produces).
+#[test]
+fn del_without_prev_result_and_netns_removes_pod() {
+    let (w, chain) = world("del-nothing", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    w.h.delete_netns(&pod.ns);
+    ok(
+        chain.del_with(
+            &pod.att,
+            &DelOpts {
+                prev_result: PrevResult::Omit,
+                netns: Some(String::new()),
+            },
+        ),
+        "DEL without prevResult and netns",
+    );
+    assert_no_trace(&w, &pod);
+}
+
+/// ADD A (IP X), ADD B (IP X), DEL A: B keeps its policy.
+#[test]
+fn same_ip_add_a_add_b_del_a_keeps_b() {
+    let w = World::new("same-ip");
+    let list_a = w.list("ngnet", "1.0.0", 0, Some(w.natguard(json!({}))));
+    let mut list_b = list_a.clone();
+    // A second IPAM store hands out the same first address again (as after a leaked reservation).
+    list_b["plugins"][0]["ipam"]["dataDir"] = json!(w.dir().join("ipam-ngnet-b"));
+    let chain_a = w.chain(list_a);
+    let chain_b = w.chain(list_b);
+    let a = w.add_pod(&chain_a, "poda", "default");
+    let b = w.add_pod(&chain_b, "podb", "default");
+    assert_eq!(
+        (a.v4, a.v6),
+        (b.v4, b.v6),
+        "the test needs both pods on the same addresses"
+    );
+
+    ok(chain_a.del(&a.att), "DEL A");
+    // A's neighbour entries on the bridge are stale now; B answers for the addresses.
+    w.node.ip("-4 neigh flush dev cni0");
+    w.node.ip("-6 neigh flush dev cni0");
+
+    let table = w.table().expect("table after DEL A");
+    assert!(
+        !table.contains(&a.att.container_id),
+        "A is still listed:\n{table}"
+    );
+    assert_installed(&w, &b);
+    assert_metadata(&b, "proxy");
+    assert_masquerade_policy(&b);
+    ok(chain_b.del(&b.att), "DEL B");
+    assert_no_trace(&w, &b);
+}
+
+/// Two networks with different configs on one node: neither ADD nor DEL of one disturbs the
+/// other.
+#[test]
+fn two_networks_do_not_clobber_each_other() {
+    let w = World::new("two-nets");
+    let a = w.chain(w.list("net-a", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let b = w.chain(w.list(
+        "net-b",
+        "1.0.0",
+        1,
+        Some(w.natguard(json!({
+            "metadata": { "mode": "deny" },
+            "masquerade": { "enabled": false },
+            "logFile": w.dir().join("natguard-b.log"),
+        }))),
+    ));
+    let pa = w.add_pod(&a, "pa", "default");
+    let pb = w.add_pod(&b, "pb", "default");
+    let check = |pa: &Pod, pb: &Pod| {
+        assert_metadata(pa, "proxy");
+        assert_sees(pa, REMOTE_OUT4, NODE_OUT4);
+        assert_sees(pa, REMOTE_IN4, pa.v4);
+        assert_metadata_refused(pb);
+        assert_sees(pb, REMOTE_OUT4, pb.v4);
+        assert_sees(pb, REMOTE_OUT6, pb.v6);
+    };
+    check(&pa, &pb);
+
+    // Each ADD converges its own network's shared objects only.
+    let pa2 = w.add_pod(&a, "pa2", "default");
+    let pb2 = w.add_pod(&b, "pb2", "default");
+    check(&pa, &pb);
+    check(&pa2, &pb2);
+    ok(a.check(&pa.att), "CHECK a");
+    ok(b.check(&pb.att), "CHECK b");
+
+    ok(a.del(&pa.att), "DEL pa");
+    ok(a.del(&pa2.att), "DEL pa2");
+    assert_no_trace(&w, &pa);
+    assert_no_trace(&w, &pa2);
+    assert_installed(&w, &pb);
+    assert_metadata_refused(&pb);
+    ok(b.check(&pb.att), "CHECK b after DEL of every pod of a");
+    ok(b.del(&pb.att), "DEL pb");
+    ok(b.del(&pb2.att), "DEL pb2");
+    assert_no_trace(&w, &pb);
+}
+
+/// A config change takes effect at the next ADD, for running pods too, without removing them.
+#[test]
+fn config_change_takes_effect_at_next_add() {
+    let w = World::new("reconfig");
+    let _proxy2 = w.h.http_server(&w.node, 8282, "proxy2");
+    let v1 = w.chain(w.list("ngnet", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let p1 = w.add_pod(&v1, "p1", "default");
+    assert_metadata(&p1, "proxy");
+    let v2 = w.chain(w.list(
+        "ngnet",
+        "1.0.0",
+        0,
+        Some(w.natguard(json!({ "metadata": { "proxyPort": 8282 } }))),
+    ));
+    let p2 = w.add_pod(&v2, "p2", "default");
+    assert_metadata(&p2, "proxy2");
+    assert_metadata(&p1, "proxy2");
+    assert_installed(&w, &p1);
+    ok(v2.check(&p1.att), "CHECK p1 against the new config");
+    ok(v2.del(&p1.att), "DEL p1");
+    ok(v2.del(&p2.att), "DEL p2");
+    assert_no_trace(&w, &p1);
+    assert_no_trace(&w, &p2);
+}
+
+/// CHECK reads the kernel back: it fails when shared objects or the table are gone, and DEL
+/// still succeeds afterwards (nothing to delete).
+#[test]
+fn check_fails_when_kernel_state_is_missing() {
+    let (w, chain) = world("check", "1.0.0", json!({}));
+    let pod = w.add_pod(&chain, "pod", "default");
+    ok(chain.check(&pod.att), "CHECK after ADD");
+
+    w.on_node(&["nft", "flush", "chain", "inet", "natguard", "ngnet-dnat"]);
+    let e = chain
+        .check(&pod.att)
+        .expect_err("CHECK must fail when the dnat chain was flushed");
+    assert_eq!(e.plugin, "natguard", "{e}");
+    assert!(
+        e.code.is_some() && !e.msg.is_empty(),
+        "not a CNI error: {e}"
+    );
+
+    w.on_node(&["nft", "delete", "table", "inet", "natguard"]);
+    let e = chain
+        .check(&pod.att)
+        .expect_err("CHECK must fail when the table is gone");
+    assert_eq!(e.plugin, "natguard", "{e}");
+
+    ok(chain.del(&pod.att), "DEL with nothing left to delete");
+}
+
+/// GC removes every attachment that is not in `cni.dev/valid-attachments`, and keeps the rest.
+#[test]
+fn gc_removes_attachments_not_listed_as_valid() {
+    let (w, chain) = world("gc", "1.1.0", json!({}));
+    let gone = w.add_pod(&chain, "gone", "default");
+    let kept = w.add_pod(&chain, "kept", "default");
+    if let Err(errs) = chain.gc_plugins(&[&kept.att]) {
+        panic!(
+            "GC failed: {}",
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert_no_trace(&w, &gone);
+    assert_installed(&w, &kept);
+    assert_metadata(&kept, "proxy");
+    ok(chain.check(&kept.att), "CHECK kept");
+    // libcni's full GC then DELs the stale cached attachment through the whole chain.
+    if let Err(errs) = chain.gc(&[&kept.att]) {
+        panic!(
+            "GC failed: {}",
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    assert_installed(&w, &kept);
+    ok(chain.del(&kept.att), "DEL kept");
+    assert_no_trace(&w, &kept);
+}
+
+/// STATUS succeeds in a node namespace where nf_tables works, before and after pods exist.
+#[test]
+fn status_succeeds_where_nftables_works() {
+    let (w, chain) = world("status", "1.1.0", json!({}));
+    ok(chain.status(), "STATUS on a fresh node");
+    let pod = w.add_pod(&chain, "pod", "default");
+    ok(chain.status(), "STATUS with a pod");
+    ok(chain.del(&pod.att), "DEL");
+}
+
+/// The example conflists for bridge and ptp work as written (only IPAM state is moved into
+/// the test directory).
+#[test]
+fn example_conflists_work() {
+    let w = World::new("examples");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conflist");
+    for (file, role) in [
+        ("bridge-host-local.conflist", "bridge"),
+        ("ptp.conflist", "ptp"),
+    ] {
+        let text =
+            std::fs::read_to_string(root.join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let mut list: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let plugins = list["plugins"].as_array_mut().expect("plugins");
+        for p in plugins.iter_mut() {
+            if p["ipam"].is_object() {
+                p["ipam"]["dataDir"] = json!(w.dir().join(format!("ipam-{role}")));
+            }
+            if p["type"] == "natguard" {
+                p["logFile"] = json!(w.dir().join(format!("natguard-{role}.log")));
+            }
+        }
+        let chain = w.chain(list);
+        let pod = w.add_pod(&chain, role, "default");
+        assert_installed(&w, &pod);
+        assert_metadata(&pod, "proxy");
+        assert_sees(&pod, REMOTE_OUT4, NODE_OUT4);
+        ok(chain.check(&pod.att), &format!("CHECK {file}"));
+        ok(chain.del(&pod.att), &format!("DEL {file}"));
+        assert_no_trace(&w, &pod);
+    }
+}
