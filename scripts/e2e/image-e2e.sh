@@ -1,0 +1,146 @@
+#!/bin/bash
+# scripts/e2e/image-e2e.sh: natguard's image, run the way scripts/daemonset.yaml runs it.
+#
+# 1. scripts/image.sh builds the image twice from the same binary: both archives must be byte
+#    for byte the same; the layer holds /natguard alone and the entrypoint is
+#    ["/natguard","install","--watch"].
+# 2. `podman load` (throwaway storage) and `ctr images import` both name it
+#    docker.io/library/natguard:0.1.0, which is what Kubernetes resolves "natguard:0.1.0" to.
+# 3. containerd 1.6 (own root, state and socket, started inside the node netns) runs it as the
+#    DaemonSet does: host network (the node netns), the node's CNI dirs bind-mounted at
+#    /opt/cni/bin, /etc/cni/net.d, /var/lib/cni (read-only) and /run/natguard, read-only root
+#    filesystem, every capability dropped but NET_ADMIN, the runtime's default seccomp profile,
+#    no new privileges. The "node's" dirs are directories of this test, never the real ones.
+#    natguard must land in the node's conflist, its binary in the bin dir, the readiness file
+#    must appear and the readiness probe (`natguard install --check`, run with ctr exec) pass;
+#    after the conflist is rewritten from its template the entry must come back; SIGTERM must
+#    end the container with status 0.
+. "$(dirname "$0")/lib.sh"
+e2e_init image
+need ctr podman tar gzip readelf sha256sum jq flock
+NS=ng-e2e-image # containerd namespace
+CID=ng-e2e-natguard-$$
+REF=docker.io/library/natguard:0.1.0
+
+# --- 1. the image, reproducibly ---------------------------------------------------------------
+bin=$(natguard_bin)
+NATGUARD_BIN=$bin "$REPO/scripts/image.sh" "$W/image-a.tar" >&2 || fail "image.sh"
+NATGUARD_BIN=$bin "$REPO/scripts/image.sh" "$W/image-b.tar" >&2 || fail "image.sh (second build)"
+cmp -s "$W/image-a.tar" "$W/image-b.tar" || fail "two builds from the same binary differ"
+mkdir -p "$W/layout"
+tar -xf "$W/image-a.tar" -C "$W/layout"
+manifest=$(jq -r '.manifests[0].digest | sub("sha256:"; "")' "$W/layout/index.json")
+config=$(jq -r '.config.digest | sub("sha256:"; "")' "$W/layout/blobs/sha256/$manifest")
+layer=$(jq -r '.layers[0].digest | sub("sha256:"; "")' "$W/layout/blobs/sha256/$manifest")
+for d in "$manifest" "$config" "$layer"; do
+  [ "$(sha256sum <"$W/layout/blobs/sha256/$d" | cut -d' ' -f1)" = "$d" ] || fail "blob $d does not match its digest"
+done
+files=$(tar -tzvf "$W/layout/blobs/sha256/$layer")
+[ "$(wc -l <<<"$files")" = 1 ] && grep -Eq '^-rwxr-xr-x 0/0 .* natguard$' <<<"$files" ||
+  fail "the layer should hold /natguard alone (0755, root): $files"
+[ "$(jq -c .config.Entrypoint "$W/layout/blobs/sha256/$config")" = '["/natguard","install","--watch"]' ] ||
+  fail "entrypoint: $(jq -c .config.Entrypoint "$W/layout/blobs/sha256/$config")"
+log "image: reproducible (sha256 $(sha256sum <"$W/image-a.tar" | cut -c1-16)...), /natguard alone, entrypoint install --watch"
+
+# --- 2. podman load -------------------------------------------------------------------------
+mkdir -p "$W/podman"
+printf '[storage]\ndriver = "vfs"\ngraphroot = "%s"\nrunroot = "%s"\n' "$W/podman/graph" "$W/podman/run" >"$W/podman/storage.conf"
+pm() { CONTAINERS_STORAGE_CONF=$W/podman/storage.conf podman --log-level=error "$@"; }
+defer "CONTAINERS_STORAGE_CONF='$W/podman/storage.conf' podman rmi -a -f"
+out=$(pm load -i "$W/image-a.tar" 2>&1) || fail "podman load: $out"
+grep -q "Loaded image: $REF" <<<"$out" || fail "podman load named it otherwise: $out"
+[ "$(pm image inspect natguard:0.1.0 --format '{{.RepoTags}}')" = "[$REF]" ] ||
+  fail "podman does not find natguard:0.1.0 as $REF"
+log "podman load: $REF"
+
+# --- 3. under containerd, as the DaemonSet runs it --------------------------------------------
+ip netns add "$NODE" || fail "ip netns add $NODE"
+defer "ip netns del '$NODE'"
+ip -n "$NODE" link set lo up
+host=$W/node # the node's filesystem, as far as the DaemonSet mounts it
+mkdir -p "$host/opt/cni/bin" "$host/etc/cni/net.d" "$host/var/lib/cni/results" "$host/run/natguard"
+LIST=$host/etc/cni/net.d/10-bridge.conflist
+jq -n --argjson br "$(bridge_conf cni0 10.244.9.0/24)" \
+  '{cniVersion: "0.4.0", name: "ng-e2e-image", plugins: [$br, {type: "portmap", capabilities: {portMappings: true}}]}' \
+  >"$W/template.conflist"
+cp "$W/template.conflist" "$LIST"
+
+cgroup_track "$NS"
+containerd_up ""
+ctd_import "$W/image-a.tar" "$NS"
+defer "ctd namespaces rm $NS"
+defer "ctd -n $NS images rm $REF"
+ctd -n "$NS" images ls -q | grep -qx "$REF" || fail "ctr import did not name the image $REF: $(ctd -n "$NS" images ls -q)"
+log "ctr images import: $REF"
+
+has_natguard() { jq -e '[.plugins[] | select(.type == "natguard")] | length == 1' "$LIST" >/dev/null 2>&1; }
+# wait_until DESCRIPTION CMD...: bounded wait (the bound only stops a broken build from hanging)
+wait_until() {
+  local what=$1 i
+  shift
+  for i in $(seq 300); do
+    "$@" && return 0
+    kill -0 "$ctr_pid" 2>/dev/null || fail "the container exited while waiting for $what: $(cat "$W/ctr.out")"
+    sleep 0.1
+  done
+  fail "gave up waiting for $what; container output: $(cat "$W/ctr.out")"
+}
+
+caps=()
+for c in CHOWN DAC_OVERRIDE FSETID FOWNER MKNOD NET_RAW SETGID SETUID SETFCAP SETPCAP NET_BIND_SERVICE SYS_CHROOT KILL AUDIT_WRITE; do
+  caps+=(--cap-drop "CAP_$c")
+done
+mount_opt() { echo "type=bind,src=$1,dst=$2,options=rbind:$3"; }
+# No arguments: ctr (unlike Kubernetes' args) would replace the entrypoint with them, and the
+# DaemonSet passes none, so the image's entrypoint is what runs.
+log "ctr run $REF (host network of $NODE, hostPath mounts, NET_ADMIN only, read-only rootfs)"
+nsenter --net="/run/netns/$NODE" ctr --address "$CTD_SOCK" -n "$NS" run --net-host --read-only --seccomp \
+  "${caps[@]}" --cap-add CAP_NET_ADMIN \
+  --mount "$(mount_opt "$host/opt/cni/bin" /opt/cni/bin rw)" \
+  --mount "$(mount_opt "$host/etc/cni/net.d" /etc/cni/net.d rw)" \
+  --mount "$(mount_opt "$host/var/lib/cni" /var/lib/cni ro)" \
+  --mount "$(mount_opt "$host/run/natguard" /run/natguard rw)" \
+  "$REF" "$CID" \
+  >"$W/ctr.out" 2>&1 9>&- &
+ctr_pid=$!
+defer "kill $ctr_pid"
+
+wait_until "natguard in the node's conflist" has_natguard
+wait_until "the readiness file" test -e "$host/run/natguard/ready"
+[ "$(jq -c '.plugins[-1]' "$LIST")" = '{"type":"natguard"}' ] ||
+  fail "natguard's entry: $(jq -c '.plugins[-1]' "$LIST")"
+[ "$(jq -c '[.plugins[].type]' "$LIST")" = '["bridge","portmap","natguard"]' ] || fail "list: $(cat "$LIST")"
+[ "$(jq -r .cniVersion "$LIST")" = 0.4.0 ] || fail "cniVersion changed: $(cat "$LIST")"
+cmp -s "$bin" "$host/opt/cni/bin/natguard" || fail "the bin dir does not hold the image's binary"
+[ "$(stat -c %a "$host/opt/cni/bin/natguard")" = 755 ] || fail "binary mode $(stat -c %a "$host/opt/cni/bin/natguard")"
+log "natguard is in the node's conflist, its binary in the bin dir, ready file written"
+
+# The container's process has NET_ADMIN and nothing else, and runs in the node netns.
+pid=$(ctd -n "$NS" tasks ls | awk -v c="$CID" '$1 == c { print $2 }')
+[ -n "$pid" ] || fail "no task for $CID"
+capeff=$(awk '/^CapEff:/ { print $2 }' "/proc/$pid/status")
+[ "$capeff" = 0000000000001000 ] || fail "container capabilities CapEff=$capeff, want NET_ADMIN only (0000000000001000)"
+[ "$(stat -L -c %i "/proc/$pid/ns/net")" = "$(stat -L -c %i "/run/netns/$NODE")" ] || fail "the container is not on the node's network"
+log "container: CapEff=$capeff (NET_ADMIN), host network of $NODE"
+
+# The readiness probe of the DaemonSet.
+probe=$(ctd -n "$NS" tasks exec --exec-id probe1 "$CID" /natguard install --check 2>&1) ||
+  fail "readiness probe failed: $probe"
+log "readiness probe: $probe"
+
+# The primary plugin's agent rewrites its list from the template: natguard comes back.
+cp "$W/template.conflist" "$LIST.agent-tmp"
+mv "$LIST.agent-tmp" "$LIST"
+wait_until "natguard back in the rewritten conflist" has_natguard
+log "after a rewrite from the template, natguard is back: $(jq -c '[.plugins[].type]' "$LIST")"
+
+# SIGTERM ends it cleanly.
+ctd -n "$NS" tasks kill -s SIGTERM "$CID" || fail "ctr tasks kill"
+for _ in $(seq 300); do kill -0 "$ctr_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$ctr_pid" 2>/dev/null && fail "the container ignored SIGTERM"
+wait "$ctr_pid"
+rc=$?
+[ "$rc" = 0 ] || fail "the container exited $rc after SIGTERM: $(cat "$W/ctr.out")"
+ctd -n "$NS" containers rm "$CID" >/dev/null 2>&1
+log "SIGTERM: exit 0; container log:"
+sed 's/^/    /' "$W/ctr.out" >&2
