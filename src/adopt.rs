@@ -1,5 +1,446 @@
-//! `natguard adopt` and `natguard reconcile`.
-pub fn cli(_args: &[String], _reconcile: bool) -> i32 {
-    eprintln!("natguard adopt: not available yet");
-    1
+//! `natguard adopt` and `natguard reconcile`: policy for pods that got no ADD from natguard.
+//!
+//! Pods that were running before natguard was added to a conflist, or whose entries someone
+//! flushed, are found in the runtimes' CNI result cache (`/var/lib/cni/results/*`, written by
+//! libcni for containerd, CRI-O and podman). Each cache file names the network, container ID,
+//! interface, CNI_ARGS and the final result of the list. For every attachment of a network whose
+//! conflist in the netconf dir now lists natguard, the same plan ADD would make is applied, using
+//! natguard's config from that conflist and the namespace from the cached CNI_ARGS.
+//!
+//! `adopt` leaves pods of exempt namespaces alone and then deletes the conntrack entries of the
+//! adopted pods' TCP flows to the metadata addresses that bypassed the DNAT: those are the flows
+//! opened before the rules existed. That costs one kernel walk per metadata address, however many
+//! pods there are. `reconcile` restores every pod's entries, exempt ones included, and touches no
+//! flow. Both are idempotent and report one line per attachment.
+
+use crate::cni::{self, CniArgs};
+use crate::config::{self, Config, MetadataMode};
+use crate::error::{Error, Result};
+use crate::plan::{self, PodRef};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
+pub const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
+/// Cache files larger than this are not results.
+const MAX_CACHE_FILE: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub cache_dir: PathBuf,
+    pub netconf_dir: PathBuf,
+    /// `reconcile`: restore exempt pods too, and leave conntrack alone.
+    pub reconcile: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cache_dir: DEFAULT_CACHE_DIR.into(),
+            netconf_dir: DEFAULT_NETCONF_DIR.into(),
+            reconcile: false,
+        }
+    }
+}
+
+/// What happened to one cache entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Adopted {
+        addrs: Vec<IpAddr>,
+    },
+    SkippedExempt {
+        namespace: String,
+    },
+    SkippedNetnsGone {
+        netns: String,
+    },
+    SkippedNoNatguard,
+    SkippedNoAddress,
+    /// The cache file is not a readable libcni result; nothing was done for it.
+    SkippedUnreadable {
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub file: String,
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub who: String,
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let id = format!(
+            "{} {} {} ({})",
+            self.network,
+            cni::truncate(&self.container_id, 12),
+            self.ifname,
+            self.who
+        );
+        match &self.outcome {
+            Outcome::Adopted { addrs } => {
+                let a: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+                write!(f, "adopted  {id}: {}", a.join(", "))
+            }
+            Outcome::SkippedExempt { namespace } => {
+                write!(f, "skipped  {id}: namespace {namespace} is exempt")
+            }
+            Outcome::SkippedNetnsGone { netns } => {
+                write!(
+                    f,
+                    "skipped  {id}: network namespace {netns} no longer exists"
+                )
+            }
+            Outcome::SkippedNoNatguard => {
+                write!(f, "skipped  {id}: its network does not list natguard")
+            }
+            Outcome::SkippedNoAddress => {
+                write!(f, "skipped  {id}: the cached result has no address on it")
+            }
+            Outcome::SkippedUnreadable { reason } => {
+                write!(f, "skipped  cache file {}: {reason}", self.file)
+            }
+            Outcome::Failed { reason } => write!(f, "failed   {id} ({}): {reason}", self.file),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub entries: Vec<Entry>,
+    pub conntrack_deleted: u64,
+    pub conntrack_error: Option<String>,
+}
+
+impl Report {
+    pub fn adopted(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.outcome, Outcome::Adopted { .. }))
+            .count()
+    }
+    pub fn failed(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.outcome, Outcome::Failed { .. }))
+            .count()
+    }
+}
+
+/// natguard's config for every network whose conflist lists natguard, by network name.
+pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>> {
+    let mut out = BTreeMap::new();
+    let rd = match std::fs::read_dir(netconf_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(format!("read {}", netconf_dir.display()), e)),
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("conflist" | "conf" | "json")
+            )
+        })
+        .collect();
+    files.sort();
+    for path in files {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+            continue;
+        };
+        let Some(name) = v.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
+            continue;
+        };
+        if out.contains_key(name) {
+            continue; // the first file by name wins, as in libcni
+        }
+        if let Some(entry) = plugins
+            .iter()
+            .find(|p| p.get("type").and_then(Value::as_str) == Some("natguard"))
+        {
+            let cfg = config::parse_plugin_config(entry)
+                .map_err(|e| e.context(format!("natguard entry of {}", path.display())))?;
+            out.insert(name.to_string(), cfg);
+        }
+    }
+    Ok(out)
+}
+
+/// One libcni cache entry (`cniCacheV1`).
+#[derive(Debug, Clone)]
+struct CacheEntry {
+    network: String,
+    container_id: String,
+    ifname: String,
+    args: Vec<(String, String)>,
+    result: Value,
+}
+
+fn read_cache_entry(path: &Path) -> std::result::Result<CacheEntry, String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_CACHE_FILE {
+        return Err(format!(
+            "{} bytes is too large for a CNI result",
+            meta.len()
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    let s = |k: &str| -> std::result::Result<String, String> {
+        v.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| format!("{k}: missing or not a string"))
+    };
+    if v.get("kind").and_then(Value::as_str) != Some("cniCacheV1") {
+        return Err("kind: not a cniCacheV1 result".into());
+    }
+    let args = match v.get("cniArgs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_array()?;
+                Some((
+                    p.first()?.as_str()?.to_string(),
+                    p.get(1)?.as_str()?.to_string(),
+                ))
+            })
+            .collect(),
+        Some(_) => return Err("cniArgs: not an array of pairs".into()),
+    };
+    let result = v
+        .get("result")
+        .filter(|r| r.is_object())
+        .cloned()
+        .ok_or("result: missing or not an object")?;
+    Ok(CacheEntry {
+        network: s("networkName")?,
+        container_id: s("containerId")?,
+        ifname: s("ifName")?,
+        args,
+        result,
+    })
+}
+
+/// The sandbox path the result records for `ifname`, if any.
+fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
+    result
+        .get("interfaces")?
+        .as_array()?
+        .iter()
+        .find(|i| i.get("name").and_then(Value::as_str) == Some(ifname))?
+        .get("sandbox")?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// Runs adopt (or reconcile) over the cache.
+pub fn run(opts: &Options) -> Result<Report> {
+    let networks = natguard_networks(&opts.netconf_dir)?;
+    let mut report = Report::default();
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(&opts.cache_dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::io(format!("read {}", opts.cache_dir.display()), e)),
+    };
+    files.sort();
+    // Metadata flows to delete: (sources, destinations, ports), per network config.
+    let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
+    for path in files {
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let entry = match read_cache_entry(&path) {
+            Ok(e) => e,
+            Err(reason) => {
+                report.entries.push(Entry {
+                    file,
+                    network: String::new(),
+                    container_id: String::new(),
+                    ifname: String::new(),
+                    who: String::new(),
+                    outcome: Outcome::SkippedUnreadable { reason },
+                });
+                continue;
+            }
+        };
+        let outcome = adopt_entry(&entry, &networks, opts, &mut flows);
+        let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
+        report.entries.push(Entry {
+            file,
+            network: entry.network,
+            container_id: entry.container_id,
+            ifname: entry.ifname,
+            who: format!(
+                "{}/{}",
+                args.pod_namespace.as_deref().unwrap_or("-"),
+                args.pod_name.as_deref().unwrap_or("-")
+            ),
+            outcome,
+        });
+    }
+    if !opts.reconcile {
+        for (srcs, dsts, ports) in flows {
+            match crate::plugin::conntrack_undnatted(&srcs, &dsts, &ports) {
+                Ok(r) => report.conntrack_deleted += r.deleted,
+                Err(e) => report.conntrack_error = Some(e.to_string()),
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn join_args(args: &[(String, String)]) -> String {
+    args.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+fn adopt_entry(
+    entry: &CacheEntry,
+    networks: &BTreeMap<String, Config>,
+    opts: &Options,
+    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
+) -> Outcome {
+    let Some(cfg) = networks.get(&entry.network) else {
+        return Outcome::SkippedNoNatguard;
+    };
+    let fail = |reason: String| Outcome::Failed { reason };
+    if !config::is_network_name(&entry.network)
+        || !cni::is_container_id(&entry.container_id)
+        || !cni::is_ifname(&entry.ifname)
+    {
+        return fail("the cache entry's network, container ID or ifname is malformed".into());
+    }
+    let args = match CniArgs::parse(&join_args(&entry.args)) {
+        Ok(a) => a,
+        Err(e) => return fail(format!("cached CNI_ARGS: {e}")),
+    };
+    if let Some(ns) = sandbox_of(&entry.result, &entry.ifname) {
+        if !Path::new(&ns).exists() {
+            return Outcome::SkippedNetnsGone { netns: ns };
+        }
+    }
+    let exempt = args
+        .pod_namespace
+        .as_deref()
+        .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
+    if let (Some(ns), false) = (exempt, opts.reconcile) {
+        return Outcome::SkippedExempt {
+            namespace: ns.to_string(),
+        };
+    }
+    let addrs = match cni::validate_prev_result(&entry.result, &entry.ifname) {
+        Ok(a) => a,
+        Err(e) => return fail(format!("cached result: {e}")),
+    };
+    if addrs.is_empty() {
+        return Outcome::SkippedNoAddress;
+    }
+    let pod = PodRef {
+        network: &entry.network,
+        container_id: &entry.container_id,
+        ifname: &entry.ifname,
+        namespace: args.pod_namespace.as_deref(),
+        pod_name: args.pod_name.as_deref(),
+    };
+    let node = crate::node::facts(cfg);
+    let shared = plan::plan_shared(&entry.network, cfg, &node);
+    let pod_plan = plan::plan_pod(cfg, &pod, &addrs);
+    if let Err(e) = crate::plugin::apply_pod(&shared, &pod_plan) {
+        return fail(format!("installing entries: {e}"));
+    }
+    if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
+        flows.push((
+            addrs.clone(),
+            cfg.metadata.addresses.clone(),
+            cfg.metadata.ports.clone(),
+        ));
+    }
+    Outcome::Adopted { addrs }
+}
+
+/// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`
+pub fn cli(args: &[String], reconcile: bool) -> i32 {
+    let verb = if reconcile { "reconcile" } else { "adopt" };
+    let mut opts = Options {
+        reconcile,
+        ..Options::default()
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--cache-dir" | "--netconf-dir" => {
+                let Some(v) = it.next() else {
+                    eprintln!("natguard {verb}: {a} needs a value");
+                    return 2;
+                };
+                if a == "--cache-dir" {
+                    opts.cache_dir = v.into();
+                } else {
+                    opts.netconf_dir = v.into();
+                }
+            }
+            other => {
+                eprintln!("natguard {verb}: unknown argument {other:?} (expected --cache-dir DIR, --netconf-dir DIR)");
+                return 2;
+            }
+        }
+    }
+    match run(&opts) {
+        Ok(r) => {
+            for e in &r.entries {
+                println!("{e}");
+            }
+            if !reconcile {
+                println!(
+                    "conntrack: deleted {} metadata flow(s) that bypassed the DNAT",
+                    r.conntrack_deleted
+                );
+            }
+            if let Some(e) = &r.conntrack_error {
+                println!("conntrack: cleanup failed: {e}");
+            }
+            println!(
+                "{verb}: {} attachment(s) brought under policy, {} skipped, {} failed",
+                r.adopted(),
+                r.entries.len() - r.adopted() - r.failed(),
+                r.failed()
+            );
+            if r.failed() > 0 {
+                1
+            } else {
+                0
+            }
+        }
+        Err(e) => {
+            eprintln!("natguard {verb}: {e}");
+            1
+        }
+    }
 }
