@@ -54,6 +54,18 @@ grep -q "Loaded image: $REF" <<<"$out" || fail "podman load named it otherwise: 
 log "podman load: $REF"
 
 # --- 3. under containerd, as the DaemonSet runs it --------------------------------------------
+# What is run below must be what scripts/daemonset.yaml asks for.
+ds=$REPO/scripts/daemonset.yaml
+for want in 'image: natguard:0.1.0' 'hostNetwork: true' 'drop: ["ALL"]' 'add: ["NET_ADMIN"]' \
+  'readOnlyRootFilesystem: true' 'allowPrivilegeEscalation: false' 'type: RuntimeDefault' \
+  'privileged: false' 'command: ["/natguard", "install", "--check"]' 'operator: Exists' \
+  'priorityClassName: system-node-critical'; do
+  grep -qF -- "$want" "$ds" || fail "scripts/daemonset.yaml lacks '$want'"
+done
+grep -q '^ *args:' "$ds" && fail "scripts/daemonset.yaml passes args; this test runs the entrypoint alone"
+mounts=$(awk '/mountPath:/ { print $NF }' "$ds" | sort | tr '\n' ' ')
+[ "$mounts" = "/etc/cni/net.d /opt/cni/bin /run/natguard /var/lib/cni " ] ||
+  fail "scripts/daemonset.yaml mounts $mounts; this test mounts /etc/cni/net.d /opt/cni/bin /run/natguard /var/lib/cni"
 ip netns add "$NODE" || fail "ip netns add $NODE"
 defer "ip netns del '$NODE'"
 ip -n "$NODE" link set lo up
