@@ -1,0 +1,473 @@
+//! Golden-file tests of the pure plan: for a set of configurations, the shared objects of the
+//! network (`plan_shared`) and the entries of a few pods (`plan_pod`), rendered as nft text and
+//! compared with `tests/golden/<case>.nft`. No root and no kernel needed.
+//!
+//! Each configuration goes through the real parser (`config::parse_netconf`), so a golden file
+//! pins what a conflist entry turns into. After an intended change of the plan, rewrite the
+//! files with `UPDATE_GOLDEN=1 cargo test --test plan` and review the diff.
+
+use natguard::cni::CniArgs;
+use natguard::config::{self, Config, MetadataMode};
+use natguard::plan::{self, Action, ChainKind, Family, NodeFacts, PodRef, SetKind};
+use std::fmt::Write as _;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+/// The proxy addresses `auto` resolved to on an imaginary node.
+const NODE_V4: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const NODE_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 1);
+
+fn both() -> NodeFacts {
+    NodeFacts {
+        proxy_v4: Some(NODE_V4),
+        proxy_v6: Some(NODE_V6),
+    }
+}
+
+/// One pod of a case: its invocation and the addresses prevResult gives it.
+struct Pod {
+    container_id: &'static str,
+    ifname: &'static str,
+    cni_args: &'static str,
+    addrs: &'static [&'static str],
+}
+
+const DUAL: Pod = Pod {
+    container_id: "0123456789abcdef0123456789abcdef",
+    ifname: "eth0",
+    cni_args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0",
+    addrs: &["10.22.0.5", "fd00:22::5"],
+};
+
+const V4_ONLY: Pod = Pod {
+    container_id: "fedcba9876543210",
+    ifname: "net1",
+    cni_args: "K8S_POD_NAME=batch-1;K8S_POD_NAMESPACE=jobs",
+    addrs: &["10.22.0.6"],
+};
+
+const NO_ARGS: Pod = Pod {
+    container_id: "podman-4711",
+    ifname: "eth0",
+    cni_args: "",
+    addrs: &["10.22.0.7"],
+};
+
+const EXEMPT: Pod = Pod {
+    container_id: "cafe0001",
+    ifname: "eth0",
+    cni_args: "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=kiam-server-x1;IgnoreUnknown=1",
+    addrs: &["10.22.0.8", "fd00:22::8"],
+};
+
+/// A namespace that merely resembles an exempt one: it is intercepted.
+const LOOKALIKE: Pod = Pod {
+    container_id: "cafe0002",
+    ifname: "eth0",
+    cni_args: "K8S_POD_NAMESPACE=kube-system-2;K8S_POD_NAME=mallory",
+    addrs: &["10.22.0.9", "fd00:22::9"],
+};
+
+struct Network {
+    /// The plugin entry as a runtime passes it on stdin (without prevResult).
+    conf: &'static str,
+    node: NodeFacts,
+    pods: &'static [Pod],
+}
+
+struct Case {
+    name: &'static str,
+    networks: Vec<Network>,
+}
+
+fn net(conf: &'static str, node: NodeFacts, pods: &'static [Pod]) -> Network {
+    Network { conf, node, pods }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "defaults",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"kubenet","type":"natguard"}"#,
+                both(),
+                &[DUAL, V4_ONLY, NO_ARGS],
+            )],
+        },
+        Case {
+            name: "deny",
+            networks: vec![net(
+                r#"{"cniVersion":"0.3.1","name":"k8s-pod-network","type":"natguard",
+                    "metadata":{"mode":"deny","ports":[80,443,8080]}}"#,
+                both(),
+                &[DUAL, V4_ONLY],
+            )],
+        },
+        Case {
+            name: "off",
+            networks: vec![net(
+                r#"{"cniVersion":"0.4.0","name":"cbr0","type":"natguard",
+                    "metadata":{"mode":"off","ports":[]}}"#,
+                both(),
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "masquerade_disabled",
+            networks: vec![net(
+                r#"{"cniVersion":"1.1.0","name":"mynet","type":"natguard",
+                    "masquerade":{"enabled":false}}"#,
+                both(),
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "masq_link_local",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard",
+                    "masquerade":{"masqLinkLocal":true,"masqLinkLocalIPv6":true,"randomFully":false}}"#,
+                both(),
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "custom_cidrs",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard",
+                    "masquerade":{"nonMasqueradeCIDRs":[
+                        "10.0.0.0/8","10.96.0.0/12","10.255.255.255/32","11.0.0.0/8",
+                        "192.168.1.77/24","192.168.0.0/24","203.0.113.7/32",
+                        "fd00::/8","fd00:22::/64","2001:db8::/32","2001:db8:1::1/128",
+                        "10.0.0.0/8"]}}"#,
+                both(),
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "fixed_proxy",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard",
+                    "metadata":{"addresses":["169.254.169.254","fd00:ec2::254","169.254.170.2"],
+                                "ports":[80,8080],"proxyPort":8775,
+                                "proxyIPv4":"192.168.50.10","proxyIPv6":"2001:db8:50::10"}}"#,
+                // Fixed addresses come from the config, not from the node: the case resolves them
+                // with `node::facts`, which only asks the kernel for "auto".
+                NodeFacts::default(),
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "no_ipv6_proxy",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard"}"#,
+                NodeFacts {
+                    proxy_v4: Some(NODE_V4),
+                    proxy_v6: None,
+                },
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "no_proxy_at_all",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard"}"#,
+                NodeFacts::default(),
+                &[DUAL],
+            )],
+        },
+        Case {
+            name: "exempt_namespaces",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard",
+                    "metadata":{"exemptNamespaces":["kube-system","kiam","kube-system"]}}"#,
+                both(),
+                &[EXEMPT, LOOKALIKE, DUAL, NO_ARGS],
+            )],
+        },
+        Case {
+            name: "two_networks",
+            networks: vec![
+                net(
+                    r#"{"cniVersion":"1.0.0","name":"net-a","type":"natguard"}"#,
+                    both(),
+                    &[DUAL],
+                ),
+                net(
+                    r#"{"cniVersion":"0.3.1","name":"net-b","type":"natguard",
+                        "metadata":{"mode":"deny","addresses":["169.254.169.254"]},
+                        "masquerade":{"nonMasqueradeCIDRs":["10.0.0.0/8"]}}"#,
+                    both(),
+                    // The same attachment in both networks owns different keys.
+                    &[DUAL],
+                ),
+            ],
+        },
+        Case {
+            name: "long_network_name",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","type":"natguard",
+                    "name":"a-very-long-network-name-that-is-longer-than-forty-bytes.example"}"#,
+                both(),
+                &[V4_ONLY],
+            )],
+        },
+    ]
+}
+
+/// Parses a case's config the way the plugin does; resolves fixed proxy addresses.
+fn load(n: &Network) -> (String, Config, NodeFacts) {
+    let conf = config::parse_netconf(n.conf.as_bytes())
+        .unwrap_or_else(|e| panic!("case config does not parse: {e}\n{}", n.conf));
+    let md = &conf.natguard.metadata;
+    let node = match (md.proxy_ipv4, md.proxy_ipv6) {
+        // With both addresses fixed, `node::facts` asks the kernel nothing: use the real thing.
+        (config::ProxyAddr::Fixed(_), config::ProxyAddr::Fixed(_)) => {
+            natguard::node::facts(&conf.natguard)
+        }
+        _ => n.node,
+    };
+    (conf.name, conf.natguard, node)
+}
+
+fn addrs(p: &Pod) -> Vec<IpAddr> {
+    p.addrs.iter().map(|a| a.parse().unwrap()).collect()
+}
+
+fn render_case(c: &Case) -> String {
+    let mut out = String::new();
+    for n in &c.networks {
+        let (name, cfg, node) = load(n);
+        let shared = plan::plan_shared(&name, &cfg, &node);
+        let _ = writeln!(
+            out,
+            "# node: proxy_v4={} proxy_v6={}",
+            node.proxy_v4.map_or("none".into(), |a| a.to_string()),
+            node.proxy_v6.map_or("none".into(), |a| a.to_string())
+        );
+        out.push_str(&plan::render_shared(&shared));
+        for p in n.pods {
+            let args = CniArgs::parse(p.cni_args).unwrap();
+            let pod = PodRef {
+                network: &name,
+                container_id: p.container_id,
+                ifname: p.ifname,
+                namespace: args.pod_namespace.as_deref(),
+                pod_name: args.pod_name.as_deref(),
+            };
+            let plan_pod = plan::plan_pod(&cfg, &pod, &addrs(p));
+            let _ = writeln!(
+                out,
+                "# pod {} {} CNI_ARGS={:?}",
+                p.container_id, p.ifname, p.cni_args
+            );
+            out.push_str(&plan::render_pod(&plan_pod, &shared.names));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+#[test]
+fn plans_match_golden_files() {
+    let update = std::env::var_os("UPDATE_GOLDEN").is_some_and(|v| v == "1");
+    let dir = golden_dir();
+    let mut failures = Vec::new();
+    for c in cases() {
+        let got = render_case(&c);
+        let path = dir.join(format!("{}.nft", c.name));
+        if update {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(&path, &got).unwrap();
+            continue;
+        }
+        match std::fs::read_to_string(&path) {
+            Ok(want) if want == got => {}
+            Ok(want) => failures.push(format!(
+                "{}: plan differs from {}\n{}",
+                c.name,
+                path.display(),
+                diff(&want, &got)
+            )),
+            Err(e) => failures.push(format!(
+                "{}: cannot read {} ({e}); run with UPDATE_GOLDEN=1 to create it",
+                c.name,
+                path.display()
+            )),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n(after an intended change: UPDATE_GOLDEN=1 cargo test --test plan, then review the diff)",
+        failures.join("\n")
+    );
+}
+
+/// Every golden file belongs to a case: a renamed case must not leave a stale file behind.
+#[test]
+fn no_stale_golden_files() {
+    let names: Vec<String> = cases().iter().map(|c| format!("{}.nft", c.name)).collect();
+    for e in std::fs::read_dir(golden_dir()).unwrap() {
+        let f = e.unwrap().file_name().to_string_lossy().into_owned();
+        assert!(names.contains(&f), "tests/golden/{f} belongs to no case");
+    }
+}
+
+/// A line-by-line diff that is good enough to spot what changed.
+fn diff(want: &str, got: &str) -> String {
+    let w: Vec<&str> = want.lines().collect();
+    let g: Vec<&str> = got.lines().collect();
+    let mut out = String::new();
+    for i in 0..w.len().max(g.len()) {
+        match (w.get(i), g.get(i)) {
+            (Some(a), Some(b)) if a == b => {}
+            (a, b) => {
+                let _ = writeln!(out, "  line {}:", i + 1);
+                if let Some(a) = a {
+                    let _ = writeln!(out, "  - {a}");
+                }
+                if let Some(b) = b {
+                    let _ = writeln!(out, "  + {b}");
+                }
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Properties the golden files rely on, stated directly so a wrong regeneration cannot hide them.
+// ---------------------------------------------------------------------------------------------
+
+fn plan_of(conf: &str, node: NodeFacts) -> plan::SharedPlan {
+    let c = config::parse_netconf(conf.as_bytes()).unwrap();
+    plan::plan_shared(&c.name, &c.natguard, &node)
+}
+
+#[test]
+fn missing_ipv6_proxy_fails_closed_with_a_warning() {
+    let p = plan_of(
+        r#"{"cniVersion":"1.0.0","name":"n"}"#,
+        NodeFacts {
+            proxy_v4: Some(NODE_V4),
+            proxy_v6: None,
+        },
+    );
+    let dnat: Vec<_> = p.rules_of(ChainKind::Dnat).collect();
+    assert_eq!(dnat.len(), 1, "only the IPv4 DNAT: {dnat:?}");
+    assert!(matches!(dnat[0].action, Action::DnatTo(IpAddr::V4(a), 8181) if a == NODE_V4));
+    assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
+    assert!(p.warnings[0].contains("IPv6"), "{:?}", p.warnings);
+    for chain in [ChainKind::Forward, ChainKind::Input] {
+        for f in Family::ALL {
+            assert!(
+                p.rules_of(chain).any(|r| r.action == Action::RejectTcpReset
+                    && r.matches
+                        .contains(&plan::Match::DaddrIn(f, SetKind::MetaDst(f)))
+                    && r.matches.contains(&plan::Match::NotDnatted)),
+                "{chain:?} must reset un-DNATed {f:?} metadata traffic"
+            );
+        }
+    }
+}
+
+#[test]
+fn deny_and_off_have_no_dnat() {
+    let deny = plan_of(
+        r#"{"cniVersion":"1.0.0","name":"n","metadata":{"mode":"deny"}}"#,
+        both(),
+    );
+    assert_eq!(deny.rules_of(ChainKind::Dnat).count(), 0);
+    assert_eq!(deny.rules_of(ChainKind::Forward).count(), 2);
+    assert_eq!(deny.rules_of(ChainKind::Input).count(), 2);
+    assert!(deny.warnings.is_empty());
+    let off = plan_of(
+        r#"{"cniVersion":"1.0.0","name":"n","metadata":{"mode":"off"}}"#,
+        NodeFacts::default(),
+    );
+    for c in [ChainKind::Dnat, ChainKind::Forward, ChainKind::Input] {
+        assert_eq!(off.rules_of(c).count(), 0, "{c:?}");
+    }
+    assert!(off.warnings.is_empty(), "off mode needs no proxy");
+}
+
+#[test]
+fn plans_are_deterministic_and_fingerprints_follow_the_config() {
+    let a = plan_of(r#"{"cniVersion":"1.0.0","name":"n"}"#, both());
+    let b = plan_of(r#"{"cniVersion":"0.3.1","name":"n"}"#, both());
+    assert_eq!(a, b, "cniVersion does not change the plan");
+    let c = plan_of(
+        r#"{"cniVersion":"1.0.0","name":"n","metadata":{"ports":[80,81]}}"#,
+        both(),
+    );
+    assert_ne!(a.fingerprint, c.fingerprint);
+    let d = plan_of(
+        r#"{"cniVersion":"1.0.0","name":"n"}"#,
+        NodeFacts {
+            proxy_v4: Some(Ipv4Addr::new(10, 0, 0, 2)),
+            ..both()
+        },
+    );
+    assert_ne!(
+        a.fingerprint, d.fingerprint,
+        "a new node address is a change"
+    );
+}
+
+#[test]
+fn two_networks_share_no_object_names() {
+    let a = plan_of(r#"{"cniVersion":"1.0.0","name":"net-a"}"#, both());
+    let b = plan_of(r#"{"cniVersion":"1.0.0","name":"net-b"}"#, both());
+    for k in ChainKind::ALL {
+        assert_ne!(a.names.chain(k), b.names.chain(k));
+    }
+    for s in &a.sets {
+        assert!(b.sets.iter().all(|t| t.name != s.name), "{}", s.name);
+    }
+    // Long names are shortened with a hash, and stay distinct.
+    let l1 = plan::NetNames::new(&format!("{}1", "x".repeat(60)));
+    let l2 = plan::NetNames::new(&format!("{}2", "x".repeat(60)));
+    assert_ne!(l1.chain(ChainKind::Dnat), l2.chain(ChainKind::Dnat));
+    assert!(l1.set(SetKind::NoMasq(Family::V6)).len() < 64);
+}
+
+#[test]
+fn exempt_pods_are_masqueraded_but_not_intercepted() {
+    let c = config::parse_netconf(
+        br#"{"cniVersion":"1.0.0","name":"n","metadata":{"exemptNamespaces":["kube-system"]}}"#,
+    )
+    .unwrap();
+    assert_eq!(c.natguard.metadata.mode, MetadataMode::Proxy);
+    let a = addrs(&EXEMPT);
+    for (ns, exempt) in [
+        (Some("kube-system"), true),
+        (Some("kube-system-2"), false),
+        (Some("kube"), false),
+        (None, false),
+    ] {
+        let p = plan::plan_pod(
+            &c.natguard,
+            &PodRef {
+                network: "n",
+                container_id: "c",
+                ifname: "eth0",
+                namespace: ns,
+                pod_name: None,
+            },
+            &a,
+        );
+        for ip in &a {
+            let f = Family::of(ip);
+            assert_eq!(
+                p.present.contains(&(SetKind::Meta(f), *ip)),
+                !exempt,
+                "{ns:?} {ip}"
+            );
+            assert!(p.present.contains(&(SetKind::Masq(f), *ip)), "{ns:?} {ip}");
+        }
+        assert_eq!(plan::addrs_from_comment(&p.comment), a);
+    }
+}
