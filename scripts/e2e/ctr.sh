@@ -27,7 +27,6 @@ cni_state_cleanup "$NET"
 cgroup_track "$NS"
 containerd_up ""
 ctd_import "$(image_tar "$IMAGE_REF")" "$NS"
-defer "ctd namespaces rm $NS"
 
 mkdir -p "$W/sync"
 log "ctr run --rm --cni $CID"

@@ -20,7 +20,7 @@
 # Environment:
 #   NATGUARD_BIN  plugin binary (default: target/x86_64-unknown-linux-gnu/release/natguard,
 #                 then .../debug/natguard; built with `cargo build --release` if neither exists)
-#   NG_E2E_KEEP=1 on failure, keep everything for inspection (prints the cleanup commands)
+#   NG_E2E_KEEP=1 on failure, keep everything for inspection until $W/.keep is removed
 set -u -o pipefail
 
 E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -55,9 +55,9 @@ _run_cleanup() {
   local rc=$? i
   trap - EXIT INT TERM
   if [ "$rc" -ne 0 ] && [ "${NG_E2E_KEEP:-0}" = 1 ]; then
-    log "NG_E2E_KEEP=1: leaving everything in place; to clean up run:"
-    for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do printf '  %s\n' "${CLEANUP[i]}" >&2; done
-    exit "$rc"
+    touch "$W/.keep"
+    log "NG_E2E_KEEP=1: everything is left in place for inspection; rm $W/.keep to clean up"
+    while [ -e "$W/.keep" ]; do sleep 1; done
   fi
   for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do
     eval "${CLEANUP[i]}" >/dev/null 2>&1 || true
@@ -91,7 +91,7 @@ e2e_init() {
 need() {
   local c
   for c in "$@"; do
-    command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || fail "prerequisite missing: $c (see scripts/e2e/README or scripts/test.sh)"
+    command -v "$c" >/dev/null 2>&1 || [ -x "$c" ] || fail "prerequisite missing: $c (scripts/test.sh installs every prerequisite)"
   done
 }
 
@@ -234,7 +234,11 @@ nft_table() { in_node nft list table inet natguard 2>/dev/null; }
 ip_re() { printf '(^|[^0-9.])%s([^0-9]|$)' "${1//./\\.}"; }
 
 # set_has NET SET IP
-set_has() { in_node nft list set inet natguard "$1-$2" 2>/dev/null | grep -Eq "$(ip_re "$3")"; }
+set_has() {
+  local out
+  out=$(in_node nft list set inet natguard "$1-$2" 2>&1) || fail "nft list set inet natguard $1-$2: $out"
+  grep -Eq "$(ip_re "$3")" <<<"$out"
+}
 
 # assert_pod_installed NET IP CID [exempt]: natguard has the pod under policy.
 assert_pod_installed() {
@@ -246,21 +250,27 @@ assert_pod_installed() {
   else
     set_has "$net" meta4 "$ip" || fail "pod $ip is not in $net-meta4"
   fi
-  in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -q -- "$cid" ||
-    fail "no owner entry for container $cid in $net-pods"
+  # owner entry: its comment names the pod's addresses and (a prefix of) the container ID
+  in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -qF -- "${cid:0:12}" ||
+    fail "no owner entry for $ip / container $cid in $net-pods: $(in_node nft list set inet natguard "$net-pods" 2>&1)"
 }
 
 # assert_pod_gone NET IP CID: nothing of the pod remains in natguard's table, in conntrack,
-# in host-local's IPAM store or in libcni's result cache. CID may be a prefix.
+# in host-local's IPAM store or in libcni's result cache.
 assert_pod_gone() {
   local net=$1 ip=$2 cid=$3 t f ct
   t=$(nft_table)
   if grep -Eq "$(ip_re "$ip")" <<<"$t"; then
     fail "natguard's table still holds pod $ip: $(grep -E "$(ip_re "$ip")" <<<"$t")"
   fi
-  grep -q -- "$cid" <<<"$t" && fail "natguard's table still holds container $cid: $(grep -- "$cid" <<<"$t")"
-  ct=$(in_node conntrack -L -s "$ip" 2>/dev/null; in_node conntrack -L -d "$ip" 2>/dev/null
-    in_node conntrack -L --reply-src "$ip" 2>/dev/null; in_node conntrack -L --reply-dst "$ip" 2>/dev/null)
+  # natguard's comments name the container by a prefix of its ID
+  grep -qF -- "${cid:0:12}" <<<"$t" && fail "natguard's table still holds container $cid: $(grep -F -- "${cid:0:12}" <<<"$t")"
+  ct=$({
+    in_node conntrack -L -s "$ip" 2>/dev/null
+    in_node conntrack -L -d "$ip" 2>/dev/null
+    in_node conntrack -L --reply-src "$ip" 2>/dev/null
+    in_node conntrack -L --reply-dst "$ip" 2>/dev/null
+  } | sort -u)
   [ -z "$ct" ] || fail "conntrack still holds flows of pod $ip: $ct"
   [ -e "/var/lib/cni/networks/$net/$ip" ] && fail "host-local still reserves $ip (/var/lib/cni/networks/$net/$ip)"
   if [ -d "/var/lib/cni/networks/$net" ] && grep -rlq -- "$cid" "/var/lib/cni/networks/$net"; then
@@ -441,4 +451,28 @@ cnitool_bin() {
       GOCACHE="${GOCACHE:-/tmp/ng-e2e-gocache}" go build -o "$W/cnitool" .) >&2 || fail "go build tests/cnitool"
   fi
   echo "$W/cnitool"
+}
+
+# --- pods without a runtime (libcni driver, direct invocation) ------------------------------------
+
+# bare_pod NAME VAR: an empty pod netns ng-<t>-NAME (deleted at exit); its path goes to VAR
+# (not printed: a defer inside $(...) would be lost with the subshell)
+bare_pod() {
+  local ns=ng-$T-$1
+  [ -e "/run/netns/$ns" ] && ip netns del "$ns"
+  ip netns add "$ns" || fail "ip netns add $ns"
+  defer "ip netns del '$ns'"
+  ip -n "$ns" link set lo up
+  printf -v "$2" '%s' "/run/netns/$ns"
+}
+
+# probe_in NETNS_PATH: run PROBE in a pod netns with busybox's applets (the host's tools may
+# be missing or differ)
+probe_in() {
+  local a
+  if [ ! -d "$W/bb" ]; then
+    mkdir -p "$W/bb"
+    for a in sh ip sed wget timeout; do ln -s "$(command -v busybox)" "$W/bb/$a"; done
+  fi
+  nsenter --net="$1" env PATH="$W/bb" sh -c "$PROBE" 9>&-
 }

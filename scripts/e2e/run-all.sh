@@ -1,0 +1,47 @@
+#!/bin/bash
+# scripts/e2e/run-all.sh [NAME...]: natguard's end-to-end tests through real CNI consumers,
+# one after the other (they share /etc/cni/net.d, /opt/cni/bin and /var/lib/cni).
+# Prints one line per test, "e2e NAME: PASS (Ns)" or "e2e NAME: FAIL (Ns)" followed by the
+# end of its log, then "N passed, M failed". Exit status 0 only if every test passed.
+# Needs root. Builds natguard (cargo build --release) and tests/cri-client first.
+# Env: NATGUARD_BIN (see lib.sh), NG_E2E_LOG_DIR (default: a temp dir; logs of every test).
+set -u -o pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+ALL="libcni gc-status ctr containerd-cri podman image-e2e install-live"
+TESTS=${*:-$ALL}
+LOGS=${NG_E2E_LOG_DIR:-$(mktemp -d /tmp/ng-e2e-logs.XXXXXX)}
+mkdir -p "$LOGS"
+
+passed=0 failed=0
+now() { date +%s.%N; }
+secs() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
+
+# Build once, outside the tests' timings. A failed build fails every test (no skipping).
+t0=$(now)
+build_ok=1
+if [ -z "${NATGUARD_BIN:-}" ]; then
+  (cd "$REPO" && cargo build --release -q) >"$LOGS/build.log" 2>&1 || build_ok=0
+fi
+(cd "$REPO/tests/cri-client" && cargo build --release -q) >>"$LOGS/build.log" 2>&1 || build_ok=0
+echo "e2e: built natguard and tests/cri-client in $(secs "$t0")s (logs in $LOGS)"
+
+for t in $TESTS; do
+  t0=$(now)
+  if [ "$build_ok" = 1 ] && [ -x "$HERE/$t.sh" ] && "$HERE/$t.sh" </dev/null >"$LOGS/$t.log" 2>&1; then
+    echo "e2e $t: PASS ($(secs "$t0")s)"
+    passed=$((passed + 1))
+  else
+    echo "e2e $t: FAIL ($(secs "$t0")s)"
+    if [ "$build_ok" != 1 ]; then
+      sed 's/^/    /' "$LOGS/build.log" | tail -20
+    elif [ ! -x "$HERE/$t.sh" ]; then
+      echo "    no such test: $HERE/$t.sh"
+    else
+      grep -v ' warn ' "$LOGS/$t.log" | tail -15 | cut -c1-400 | sed 's/^/    /'
+    fi
+    failed=$((failed + 1))
+  fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
