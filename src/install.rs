@@ -17,6 +17,7 @@
 //! entry. Its own writes wake it once and find nothing to do, so it never loops. It keeps a
 //! readiness file that exists exactly while natguard is in the active list.
 
+use crate::cni::SUPPORTED_VERSIONS as SUPPORTED_CNI_VERSIONS;
 use serde_json::{Map, Value};
 use std::ffi::{OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
@@ -38,8 +39,6 @@ pub const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
 /// Exists while natguard's entry is in the active network list.
 pub const DEFAULT_READY_FILE: &str = "/run/natguard/ready";
-/// Network list versions natguard runs under; a list of another version is refused.
-pub const SUPPORTED_CNI_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 /// File extensions libcni's `ConfFiles` (and so kubelet and containerd) consider.
 const CONF_EXTENSIONS: [&str; 3] = ["conf", "conflist", "json"];
 
@@ -76,7 +75,9 @@ usage: natguard uninstall [options]
   --cni-bin-dir DIR            where plugin binaries live (default /opt/cni/bin)
   --netconf-dir DIR            where network configs live (default /etc/cni/net.d)
   --ready-file PATH            removed (default /run/natguard/ready)
-Removes natguard's entry from every list in the netconf dir and the binary from the bin dir.
+  --keep-kernel-state          leave natguard's nftables table in place
+Removes natguard's entry from every list in the netconf dir, then its binary from the bin dir,
+then its nftables table (inet natguard) with every pod's entries.
 ";
 
 fn log(msg: impl AsRef<str>) {
@@ -374,74 +375,12 @@ fn build_entry(config_file: Option<&Path>, flags: &EntryFlags) -> Result<Value, 
     Ok(Value::Object(entry))
 }
 
-/// Checks natguard's entry before it is written into a list, so that a bad value fails here
-/// rather than at every pod's ADD. It checks the fields install can set and the shape of the
-/// sections; the plugin's own parser checks the rest at ADD.
+/// Checks natguard's entry with the plugin's own parser before it is written into a list, so
+/// that a bad value fails here rather than at every pod's ADD.
 fn validate_entry(entry: &Value) -> Result<(), String> {
-    let obj = entry
-        .as_object()
-        .ok_or("natguard's entry must be a JSON object")?;
-    let section = |name: &str| -> Result<Option<&Map<String, Value>>, String> {
-        match obj.get(name) {
-            None => Ok(None),
-            Some(Value::Object(o)) => Ok(Some(o)),
-            Some(other) => Err(format!("{name}: {other} is not an object")),
-        }
-    };
-    let string_list = |path: &str, v: &Value| -> Result<Vec<String>, String> {
-        v.as_array()
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-            })
-            .ok_or_else(|| format!("{path}: {v} is not a list of strings"))
-    };
-    if let Some(meta) = section("metadata")? {
-        if let Some(m) = meta.get("mode") {
-            if !matches!(m.as_str(), Some("proxy" | "deny" | "off")) {
-                return Err(format!(
-                    "metadata.mode: {m} is not one of \"proxy\", \"deny\", \"off\""
-                ));
-            }
-        }
-        if let Some(p) = meta.get("proxyPort") {
-            if !matches!(p.as_u64(), Some(1..=65535)) {
-                return Err(format!("metadata.proxyPort: {p} is not a port 1-65535"));
-            }
-        }
-        for (key, v6) in [("proxyIPv4", false), ("proxyIPv6", true)] {
-            if let Some(a) = meta.get(key) {
-                let ok = match a.as_str() {
-                    Some("auto") => true,
-                    Some(s) if v6 => s.parse::<Ipv6Addr>().is_ok(),
-                    Some(s) => s.parse::<Ipv4Addr>().is_ok(),
-                    None => false,
-                };
-                if !ok {
-                    return Err(format!("metadata.{key}: {a} is not an address or \"auto\""));
-                }
-            }
-        }
-        if let Some(ns) = meta.get("exemptNamespaces") {
-            string_list("metadata.exemptNamespaces", ns)?;
-        }
-    }
-    if let Some(masq) = section("masquerade")? {
-        if let Some(e) = masq.get("enabled") {
-            if !e.is_boolean() {
-                return Err(format!("masquerade.enabled: {e} is not true or false"));
-            }
-        }
-        if let Some(c) = masq.get("nonMasqueradeCIDRs") {
-            for cidr in string_list("masquerade.nonMasqueradeCIDRs", c)? {
-                check_cidr(&cidr)
-                    .map_err(|e| format!("masquerade.nonMasqueradeCIDRs: {cidr:?}: {e}"))?;
-            }
-        }
-    }
-    section("conntrack")?;
-    Ok(())
+    crate::config::parse_plugin_config(entry)
+        .map(drop)
+        .map_err(|e| format!("natguard's entry: {e}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1512,6 +1451,7 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
     let mut bin_dir = PathBuf::from(DEFAULT_CNI_BIN_DIR);
     let mut netconf_dir = PathBuf::from(DEFAULT_NETCONF_DIR);
     let mut ready_file = PathBuf::from(DEFAULT_READY_FILE);
+    let mut keep_kernel_state = false;
     let mut it = Args::new(args);
     let parsed: Result<(), String> = (|| {
         while let Some((flag, inline)) = it.next_flag() {
@@ -1520,6 +1460,10 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
                 "--cni-bin-dir" => bin_dir = it.value(&flag, inline)?.into(),
                 "--netconf-dir" => netconf_dir = it.value(&flag, inline)?.into(),
                 "--ready-file" => ready_file = it.value(&flag, inline)?.into(),
+                "--keep-kernel-state" => {
+                    no_value(&flag, &inline)?;
+                    keep_kernel_state = true
+                }
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -1540,7 +1484,8 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
     let say = |m: String| eprintln!("natguard uninstall: {m}");
     let mut failed = false;
 
-    // First the entries, so no new pod calls natguard; then the readiness file and the binary.
+    // First the entries, so no new pod calls natguard; then the readiness file and the binary;
+    // last the kernel state, once nothing can add to it any more.
     match conf_files(&netconf_dir) {
         Ok(files) => {
             for f in files {
@@ -1576,6 +1521,16 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
         Err(e) => {
             say(format!("error: {}: {e}", bin.display()));
             failed = true;
+        }
+    }
+    if !keep_kernel_state {
+        match crate::nft::delete_all() {
+            Ok(()) => say("removed natguard's nftables table".into()),
+            Err(e) if crate::nft::is_unavailable(&e) => {}
+            Err(e) => {
+                say(format!("error: deleting natguard's nftables table: {e}"));
+                failed = true;
+            }
         }
     }
     i32::from(failed)

@@ -56,9 +56,11 @@ impl Node {
     fn cmd(&self, sub: &str, extra: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.arg(sub).args(self.base_args());
-        if sub == "install" {
-            c.arg("--no-adopt");
-        }
+        // Never the kernel: these tests may run as root, in the root network namespace.
+        match sub {
+            "install" => c.arg("--no-adopt"),
+            _ => c.arg("--keep-kernel-state"),
+        };
         c.args(extra);
         c
     }

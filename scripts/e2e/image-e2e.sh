@@ -15,6 +15,7 @@
 #    must appear and the readiness probe (`natguard install --check`, run with ctr exec) pass;
 #    after the conflist is rewritten from its template the entry must come back; SIGTERM must
 #    end the container with status 0.
+# 4. `natguard uninstall` in the node netns takes everything off again.
 . "$(dirname "$0")/lib.sh"
 e2e_init image
 need ctr podman tar gzip readelf sha256sum jq flock
@@ -156,3 +157,17 @@ rc=$?
 ctd -n "$NS" containers rm "$CID" >/dev/null 2>&1
 log "SIGTERM: exit 0; container log:"
 sed 's/^/    /' "$W/ctr.out" >&2
+
+# --- 4. uninstall on the node ------------------------------------------------------------------
+# The binary the container put into the bin dir removes natguard again: the entry (the list is
+# byte for byte the agent's template again), the binary, the readiness file and the nftables
+# table (created here if adopt found nothing to put in it), in the node netns.
+in_node nft list table inet natguard >/dev/null 2>&1 || in_node nft add table inet natguard || fail "nft add table"
+cp "$host/opt/cni/bin/natguard" "$W/natguard-installed"
+out=$(in_node "$W/natguard-installed" uninstall --netconf-dir "$host/etc/cni/net.d" \
+  --cni-bin-dir "$host/opt/cni/bin" --ready-file "$host/run/natguard/ready" 2>&1) || fail "uninstall: $out"
+cmp -s "$LIST" "$W/template.conflist" || fail "after uninstall the list differs from the template: $(cat "$LIST")"
+[ -e "$host/opt/cni/bin/natguard" ] && fail "uninstall left the binary"
+[ -e "$host/run/natguard/ready" ] && fail "uninstall left the readiness file"
+in_node nft list table inet natguard >/dev/null 2>&1 && fail "uninstall left natguard's nftables table"
+log "uninstall: list back to the template, binary, readiness file and nftables table gone"
