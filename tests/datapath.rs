@@ -74,7 +74,7 @@ fn assert_no_trace(w: &World, pod: &Pod) {
         );
     }
     assert!(
-        !table.contains(&pod.att.container_id),
+        !mentions(&table, &pod.att.container_id),
         "after DEL the table still mentions container {}:\n{table}",
         pod.att.container_id
     );
@@ -97,7 +97,7 @@ fn assert_installed(w: &World, pod: &Pod) {
     }
 }
 
-fn ok<T>(r: Result<T, CniError>, what: &str) -> T {
+fn ok<T>(r: CniResult<T>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 

@@ -729,6 +729,9 @@ impl fmt::Display for CniError {
     }
 }
 
+/// Results of the chain driver (the error is boxed: it carries the plugin's whole output).
+pub type CniResult<T> = Result<T, Box<CniError>>;
+
 /// One plugin invocation, as recorded by the driver.
 #[derive(Clone, Debug)]
 pub struct Call {
@@ -886,13 +889,13 @@ impl Chain {
         conf: &Value,
         att: Option<&Attachment>,
         netns_override: Option<&str>,
-    ) -> Result<Option<Value>, CniError> {
+    ) -> CniResult<Option<Value>> {
         self.exec(plugin, conf, Self::env(command, att, netns_override))
     }
 
     /// Runs a recorded call again, with the same stdin and environment (e.g. a second ADD of
     /// natguard with the prevResult it got the first time).
-    pub fn replay(&self, call: &Call) -> Result<Option<Value>, CniError> {
+    pub fn replay(&self, call: &Call) -> CniResult<Option<Value>> {
         self.exec(&call.plugin, &call.stdin, call.env.clone())
     }
 
@@ -914,7 +917,7 @@ impl Chain {
         plugin: &str,
         conf: &Value,
         env: Vec<(String, String)>,
-    ) -> Result<Option<Value>, CniError> {
+    ) -> CniResult<Option<Value>> {
         let bin = Self::plugin_bin(plugin);
         let command = env
             .iter()
@@ -955,15 +958,17 @@ impl Chain {
         } else {
             serde_json::from_str(&stdout).ok()
         };
-        let err = |msg: String, code: Option<u64>, details: String| CniError {
-            plugin: plugin.to_string(),
-            command: command.clone(),
-            exit: out.status.code(),
-            code,
-            msg,
-            details,
-            stdout: stdout.clone(),
-            stderr: stderr.clone(),
+        let err = |msg: String, code: Option<u64>, details: String| -> Box<CniError> {
+            Box::new(CniError {
+                plugin: plugin.to_string(),
+                command: command.clone(),
+                exit: out.status.code(),
+                code,
+                msg,
+                details,
+                stdout: stdout.clone(),
+                stderr: stderr.clone(),
+            })
         };
         if !out.status.success() {
             let (code, msg, details) = match &parsed {
@@ -1074,21 +1079,23 @@ impl Chain {
     /// ADD every plugin in order, threading each result into the next plugin's prevResult;
     /// caches and returns the final result. Stops at the first error (libcni does not DEL
     /// on failure; the runtime does).
-    pub fn add(&self, att: &Attachment) -> Result<Value, CniError> {
+    pub fn add(&self, att: &Attachment) -> CniResult<Value> {
         let mut prev: Option<Value> = None;
         for plugin in self.plugins() {
             let ty = Self::plugin_type(&plugin);
             let conf = self.build(&plugin, prev.as_ref(), Some(att), &[]);
             let result = self.invoke(&ty, "ADD", &conf, Some(att), None)?;
-            let result = result.ok_or_else(|| CniError {
-                plugin: ty.clone(),
-                command: "ADD".into(),
-                exit: Some(0),
-                code: None,
-                msg: "ADD printed no result".into(),
-                details: String::new(),
-                stdout: String::new(),
-                stderr: String::new(),
+            let result = result.ok_or_else(|| {
+                Box::new(CniError {
+                    plugin: ty.clone(),
+                    command: "ADD".into(),
+                    exit: Some(0),
+                    code: None,
+                    msg: "ADD printed no result".into(),
+                    details: String::new(),
+                    stdout: String::new(),
+                    stderr: String::new(),
+                })
             })?;
             prev = Some(self.relabel(result));
         }
@@ -1098,12 +1105,12 @@ impl Chain {
     }
 
     /// DEL with libcni's defaults.
-    pub fn del(&self, att: &Attachment) -> Result<(), CniError> {
+    pub fn del(&self, att: &Attachment) -> CniResult<()> {
         self.del_with(att, &DelOpts::default())
     }
 
     /// DEL every plugin in reverse order; removes the cached result when every plugin succeeded.
-    pub fn del_with(&self, att: &Attachment, opts: &DelOpts) -> Result<(), CniError> {
+    pub fn del_with(&self, att: &Attachment, opts: &DelOpts) -> CniResult<()> {
         let prev = match &opts.prev_result {
             PrevResult::Libcni if version_at_least(self.version(), "0.4.0") => {
                 self.cached_result(att)
@@ -1122,16 +1129,18 @@ impl Chain {
 
     /// CHECK every plugin in order with the cached result (libcni: cniVersion >= 0.4.0 and a
     /// cached result are required; `disableCheck` skips it).
-    pub fn check(&self, att: &Attachment) -> Result<(), CniError> {
-        let fail = |msg: String| CniError {
-            plugin: "libcni".into(),
-            command: "CHECK".into(),
-            exit: None,
-            code: None,
-            msg,
-            details: String::new(),
-            stdout: String::new(),
-            stderr: String::new(),
+    pub fn check(&self, att: &Attachment) -> CniResult<()> {
+        let fail = |msg: String| {
+            Box::new(CniError {
+                plugin: "libcni".into(),
+                command: "CHECK".into(),
+                exit: None,
+                code: None,
+                msg,
+                details: String::new(),
+                stdout: String::new(),
+                stderr: String::new(),
+            })
         };
         if !version_at_least(self.version(), "0.4.0") {
             return Err(fail(format!(
@@ -1161,7 +1170,7 @@ impl Chain {
                 .any(|v| v.container_id == cached.container_id && v.ifname == cached.ifname);
             if !keep {
                 if let Err(e) = self.del(&cached) {
-                    errors.push(e);
+                    errors.push(*e);
                 }
             }
         }
@@ -1208,7 +1217,7 @@ impl Chain {
                 )],
             );
             if let Err(e) = self.invoke(&ty, "GC", &conf, None, None) {
-                errors.push(e);
+                errors.push(*e);
             }
         }
         if errors.is_empty() {
@@ -1219,7 +1228,7 @@ impl Chain {
     }
 
     /// libcni's GetStatusNetworkList (cniVersion >= 1.1.0; stops at the first error).
-    pub fn status(&self) -> Result<(), CniError> {
+    pub fn status(&self) -> CniResult<()> {
         if !version_at_least(self.version(), "1.1.0") {
             return Ok(());
         }
@@ -1244,7 +1253,7 @@ impl Chain {
 
     /// VERSION of a plugin with an arbitrary stdin (podman sends `{"cniVersion":"1.0.0"}` with
     /// dummy `CNI_*` values).
-    pub fn version_call(&self, plugin: &str, stdin: &Value) -> Result<Option<Value>, CniError> {
+    pub fn version_call(&self, plugin: &str, stdin: &Value) -> CniResult<Option<Value>> {
         self.invoke(plugin, "VERSION", stdin, None, None)
     }
 
@@ -1600,19 +1609,14 @@ impl World {
 
     /// Creates pod namespace `role` and ADDs it (container ID `cid-<role>`, CNI_ARGS of a
     /// Kubernetes pod in `k8s_namespace`).
-    pub fn try_add_pod(
-        &self,
-        chain: &Chain,
-        role: &str,
-        k8s_namespace: &str,
-    ) -> Result<Pod, CniError> {
+    pub fn try_add_pod(&self, chain: &Chain, role: &str, k8s_namespace: &str) -> CniResult<Pod> {
         let ns = self.h.netns(role);
         let att = Attachment::new(&format!("cid-{role}"), &ns).k8s(k8s_namespace, role);
         self.try_attach(chain, ns, att)
     }
 
     /// ADDs an existing namespace with a given attachment.
-    pub fn try_attach(&self, chain: &Chain, ns: Netns, att: Attachment) -> Result<Pod, CniError> {
+    pub fn try_attach(&self, chain: &Chain, ns: Netns, att: Attachment) -> CniResult<Pod> {
         let result = chain.add(&att)?;
         let ips = result_ips(&result, &att.ifname);
         let v4 = *ips

@@ -1,0 +1,292 @@
+#!/usr/bin/env bash
+# scripts/demo.sh: natguard's main job, shown in throwaway network namespaces.
+#
+#   pod ──┐                      ┌── cloud       169.254.169.254, fd00:ec2::254  (answers "cloud")
+#  exempt ┼─ cni0 ─ node ────────┼── remote-in   10.10.0.2  (inside nonMasqueradeCIDRs)
+#   pod ──┘   (proxy on :8181,   └── remote-out  11.0.0.2, 2001:db8:bb::2  (outside)
+#              answers "proxy")
+#
+# The pods are attached the way a container runtime does it: the conflist's plugins (Debian's
+# bridge + host-local, then natguard with its built-in defaults; only exemptNamespaces is set)
+# are run in order with each result passed on as the next plugin's prevResult, and removed in
+# reverse order at the end. Run as root on Debian 12; everything is removed on exit.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+die() {
+  printf 'scripts/demo.sh: %s\n' "$*" >&2
+  exit 1
+}
+[ "$(id -u)" -eq 0 ] || die "must run as root: it creates network namespaces (try: sudo $0)"
+
+# ---- what it needs -----------------------------------------------------------------------------
+PACKAGES=(containernetworking-plugins nftables conntrack iproute2 util-linux jq socat busybox-static)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = installed ] || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  bold "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
+
+bold "building natguard (cargo build --release)"
+cargo build --release
+BIN=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
+[ -x "$BIN" ] || BIN=$REPO/target/release/natguard
+[ -x "$BIN" ] || die "release binary not found under target/"
+ls -l "$BIN"
+
+# ---- throwaway namespaces ----------------------------------------------------------------------
+P=ng-demo-$$
+NODE=$P-node POD=$P-pod EXEMPT=$P-exempt CLOUD=$P-cloud RIN=$P-rin ROUT=$P-rout
+ALL_NS=("$NODE" "$CLOUD" "$RIN" "$ROUT" "$POD" "$EXEMPT")
+W=$(mktemp -d /tmp/ng-demo.XXXXXX)
+LIST=$W/demo.conflist
+PIDS=()
+ATTACHED=()
+
+in_ns() {
+  local ns=$1
+  shift
+  nsenter --net="/run/netns/$ns" -- "$@"
+}
+
+cleanup() {
+  set +e
+  local a
+  for a in "${ATTACHED[@]}"; do
+    # shellcheck disable=SC2086
+    cni_del $a >/dev/null 2>&1
+  done
+  for a in "${PIDS[@]}"; do
+    kill -- "-$a" 2>/dev/null
+  done
+  for a in "${ALL_NS[@]}"; do
+    [ -e "/run/netns/$a" ] && ip netns del "$a"
+  done
+  rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+netns() {
+  ip netns add "$1"
+  ip -n "$1" link set lo up
+  in_ns "$1" sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
+}
+
+# veth NS_A IF_A NS_B IF_B
+veth() {
+  ip -n "$1" link add "$2" type veth peer name "$4" netns "$3"
+  ip -n "$1" link set "$2" up
+  ip -n "$3" link set "$4" up
+}
+
+# start NS CMD...: a server in its own process group (killed as a group on exit)
+start() {
+  local ns=$1
+  shift
+  setsid nsenter --net="/run/netns/$ns" -- "$@" </dev/null >>"$W/servers.log" 2>&1 &
+  PIDS+=($!)
+}
+
+# wait_port NS tcp|udp PORT COUNT
+wait_port() {
+  local flag=-Hltn i
+  [ "$2" = udp ] && flag=-Hlun
+  for ((i = 0; i < 200; i++)); do
+    [ "$(in_ns "$1" ss $flag "sport = :$3" | grep -c .)" -ge "$4" ] && return 0
+    sleep 0.05
+  done
+  die "no listener on $2 port $3 in $1"
+}
+
+http_server() { # NS PORT BODY
+  mkdir -p "$W/www-$1-$2"
+  echo "$3" >"$W/www-$1-$2/index.html"
+  start "$1" busybox httpd -f -p "$2" -h "$W/www-$1-$2"
+  wait_port "$1" tcp "$2" 1
+}
+
+whoami_server() { # NS: answers on TCP/UDP 7777 with the client's source address as it sees it
+  local reply='SYSTEM:read -r request; echo $SOCAT_PEERADDR'
+  start "$1" socat TCP4-LISTEN:7777,reuseaddr,fork "$reply"
+  start "$1" socat TCP6-LISTEN:7777,reuseaddr,fork,ipv6only=1 "$reply"
+  start "$1" socat UDP4-RECVFROM:7777,reuseaddr,fork "$reply"
+  start "$1" socat UDP6-RECVFROM:7777,reuseaddr,fork,ipv6only=1 "$reply"
+  wait_port "$1" tcp 7777 2
+  wait_port "$1" udp 7777 2
+}
+
+bold "creating namespaces $P-{node,pod,exempt,cloud,rin,rout}"
+for ns in "${ALL_NS[@]}"; do netns "$ns"; done
+in_ns "$NODE" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
+
+veth "$NODE" to-cloud "$CLOUD" eth0
+ip -n "$NODE" addr add 10.20.0.1/30 dev to-cloud
+ip -n "$NODE" addr add fd00:c1::1/64 dev to-cloud nodad
+ip -n "$CLOUD" addr add 10.20.0.2/30 dev eth0
+ip -n "$CLOUD" addr add fd00:c1::2/64 dev eth0 nodad
+ip -n "$CLOUD" addr add 169.254.169.254/32 dev lo
+ip -n "$CLOUD" addr add fd00:ec2::254/128 dev lo nodad
+ip -n "$CLOUD" route add default via 10.20.0.1
+ip -n "$CLOUD" -6 route add default via fd00:c1::1
+ip -n "$NODE" route add 169.254.169.254/32 via 10.20.0.2
+ip -n "$NODE" -6 route add fd00:ec2::254/128 via fd00:c1::2
+
+veth "$NODE" to-rin "$RIN" eth0
+ip -n "$NODE" addr add 10.10.0.1/24 dev to-rin
+ip -n "$RIN" addr add 10.10.0.2/24 dev eth0
+ip -n "$RIN" route add default via 10.10.0.1
+
+veth "$NODE" to-rout "$ROUT" eth0
+ip -n "$NODE" addr add 11.0.0.1/24 dev to-rout
+ip -n "$NODE" addr add 2001:db8:bb::1/64 dev to-rout nodad
+ip -n "$ROUT" addr add 11.0.0.2/24 dev eth0
+ip -n "$ROUT" addr add 2001:db8:bb::2/64 dev eth0 nodad
+ip -n "$ROUT" route add default via 11.0.0.1
+ip -n "$ROUT" -6 route add default via 2001:db8:bb::1
+# The node's default routes: its primary addresses (proxyIPv4/proxyIPv6 "auto") are 11.0.0.1
+# and 2001:db8:bb::1.
+ip -n "$NODE" route add default via 11.0.0.2
+ip -n "$NODE" -6 route add default via 2001:db8:bb::2
+
+http_server "$CLOUD" 80 cloud
+http_server "$NODE" 8181 proxy
+whoami_server "$RIN"
+whoami_server "$ROUT"
+
+# ---- attaching pods like a runtime (libcni) does -----------------------------------------------
+jq -n --arg dir "$W/ipam" '{
+  cniVersion: "1.0.0",
+  name: "demo",
+  plugins: [
+    { type: "bridge", bridge: "cni0", isGateway: true, ipMasq: false, hairpinMode: true,
+      ipam: { type: "host-local", dataDir: $dir,
+              ranges: [[{ subnet: "10.244.0.0/24" }], [{ subnet: "fd00:10:244::/64" }]],
+              routes: [{ dst: "0.0.0.0/0" }, { dst: "::/0" }] } },
+    { type: "natguard", metadata: { exemptNamespaces: ["kube-system"] } }
+  ]
+}' >"$LIST"
+
+# plugin TYPE VERB CID NETNS CNI_ARGS CONF: runs one plugin in the node namespace
+plugin() {
+  local bin=/usr/lib/cni/$1
+  [ "$1" = natguard ] && bin=$BIN
+  printf '%s' "$6" | CNI_COMMAND=$2 CNI_CONTAINERID=$3 CNI_NETNS=$4 CNI_IFNAME=eth0 CNI_ARGS=$5 \
+    CNI_PATH=/usr/lib/cni nsenter --net="/run/netns/$NODE" -- "$bin"
+}
+
+# plugin_conf INDEX PREV: plugin INDEX of the list with name, cniVersion and prevResult injected
+plugin_conf() {
+  jq -c --argjson i "$1" --argjson prev "$2" \
+    '.plugins[$i] + {name: .name, cniVersion: .cniVersion}
+     + (if $prev == null then {} else {prevResult: $prev} end)' "$LIST"
+}
+
+# cni_add CID POD_NS K8S_NAMESPACE K8S_POD: ADD in order, result cached in $W/result-CID
+cni_add() {
+  local prev=null n i conf type out
+  local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
+  n=$(jq '.plugins | length' "$LIST")
+  for ((i = 0; i < n; i++)); do
+    conf=$(plugin_conf "$i" "$prev")
+    type=$(jq -r .type <<<"$conf")
+    out=$(plugin "$type" ADD "$1" "/run/netns/$2" "$args" "$conf") ||
+      die "ADD of $4 failed in $type: $out"
+    prev=$out
+  done
+  printf '%s\n' "$prev" >"$W/result-$1"
+  ATTACHED+=("$1 $2 $3 $4")
+}
+
+# cni_del CID POD_NS K8S_NAMESPACE K8S_POD: DEL in reverse order with the cached result
+cni_del() {
+  local prev n i conf type
+  local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
+  prev=$(cat "$W/result-$1" 2>/dev/null || echo null)
+  n=$(jq '.plugins | length' "$LIST")
+  for ((i = n - 1; i >= 0; i--)); do
+    conf=$(plugin_conf "$i" "$prev")
+    type=$(jq -r .type <<<"$conf")
+    plugin "$type" DEL "$1" "/run/netns/$2" "$args" "$conf" || return 1
+  done
+  rm -f "$W/result-$1"
+}
+
+pod_ip() { # CID FAMILY(4|6)
+  jq -r --arg f "$2" '.ips[].address | select(if $f == "4" then contains(".") else contains(":") end)
+    | split("/")[0]' "$W/result-$1" | head -n1
+}
+
+bold "conflist (bridge + host-local, then natguard with its defaults)"
+jq . "$LIST"
+
+cni_add cid-web "$POD" default web
+cni_add cid-creds "$EXEMPT" kube-system creds
+POD4=$(pod_ip cid-web 4) POD6=$(pod_ip cid-web 6)
+EX4=$(pod_ip cid-creds 4)
+echo "pod default/web      $POD4  $POD6"
+echo "pod kube-system/creds $EX4  $(pod_ip cid-creds 6)   (kube-system is in exemptNamespaces)"
+
+# ---- what it shows -----------------------------------------------------------------------------
+get() { # NS URL: the body, or what went wrong
+  in_ns "$1" timeout 5 busybox wget -qO- "$2" 2>&1 || echo "(no answer: $?)"
+}
+whoami() { # NS PROTO(TCP|UDP) ADDR: the source address the remote host saw
+  local out
+  out=$(echo who | in_ns "$1" timeout 5 socat -t 2 - "$2:$3:7777" 2>&1) || out="(no answer)"
+  out=${out#[}
+  out=${out%]}
+  if [[ $out == *:* ]] && command -v python3 >/dev/null; then
+    out=$(python3 -c 'import ipaddress,sys; print(ipaddress.ip_address(sys.argv[1]))' "$out" 2>/dev/null || echo "$out")
+  fi
+  echo "$out"
+}
+
+bold "1. metadata: who answers http://169.254.169.254/ ?"
+printf '  %-28s -> %-26s answered by: %s\n' \
+  "default/web ($POD4)" "http://169.254.169.254/" "$(get "$POD" http://169.254.169.254/)" \
+  "default/web ($POD6)" "http://[fd00:ec2::254]/" "$(get "$POD" 'http://[fd00:ec2::254]/')" \
+  "kube-system/creds ($EX4)" "http://169.254.169.254/" "$(get "$EXEMPT" http://169.254.169.254/)"
+echo "  (\"proxy\" = the node-local proxy on the node's port 8181; \"cloud\" = the real metadata server)"
+
+bold "2. masquerade: which source address does a remote host see?"
+printf '  %-52s sees: %s\n' \
+  "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), TCP" "$(whoami "$POD" TCP4 10.10.0.2)" \
+  "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), UDP" "$(whoami "$POD" UDP4 10.10.0.2)" \
+  "remote-out 11.0.0.2   (outside), TCP" "$(whoami "$POD" TCP4 11.0.0.2)" \
+  "remote-out 11.0.0.2   (outside), UDP" "$(whoami "$POD" UDP4 11.0.0.2)" \
+  "remote-out 2001:db8:bb::2 (outside), TCP" "$(whoami "$POD" TCP6 '[2001:db8:bb::2]')"
+echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards remote-out)"
+
+bold "3. nft list table inet natguard (in the node namespace)"
+in_ns "$NODE" nft list table inet natguard
+
+# Issue 3: a flow the pod opened before natguard's rules existed keeps its old NAT binding in
+# conntrack; natguard's ADD removes such entries. This step will show that race and its cure.
+demo_conntrack_race() {
+  bold "4. conntrack race"
+  echo "  (not part of this demo yet)"
+}
+demo_conntrack_race
+
+bold "cleaning up (DEL in reverse order, namespaces removed)"
+for a in "${ATTACHED[@]}"; do
+  # shellcheck disable=SC2086
+  cni_del $a || die "DEL failed: $a"
+done
+ATTACHED=()
+echo "after DEL: $(in_ns "$NODE" nft list table inet natguard | grep -cwF -e "$POD4" -e "$EX4" || true) lines of the table mention the pods"

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# scripts/test.sh: installs what the tests need on a Debian 12 machine and runs every test layer:
+#   1. cargo fmt --check
+#   2. cargo clippy --all-targets -- -D warnings
+#   3. cargo test (unit tests, config/protocol/plan tests without root, and the root integration
+#      tests in network namespaces: tests/datapath.rs, ...)
+#   4. the end-to-end layers in scripts/e2e/ (real runtimes: libcni, ctr, CRI, podman, image)
+# Must run as root (network namespaces). Nothing in the root network namespace is changed.
+# Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+REPO=$PWD
+
+say() { printf '\n==> %s\n' "$*"; }
+die() {
+  printf 'scripts/test.sh: %s\n' "$*" >&2
+  exit 1
+}
+
+[ "$(id -u)" -eq 0 ] ||
+  die "must run as root: the root integration tests and the e2e layers create network namespaces (try: sudo $0)"
+
+# ---- packages ----------------------------------------------------------------------------------
+# Root tests: reference CNI plugins, nft/conntrack/iptables CLIs (tests only read state with them or
+# play another component), busybox httpd and socat as servers. E2E layers: the runtimes, Go and
+# Debian's libcni source for the libcni driver, protoc for the CRI client, readelf for the image.
+PACKAGES=(
+  containernetworking-plugins nftables conntrack iptables iproute2 util-linux procps
+  jq socat busybox-static python3 ca-certificates
+  podman runc conmon containerd
+  golang-go golang-github-appc-cni-dev protobuf-compiler binutils tar gzip
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
+  [ "$status" = installed ] || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  say "installing: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+else
+  say "packages: all present"
+fi
+
+# ---- Rust toolchain ----------------------------------------------------------------------------
+if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
+  # shellcheck disable=SC1091
+  . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
+for pair in fmt:rustfmt clippy:clippy; do
+  sub=${pair%%:*} component=${pair#*:}
+  if ! cargo "$sub" --version >/dev/null 2>&1; then
+    command -v rustup >/dev/null || die "cargo $sub is missing and there is no rustup to add $component"
+    say "adding toolchain component $component"
+    rustup component add "$component"
+  fi
+done
+cargo --version
+
+export RUST_BACKTRACE=1
+FAILED=()
+
+# ---- 1-2. format and lints ---------------------------------------------------------------------
+say "cargo fmt --check"
+cargo fmt --check || FAILED+=("cargo fmt --check")
+
+say "cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings || FAILED+=("cargo clippy")
+
+# ---- 3. cargo test (every Rust test layer, root tests included) --------------------------------
+say "cargo test"
+log=$(mktemp /tmp/ng-cargo-test.XXXXXX)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test 2>&1 | tee "$log"
+cargo_status=${PIPESTATUS[0]}
+set -e
+
+say "cargo test summary"
+# One line per test binary: its name and cargo's "test result:" line.
+awk '
+  /^ *Running / { name = $2; next }
+  /^ *Doc-tests / { name = "doc-tests " $2; next }
+  /^test result:/ { printf "%-45s %s\n", name, $0; n++ }
+  END { if (n == 0) print "(no test results: the build failed)" }
+' "$log"
+[ "$cargo_status" -eq 0 ] || FAILED+=("cargo test")
+
+# ---- 4. further layers --------------------------------------------------------------------------
+# >>> Other test layers are called here. <<<
+# An end-to-end layer is an executable scripts/e2e/*.sh that calls `e2e_init` (helpers such as
+# lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
+# Add other kinds of layers (benchmarks with assertions, ...) below in the same way.
+layers=()
+for f in scripts/e2e/*.sh; do
+  [ -f "$f" ] && [ -x "$f" ] && grep -q '^e2e_init ' "$f" && layers+=("$f")
+done
+if ((${#layers[@]})); then
+  for f in "${layers[@]}"; do
+    say "$f"
+    start=$(date +%s)
+    if "$REPO/$f" </dev/null; then
+      printf '%-45s ok (%ss)\n' "$f" "$(($(date +%s) - start))" >>"$log.layers"
+    else
+      printf '%-45s FAILED (%ss)\n' "$f" "$(($(date +%s) - start))" >>"$log.layers"
+      FAILED+=("$f")
+    fi
+  done
+  say "end-to-end layers"
+  cat "$log.layers"
+  rm -f "$log.layers"
+else
+  say "end-to-end layers: none in scripts/e2e/"
+fi
+
+# ---- result ------------------------------------------------------------------------------------
+if ((${#FAILED[@]})); then
+  say "FAILED: ${FAILED[*]}"
+  exit 1
+fi
+say "all test layers passed"
