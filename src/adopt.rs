@@ -16,6 +16,7 @@
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
+use crate::netlink::NfSocket;
 use crate::plan::{self, PodRef};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -261,6 +262,7 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
 pub fn run(opts: &Options) -> Result<Report> {
     let networks = natguard_networks(&opts.netconf_dir)?;
     let mut report = Report::default();
+    let mut sock = NfSocket::open()?;
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&opts.cache_dir) {
         Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -288,7 +290,7 @@ pub fn run(opts: &Options) -> Result<Report> {
                 continue;
             }
         };
-        let outcome = adopt_entry(&entry, &networks, opts, &mut flows);
+        let outcome = adopt_entry(&mut sock, &entry, &networks, opts, &mut flows);
         let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
         report.entries.push(Entry {
             file,
@@ -311,6 +313,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             }
         }
     }
+    drop(sock);
     Ok(report)
 }
 
@@ -322,6 +325,7 @@ fn join_args(args: &[(String, String)]) -> String {
 }
 
 fn adopt_entry(
+    sock: &mut NfSocket,
     entry: &CacheEntry,
     networks: &BTreeMap<String, Config>,
     opts: &Options,
@@ -372,7 +376,7 @@ fn adopt_entry(
     let node = crate::node::facts(cfg);
     let shared = plan::plan_shared(&entry.network, cfg, &node);
     let pod_plan = plan::plan_pod(cfg, &pod, &addrs);
-    if let Err(e) = crate::plugin::apply_pod(&shared, &pod_plan) {
+    if let Err(e) = crate::plugin::apply_pod(sock, &shared, &pod_plan) {
         return fail(format!("installing entries: {e}"));
     }
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {

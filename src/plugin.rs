@@ -149,7 +149,8 @@ fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
             env.ifname
         );
     }
-    apply_pod(&shared, &pod)?;
+    let mut sock = NfSocket::open()?;
+    apply_pod(&mut sock, &shared, &pod)?;
     info!(
         "installed {} for {}",
         pod.owner.hex(),
@@ -162,20 +163,46 @@ fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
     if cfg.conntrack.flush_on_add && !addrs.is_empty() {
         flush_conntrack(&addrs, "ADD");
     }
+    drop(sock);
     Ok(cni::passthrough(prev, conf.cni_version))
 }
 
 /// One locked read-modify-write: converge the network's shared objects and install `pod`,
 /// removing what an earlier ADD of the same attachment owned and no longer should.
-pub fn apply_pod(shared: &SharedPlan, pod: &plan::PodPlan) -> Result<()> {
-    let mut sock = NfSocket::open()?;
+///
+/// The shared objects are rewritten only when the kernel's differ from the plan (first ADD of a
+/// network, a config change, someone else's flush): the common ADD is a handful of element
+/// operations and leaves the network's rules, and the kernel's rule-release work, untouched.
+///
+/// The caller owns the socket: closing a netfilter netlink socket right after a commit waits
+/// for the kernel to free the transaction (an RCU grace period, several milliseconds), so ADD
+/// keeps it open across its conntrack walks, which hide that wait.
+pub fn apply_pod(sock: &mut NfSocket, shared: &SharedPlan, pod: &plan::PodPlan) -> Result<()> {
     let _lock = lock()?;
+    let current = check_shared(sock, shared).is_ok();
+    match apply_pod_locked(sock, shared, pod, !current) {
+        // The table vanished between the read and the commit (a flush by someone else).
+        Err(e) if current && e.errno() == Some(libc::ENOENT) => {
+            apply_pod_locked(sock, shared, pod, true)
+        }
+        r => r,
+    }
+}
+
+fn apply_pod_locked(
+    sock: &mut NfSocket,
+    shared: &SharedPlan,
+    pod: &plan::PodPlan,
+    converge: bool,
+) -> Result<()> {
     let names = &shared.names;
-    let mut tx = Tx::new(&mut sock);
-    tx.converge_shared(shared);
+    let mut tx = Tx::new(sock);
+    if converge {
+        tx.converge_shared(shared);
+    }
     // An earlier ADD of this attachment with other addresses: release what it owned.
     if let Some(old) = nft::get_element(
-        &mut sock,
+        sock,
         &names.set(SetKind::Pods),
         &encode::owner_key_bytes(&pod.owner.hex()),
     )? {
@@ -183,10 +210,10 @@ pub fn apply_pod(shared: &SharedPlan, pod: &plan::PodPlan) -> Result<()> {
             .into_iter()
             .filter(|a| !pod.addrs.contains(a))
             .collect();
-        release_addrs(&mut sock, &mut tx, names, pod.owner, &stale)?;
+        release_addrs(sock, &mut tx, names, pod.owner, &stale)?;
     }
     tx.add_pod(names, pod);
-    tx.commit(&mut sock)
+    tx.commit(sock)
 }
 
 /// Adds to `tx` the removal of `addrs` from the pod sets wherever `owner` still owns them.
@@ -232,31 +259,47 @@ fn cmd_del(env: &Env, conf: &NetConf) -> Result<()> {
         .as_ref()
         .and_then(|p| cni::pod_addresses(p, &env.ifname).ok())
         .unwrap_or_default();
-    let released = match remove_owner(&names, owner, &mut addrs) {
-        Ok(n) => n,
-        Err(e) if nft::is_unavailable(&e) => {
-            warn!("nf_tables is not available, nothing to remove: {e}");
-            0
-        }
+    let mut sock = match NfSocket::open() {
+        Ok(s) => Some(s),
+        Err(e) if nft::is_unavailable(&e) => None,
         Err(e) => return Err(e),
+    };
+    let released = match sock
+        .as_mut()
+        .map(|s| remove_owner(s, &names, owner, &mut addrs))
+    {
+        None => 0,
+        Some(r) => match r {
+            Ok(n) => n,
+            Err(e) if nft::is_unavailable(&e) => {
+                warn!("nf_tables is not available, nothing to remove: {e}");
+                0
+            }
+            Err(e) => return Err(e),
+        },
     };
     info!("removed {} entries of {}", released, owner.hex());
     if !addrs.is_empty() {
         flush_conntrack(&addrs, "DEL");
     }
+    drop(sock);
     Ok(())
 }
 
 /// Removes everything `owner` owns in a network; returns the number of elements removed and
 /// extends `addrs` with the addresses the kernel had recorded.
-pub fn remove_owner(names: &NetNames, owner: OwnerKey, addrs: &mut Vec<IpAddr>) -> Result<usize> {
-    let mut sock = NfSocket::open()?;
+pub fn remove_owner(
+    sock: &mut NfSocket,
+    names: &NetNames,
+    owner: OwnerKey,
+    addrs: &mut Vec<IpAddr>,
+) -> Result<usize> {
     let _lock = lock()?;
     let pods_set = names.set(SetKind::Pods);
     let key = encode::owner_key_bytes(&owner.hex());
-    let mut tx = Tx::new(&mut sock);
+    let mut tx = Tx::new(sock);
     let mut removed = 0;
-    if let Some(e) = nft::get_element(&mut sock, &pods_set, &key)? {
+    if let Some(e) = nft::get_element(sock, &pods_set, &key)? {
         for a in plan::addrs_from_comment(e.comment.as_deref().unwrap_or("")) {
             if !addrs.contains(&a) {
                 addrs.push(a);
@@ -266,9 +309,9 @@ pub fn remove_owner(names: &NetNames, owner: OwnerKey, addrs: &mut Vec<IpAddr>) 
         removed += 1;
     }
     let before = tx.len();
-    release_addrs(&mut sock, &mut tx, names, owner, addrs)?;
+    release_addrs(sock, &mut tx, names, owner, addrs)?;
     removed += tx.len() - before;
-    tx.commit(&mut sock)?;
+    tx.commit(sock)?;
     Ok(removed)
 }
 
@@ -300,10 +343,17 @@ pub fn check_shared(sock: &mut NfSocket, shared: &SharedPlan) -> Result<()> {
         }
     }
     let expected = shared.rule_comment();
+    let chains: HashSet<String> = nft::chain_names(sock)?.into_iter().collect();
+    let mut rules = nft::rule_comments_by_chain(sock)?;
     for c in plan::ChainKind::ALL {
         let chain = names.chain(c);
         let want = shared.rules_of(c).count();
-        match nft::rule_comments(sock, &chain)? {
+        let got = if chains.contains(&chain) {
+            Some(rules.remove(&chain).unwrap_or_default())
+        } else {
+            None
+        };
+        match got {
             None => {
                 return Err(Error::CheckFailed(format!(
                     "chain inet {} {chain} is missing",

@@ -313,6 +313,41 @@ pub fn rule_comments(sock: &mut NfSocket, chain: &str) -> Result<Option<Vec<Stri
     }
 }
 
+/// The comments of every rule of natguard's table, by chain, in one dump; empty when the table
+/// does not exist.
+pub fn rule_comments_by_chain(
+    sock: &mut NfSocket,
+) -> Result<std::collections::HashMap<String, Vec<String>>> {
+    let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+    let msgs = match sock.request_retry(
+        &|b| {
+            dump_rules(b, None);
+        },
+        "list rules",
+    ) {
+        Ok(m) => m,
+        Err(e) if e.errno() == Some(libc::ENOENT) => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for m in &msgs {
+        let a = m.nf_attrs();
+        if a.get(NFTA_RULE_TABLE).map(|t| t.str()) != Some(crate::plan::TABLE) {
+            continue;
+        }
+        let Some(chain) = a.get(NFTA_RULE_CHAIN) else {
+            continue;
+        };
+        let comment = a
+            .get(NFTA_RULE_USERDATA)
+            .and_then(|u| comment_of_udata(u.payload).map(str::to_string))
+            .unwrap_or_default();
+        out.entry(chain.str().to_string())
+            .or_default()
+            .push(comment);
+    }
+    Ok(out)
+}
+
 /// Names of natguard's chains; empty when the table does not exist.
 pub fn chain_names(sock: &mut NfSocket) -> Result<Vec<String>> {
     match sock.request_retry(
