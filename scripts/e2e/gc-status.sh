@@ -46,8 +46,9 @@ jq -e '.supportedVersions | index("1.1.0") != null' <<<"$out" >/dev/null || fail
 
 out=$(direct STATUS "$(conf11 "$NET")") || fail "STATUS on a working node failed: $out"
 [ -z "$out" ] || fail "STATUS succeeded but printed: $out"
+# root without CAP_NET_ADMIN (dropped from the bounding set before exec)
 out=$(in_node env -i PATH="$PATH" CNI_COMMAND=STATUS CNI_PATH=/usr/lib/cni \
-  setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all "$W/cni-bin/natguard" <<<"$(conf11 "$NET")" 2>/dev/null)
+  setpriv --bounding-set=-net_admin --inh-caps=-net_admin "$W/cni-bin/natguard" <<<"$(conf11 "$NET")" 2>/dev/null)
 rc=$?
 [ "$rc" -ne 0 ] && [ "$(jq -r .code <<<"$out" 2>/dev/null)" = 50 ] ||
   fail "STATUS without CAP_NET_ADMIN: want exit != 0 and code 50, got exit $rc: $out"

@@ -85,6 +85,8 @@ e2e_init() {
   trap _run_cleanup EXIT
   trap 'exit 130' INT TERM
   defer "rm -rf '$W'"
+  # natguard keeps its lock (and the installer its ready file) in /run/natguard
+  [ -e /run/natguard ] || defer "rm -f /run/natguard/lock /run/natguard/ready; rmdir /run/natguard"
 }
 
 # need CMD...: every prerequisite must be there; a missing one is a failure, never a skip.
@@ -258,7 +260,7 @@ assert_pod_installed() {
 # assert_pod_gone NET IP CID: nothing of the pod remains in natguard's table, in conntrack,
 # in host-local's IPAM store or in libcni's result cache.
 assert_pod_gone() {
-  local net=$1 ip=$2 cid=$3 t f ct
+  local net=$1 ip=$2 cid=$3 t ct
   t=$(nft_table)
   if grep -Eq "$(ip_re "$ip")" <<<"$t"; then
     fail "natguard's table still holds pod $ip: $(grep -E "$(ip_re "$ip")" <<<"$t")"
@@ -272,6 +274,13 @@ assert_pod_gone() {
     in_node conntrack -L --reply-dst "$ip" 2>/dev/null
   } | sort -u)
   [ -z "$ct" ] || fail "conntrack still holds flows of pod $ip: $ct"
+  assert_cni_state_gone "$net" "$ip" "$cid"
+  log "pod $ip ($cid) left nothing behind: nft, conntrack, IPAM, CNI cache"
+}
+
+# assert_cni_state_gone NET IP CID: host-local and libcni keep nothing of the pod
+assert_cni_state_gone() {
+  local net=$1 ip=$2 cid=$3 f
   [ -e "/var/lib/cni/networks/$net/$ip" ] && fail "host-local still reserves $ip (/var/lib/cni/networks/$net/$ip)"
   if [ -d "/var/lib/cni/networks/$net" ] && grep -rlq -- "$cid" "/var/lib/cni/networks/$net"; then
     fail "host-local still holds container $cid in /var/lib/cni/networks/$net"
@@ -280,7 +289,6 @@ assert_pod_gone() {
     [ -e "$f" ] || continue
     case $f in *"$cid"*) fail "CNI cache still holds $f" ;; esac
   done
-  log "pod $ip ($cid) left nothing behind: nft, conntrack, IPAM, CNI cache"
 }
 
 # --- files on the real root filesystem --------------------------------------------------------
@@ -299,17 +307,36 @@ mkdir_tracked() {
   [ ${#missing[@]} -eq 0 ] || mkdir -p "$1"
 }
 
-# put_file SRC DEST [MODE]: install SRC as DEST; at exit restore what DEST was (or remove it).
-put_file() {
-  local src=$1 dst=$2 mode=${3:-0644}
+# track_file PATH: at exit, put back what PATH is now (or remove PATH if it does not exist now)
+track_file() {
+  local dst=$1 saved
   mkdir_tracked "$(dirname "$dst")"
   if [ -e "$dst" ] || [ -L "$dst" ]; then
-    cp -a "$dst" "$W/saved.$(echo "$dst" | tr / _)"
-    defer "mv -f '$W/saved.$(echo "$dst" | tr / _)' '$dst'"
+    saved="$W/saved.$(echo "$dst" | tr / _)"
+    cp -a "$dst" "$saved"
+    defer "mv -f '$saved' '$dst'"
   else
     defer "rm -f '$dst'"
   fi
+}
+
+# put_file SRC DEST [MODE]: install SRC as DEST; at exit restore what DEST was (or remove it).
+put_file() {
+  local src=$1 dst=$2 mode=${3:-0644}
+  track_file "$dst"
   install -m "$mode" "$src" "$dst.ng-tmp" && mv -f "$dst.ng-tmp" "$dst" || fail "install $dst"
+}
+
+# link_plugin NAME...: make Debian's plugin NAME available in /opt/cni/bin (a symlink, removed
+# at exit) unless the node has one there already
+link_plugin() {
+  local n
+  mkdir_tracked /opt/cni/bin
+  for n in "$@"; do
+    [ -e "/opt/cni/bin/$n" ] && continue
+    ln -s "/usr/lib/cni/$n" "/opt/cni/bin/$n" || fail "ln -s /usr/lib/cni/$n /opt/cni/bin/$n"
+    defer "rm -f '/opt/cni/bin/$n'"
+  done
 }
 
 # cni_state_cleanup NET: at exit, remove what host-local and libcni keep for network NET.

@@ -11,6 +11,8 @@
 //! cri-client ip POD                              the pod's IPv4 address as CRI reports it
 //! cri-client stopp POD | rmp POD                 StopPodSandbox | RemovePodSandbox
 //! cri-client lsp                                 "id namespace/name state" per sandbox
+//! cri-client cniconfig                           the CNI configuration the runtime has loaded
+//!                                                (verbose Status, info["cniconfig"])
 //! cri-client run POD IMAGE CMD [ARG..]           create + start a container in POD, wait for
 //!                                                it, print its output, remove it, exit with
 //!                                                the container's exit code
@@ -27,7 +29,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 type Error = Box<dyn std::error::Error>;
 
-const USAGE: &str = "usage: cri-client version | runp NAME NAMESPACE UID [HOST:CTR[/udp]...] | ip POD | stopp POD | rmp POD | lsp | run POD IMAGE CMD [ARG...]";
+const USAGE: &str = "usage: cri-client version | runp NAME NAMESPACE UID [HOST:CTR[/udp]...] | ip POD | stopp POD | rmp POD | lsp | cniconfig | run POD IMAGE CMD [ARG...]";
 
 async fn connect(sock: String) -> Result<Channel, Error> {
     // The URI is ignored: every connection goes to the unix socket.
@@ -264,6 +266,17 @@ async fn real_main(args: Vec<String>) -> Result<i32, Error> {
                 let m = p.metadata.unwrap_or_default();
                 println!("{} {}/{} {}", p.id, m.namespace, m.name, p.state);
             }
+        }
+        "cniconfig" => {
+            let st = rt
+                .status(StatusRequest { verbose: true })
+                .await?
+                .into_inner();
+            let conf = st
+                .info
+                .get("cniconfig")
+                .ok_or("the runtime reports no cniconfig")?;
+            println!("{conf}");
         }
         "run" => {
             let (pod, image) = (arg(1)?, arg(2)?);
