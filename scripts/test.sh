@@ -83,7 +83,7 @@ set -e
 say "cargo test summary"
 # One line per test binary: its name and cargo's "test result:" line.
 awk '
-  /^ *Running / { name = $2; next }
+  /^ *Running / { name = ($2 == "unittests") ? "unit tests " $3 : $2; next }
   /^ *Doc-tests / { name = "doc-tests " $2; next }
   /^test result:/ { printf "%-45s %s\n", name, $0; n++ }
   END { if (n == 0) print "(no test results: the build failed)" }

@@ -125,60 +125,24 @@ fn baseline_topology_without_natguard() {
     assert_sees(&pod, REMOTE_OUT4, pod.v4);
     assert_sees(&pod, REMOTE_OUT6, pod.v6);
     assert_sees(&pod, REMOTE_IN4, pod.v4);
+    assert_eq!(w.table(), None, "no natguard here");
 
-    w.on_node(&[
-        "iptables-nft",
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "!",
-        "-d",
-        "10.244.0.0/16",
-        "-j",
-        "MASQUERADE",
-    ]);
-    w.on_node(&[
-        "ip6tables-nft",
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "!",
-        "-d",
-        "fd00:10:244::/48",
-        "-j",
-        "MASQUERADE",
-    ]);
+    w.on_node("iptables-nft -t nat -A POSTROUTING ! -d 10.244.0.0/16 -j MASQUERADE");
+    w.on_node("ip6tables-nft -t nat -A POSTROUTING ! -d fd00:10:244::/48 -j MASQUERADE");
     assert_sees(&pod, REMOTE_IN4, NODE_IN4);
     assert_sees(&pod, REMOTE_IN6, NODE_IN6);
-    w.on_node(&["iptables-nft", "-t", "nat", "-F", "POSTROUTING"]);
-    w.on_node(&["ip6tables-nft", "-t", "nat", "-F", "POSTROUTING"]);
+    // With a nat rule loaded, the node tracks the pod's flows (conntrack_count works).
+    let flows = conntrack_count(&w.node, &["-s", &pod.v4.to_string()]);
+    assert!(
+        flows >= 2,
+        "expected the pod's flows in the node's conntrack, got {flows}"
+    );
+    assert_eq!(conntrack_count(&w.node, &["-s", "192.0.2.99"]), 0);
+    w.on_node("iptables-nft -t nat -F POSTROUTING");
+    w.on_node("ip6tables-nft -t nat -F POSTROUTING");
 
-    w.on_node(&[
-        "iptables-legacy",
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "!",
-        "-d",
-        "10.244.0.0/16",
-        "-j",
-        "MASQUERADE",
-    ]);
-    w.on_node(&[
-        "ip6tables-legacy",
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "!",
-        "-d",
-        "fd00:10:244::/48",
-        "-j",
-        "MASQUERADE",
-    ]);
+    w.on_node("iptables-legacy -t nat -A POSTROUTING ! -d 10.244.0.0/16 -j MASQUERADE");
+    w.on_node("ip6tables-legacy -t nat -A POSTROUTING ! -d fd00:10:244::/48 -j MASQUERADE");
     assert_sees(&pod, REMOTE_IN4, NODE_IN4);
     assert_sees(&pod, REMOTE_IN6, NODE_IN6);
 
@@ -303,30 +267,12 @@ fn masquerade_disabled_keeps_pod_source_everywhere() {
 }
 
 fn other_masquerade(w: &World, v4: &str, v6: &str) {
-    w.on_node(&[
-        v4,
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "!",
-        "-d",
-        "10.244.0.0/16",
-        "-j",
-        "MASQUERADE",
-    ]);
-    w.on_node(&[
-        v6,
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "!",
-        "-d",
-        "fd00:10:244::/48",
-        "-j",
-        "MASQUERADE",
-    ]);
+    w.on_node(&format!(
+        "{v4} -t nat -A POSTROUTING ! -d 10.244.0.0/16 -j MASQUERADE"
+    ));
+    w.on_node(&format!(
+        "{v6} -t nat -A POSTROUTING ! -d fd00:10:244::/48 -j MASQUERADE"
+    ));
 }
 
 /// kubenet-style `! -d <x> -j MASQUERADE` in iptables-nft, installed before and after natguard.
@@ -359,8 +305,7 @@ fn identity_snat_beats_bridge_ipmasq() {
     let chain = w.chain(list);
     let pod = w.add_pod(&chain, "pod", "default");
     assert!(
-        w.on_node(&["iptables-nft-save", "-t", "nat"])
-            .contains("MASQUERADE"),
+        w.on_node("iptables-nft-save -t nat").contains("MASQUERADE"),
         "bridge ipMasq installed no MASQUERADE rule"
     );
     assert_masquerade_policy(&pod);
@@ -381,38 +326,10 @@ fn kube_proxy_masquerade_mark_is_not_exempted() {
     ] {
         let (src, dst) = (pod_ip.to_string(), remote.to_string());
         // KUBE-MARK-MASQ for TCP only, then KUBE-POSTROUTING's MASQUERADE of marked packets.
-        w.on_node(&[
-            ipt,
-            "-t",
-            "nat",
-            "-A",
-            "PREROUTING",
-            "-s",
-            &src,
-            "-d",
-            &dst,
-            "-p",
-            "tcp",
-            "--dport",
-            &port,
-            "-j",
-            "MARK",
-            "--set-xmark",
-            "0x4000/0x4000",
-        ]);
-        w.on_node(&[
-            ipt,
-            "-t",
-            "nat",
-            "-A",
-            "POSTROUTING",
-            "-m",
-            "mark",
-            "--mark",
-            "0x4000/0x4000",
-            "-j",
-            "MASQUERADE",
-        ]);
+        w.on_node(&format!("{ipt} -t nat -A PREROUTING -s {src} -d {dst} -p tcp --dport {port} -j MARK --set-xmark 0x4000/0x4000"));
+        w.on_node(&format!(
+            "{ipt} -t nat -A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE"
+        ));
     }
     for (remote, node_ip, pod_ip) in [
         (REMOTE_IN4, NODE_IN4, pod.v4),
@@ -730,7 +647,7 @@ fn check_fails_when_kernel_state_is_missing() {
     let pod = w.add_pod(&chain, "pod", "default");
     ok(chain.check(&pod.att), "CHECK after ADD");
 
-    w.on_node(&["nft", "flush", "chain", "inet", "natguard", "ngnet-dnat"]);
+    w.on_node("nft flush chain inet natguard ngnet-dnat");
     let e = chain
         .check(&pod.att)
         .expect_err("CHECK must fail when the dnat chain was flushed");
@@ -740,7 +657,7 @@ fn check_fails_when_kernel_state_is_missing() {
         "not a CNI error: {e}"
     );
 
-    w.on_node(&["nft", "delete", "table", "inet", "natguard"]);
+    w.on_node("nft delete table inet natguard");
     let e = chain
         .check(&pod.att)
         .expect_err("CHECK must fail when the table is gone");

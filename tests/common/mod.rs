@@ -1647,9 +1647,11 @@ impl World {
         nft_table(&self.node)
     }
 
-    /// Runs a command in the node namespace (e.g. an iptables rule of another component).
-    pub fn on_node(&self, args: &[&str]) -> String {
-        self.node.run(args)
+    /// Runs a command line (split on whitespace) in the node namespace, e.g. an iptables rule
+    /// of another component.
+    pub fn on_node(&self, cmdline: &str) -> String {
+        let args: Vec<&str> = cmdline.split_whitespace().collect();
+        self.node.run(&args)
     }
 
     /// Stops the node-local proxy.
