@@ -314,7 +314,7 @@ fn gc_and_status_need_1_1_0() {
 }
 
 #[test]
-fn invalid_config_fails_every_verb_in_every_version() {
+fn invalid_config_fails_add_check_gc_and_status_in_every_version() {
     let bad = [
         (
             json!({"masquerade":{"nonMasqueradeCidrs":["10.0.0.0/8"]}}),
@@ -328,7 +328,10 @@ fn invalid_config_fails_every_verb_in_every_version() {
         (json!({"name":"has space"}), "name"),
         (json!({"name":7}), "name"),
     ];
-    for verb in VERBS {
+    // Not DEL: a DEL that fails keeps the runtime from running the primary plugin's DEL, and
+    // DEL needs only the network name and the attachment to clean up. What DEL answers to a
+    // broken natguard section is tested where DEL may touch the kernel.
+    for verb in ["ADD", "CHECK", "GC", "STATUS"] {
         for v in VERSIONS {
             for (extra, needle) in &bad {
                 let r = run(&env_for(verb), Some(&conf(v, extra.clone())));
