@@ -66,7 +66,7 @@ probe() {
 cri_loaded() {
   local i
   for i in $(seq 100); do
-    if cri cniconfig | grep -q '\\"type\\":\\"natguard\\"\|"type":"natguard"\|natguard'; then
+    if cri cniconfig | grep -q natguard; then
       [ "$1" = with ] && return 0
     else
       [ "$1" = without ] && return 0

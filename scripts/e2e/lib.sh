@@ -475,7 +475,7 @@ cnitool_bin() {
   [ -d "$src" ] || fail "prerequisite missing: $src (apt-get install golang-github-appc-cni-dev)"
   if [ ! -x "$W/cnitool" ]; then
     (cd "$REPO/tests/cnitool" && GO111MODULE=off GOPATH=/usr/share/gocode GOFLAGS= \
-      GOCACHE="${GOCACHE:-/tmp/ng-e2e-gocache}" go build -o "$W/cnitool" .) >&2 || fail "go build tests/cnitool"
+      GOCACHE="$W/gocache" go build -o "$W/cnitool" .) >&2 || fail "go build tests/cnitool"
   fi
   echo "$W/cnitool"
 }

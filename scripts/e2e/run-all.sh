@@ -24,7 +24,7 @@ if [ -z "${NATGUARD_BIN:-}" ]; then
   (cd "$REPO" && cargo build --release -q) >"$LOGS/build.log" 2>&1 || build_ok=0
 fi
 (cd "$REPO/tests/cri-client" && cargo build --release -q) >>"$LOGS/build.log" 2>&1 || build_ok=0
-echo "e2e: built natguard and tests/cri-client in $(secs "$t0")s (logs in $LOGS)"
+echo "e2e: built natguard and tests/cri-client in $(secs "$t0")s (logs in $LOGS, kept if a test fails)"
 
 for t in $TESTS; do
   t0=$(now)
@@ -43,5 +43,9 @@ for t in $TESTS; do
     failed=$((failed + 1))
   fi
 done
+# keep the logs of a failed run (or when asked to); a clean run leaves nothing behind
+if [ "$failed" -eq 0 ] && [ -z "${NG_E2E_LOG_DIR:-}" ]; then
+  rm -rf "$LOGS"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
