@@ -155,21 +155,25 @@ fn baseline_topology_without_natguard() {
 /// namespaces.
 #[test]
 fn harness_cleans_up_even_on_panic() {
-    let names = std::sync::Arc::new(std::sync::Mutex::new((String::new(), 0u32)));
-    let inner = names.clone();
+    type Seen = (String, u32, std::path::PathBuf);
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<Seen>));
+    let inner = seen.clone();
     let r = std::panic::catch_unwind(move || {
         let h = Harness::new("cleanup");
         let ns = h.netns("a");
         let server = h.http_server(&ns, 8080, "x");
-        *inner.lock().unwrap() = (ns.path(), server.pids[0]);
+        *inner.lock().unwrap() = Some((ns.path(), server.pids[0], h.dir().to_path_buf()));
         panic!("deliberate");
     });
     assert!(r.is_err());
-    let (path, pid) = names.lock().unwrap().clone();
+    let (path, pid, dir) = seen.lock().unwrap().clone().expect("harness ran");
     assert!(!std::path::Path::new(&path).exists(), "{path} still exists");
     // SAFETY: signal 0 only checks for existence.
     let alive = unsafe { libc::kill(pid as libc::pid_t, 0) } == 0;
     assert!(!alive, "server {pid} still running");
+    // The test files are kept after a failure, for inspection.
+    assert!(dir.exists());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -314,10 +318,14 @@ fn identity_snat_beats_bridge_ipmasq() {
 }
 
 /// Traffic kube-proxy marked for masquerade (0x4000) is masqueraded even towards
-/// nonMasqueradeCIDRs; unmarked traffic to the same host keeps the pod source.
+/// nonMasqueradeCIDRs; unmarked traffic to the same host keeps the pod source, although another
+/// component's MASQUERADE rule would rewrite it.
 #[test]
 fn kube_proxy_masquerade_mark_is_not_exempted() {
     let (w, chain) = world("kp-mark", "1.0.0", json!({}));
+    // Another component masquerades everything (so unmarked traffic keeps the pod source only
+    // thanks to natguard), and kube-proxy masquerades what it marked.
+    other_masquerade(&w, "iptables-nft", "ip6tables-nft");
     let pod = w.add_pod(&chain, "pod", "default");
     let port = WHOAMI_PORT.to_string();
     for (ipt, remote, pod_ip) in [
@@ -441,6 +449,7 @@ fn add_twice_then_del_leaves_nothing() {
 fn del_twice_succeeds() {
     let (w, chain) = world("del-twice", "1.0.0", json!({}));
     let pod = w.add_pod(&chain, "pod", "default");
+    assert_installed(&w, &pod);
     let cached = chain.cached_result(&pod.att).expect("cached result");
     ok(chain.del(&pod.att), "first DEL");
     assert_no_trace(&w, &pod);
@@ -499,6 +508,7 @@ fn del_without_prev_result_removes_pod() {
 fn del_with_empty_netns_removes_pod() {
     let (w, chain) = world("del-nonetns", "1.0.0", json!({}));
     let pod = w.add_pod(&chain, "pod", "default");
+    assert_installed(&w, &pod);
     ok(
         chain.del_with(
             &pod.att,
@@ -517,6 +527,7 @@ fn del_with_empty_netns_removes_pod() {
 fn del_without_prev_result_and_netns_removes_pod() {
     let (w, chain) = world("del-nothing", "1.0.0", json!({}));
     let pod = w.add_pod(&chain, "pod", "default");
+    assert_installed(&w, &pod);
     w.h.delete_netns(&pod.ns);
     ok(
         chain.del_with(

@@ -43,9 +43,13 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Every CNI spec version that real conflists use and natguard supports.
 pub const CNI_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
-/// The natguard binary under test.
+/// The natguard binary under test: `$NATGUARD_BIN` if set (e.g. the static release build),
+/// else the binary cargo built for this test run.
 pub fn natguard_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_natguard"))
+    match std::env::var_os("NATGUARD_BIN") {
+        Some(p) if !p.is_empty() => PathBuf::from(p),
+        _ => PathBuf::from(env!("CARGO_BIN_EXE_natguard")),
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
