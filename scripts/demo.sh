@@ -15,7 +15,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 
-bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+if [ -t 1 ]; then
+  bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
+else
+  bold() { printf '\n== %s\n' "$*"; }
+fi
 die() {
   printf 'scripts/demo.sh: %s\n' "$*" >&2
   exit 1
