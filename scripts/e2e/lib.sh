@@ -19,7 +19,7 @@
 #
 # Environment:
 #   NATGUARD_BIN  plugin binary (default: target/x86_64-unknown-linux-gnu/release/natguard,
-#                 then .../debug/natguard; built with `cargo build --release` if neither exists)
+#                 brought up to date with `cargo build --release`)
 #   NG_E2E_KEEP=1 on failure, keep everything for inspection until $W/.keep is removed
 set -u -o pipefail
 
@@ -107,19 +107,17 @@ in_ns() {
   nsenter --net="/run/netns/$ns" "$@" 9>&-
 }
 
-# natguard_bin: path of the plugin binary under test (built if absent).
+# natguard_bin: path of the plugin binary under test: $NATGUARD_BIN, or the release build
+# (cargo build --release first: a no-op when up to date, and never a stale binary)
 natguard_bin() {
-  local b
   if [ -n "${NATGUARD_BIN:-}" ]; then
     [ -x "$NATGUARD_BIN" ] || fail "NATGUARD_BIN=$NATGUARD_BIN is not executable"
     echo "$NATGUARD_BIN"
     return
   fi
-  for b in "$REPO/target/x86_64-unknown-linux-gnu/release/natguard" "$REPO/target/x86_64-unknown-linux-gnu/debug/natguard"; do
-    [ -x "$b" ] && { echo "$b"; return; }
-  done
-  log "building natguard (cargo build --release)"
+  need cargo
   (cd "$REPO" && cargo build --release -q) >&2 || fail "cargo build --release"
+  [ -x "$REPO/target/x86_64-unknown-linux-gnu/release/natguard" ] || fail "no release binary after cargo build"
   echo "$REPO/target/x86_64-unknown-linux-gnu/release/natguard"
 }
 
@@ -273,8 +271,8 @@ assert_pod_gone() {
     in_node conntrack -L --reply-src "$ip" 2>/dev/null
     in_node conntrack -L --reply-dst "$ip" 2>/dev/null
   } | sort -u)
-  [ -z "$ct" ] || fail "conntrack still holds flows of pod $ip: $ct"
   assert_cni_state_gone "$net" "$ip" "$cid"
+  [ -z "$ct" ] || fail "conntrack still holds flows of pod $ip (natguard's DEL must delete them): $ct"
   log "pod $ip ($cid) left nothing behind: nft, conntrack, IPAM, CNI cache"
 }
 

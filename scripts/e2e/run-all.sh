@@ -1,6 +1,7 @@
 #!/bin/bash
 # scripts/e2e/run-all.sh [NAME...]: natguard's end-to-end tests through real CNI consumers,
-# one after the other (they share /etc/cni/net.d, /opt/cni/bin and /var/lib/cni).
+# one after the other (they share /etc/cni/net.d, /opt/cni/bin and /var/lib/cni). NAME is a
+# script of this directory without .sh; default: every one that calls e2e_init.
 # Prints one line per test, "e2e NAME: PASS (Ns)" or "e2e NAME: FAIL (Ns)" followed by the
 # end of its log, then "N passed, M failed". Exit status 0 only if every test passed.
 # Needs root. Builds natguard (cargo build --release) and tests/cri-client first.
@@ -8,7 +9,14 @@
 set -u -o pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-ALL="libcni gc-status ctr containerd-cri podman image-e2e install-live"
+# Every executable scripts/e2e/*.sh that calls e2e_init is a test: these first, in this
+# order, then any other in name order.
+ORDER="libcni gc-status ctr containerd-cri podman install-live"
+found=$(for f in "$HERE"/*.sh; do
+  [ -x "$f" ] && grep -q '^e2e_init ' "$f" && basename "$f" .sh
+done)
+ALL=$(for t in $ORDER; do grep -qx "$t" <<<"$found" && echo "$t"; done
+  grep -vxF "$(tr ' ' '\n' <<<"$ORDER")" <<<"$found")
 TESTS=${*:-$ALL}
 LOGS=${NG_E2E_LOG_DIR:-$(mktemp -d /tmp/ng-e2e-logs.XXXXXX)}
 mkdir -p "$LOGS"
