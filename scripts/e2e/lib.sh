@@ -53,7 +53,8 @@ defer() { CLEANUP+=("$*"); }
 
 _run_cleanup() {
   local rc=$? i
-  trap - EXIT INT TERM
+  trap - EXIT
+  trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
   if [ "$rc" -ne 0 ] && [ "${NG_E2E_KEEP:-0}" = 1 ]; then
     touch "$W/.keep"
     log "NG_E2E_KEEP=1: everything is left in place for inspection; rm $W/.keep to clean up"
