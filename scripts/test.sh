@@ -95,27 +95,8 @@ awk '
 # An end-to-end layer is an executable scripts/e2e/*.sh that calls `e2e_init` (helpers such as
 # lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
 # Add other kinds of layers (benchmarks with assertions, ...) below in the same way.
-layers=()
-for f in scripts/e2e/*.sh; do
-  [ -f "$f" ] && [ -x "$f" ] && grep -q '^e2e_init ' "$f" && layers+=("$f")
-done
-if ((${#layers[@]})); then
-  for f in "${layers[@]}"; do
-    say "$f"
-    start=$(date +%s)
-    if "$REPO/$f" </dev/null; then
-      printf '%-45s ok (%ss)\n' "$f" "$(($(date +%s) - start))" >>"$log.layers"
-    else
-      printf '%-45s FAILED (%ss)\n' "$f" "$(($(date +%s) - start))" >>"$log.layers"
-      FAILED+=("$f")
-    fi
-  done
-  say "end-to-end layers"
-  cat "$log.layers"
-  rm -f "$log.layers"
-else
-  say "end-to-end layers: none in scripts/e2e/"
-fi
+say "end-to-end: scripts/e2e/run-all.sh"
+scripts/e2e/run-all.sh </dev/null || FAILED+=("e2e (scripts/e2e/run-all.sh)")
 
 # ---- result ------------------------------------------------------------------------------------
 if ((${#FAILED[@]})); then
