@@ -359,6 +359,32 @@ impl Harness {
         }
     }
 
+    /// HTTP/1.1 responder answering every request with `body`, keeping the connection open
+    /// between requests like a cloud metadata API (`tests/common/http_keepalive.py`; IPv4 and
+    /// IPv6). One-shot clients ([`http_get`]) get their answer and a close, as from
+    /// [`Harness::http_server`].
+    pub fn keepalive_http_server(&self, ns: &Netns, port: u16, body: &str) -> Server {
+        require_tools(&["python3"]);
+        let label = format!("keepalive-{}-{port}", role_of(ns));
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/http_keepalive.py");
+        let pid = self.spawn(
+            ns,
+            &label,
+            &[
+                "python3",
+                "-u",
+                script.to_str().expect("utf-8 path"),
+                &port.to_string(),
+                body,
+            ],
+        );
+        wait_listening(ns, "tcp", port, 1);
+        Server {
+            label,
+            pids: vec![pid],
+        }
+    }
+
     /// "Who am I" server on `port`: TCP and UDP, IPv4 and IPv6. The client sends one line; the
     /// reply is the client's
     /// source address as this server sees it, e.g. `10.244.0.2` or
@@ -1661,6 +1687,20 @@ impl World {
     /// Stops the node-local proxy.
     pub fn stop_proxy(&self) {
         self.h.stop(&self.proxy);
+    }
+
+    /// Replaces the cloud metadata server and the node-local proxy with keep-alive servers
+    /// ([`Harness::keepalive_http_server`]; same bodies "cloud" and "proxy", same ports), for
+    /// tests whose clients reuse one connection.
+    pub fn use_keepalive_servers(&mut self) {
+        self.h.stop(&self.cloud_http);
+        self.h.stop(&self.proxy);
+        self.cloud_http = self
+            .h
+            .keepalive_http_server(&self.cloud, HTTP_PORT, "cloud");
+        self.proxy = self
+            .h
+            .keepalive_http_server(&self.node, PROXY_PORT, "proxy");
     }
 
     fn dump(&self) {
