@@ -502,3 +502,52 @@ probe_in() {
   fi
   nsenter --net="$1" env PATH="$W/bb" sh -c "$PROBE" 9>&-
 }
+
+# --- long-lived connections (HTTP/1.1 keep-alive) ------------------------------------------------
+
+# keepalive_servers: replace the world's proxy (node :8181) and cloud (:80) servers, busybox
+# httpd that closes every connection after one answer, by keep-alive HTTP/1.1 servers that
+# answer the same words (scripts/e2e/keepalive.py), for clients that keep one connection open
+# across a change of policy. Call after world_up.
+keepalive_servers() {
+  need python3 socat
+  _keepalive_server "$NODE" "0.0.0.0:$PROXY_PORT" proxy "$NODE_IP:$PROXY_PORT"
+  _keepalive_server "$CLOUD" 0.0.0.0:80 cloud "$METADATA_IP:80"
+  log "proxy and cloud servers keep connections open (HTTP/1.1 keep-alive)"
+}
+
+# _keepalive_server NS ADDR:PORT WORD CHECK_ADDR:PORT
+_keepalive_server() {
+  local ns=$1 spec=$2 word=$3 check=$4 p i n
+  # world_up's busybox httpd for this port (it runs alone in its netns with that command line)
+  for p in $(ip netns pids "$ns"); do
+    if [[ "$(tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null)" == *"httpd -f -p $spec "* ]]; then
+      kill "$p"
+      for i in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+      kill -0 "$p" 2>/dev/null && fail "busybox httpd $p ($ns $spec) did not stop"
+    fi
+  done
+  nsenter --net="/run/netns/$ns" python3 "$E2E_DIR/keepalive.py" serve "$spec" "$word" \
+    >>"$W/keepalive-$ns.log" 2>&1 9>&- &
+  defer "kill $!"
+  # two requests on one connection, two answers (bounded)
+  for i in $(seq 50); do
+    n=$(printf 'GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n' |
+      in_node timeout 3 socat -t 1 - "TCP:$check" 2>/dev/null | grep -c "^$word" || true)
+    [ "$n" = 2 ] && return 0
+    sleep 0.1
+  done
+  fail "keep-alive server $ns $spec: no two answers '$word' on one connection from the node ($(cat "$W/keepalive-$ns.log"))"
+}
+
+# keepalive_client NETNS_PATH LOG: scripts/e2e/keepalive.py's client in a pod's netns, keeping
+# one connection to 169.254.169.254:80 (a request every 0.5 s; see keepalive.py for LOG's
+# format); stopped at exit. Its pid goes to KEEPALIVE_PID.
+KEEPALIVE_PID=""
+keepalive_client() {
+  need python3
+  nsenter --net="$1" python3 "$E2E_DIR/keepalive.py" client "$METADATA_IP:80" "$2" \
+    >>"$2.stderr" 2>&1 9>&- &
+  KEEPALIVE_PID=$!
+  defer "kill $KEEPALIVE_PID"
+}
