@@ -1058,6 +1058,14 @@ fn judge(row: &Row, out: &Output) -> Result<(), String> {
             out.status.code()
         ));
     }
+    // Runtimes put the reply in their own logs and events: it must stay short, whatever the input.
+    if out.stdout.len() > 4096 {
+        return Err(format!(
+            "reply of {} bytes; errors must not echo unbounded input: {}...",
+            out.stdout.len(),
+            short(&stdout)
+        ));
+    }
     let mut it = serde_json::Deserializer::from_slice(&out.stdout).into_iter::<Value>();
     let v = match it.next() {
         Some(Ok(v)) if v.is_object() => v,
