@@ -9,7 +9,10 @@
 # The pods are attached the way a container runtime does it: the conflist's plugins (Debian's
 # bridge + host-local, then natguard with its built-in defaults; only exemptNamespaces is set)
 # are run in order with each result passed on as the next plugin's prevResult, and removed in
-# reverse order at the end. Run as root on Debian 12; everything is removed on exit.
+# reverse order at the end. Step 4 attaches one more pod ("late", on bridge cni1) through a
+# conflist without natguard, lets it open a keep-alive connection to the real metadata server,
+# then adds natguard to that conflist and runs `natguard adopt`. Run as root on Debian 12;
+# everything is removed on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,7 +30,7 @@ die() {
 [ "$(id -u)" -eq 0 ] || die "must run as root: it creates network namespaces (try: sudo $0)"
 
 # ---- what it needs -----------------------------------------------------------------------------
-PACKAGES=(containernetworking-plugins nftables conntrack iproute2 util-linux jq socat busybox-static)
+PACKAGES=(containernetworking-plugins nftables conntrack iproute2 util-linux jq socat busybox-static python3)
 missing=()
 for p in "${PACKAGES[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
@@ -117,10 +120,8 @@ wait_port() {
   die "no listener on $2 port $3 in $1"
 }
 
-http_server() { # NS PORT BODY
-  mkdir -p "$W/www-$1-$2"
-  echo "$3" >"$W/www-$1-$2/index.html"
-  start "$1" busybox httpd -f -p "$2" -h "$W/www-$1-$2"
+http_server() { # NS PORT BODY: HTTP/1.1 with keep-alive, like a cloud metadata API
+  start "$1" python3 -u "$REPO/tests/common/http_keepalive.py" "$2" "$3"
   wait_port "$1" tcp "$2" 1
 }
 
@@ -279,11 +280,118 @@ echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards
 bold "3. nft list table inet natguard (in the node namespace)"
 in_ns "$NODE" nft list table inet natguard
 
-# Issue 3: a flow the pod opened before natguard's rules existed keeps its old NAT binding in
-# conntrack; natguard's ADD removes such entries. This step will show that race and its cure.
+# The startup race: a pod that opened its metadata connection before natguard's rules existed
+# keeps talking to the real server over it (conntrack has the flow, so the later DNAT never
+# applies). `natguard adopt` brings such pods under policy from the runtimes' CNI result cache.
+KEEPALIVE_CLIENT='
+import socket, sys, time
+
+def recv(s):
+    data = s.recv(4096)
+    if not data:
+        raise ConnectionError("closed by the server")
+    return data
+
+def answer(s):
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += recv(s)
+    head, body = buf.split(b"\r\n\r\n", 1)
+    length = [int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")][0]
+    while len(body) < length:
+        body += recv(s)
+    return body.decode().strip()
+
+n, s = 0, None
+while True:
+    if s is None:
+        try:
+            s = socket.create_connection((sys.argv[1], 80), timeout=5)
+        except OSError as e:
+            print(f"  connect failed: {e}", flush=True)
+            time.sleep(0.2)
+            continue
+        n += 1
+        print(f"  connection #{n} opened (local port {s.getsockname()[1]})", flush=True)
+    try:
+        s.sendall(b"GET / HTTP/1.1\r\nHost: metadata\r\nConnection: keep-alive\r\n\r\n")
+        body = answer(s)
+    except OSError as e:
+        print(f"  connection #{n} lost: {e}", flush=True)
+        s.close()
+        s = None
+        continue
+    now = time.strftime("%H:%M:%S")
+    print(f"  {now} request on connection #{n}: answered by {body}", flush=True)
+    time.sleep(0.2)
+'
+
+# wait_answers FILE FROM_LINE COUNT: until COUNT answers follow line FROM_LINE of FILE (bounded)
+wait_answers() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    [ "$(tail -n +"$(($2 + 1))" "$1" | grep -c 'answered by' || true)" -ge "$3" ] && return 0
+    sleep 0.1
+  done
+  cat "$1" >&2
+  die "the pod's client got fewer than $3 answers"
+}
+
 demo_conntrack_race() {
-  bold "4. conntrack race"
-  echo "  (not part of this demo yet)"
+  bold "4. the startup race: a pod that predates natguard, then natguard adopt"
+  local late=$W/late.conflist netconf=$W/net.d cache=$W/cni-results
+  local ns=$P-late cid=cid-legacy log=$W/client.log mark client saved ip4
+  jq -n --arg dir "$W/ipam-late" '{
+    cniVersion: "1.0.0",
+    name: "late",
+    plugins: [
+      { type: "bridge", bridge: "cni1", isGateway: true, ipMasq: false, hairpinMode: true,
+        ipam: { type: "host-local", dataDir: $dir,
+                ranges: [[{ subnet: "10.244.1.0/24" }], [{ subnet: "fd00:10:244:1::/64" }]],
+                routes: [{ dst: "0.0.0.0/0" }, { dst: "::/0" }] } }
+    ]
+  }' >"$late"
+  ALL_NS+=("$ns")
+  netns "$ns"
+  # Attached by network "late", whose conflist does not list natguard yet. The pod's DEL at
+  # the end goes through the list with natguard; on an early exit its namespace just goes.
+  saved=("${ATTACHED[@]}")
+  LIST=$late cni_add "$cid" "$ns" default legacy
+  ATTACHED=("${saved[@]}")
+  # The runtime's CNI result cache entry for it (libcni's format, as in /var/lib/cni/results).
+  mkdir -p "$cache"
+  jq -n --arg cid "$cid" --arg ns "/run/netns/$ns" --rawfile conf "$late" \
+    --slurpfile result "$W/result-$cid" '{
+      kind: "cniCacheV1", containerId: $cid, config: ($conf | @base64), ifName: "eth0",
+      networkName: "late", netns: $ns, result: $result[0],
+      cniArgs: [["IgnoreUnknown", "1"], ["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", "legacy"]]
+    }' >"$cache/late-$cid-eth0"
+  ip4=$(pod_ip "$cid" 4)
+  echo "pod default/legacy $ip4 on network \"late\" (bridge + host-local, no natguard)"
+
+  echo "its client keeps ONE keep-alive connection to http://169.254.169.254/, a request every 200 ms:"
+  setsid nsenter --net="/run/netns/$ns" -- python3 -u -c "$KEEPALIVE_CLIENT" 169.254.169.254 \
+    </dev/null >"$log" 2>&1 &
+  client=$!
+  PIDS+=("$client")
+  wait_answers "$log" 0 3
+  head -n 4 "$log"
+  echo "the node's conntrack entry of that connection (not DNATed: the reply comes from 169.254.169.254):"
+  in_ns "$NODE" conntrack -L -p tcp -s "$ip4" --orig-dst 169.254.169.254 2>/dev/null | sed 's/^/  /'
+
+  bold "   natguard is added to network \"late\"'s conflist; natguard adopt"
+  mkdir -p "$netconf"
+  jq '.plugins += [{ type: "natguard" }]' "$late" >"$netconf/10-late.conflist"
+  mark=$(wc -l <"$log")
+  in_ns "$NODE" "$BIN" adopt --cache-dir "$cache" --netconf-dir "$netconf" | sed 's/^/  /'
+  wait_answers "$log" "$mark" 3
+  echo "the same client, from the moment adopt started (a request in flight may still get \"cloud\"):"
+  tail -n +"$((mark + 1))" "$log" | head -n 6
+  echo "the node's conntrack entries of the pod now (the open one is DNATed: its reply comes from 11.0.0.1:8181):"
+  in_ns "$NODE" conntrack -L -p tcp -s "$ip4" --orig-dst 169.254.169.254 2>/dev/null | sed 's/^/  /'
+
+  kill -- "-$client" 2>/dev/null || true
+  LIST=$netconf/10-late.conflist cni_del "$cid" "$ns" default legacy || die "DEL of default/legacy failed"
 }
 demo_conntrack_race
 
