@@ -274,6 +274,7 @@ pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
         Some(_) => return Err(Error::Decode("prevResult.ips: expected an array".into())),
     };
     let mut out = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for (i, ip) in ips.iter().enumerate() {
         let p = format!("prevResult.ips[{i}]");
         let o = ip
@@ -285,16 +286,21 @@ pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
             .ok_or_else(|| Error::Decode(format!("{p}.address: missing or not a string")))?;
         let (a, plen) = addr.split_once('/').ok_or_else(|| {
             Error::Decode(format!(
-                "{p}.address: {addr:?} is not an address with a prefix length"
+                "{p}.address: {:?} is not an address with a prefix length",
+                truncate(addr, 64)
             ))
         })?;
-        let a: IpAddr = a
-            .parse()
-            .map_err(|_| Error::Decode(format!("{p}.address: {addr:?} is not an IP address")))?;
+        let a: IpAddr = a.parse().map_err(|_| {
+            Error::Decode(format!(
+                "{p}.address: {:?} is not an IP address",
+                truncate(addr, 64)
+            ))
+        })?;
         let max = if a.is_ipv4() { 32 } else { 128 };
         if !matches!(plen.parse::<u8>(), Ok(l) if l <= max) {
             return Err(Error::Decode(format!(
-                "{p}.address: {addr:?} has an invalid prefix length"
+                "{p}.address: {:?} has an invalid prefix length",
+                truncate(addr, 64)
             )));
         }
         let on_ifname = match o.get("interface") {
@@ -320,7 +326,7 @@ pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
                 )))
             }
         };
-        if on_ifname && !out.contains(&a) {
+        if on_ifname && seen.insert(a) {
             out.push(a);
         }
     }
@@ -344,7 +350,8 @@ pub fn validate_prev_result(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
             .ok_or_else(|| Error::Decode("prevResult.cniVersion: expected a string".into()))?;
         if CniVersion::parse(s).is_none() {
             return Err(Error::IncompatibleVersion(format!(
-                "prevResult.cniVersion {s:?} (supported: {})",
+                "prevResult.cniVersion: {:?} is not supported (supported: {})",
+                truncate(s, 32),
                 SUPPORTED_VERSIONS.join(", ")
             )));
         }

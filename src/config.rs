@@ -220,6 +220,11 @@ pub struct NetConf {
     pub natguard: Config,
 }
 
+/// A user string quoted for an error message, cut so replies stay small whatever the input.
+fn q(s: &str) -> String {
+    format!("{:?}", crate::cni::truncate(s, 80))
+}
+
 fn cfg_err(msg: String) -> Error {
     Error::InvalidConfig(msg)
 }
@@ -343,7 +348,10 @@ pub fn parse_plugin_config(v: &Value) -> Result<Config> {
         let s = expect_str("logFile", l)?;
         if !s.is_empty() {
             if !s.starts_with('/') || s.contains('\0') {
-                return Err(cfg_err(format!("logFile: {s:?} is not an absolute path")));
+                return Err(cfg_err(format!(
+                    "logFile: {} is not an absolute path",
+                    q(s)
+                )));
             }
             c.log_file = Some(PathBuf::from(s));
         }
@@ -373,7 +381,8 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             "off" => MetadataMode::Off,
             other => {
                 return Err(cfg_err(format!(
-                    "metadata.mode: {other:?} is not one of \"proxy\", \"deny\", \"off\""
+                    "metadata.mode: {} is not one of \"proxy\", \"deny\", \"off\"",
+                    q(other)
                 )))
             }
         };
@@ -381,16 +390,20 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     if let Some(x) = o.get("addresses") {
         let arr = expect_array("metadata.addresses", x)?;
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, a) in arr.iter().enumerate() {
             let p = format!("metadata.addresses[{i}]");
             let s = expect_str(&p, a)?;
             let ip: IpAddr = s
                 .parse()
-                .map_err(|_| cfg_err(format!("{p}: {s:?} is not an IP address")))?;
+                .map_err(|_| cfg_err(format!("{p}: {} is not an IP address", q(s))))?;
             if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
-                return Err(cfg_err(format!("{p}: {s:?} cannot be a metadata address")));
+                return Err(cfg_err(format!(
+                    "{p}: {} cannot be a metadata address",
+                    q(s)
+                )));
             }
-            if !out.contains(&ip) {
+            if seen.insert(ip) {
                 out.push(ip);
             }
         }
@@ -399,9 +412,10 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     if let Some(x) = o.get("ports") {
         let arr = expect_array("metadata.ports", x)?;
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, p) in arr.iter().enumerate() {
             let port = expect_port(&format!("metadata.ports[{i}]"), p)?;
-            if !out.contains(&port) {
+            if seen.insert(port) {
                 out.push(port);
             }
         }
@@ -422,12 +436,17 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             ProxyAddr::Auto
         } else {
             match s.parse::<Ipv4Addr>() {
-                Ok(a) if !a.is_unspecified() && !a.is_multicast() && !a.is_broadcast() => {
+                Ok(a)
+                    if !a.is_unspecified()
+                        && !a.is_multicast()
+                        && !a.is_broadcast()
+                        && !a.is_loopback() =>
+                {
                     ProxyAddr::Fixed(a)
                 }
                 _ => {
                     return Err(cfg_err(format!(
-                        "metadata.proxyIPv4: {s:?} is not \"auto\" or a unicast IPv4 address"
+                        "metadata.proxyIPv4: {} is not \"auto\" or a unicast, non-loopback IPv4 address", q(s)
                     )))
                 }
             }
@@ -439,10 +458,17 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             ProxyAddr::Auto
         } else {
             match s.parse::<Ipv6Addr>() {
-                Ok(a) if !a.is_unspecified() && !a.is_multicast() => ProxyAddr::Fixed(a),
+                Ok(a)
+                    if !a.is_unspecified()
+                        && !a.is_multicast()
+                        && !a.is_loopback()
+                        && a.to_ipv4_mapped().is_none() =>
+                {
+                    ProxyAddr::Fixed(a)
+                }
                 _ => {
                     return Err(cfg_err(format!(
-                        "metadata.proxyIPv6: {s:?} is not \"auto\" or a unicast IPv6 address"
+                        "metadata.proxyIPv6: {} is not \"auto\" or a unicast, non-loopback IPv6 address", q(s)
                     )))
                 }
             }
@@ -451,15 +477,17 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     if let Some(x) = o.get("exemptNamespaces") {
         let arr = expect_array("metadata.exemptNamespaces", x)?;
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, n) in arr.iter().enumerate() {
             let p = format!("metadata.exemptNamespaces[{i}]");
             let s = expect_str(&p, n)?;
             if !is_dns_label(s) {
                 return Err(cfg_err(format!(
-                    "{p}: {s:?} is not a Kubernetes namespace name"
+                    "{p}: {} is not a Kubernetes namespace name",
+                    q(s)
                 )));
             }
-            if !out.iter().any(|o: &String| o == s) {
+            if seen.insert(s) {
                 out.push(s.to_string());
             }
         }
@@ -493,13 +521,17 @@ fn parse_masquerade(v: &Value, m: &mut Masquerade) -> Result<()> {
     if let Some(x) = o.get("nonMasqueradeCIDRs") {
         let arr = expect_array("masquerade.nonMasqueradeCIDRs", x)?;
         let mut out = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for (i, c) in arr.iter().enumerate() {
             let p = format!("masquerade.nonMasqueradeCIDRs[{i}]");
             let s = expect_str(&p, c)?;
             let cidr = Cidr::parse(s).ok_or_else(|| {
-                cfg_err(format!("{p}: {s:?} is not a CIDR such as \"10.0.0.0/8\""))
+                cfg_err(format!(
+                    "{p}: {} is not a CIDR such as \"10.0.0.0/8\"",
+                    q(s)
+                ))
             })?;
-            if !out.contains(&cidr) {
+            if seen.insert(cidr) {
                 out.push(cidr);
             }
         }
@@ -550,9 +582,13 @@ pub fn decode_stdin(bytes: &[u8]) -> Result<Value> {
 pub fn cni_version_of(v: &Value) -> Result<Option<CniVersion>> {
     match v.get("cniVersion") {
         None => Ok(None),
-        Some(Value::String(s)) => CniVersion::parse(s)
-            .map(Some)
-            .ok_or_else(|| Error::IncompatibleVersion(s.clone())),
+        Some(Value::String(s)) => CniVersion::parse(s).map(Some).ok_or_else(|| {
+            Error::IncompatibleVersion(format!(
+                "cniVersion: {} is not supported (supported: {})",
+                q(s),
+                crate::cni::SUPPORTED_VERSIONS.join(", ")
+            ))
+        }),
         Some(other) => Err(cfg_err(format!(
             "cniVersion: expected a string, got {} {}",
             type_name(other),
@@ -570,13 +606,13 @@ pub fn parse_netconf(bytes: &[u8]) -> Result<NetConf> {
 pub fn netconf_from_value(v: &Value) -> Result<NetConf> {
     let obj = v.as_object().expect("decode_stdin checks for an object");
     let cni_version = cni_version_of(v)?.ok_or_else(|| {
-        Error::IncompatibleVersion("cniVersion is missing from the network configuration".into())
+        Error::IncompatibleVersion("cniVersion: missing from the network configuration".into())
     })?;
     let name = match obj.get("name") {
         Some(Value::String(s)) if is_network_name(s) => s.clone(),
         Some(Value::String(s)) => {
             return Err(cfg_err(format!(
-                "name: {s:?} is not a valid network name (letters, digits, '_', '.', '-'; starting with a letter or digit; at most 128 bytes)"
+                "name: {} is not a valid network name (letters, digits, '_', '.', '-'; starting with a letter or digit; at most 128 bytes)", q(s)
             )))
         }
         Some(other) => {
@@ -623,6 +659,27 @@ pub fn netconf_from_value(v: &Value) -> Result<NetConf> {
         valid_attachments,
         natguard,
     })
+}
+
+/// The lenient parse DEL falls back to when the strict one fails on natguard's own sections or
+/// on prevResult: DEL needs only the network name (with the container ID and ifname from the
+/// environment) to find what the pod owns, and a DEL that fails leaks the primary plugin's IP.
+pub fn netconf_for_del(bytes: &[u8]) -> Result<NetConf> {
+    let v = decode_stdin(bytes)?;
+    let mut obj = v.as_object().cloned().unwrap_or_default();
+    for k in [
+        "metadata",
+        "masquerade",
+        "conntrack",
+        "logFile",
+        "cni.dev/valid-attachments",
+    ] {
+        obj.remove(k);
+    }
+    if !obj.get("prevResult").is_some_and(Value::is_object) {
+        obj.remove("prevResult");
+    }
+    netconf_from_value(&Value::Object(obj))
 }
 
 fn parse_attachments(v: &Value) -> Result<Vec<Attachment>> {

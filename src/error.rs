@@ -29,7 +29,7 @@ pub mod code {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("unsupported cniVersion {0:?}")]
+    #[error("{0}")]
     IncompatibleVersion(String),
     #[error("{0}")]
     InvalidEnv(String),

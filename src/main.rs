@@ -41,7 +41,8 @@ By hand:
 ";
 
 fn run_cni() -> i32 {
-    let get = |k: &str| std::env::var(k).ok();
+    // Lossy, so a non-UTF-8 value is rejected by validation instead of read as unset.
+    let get = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     let Some(cmd_text) = get("CNI_COMMAND") else {
         let e = Error::InvalidEnv(
             "CNI_COMMAND: not set; natguard runs as a CNI plugin, or try `natguard help`".into(),

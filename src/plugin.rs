@@ -59,7 +59,20 @@ pub fn run(
         return Ok(Some(cni::version_reply(requested)));
     }
     let env = Env::from_lookup(command, env_get)?;
-    let conf = config::parse_netconf(stdin)?;
+    let conf = match config::parse_netconf(stdin) {
+        Ok(c) => c,
+        // DEL must clean up even under a config that no longer parses.
+        Err(e @ (Error::InvalidConfig(_) | Error::Decode(_))) if command == Command::Del => {
+            match config::netconf_for_del(stdin) {
+                Ok(c) => {
+                    warn!("DEL with an invalid configuration, removing by name only: {e}");
+                    c
+                }
+                Err(_) => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    };
     if let Some(path) = &conf.natguard.log_file {
         crate::log::set_file(path);
     }
@@ -76,7 +89,7 @@ pub fn run(
         Command::Check => {
             if !conf.cni_version.supports_check() {
                 return Err(Error::IncompatibleVersion(format!(
-                    "cniVersion {}: CHECK needs 0.4.0 or later",
+                    "cniVersion: {} does not support CHECK (0.4.0 or later does)",
                     conf.cni_version.as_str()
                 )));
             }
@@ -99,7 +112,7 @@ fn require_1_1(v: CniVersion, verb: &str) -> Result<()> {
         Ok(())
     } else {
         Err(Error::IncompatibleVersion(format!(
-            "cniVersion {}: {verb} needs 1.1.0 or later",
+            "cniVersion: {} does not support {verb} (1.1.0 or later does)",
             v.as_str()
         )))
     }
@@ -119,9 +132,10 @@ fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
     let len: usize = addrs.iter().map(|a| a.to_string().len() + 1).sum();
     if len > 120 {
         return Err(Error::InvalidConfig(format!(
-            "prevResult: {} addresses on {ifname} ({}) are more than natguard records per interface (at most {} IPv6 addresses)",
+            "prevResult: {} addresses on {ifname} ({}{}) are more than natguard records per interface (at most {} IPv6 addresses)",
             addrs.len(),
-            addrs.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+            addrs.iter().take(4).map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+            if addrs.len() > 4 { ", ..." } else { "" },
             plan::MAX_POD_ADDRS
         )));
     }
