@@ -977,6 +977,42 @@ fn corpus() -> Vec<Row> {
         4,
         "given twice",
     );
+    // A CNI_ARGS value that is not UTF-8 must not read as "unset" (the namespace would vanish).
+    c.env(
+        "ADD",
+        "CNI_ARGS",
+        Some(std::os::unix::ffi::OsStringExt::from_vec(
+            b"K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=\xff".to_vec(),
+        )),
+        4,
+        "K8S_POD_NAME",
+    );
+    // Replies stay small whatever the size of the bad value.
+    c.field(
+        &["metadata", "mode"],
+        json!("x".repeat(100_000)),
+        7,
+        "metadata.mode",
+    );
+    c.field(
+        &["masquerade", "nonMasqueradeCIDRs"],
+        json!(["y".repeat(100_000)]),
+        7,
+        "nonMasqueradeCIDRs[0]",
+    );
+    c.field(
+        &["metadata", "proxyIPv4"],
+        json!("127.0.0.1"),
+        7,
+        "proxyIPv4",
+    );
+    c.field(&["metadata", "proxyIPv6"], json!("::1"), 7, "proxyIPv6");
+    c.field(
+        &["prevResult"],
+        json!({"ips": (0..1000).map(|i| json!({"address": format!("10.{}.{}.1/8", i / 250, i % 250)})).collect::<Vec<_>>()}),
+        7,
+        "prevResult",
+    );
     c.env("ADD", "CNI_COMMAND", os("add"), 4, "CNI_COMMAND");
     c.env("ADD", "CNI_COMMAND", os("ADD\u{1}"), 4, "CNI_COMMAND");
     c.env("ADD", "CNI_COMMAND", None, 4, "CNI_COMMAND");
@@ -1165,4 +1201,50 @@ fn malformed_invocations_fail_cleanly_and_change_nothing() {
         "{} malformed invocations: all rejected, ruleset unchanged",
         rows.len()
     );
+}
+
+/// DEL must clean up even when natguard's section no longer parses (a config edited between ADD
+/// and DEL): a failing DEL stops the runtime before the primary plugin's DEL, leaking the IP.
+#[test]
+fn del_with_a_broken_config_still_removes_the_pod() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
+    let ns = Netns::new(format!("ng-baddel-{}", std::process::id()));
+    let netns_path = ns.path();
+    let good = serde_json::to_vec(&good_conf()).unwrap();
+    let out = ns.natguard(&base_env("ADD", &netns_path), Some(&good));
+    assert!(
+        out.status.success(),
+        "ADD: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(ns.ruleset().contains("10.99.0.5"));
+
+    for broken in [
+        patched(&["masquerade", "nonMasqueradeCidrs"], Some(json!([]))),
+        patched(&["prevResult"], Some(json!("not a result"))),
+        patched(&["metadata", "ports"], Some(json!([0]))),
+    ] {
+        let out = ns.natguard(
+            &base_env("DEL", &netns_path),
+            Some(&serde_json::to_vec(&broken).unwrap()),
+        );
+        assert!(
+            out.status.success(),
+            "DEL with {broken} failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    let after = ns.ruleset();
+    assert!(
+        !after.contains("10.99.0.5") && !after.contains("fd00:99::5"),
+        "the pod's elements survived DEL:\n{after}"
+    );
+    // Without a name there is nothing to find the pod by: that still fails, with code 7.
+    let out = ns.natguard(
+        &base_env("DEL", &netns_path),
+        Some(&serde_json::to_vec(&patched(&["name"], None)).unwrap()),
+    );
+    assert!(!out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], 7, "{v}");
 }
