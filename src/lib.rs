@@ -11,6 +11,7 @@
 pub mod adopt;
 pub mod cni;
 pub mod config;
+pub mod conntrack;
 pub mod error;
 pub mod install;
 pub mod log;

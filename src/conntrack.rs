@@ -1,0 +1,995 @@
+//! Deleting conntrack entries over ctnetlink, with the kernel doing the filtering.
+//!
+//! A pod's address can carry flows from before the pod's policy existed: entries of the previous
+//! owner of the address (IP reuse) and connections opened before natguard's DNAT was installed.
+//! Those entries keep their old NAT binding for as long as they live, so they are deleted:
+//!
+//! * [`flush_addresses`]: every entry whose ORIGINAL source or REPLY source is one of the
+//!   addresses (the pod talking out, and anyone talking to the pod, DNATed or not).
+//! * [`flush_undnatted_flows`]: TCP flows from the pods to the metadata addresses that did not go
+//!   through the DNAT (reply source == original destination), for `adopt`.
+//!
+//! # Paths
+//!
+//! 1. **filtered** (`IPCTNL_MSG_CT_DELETE` + `CTA_FILTER`): the kernel walks its table once and
+//!    deletes what matches; nothing crosses to userspace. Accepted since Linux 6.11. One walk
+//!    matches ONE condition: the orig-tuple and reply-tuple parts of a filter are ANDed, and the
+//!    family must be concrete (`ctnetlink_parse_tuple_filter` refuses `AF_UNSPEC` once an address
+//!    is named), so "original source X or reply source X" costs two walks per IPv4 address.
+//! 2. **dump+delete** (`IPCTNL_MSG_CT_GET` + `NLM_F_DUMP` + `CTA_FILTER`, Linux 5.8+): the same
+//!    walks, but the kernel only returns the matching entries, which are then deleted one by one
+//!    by exact original tuple and `CTA_ID`.
+//! 3. **full-dump**: one unfiltered dump of both families, matched in userspace. Its cost grows
+//!    with the table, so it is only the last resort (or forced).
+//!
+//! [`Path::Auto`] tries 1, and falls back to 2 and then 3 when the kernel refuses a request
+//! (`EOPNOTSUPP`/`EINVAL`). The refusal is remembered for the rest of the process.
+//!
+//! # IPv6: the kernel's address filter is inverted
+//!
+//! `ctnetlink_filter_match_tuple()` compares IPv6 addresses with `!ipv6_addr_cmp(a, b)`, which is
+//! true when they are EQUAL, and then skips the entry: an IPv6 address filter selects every entry
+//! whose address differs (Linux 5.8 up to at least 6.18, where this was observed). A filtered
+//! DELETE naming an IPv6 address would flush the whole IPv6 table except the pod's entries, so no
+//! request here ever carries an IPv6 address in a filter. IPv6 is served by ONE dump of the IPv6
+//! family (the family filter works) that covers every IPv6 address and both directions, matched
+//! here and deleted by exact tuple; it runs on its own thread, alongside the IPv4 walks. A
+//! dual-stack pod therefore costs three walks: two filtered IPv4 deletes and one IPv6 dump.
+//! Filters on protocol, ports and status are not affected and are still used for IPv6.
+//!
+//! # Kernel behaviour this relies on (checked on 6.18)
+//!
+//! * A DELETE with `CTA_FILTER` goes to the flush path, which uses the message's family when a
+//!   filter is present (`u3 = version || cda[CTA_FILTER] ? family : UNSPEC`), so `nfgenmsg.version`
+//!   0 is fine. Without `CTA_FILTER` and with version 0 the family would be ignored and the
+//!   flush would hit both families.
+//! * Kernels before 6.11 read a DELETE that carries `CTA_TUPLE_ORIG`/`CTA_TUPLE_REPLY` as an
+//!   exact delete of that tuple. A filtered DELETE here never names a destination address or
+//!   port, so such a kernel cannot find a full tuple in it and answers `EINVAL` instead of
+//!   deleting anything; and every filtered DELETE carries a tuple, so it can never be read as
+//!   the unfiltered "flush everything" request.
+//! * Kernels before 5.8 ignore `CTA_FILTER` in dumps (attributes past `CTA_MAX` are skipped) and
+//!   return the whole family. Every dumped entry is therefore checked again here before it is
+//!   deleted.
+//! * Flushes are serialised in the kernel (`nf_conntrack_mutex` and the ctnetlink subsystem
+//!   mutex), so filtered DELETEs on several threads would only queue; dumps take only per-bucket
+//!   locks, so dump walks run on one thread (and socket) each, concurrently.
+//! * A flush of a namespace without entries returns before walking (`cnet->count == 0`); the
+//!   same check is made here first, so an empty table costs no walk on any path.
+//! * The filtered DELETE does not say how many entries it removed: when it ran, `deleted` is the
+//!   drop of the namespace's entry count (`IPCTNL_MSG_CT_GET_STATS`) over the whole flush, which
+//!   is exact unless other flows start or expire meanwhile.
+//! * The reply to `IPCTNL_MSG_CT_GET_STATS` carries `NLM_F_MULTI` but is not followed by
+//!   `NLMSG_DONE`; it is requested with `NLM_F_ACK` so the ACK ends the exchange.
+//! * An entry can vanish between dump and delete (timeout, another flush): `ENOENT` then means
+//!   done. `CTA_ID` is sent with the exact delete so that a new flow that reused the tuple is not
+//!   deleted in its place.
+
+use crate::error::{Error, Result};
+use crate::netlink::{
+    backoff, Attrs, Msg, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLA_F_NESTED, NLM_F_ACK,
+    NLM_F_DUMP, TRANSIENT_RETRIES,
+};
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Environment switch that forces a path where the caller asked for [`Path::Auto`]:
+/// `filtered`, `fallback` or `full`.
+pub const PATH_ENV: &str = "NATGUARD_CONNTRACK_PATH";
+
+/// How the entries are found and deleted; see the module documentation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// Filtered delete, falling back when the kernel refuses it. [`PATH_ENV`] overrides it.
+    Auto,
+    /// Filtered delete only: a refusal is an error.
+    Filtered,
+    /// Filtered dump plus delete by exact tuple (then a full dump if dumps are refused).
+    Fallback,
+    /// One unfiltered dump, matched here, plus delete by exact tuple.
+    FullDump,
+}
+
+/// What a flush did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushReport {
+    /// Entries deleted. Exact on the dump paths; when filtered deletes ran, the drop of the
+    /// namespace's entry count over the flush (see the module documentation).
+    pub deleted: u64,
+    /// Kernel walks of the conntrack table (filtered deletes and dumps).
+    pub walks: u32,
+    /// How the entries were found: `"filtered"`, `"dump+delete"` or `"full-dump"`, with
+    /// `"+ipv6-dump"` appended, or `"ipv6-dump"` alone, when IPv6 addresses were served by the
+    /// IPv6 family dump (see the module documentation).
+    pub path: &'static str,
+}
+
+const PATH_FILTERED: &str = "filtered";
+const PATH_DUMP: &str = "dump+delete";
+const PATH_FULL: &str = "full-dump";
+
+/// How the IPv4 part of a flush ran, for [`FlushReport::path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    Nothing,
+    Filtered,
+    Dump,
+    Full,
+}
+
+fn label(ran: Ran, ipv6_dump: bool, requested: Path) -> &'static str {
+    match (ran, ipv6_dump) {
+        (Ran::Full, _) => PATH_FULL,
+        (Ran::Filtered, false) => PATH_FILTERED,
+        (Ran::Dump, false) => PATH_DUMP,
+        (Ran::Filtered, true) => "filtered+ipv6-dump",
+        (Ran::Dump, true) => "dump+delete+ipv6-dump",
+        (Ran::Nothing, true) => "ipv6-dump",
+        (Ran::Nothing, false) => match requested {
+            Path::Auto | Path::Filtered => PATH_FILTERED,
+            Path::Fallback => PATH_DUMP,
+            Path::FullDump => PATH_FULL,
+        },
+    }
+}
+
+// ctnetlink message types (linux/netfilter/nfnetlink_conntrack.h).
+const IPCTNL_MSG_CT_NEW: u16 = 0;
+const IPCTNL_MSG_CT_GET: u16 = 1;
+const IPCTNL_MSG_CT_DELETE: u16 = 2;
+const IPCTNL_MSG_CT_GET_STATS: u16 = 5;
+
+// enum ctattr_type
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_TUPLE_REPLY: u16 = 2;
+const CTA_STATUS: u16 = 3;
+const CTA_ID: u16 = 12;
+const CTA_ZONE: u16 = 18;
+const CTA_FILTER: u16 = 25;
+const CTA_STATUS_MASK: u16 = 26;
+// enum ctattr_tuple
+const CTA_TUPLE_IP: u16 = 1;
+const CTA_TUPLE_PROTO: u16 = 2;
+// enum ctattr_ip
+const CTA_IP_V4_SRC: u16 = 1;
+const CTA_IP_V4_DST: u16 = 2;
+const CTA_IP_V6_SRC: u16 = 3;
+const CTA_IP_V6_DST: u16 = 4;
+// enum ctattr_l4proto
+const CTA_PROTO_NUM: u16 = 1;
+const CTA_PROTO_SRC_PORT: u16 = 2;
+const CTA_PROTO_DST_PORT: u16 = 3;
+// enum ctattr_filter
+const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+const CTA_FILTER_REPLY_FLAGS: u16 = 2;
+// CTA_FILTER_F_* (net/netfilter/nf_internals.h; not in the uapi headers)
+const CTA_FILTER_F_CTA_IP_SRC: u32 = 1 << 0;
+const CTA_FILTER_F_CTA_IP_DST: u32 = 1 << 1;
+const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
+const CTA_FILTER_F_CTA_PROTO_DST_PORT: u32 = 1 << 5;
+// enum ctattr_stats_global
+const CTA_STATS_GLOBAL_ENTRIES: u16 = 1;
+// enum ip_conntrack_status
+const IPS_DST_NAT: u32 = 1 << 5;
+
+const AF_INET: u8 = libc::AF_INET as u8;
+const AF_INET6: u8 = libc::AF_INET6 as u8;
+const IPPROTO_TCP: u8 = libc::IPPROTO_TCP as u8;
+
+const fn ct_msg(msg: u16) -> u16 {
+    ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | msg
+}
+
+// Requests this kernel refused, so a process that flushes many pods (adopt) asks once.
+static FILTERED_DELETE_REFUSED: AtomicBool = AtomicBool::new(false);
+static FILTERED_DUMP_REFUSED: AtomicBool = AtomicBool::new(false);
+
+/// Deletes every entry whose original source is one of `addrs` and every entry whose reply
+/// source is one of them, in both families, in the calling thread's network namespace.
+pub fn flush_addresses(addrs: &[IpAddr]) -> Result<FlushReport> {
+    flush_addresses_with(addrs, Path::Auto)
+}
+
+/// [`flush_addresses`] along a chosen path.
+pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport> {
+    let path = resolve_path(path, std::env::var(PATH_ENV).ok().as_deref())?;
+    let addrs = normalize(addrs);
+    let wants4: Vec<Want> = addrs
+        .iter()
+        .filter_map(|a| match a {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        })
+        .flat_map(|addr| [Dir::Orig, Dir::Reply].map(|dir| Want::Source4 { addr, dir }))
+        .collect();
+    let v6: Vec<IpAddr> = addrs.iter().copied().filter(IpAddr::is_ipv6).collect();
+    let want6 = (!v6.is_empty()).then_some(Want::Sources6 { addrs: &v6 });
+    let mut report = FlushReport {
+        deleted: 0,
+        walks: 0,
+        path: label(Ran::Nothing, false, path),
+    };
+    if wants4.is_empty() && want6.is_none() {
+        return Ok(report);
+    }
+    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+    let before = entry_count(&mut sock)?;
+    if before == 0 {
+        return Ok(report);
+    }
+    let all: Vec<Want> = wants4.iter().copied().chain(want6).collect();
+    match path {
+        Path::FullDump => {
+            full_dump_delete(&mut sock, &all, &mut report)?;
+            report.path = PATH_FULL;
+            return Ok(report);
+        }
+        Path::Fallback => {
+            let ran = dump_delete(&mut sock, &all, &mut report)?;
+            report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
+            return Ok(report);
+        }
+        Path::Auto if FILTERED_DELETE_REFUSED.load(Ordering::Relaxed) => {
+            let ran = dump_delete(&mut sock, &all, &mut report)?;
+            report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
+            return Ok(report);
+        }
+        Path::Auto | Path::Filtered => {}
+    }
+
+    // IPv4 by filtered deletes on this thread; meanwhile the IPv6 family dump on its own thread
+    // and socket (a dump does not wait for the lock that serialises the deletes).
+    let (r4, r6) = std::thread::scope(|s| {
+        let h6 = want6.as_ref().map(|w| spawn_walk(s, w, "natguard-ct6"));
+        let r4 = filtered_delete_all(&mut sock, &wants4, path == Path::Auto);
+        (r4, h6.map(join_walk))
+    });
+    let done = r4?;
+    report.walks += done as u32;
+    let mut exact = 0;
+    if let Some(r6) = r6 {
+        exact += r6?;
+        report.walks += 1;
+    }
+    let mut ran = if wants4.is_empty() {
+        Ran::Nothing
+    } else {
+        Ran::Filtered
+    };
+    if done < wants4.len() {
+        // The kernel refused the filtered delete: the rest by dump.
+        let mut sub = FlushReport {
+            deleted: 0,
+            walks: 0,
+            path: "",
+        };
+        ran = dump_delete(&mut sock, &wants4[done..], &mut sub)?;
+        report.walks += sub.walks;
+        exact += sub.deleted;
+    }
+    report.deleted = if done > 0 {
+        // The filtered deletes do not report what they removed: count the table instead.
+        before.saturating_sub(entry_count(&mut sock)?)
+    } else {
+        exact
+    };
+    report.path = label(ran, want6.is_some(), path);
+    Ok(report)
+}
+
+/// Deletes the conntrack entries of TCP flows from any of `srcs` to any of `dsts` on a port in
+/// `dports` that did not go through a DNAT (reply source address and port equal the original
+/// destination). One kernel walk per IPv4 destination and one for all IPv6 destinations,
+/// whatever the number of sources. An empty list matches nothing.
+///
+/// There is no filtered delete for this: the sources are a set, which a kernel filter cannot
+/// express, so it is a filtered dump (destination, TCP, not DNATed) and the match on sources
+/// and ports happens here.
+pub fn flush_undnatted_flows(
+    srcs: &[IpAddr],
+    dsts: &[IpAddr],
+    dports: &[u16],
+) -> Result<FlushReport> {
+    let path = resolve_path(Path::Auto, std::env::var(PATH_ENV).ok().as_deref())?;
+    let srcs = normalize(srcs);
+    let dsts = normalize(dsts);
+    let mut dports = dports.to_vec();
+    dports.sort_unstable();
+    dports.dedup();
+    let mut report = FlushReport {
+        deleted: 0,
+        walks: 0,
+        path: if path == Path::FullDump {
+            PATH_FULL
+        } else {
+            PATH_DUMP
+        },
+    };
+    let has_src = |v6: bool| srcs.iter().any(|s| s.is_ipv6() == v6);
+    let dsts6: Vec<IpAddr> = dsts
+        .iter()
+        .copied()
+        .filter(|d| d.is_ipv6() && has_src(true))
+        .collect();
+    let mut wants: Vec<Want> = dsts
+        .iter()
+        .filter(|d| d.is_ipv4() && has_src(false))
+        .map(|d| Want::Undnatted {
+            family: AF_INET,
+            dsts: std::slice::from_ref(d),
+            srcs: &srcs,
+            dports: &dports,
+        })
+        .collect();
+    if !dsts6.is_empty() {
+        wants.push(Want::Undnatted {
+            family: AF_INET6,
+            dsts: &dsts6,
+            srcs: &srcs,
+            dports: &dports,
+        });
+    }
+    if wants.is_empty() || dports.is_empty() {
+        return Ok(report);
+    }
+    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+    if entry_count(&mut sock)? == 0 {
+        return Ok(report);
+    }
+    let ran = if path == Path::FullDump {
+        full_dump_delete(&mut sock, &wants, &mut report)?;
+        Ran::Full
+    } else {
+        dump_delete(&mut sock, &wants, &mut report)?
+    };
+    report.path = if ran == Ran::Full {
+        PATH_FULL
+    } else {
+        PATH_DUMP
+    };
+    Ok(report)
+}
+
+/// Ok when ctnetlink answers in this network namespace (one `IPCTNL_MSG_CT_GET_STATS`, which
+/// walks nothing).
+pub fn probe() -> Result<()> {
+    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+    entry_count(&mut sock).map(|_| ())
+}
+
+/// The number of entries in the calling thread's network namespace.
+pub fn count_entries() -> Result<u64> {
+    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+    entry_count(&mut sock)
+}
+
+/// `Auto` is replaced by the path named in [`PATH_ENV`], if any.
+fn resolve_path(path: Path, env: Option<&str>) -> Result<Path> {
+    if path != Path::Auto {
+        return Ok(path);
+    }
+    match env.map(str::trim) {
+        None | Some("") | Some("auto") => Ok(Path::Auto),
+        Some("filtered") => Ok(Path::Filtered),
+        Some("fallback") => Ok(Path::Fallback),
+        Some("full") => Ok(Path::FullDump),
+        Some(other) => Err(Error::InvalidEnv(format!(
+            "{PATH_ENV}={other:?}: expected filtered, fallback or full"
+        ))),
+    }
+}
+
+/// IPv4-mapped IPv6 addresses become IPv4 (conntrack tracks those flows as IPv4); duplicates go.
+fn normalize(addrs: &[IpAddr]) -> Vec<IpAddr> {
+    let mut v: Vec<IpAddr> = addrs.iter().map(|a| a.to_canonical()).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Orig,
+    Reply,
+}
+
+/// The entries one kernel walk is after.
+#[derive(Debug, Clone, Copy)]
+enum Want<'a> {
+    /// IPv4 entries whose `dir` tuple has source `addr` (the kernel matches the address).
+    Source4 { addr: Ipv4Addr, dir: Dir },
+    /// IPv6 entries whose original or reply source is one of `addrs`. The kernel only narrows
+    /// to the IPv6 family: its IPv6 address match is inverted (see the module documentation).
+    Sources6 { addrs: &'a [IpAddr] },
+    /// Not-DNATed TCP flows of `family` from one of `srcs` to one of `dsts` on one of `dports`.
+    /// The kernel matches the destination only for a single IPv4 one.
+    Undnatted {
+        family: u8,
+        dsts: &'a [IpAddr],
+        srcs: &'a [IpAddr],
+        dports: &'a [u16],
+    },
+}
+
+impl Want<'_> {
+    fn family(&self) -> u8 {
+        match *self {
+            Want::Source4 { .. } => AF_INET,
+            Want::Sources6 { .. } => AF_INET6,
+            Want::Undnatted { family, .. } => family,
+        }
+    }
+
+    /// Writes the kernel-side filter: tuple attributes holding the values, `CTA_FILTER` saying
+    /// which of their fields count, and a status match. Never an IPv6 address.
+    fn write_filter(&self, b: &mut MsgBuf) {
+        match *self {
+            Want::Source4 { addr, dir } => {
+                let (tuple, flags) = match dir {
+                    Dir::Orig => (CTA_TUPLE_ORIG, CTA_FILTER_ORIG_FLAGS),
+                    Dir::Reply => (CTA_TUPLE_REPLY, CTA_FILTER_REPLY_FLAGS),
+                };
+                let t = b.nest_begin(tuple);
+                let ip = b.nest_begin(CTA_TUPLE_IP);
+                b.attr(CTA_IP_V4_SRC, &addr.octets());
+                b.nest_end(ip);
+                b.nest_end(t);
+                let f = b.nest_begin(CTA_FILTER);
+                // Host byte order: the kernel reads these with nla_get_u32.
+                b.attr(flags, &CTA_FILTER_F_CTA_IP_SRC.to_ne_bytes());
+                b.nest_end(f);
+            }
+            // The family in nfgenmsg is the whole filter.
+            Want::Sources6 { .. } => {}
+            Want::Undnatted {
+                family,
+                dsts,
+                dports,
+                ..
+            } => {
+                let mut flags = CTA_FILTER_F_CTA_PROTO_NUM;
+                let t = b.nest_begin(CTA_TUPLE_ORIG);
+                if let (AF_INET, [IpAddr::V4(dst)]) = (family, dsts) {
+                    let ip = b.nest_begin(CTA_TUPLE_IP);
+                    b.attr(CTA_IP_V4_DST, &dst.octets());
+                    b.nest_end(ip);
+                    flags |= CTA_FILTER_F_CTA_IP_DST;
+                }
+                let p = b.nest_begin(CTA_TUPLE_PROTO);
+                b.attr_u8(CTA_PROTO_NUM, IPPROTO_TCP);
+                // A filter holds one port; with several, ports are matched here.
+                if let [port] = dports {
+                    b.attr_u16_be(CTA_PROTO_DST_PORT, *port);
+                    flags |= CTA_FILTER_F_CTA_PROTO_DST_PORT;
+                }
+                b.nest_end(p);
+                b.nest_end(t);
+                let f = b.nest_begin(CTA_FILTER);
+                b.attr(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
+                b.nest_end(f);
+                // status & IPS_DST_NAT == 0 (kernels before 6.0 ignore it; checked here too).
+                b.attr_u32_be(CTA_STATUS, 0);
+                b.attr_u32_be(CTA_STATUS_MASK, IPS_DST_NAT);
+            }
+        }
+    }
+
+    /// The whole condition, checked in userspace on a dumped entry.
+    fn matches(&self, e: &Entry) -> bool {
+        if e.family != self.family() {
+            return false;
+        }
+        match *self {
+            Want::Source4 { addr, dir } => {
+                let t = if dir == Dir::Orig { &e.orig } else { &e.reply };
+                t.src == IpAddr::V4(addr)
+            }
+            Want::Sources6 { addrs } => addrs.contains(&e.orig.src) || addrs.contains(&e.reply.src),
+            Want::Undnatted {
+                dsts, srcs, dports, ..
+            } => {
+                e.orig.proto == IPPROTO_TCP
+                    && dsts.contains(&e.orig.dst)
+                    && srcs.contains(&e.orig.src)
+                    && e.orig.dport.is_some_and(|p| dports.contains(&p))
+                    && e.reply.src == e.orig.dst
+                    && e.reply.sport == e.orig.dport
+            }
+        }
+    }
+}
+
+/// Runs `op` again on "try again" errnos, a bounded number of times.
+fn retry<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
+    let mut attempt = 0;
+    loop {
+        match op() {
+            Err(e) if e.is_transient() && attempt < TRANSIENT_RETRIES => {
+                attempt += 1;
+                backoff(attempt);
+            }
+            r => return r,
+        }
+    }
+}
+
+/// The kernel does not know the request (older kernel): try the next path.
+fn is_refusal(e: &Error) -> bool {
+    matches!(e.errno(), Some(libc::EOPNOTSUPP | libc::EINVAL))
+}
+
+fn entry_count(sock: &mut NfSocket) -> Result<u64> {
+    let msgs = sock.request_retry(
+        &|b| {
+            // NLM_F_ACK: see the module documentation (the stats reply has no NLMSG_DONE).
+            b.begin(ct_msg(IPCTNL_MSG_CT_GET_STATS), NLM_F_ACK, 0, 0);
+            b.end();
+        },
+        "conntrack: read entry count",
+    )?;
+    msgs.iter()
+        .find(|m| m.msg_type == ct_msg(IPCTNL_MSG_CT_GET_STATS))
+        .and_then(|m| m.nf_attrs().get(CTA_STATS_GLOBAL_ENTRIES))
+        .and_then(|a| a.u32_be())
+        .map(u64::from)
+        .ok_or_else(|| Error::Protocol("conntrack: malformed statistics reply".into()))
+}
+
+/// Filtered deletes of IPv4 wants, one walk each, in order. Returns how many were done; stops
+/// (when `may_fall_back`) at the first one the kernel refuses, leaving the rest to a fallback.
+fn filtered_delete_all(sock: &mut NfSocket, wants: &[Want], may_fall_back: bool) -> Result<usize> {
+    for (done, want) in wants.iter().enumerate() {
+        if !matches!(want, Want::Source4 { .. }) {
+            // The IPv6 address match is inverted: a filtered delete would flush the rest.
+            return Err(Error::Protocol(format!(
+                "conntrack: no filtered delete for {want:?}"
+            )));
+        }
+        let r = retry(|| {
+            let mut b = sock.msgbuf();
+            b.begin(ct_msg(IPCTNL_MSG_CT_DELETE), NLM_F_ACK, want.family(), 0);
+            want.write_filter(&mut b);
+            b.end();
+            sock.transact(&b, &|_| format!("conntrack: filtered delete of {want:?}"))
+        });
+        match r {
+            Ok(()) => {}
+            Err(e) if may_fall_back && is_refusal(&e) => {
+                FILTERED_DELETE_REFUSED.store(true, Ordering::Relaxed);
+                return Ok(done);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(wants.len())
+}
+
+type Walk<'scope> = std::io::Result<std::thread::ScopedJoinHandle<'scope, Result<u64>>>;
+
+/// Starts the dump walk of `want` on a new thread with its own socket. The thread shares the
+/// caller's network namespace, so its socket sees the same table.
+fn spawn_walk<'scope>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    want: &'scope Want<'scope>,
+    name: &str,
+) -> Walk<'scope> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn_scoped(s, move || {
+            let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+            dump_delete_one(&mut sock, want)
+        })
+}
+
+fn join_walk(h: Walk<'_>) -> Result<u64> {
+    match h {
+        Ok(h) => h
+            .join()
+            .unwrap_or_else(|_| Err(Error::Protocol("conntrack: walk thread panicked".into()))),
+        Err(e) => Err(Error::io("conntrack: start a walk thread", e)),
+    }
+}
+
+/// Filtered dumps plus exact deletes, one thread and socket per walk, concurrently. Falls back
+/// to one full dump if the kernel refuses filtered dumps. Returns which path ran.
+fn dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) -> Result<Ran> {
+    if FILTERED_DUMP_REFUSED.load(Ordering::Relaxed) {
+        full_dump_delete(sock, wants, report)?;
+        return Ok(Ran::Full);
+    }
+    let results: Vec<Result<u64>> = match wants {
+        [] => Vec::new(),
+        [want] => vec![dump_delete_one(sock, want)],
+        _ => std::thread::scope(|s| {
+            let walks: Vec<Walk> = wants
+                .iter()
+                .map(|w| spawn_walk(s, w, "natguard-ct"))
+                .collect();
+            walks.into_iter().map(join_walk).collect()
+        }),
+    };
+    let mut refused = false;
+    let mut first_err = None;
+    for r in results {
+        match r {
+            Ok(n) => {
+                report.walks += 1;
+                report.deleted += n;
+            }
+            Err(e) if is_refusal(&e) => refused = true,
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    if refused {
+        FILTERED_DUMP_REFUSED.store(true, Ordering::Relaxed);
+        // Wants whose dump did run are matched again and find nothing left.
+        full_dump_delete(sock, wants, report)?;
+        return Ok(Ran::Full);
+    }
+    Ok(Ran::Dump)
+}
+
+fn dump_delete_one(sock: &mut NfSocket, want: &Want) -> Result<u64> {
+    let msgs = sock.request_retry(
+        &|b| {
+            b.begin(ct_msg(IPCTNL_MSG_CT_GET), NLM_F_DUMP, want.family(), 0);
+            want.write_filter(b);
+            b.end();
+        },
+        &format!("conntrack: dump for {want:?}"),
+    )?;
+    delete_matching(sock, &msgs, std::slice::from_ref(want))
+}
+
+/// One unfiltered dump of both families, matched here.
+fn full_dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) -> Result<()> {
+    let msgs = sock.request_retry(
+        &|b| {
+            b.begin(ct_msg(IPCTNL_MSG_CT_GET), NLM_F_DUMP, 0, 0);
+            b.end();
+        },
+        "conntrack: dump",
+    )?;
+    report.walks += 1;
+    report.deleted += delete_matching(sock, &msgs, wants)?;
+    Ok(())
+}
+
+/// Deletes, by exact tuple, each dumped entry that one of `wants` matches. Returns how many
+/// were deleted (entries already gone do not count).
+fn delete_matching(sock: &mut NfSocket, msgs: &[Msg], wants: &[Want]) -> Result<u64> {
+    let mut deleted = 0;
+    for m in msgs {
+        if m.msg_type != ct_msg(IPCTNL_MSG_CT_NEW) {
+            return Err(Error::Protocol(format!(
+                "conntrack: unexpected message type {:#x} in a dump",
+                m.msg_type
+            )));
+        }
+        let e = Entry::parse(m)?;
+        if wants.iter().any(|w| w.matches(&e)) && delete_exact(sock, &e)? {
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
+/// Deletes one entry by its original tuple (and id and zone). False if it was already gone.
+fn delete_exact(sock: &mut NfSocket, e: &Entry) -> Result<bool> {
+    let r = retry(|| {
+        let mut b = sock.msgbuf();
+        b.begin(ct_msg(IPCTNL_MSG_CT_DELETE), NLM_F_ACK, e.family, 0);
+        // The dumped tuple is sent back as it came, so any protocol and zone round-trips.
+        b.attr(CTA_TUPLE_ORIG | NLA_F_NESTED, e.orig_raw);
+        if let Some(id) = e.id {
+            b.attr_u32_be(CTA_ID, id);
+        }
+        if let Some(zone) = e.zone {
+            b.attr(CTA_ZONE, zone);
+        }
+        b.end();
+        sock.transact(&b, &|_| {
+            format!(
+                "conntrack: delete {} {} -> {}",
+                e.orig.proto, e.orig.src, e.orig.dst
+            )
+        })
+    });
+    match r {
+        Ok(()) => Ok(true),
+        Err(err) if err.errno() == Some(libc::ENOENT) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// The fields of a tuple that matching needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tuple {
+    src: IpAddr,
+    dst: IpAddr,
+    proto: u8,
+    sport: Option<u16>,
+    dport: Option<u16>,
+}
+
+impl Tuple {
+    fn parse(payload: &[u8], family: u8) -> Result<Tuple> {
+        let bad = |what: &str| Error::Protocol(format!("conntrack: malformed tuple: {what}"));
+        let attrs = Attrs::new(payload);
+        let ip = attrs.get(CTA_TUPLE_IP).ok_or_else(|| bad("no address"))?;
+        let ip = ip.nested();
+        let (src, dst) = match family {
+            AF_INET => (
+                ip.get(CTA_IP_V4_SRC).and_then(|a| v4(a.payload)),
+                ip.get(CTA_IP_V4_DST).and_then(|a| v4(a.payload)),
+            ),
+            AF_INET6 => (
+                ip.get(CTA_IP_V6_SRC).and_then(|a| v6(a.payload)),
+                ip.get(CTA_IP_V6_DST).and_then(|a| v6(a.payload)),
+            ),
+            _ => (None, None),
+        };
+        let proto = attrs
+            .get(CTA_TUPLE_PROTO)
+            .ok_or_else(|| bad("no protocol"))?;
+        let proto = proto.nested();
+        Ok(Tuple {
+            src: src.ok_or_else(|| bad("no source address"))?,
+            dst: dst.ok_or_else(|| bad("no destination address"))?,
+            proto: proto
+                .get(CTA_PROTO_NUM)
+                .and_then(|a| a.payload.first().copied())
+                .ok_or_else(|| bad("no protocol number"))?,
+            sport: proto.get(CTA_PROTO_SRC_PORT).and_then(|a| a.u16_be()),
+            dport: proto.get(CTA_PROTO_DST_PORT).and_then(|a| a.u16_be()),
+        })
+    }
+}
+
+fn v4(p: &[u8]) -> Option<IpAddr> {
+    let o: [u8; 4] = p.try_into().ok()?;
+    Some(IpAddr::from(o))
+}
+
+fn v6(p: &[u8]) -> Option<IpAddr> {
+    let o: [u8; 16] = p.try_into().ok()?;
+    Some(IpAddr::from(o))
+}
+
+/// One dumped entry.
+#[derive(Debug)]
+struct Entry<'a> {
+    family: u8,
+    orig: Tuple,
+    reply: Tuple,
+    /// The CTA_TUPLE_ORIG payload as the kernel sent it.
+    orig_raw: &'a [u8],
+    id: Option<u32>,
+    zone: Option<&'a [u8]>,
+}
+
+impl<'a> Entry<'a> {
+    fn parse(m: &'a Msg) -> Result<Entry<'a>> {
+        let family = m.nf_family();
+        if family != AF_INET && family != AF_INET6 {
+            return Err(Error::Protocol(format!(
+                "conntrack: entry of unknown family {family}"
+            )));
+        }
+        let attrs = m.nf_attrs();
+        let orig = attrs
+            .get(CTA_TUPLE_ORIG)
+            .ok_or_else(|| Error::Protocol("conntrack: entry without original tuple".into()))?;
+        let reply = attrs
+            .get(CTA_TUPLE_REPLY)
+            .ok_or_else(|| Error::Protocol("conntrack: entry without reply tuple".into()))?;
+        Ok(Entry {
+            family,
+            orig: Tuple::parse(orig.payload, family)?,
+            reply: Tuple::parse(reply.payload, family)?,
+            orig_raw: orig.payload,
+            id: attrs.get(CTA_ID).and_then(|a| a.u32_be()),
+            zone: attrs.get(CTA_ZONE).map(|a| a.payload),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::netlink::parse_msgs;
+
+    #[test]
+    fn env_overrides_only_auto() {
+        assert_eq!(resolve_path(Path::Auto, None).unwrap(), Path::Auto);
+        assert_eq!(resolve_path(Path::Auto, Some("")).unwrap(), Path::Auto);
+        assert_eq!(
+            resolve_path(Path::Auto, Some("filtered")).unwrap(),
+            Path::Filtered
+        );
+        assert_eq!(
+            resolve_path(Path::Auto, Some("fallback")).unwrap(),
+            Path::Fallback
+        );
+        assert_eq!(
+            resolve_path(Path::Auto, Some("full")).unwrap(),
+            Path::FullDump
+        );
+        assert_eq!(
+            resolve_path(Path::Fallback, Some("full")).unwrap(),
+            Path::Fallback
+        );
+        let e = resolve_path(Path::Auto, Some("fast")).unwrap_err();
+        assert_eq!(e.code(), crate::error::code::INVALID_ENV);
+    }
+
+    #[test]
+    fn normalize_maps_v4_in_v6_and_dedups() {
+        let a: Vec<IpAddr> = ["::ffff:10.0.0.1", "10.0.0.1", "fd00::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(
+            normalize(&a),
+            vec![
+                "10.0.0.1".parse::<IpAddr>().unwrap(),
+                "fd00::1".parse().unwrap()
+            ]
+        );
+    }
+
+    fn put_addr(b: &mut MsgBuf, a: IpAddr, src: bool) {
+        match a {
+            IpAddr::V4(v4) => b.attr(
+                if src { CTA_IP_V4_SRC } else { CTA_IP_V4_DST },
+                &v4.octets(),
+            ),
+            IpAddr::V6(v6) => b.attr(
+                if src { CTA_IP_V6_SRC } else { CTA_IP_V6_DST },
+                &v6.octets(),
+            ),
+        }
+    }
+
+    fn tuple_attr(b: &mut MsgBuf, ty: u16, src: IpAddr, dst: IpAddr, sport: u16, dport: u16) {
+        let t = b.nest_begin(ty);
+        let ip = b.nest_begin(CTA_TUPLE_IP);
+        put_addr(b, src, true);
+        put_addr(b, dst, false);
+        b.nest_end(ip);
+        let p = b.nest_begin(CTA_TUPLE_PROTO);
+        b.attr_u8(CTA_PROTO_NUM, IPPROTO_TCP);
+        b.attr_u16_be(CTA_PROTO_SRC_PORT, sport);
+        b.attr_u16_be(CTA_PROTO_DST_PORT, dport);
+        b.nest_end(p);
+        b.nest_end(t);
+    }
+
+    #[test]
+    fn parses_and_matches_entries() {
+        let pod: IpAddr = "10.1.0.5".parse().unwrap();
+        let meta: IpAddr = "169.254.169.254".parse().unwrap();
+        let proxy: IpAddr = "10.1.0.1".parse().unwrap();
+        let mut b = MsgBuf::new(1);
+        // Not DNATed: the reply comes from the metadata address itself.
+        b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+        tuple_attr(&mut b, CTA_TUPLE_ORIG, pod, meta, 40000, 80);
+        tuple_attr(&mut b, CTA_TUPLE_REPLY, meta, pod, 80, 40000);
+        b.attr_u32_be(CTA_ID, 7);
+        b.end();
+        // DNATed to the proxy.
+        b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+        tuple_attr(&mut b, CTA_TUPLE_ORIG, pod, meta, 40001, 80);
+        tuple_attr(&mut b, CTA_TUPLE_REPLY, proxy, pod, 8181, 40001);
+        b.end();
+        let msgs = parse_msgs(b.as_bytes());
+        let plain = Entry::parse(&msgs[0]).unwrap();
+        let dnat = Entry::parse(&msgs[1]).unwrap();
+        assert_eq!(plain.id, Some(7));
+        assert_eq!(plain.orig.dport, Some(80));
+        let srcs = [pod];
+        let dsts = [meta];
+        let undnatted = Want::Undnatted {
+            family: AF_INET,
+            dsts: &dsts,
+            srcs: &srcs,
+            dports: &[80],
+        };
+        assert!(undnatted.matches(&plain));
+        assert!(!undnatted.matches(&dnat));
+        let other_port = Want::Undnatted {
+            family: AF_INET,
+            dsts: &dsts,
+            srcs: &srcs,
+            dports: &[443],
+        };
+        assert!(!other_port.matches(&plain));
+        let by_reply = Want::Source4 {
+            addr: "10.1.0.1".parse().unwrap(),
+            dir: Dir::Reply,
+        };
+        assert!(by_reply.matches(&dnat) && !by_reply.matches(&plain));
+        let by_orig = Want::Source4 {
+            addr: "10.1.0.5".parse().unwrap(),
+            dir: Dir::Orig,
+        };
+        assert!(by_orig.matches(&plain) && by_orig.matches(&dnat));
+        let v6 = ["fd00::5".parse().unwrap()];
+        assert!(!Want::Sources6 { addrs: &v6 }.matches(&plain));
+    }
+
+    #[test]
+    fn malformed_entries_are_errors_not_panics() {
+        let mut b = MsgBuf::new(1);
+        b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+        let t = b.nest_begin(CTA_TUPLE_ORIG);
+        let ip = b.nest_begin(CTA_TUPLE_IP);
+        b.attr(CTA_IP_V4_SRC, &[10, 0, 0]); // short address
+        b.nest_end(ip);
+        b.nest_end(t);
+        b.end();
+        b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, 99, 0);
+        b.end();
+        b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET6, 0);
+        b.attr(CTA_TUPLE_ORIG | NLA_F_NESTED, &[0xff, 0xff, 1, 0]);
+        b.end();
+        for m in parse_msgs(b.as_bytes()) {
+            assert!(matches!(Entry::parse(&m), Err(Error::Protocol(_))));
+        }
+    }
+
+    fn filter_of(want: Want) -> Vec<u8> {
+        let mut b = MsgBuf::new(1);
+        b.begin(ct_msg(IPCTNL_MSG_CT_DELETE), NLM_F_ACK, want.family(), 0);
+        want.write_filter(&mut b);
+        b.end();
+        parse_msgs(b.as_bytes())[0].body.clone()
+    }
+
+    fn tuple_ips(body: &[u8]) -> Vec<u16> {
+        let attrs = Attrs::new(&body[4..]);
+        [CTA_TUPLE_ORIG, CTA_TUPLE_REPLY]
+            .into_iter()
+            .filter_map(|t| attrs.get(t))
+            .filter_map(|t| t.nested().get(CTA_TUPLE_IP))
+            .flat_map(|ip| ip.nested().map(|a| a.ty).collect::<Vec<_>>())
+            .collect()
+    }
+
+    #[test]
+    fn filters_name_no_full_tuple_and_no_ipv6_address() {
+        // A kernel without filtered flush reads CTA_TUPLE_* as an exact tuple; with only a
+        // source address it must refuse rather than delete one entry.
+        for dir in [Dir::Orig, Dir::Reply] {
+            let body = filter_of(Want::Source4 {
+                addr: "10.1.0.5".parse().unwrap(),
+                dir,
+            });
+            assert_eq!(tuple_ips(&body), vec![CTA_IP_V4_SRC]);
+            assert!(Attrs::new(&body[4..]).get(CTA_FILTER).is_some());
+        }
+        // The kernel's IPv6 address match is inverted: never send an IPv6 address.
+        let v6 = ["fd00::5".parse().unwrap()];
+        assert!(tuple_ips(&filter_of(Want::Sources6 { addrs: &v6 })).is_empty());
+        let srcs = ["fd00::7".parse().unwrap()];
+        let six = Want::Undnatted {
+            family: AF_INET6,
+            dsts: &v6,
+            srcs: &srcs,
+            dports: &[80],
+        };
+        assert!(tuple_ips(&filter_of(six)).is_empty());
+    }
+
+    #[test]
+    fn labels() {
+        assert_eq!(label(Ran::Filtered, true, Path::Auto), "filtered+ipv6-dump");
+        assert_eq!(label(Ran::Nothing, false, Path::Fallback), "dump+delete");
+        assert_eq!(label(Ran::Full, true, Path::Auto), "full-dump");
+    }
+}

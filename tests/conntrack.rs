@@ -1,0 +1,449 @@
+//! Root tests of `natguard::conntrack` against the running kernel.
+//!
+//! Each test creates its own network namespace (`ng-ct-<name>-<pid>`), fills that namespace's
+//! conntrack table with `IPCTNL_MSG_CT_NEW` batches, and runs the code under test on a thread that
+//! joined the namespace with `setns(2)`; the rest of the test process, and the root namespace's
+//! conntrack table, are never touched. Tables are compared entry by entry with a dump.
+
+use natguard::conntrack::{self, FlushReport, Path};
+use natguard::netlink::{
+    Attrs, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+};
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::process::Command;
+
+const CT_NEW: u16 = (NFNL_SUBSYS_CTNETLINK as u16) << 8;
+const CT_GET: u16 = ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | 1;
+const TCP: u8 = 6;
+const UDP: u8 = 17;
+
+/// A namespace that is deleted when the guard goes out of scope, also on panic.
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(test: &str) -> Netns {
+        let name = format!("ng-ct-{test}-{}", std::process::id());
+        // A leftover of an aborted run with the same pid would make `add` fail.
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let out = Command::new("ip")
+            .args(["netns", "add", &name])
+            .output()
+            .expect("run ip netns add");
+        assert!(
+            out.status.success(),
+            "ip netns add {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Netns { name }
+    }
+
+    /// Runs `f` on a new thread that joined this namespace; only that thread moves.
+    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        let path = format!("/run/netns/{}", self.name);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+                // SAFETY: setns on a valid namespace fd; it affects only this thread.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
+                // Belt and braces: never run against the root namespace's table.
+                let here = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
+                assert_eq!(here, file.metadata().unwrap().ino(), "not in {path}");
+                f()
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A conntrack entry: both tuples (same protocol).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Flow {
+    proto: u8,
+    osrc: IpAddr,
+    odst: IpAddr,
+    osport: u16,
+    odport: u16,
+    rsrc: IpAddr,
+    rdst: IpAddr,
+    rsport: u16,
+    rdport: u16,
+}
+
+/// A flow without NAT: the reply tuple is the inverse of the original one.
+fn plain(proto: u8, src: &str, dst: &str, sport: u16, dport: u16) -> Flow {
+    let (s, d) = (ip(src), ip(dst));
+    Flow {
+        proto,
+        osrc: s,
+        odst: d,
+        osport: sport,
+        odport: dport,
+        rsrc: d,
+        rdst: s,
+        rsport: dport,
+        rdport: sport,
+    }
+}
+
+/// A flow whose destination was rewritten to `to:to_port` (DNAT).
+fn dnat(proto: u8, src: &str, dst: &str, sport: u16, dport: u16, to: &str, to_port: u16) -> Flow {
+    Flow {
+        rsrc: ip(to),
+        rsport: to_port,
+        ..plain(proto, src, dst, sport, dport)
+    }
+}
+
+/// A flow whose source was rewritten to `to` (SNAT/masquerade).
+fn snat(proto: u8, src: &str, dst: &str, sport: u16, dport: u16, to: &str) -> Flow {
+    Flow {
+        rdst: ip(to),
+        ..plain(proto, src, dst, sport, dport)
+    }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn put_tuple(b: &mut MsgBuf, ty: u16, proto: u8, src: IpAddr, dst: IpAddr, sp: u16, dp: u16) {
+    let t = b.nest_begin(ty);
+    let n = b.nest_begin(1); // CTA_TUPLE_IP
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            b.attr(1, &s.octets());
+            b.attr(2, &d.octets());
+        }
+        (IpAddr::V6(s), IpAddr::V6(d)) => {
+            b.attr(3, &s.octets());
+            b.attr(4, &d.octets());
+        }
+        _ => panic!("mixed families in a tuple"),
+    }
+    b.nest_end(n);
+    let p = b.nest_begin(2); // CTA_TUPLE_PROTO
+    b.attr_u8(1, proto);
+    b.attr_u16_be(2, sp);
+    b.attr_u16_be(3, dp);
+    b.nest_end(p);
+    b.nest_end(t);
+}
+
+/// Inserts `flows` with IPCTNL_MSG_CT_NEW, many per write (in the calling thread's namespace).
+fn create(flows: &[Flow]) {
+    let mut sock = NfSocket::open().unwrap();
+    // Each message gets an ACK; 128 of them fit the socket's receive buffer comfortably.
+    for chunk in flows.chunks(128) {
+        let mut b = sock.msgbuf();
+        for f in chunk {
+            let family = if f.osrc.is_ipv4() { 2 } else { 10 };
+            b.begin(CT_NEW, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK, family, 0);
+            put_tuple(&mut b, 1, f.proto, f.osrc, f.odst, f.osport, f.odport);
+            put_tuple(&mut b, 2, f.proto, f.rsrc, f.rdst, f.rsport, f.rdport);
+            b.attr_u32_be(7, 3600); // CTA_TIMEOUT: nothing expires during a test
+            if f.proto == TCP {
+                let pi = b.nest_begin(4); // CTA_PROTOINFO
+                let t = b.nest_begin(1); // CTA_PROTOINFO_TCP
+                b.attr_u8(1, 3); // CTA_PROTOINFO_TCP_STATE = ESTABLISHED
+                b.nest_end(t);
+                b.nest_end(pi);
+            }
+            b.end();
+        }
+        sock.transact(&b, &|_| "create conntrack entry".into())
+            .unwrap();
+    }
+}
+
+fn parse_tuple(a: Attrs<'_>, v6: bool) -> (u8, IpAddr, IpAddr, u16, u16) {
+    let ipa = a.get(1).unwrap().nested();
+    let addr = |ty: u16| -> IpAddr {
+        let p = ipa.get(ty).unwrap().payload;
+        if v6 {
+            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(p).unwrap()))
+        } else {
+            IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(p).unwrap()))
+        }
+    };
+    let (s, d) = if v6 {
+        (addr(3), addr(4))
+    } else {
+        (addr(1), addr(2))
+    };
+    let pa = a.get(2).unwrap().nested();
+    let proto = pa.get(1).unwrap().payload[0];
+    let port = |ty: u16| pa.get(ty).and_then(|x| x.u16_be()).unwrap_or(0);
+    (proto, s, d, port(2), port(3))
+}
+
+/// Every entry of the calling thread's namespace, both families.
+fn dump() -> BTreeSet<Flow> {
+    let mut sock = NfSocket::open().unwrap();
+    let mut b = sock.msgbuf();
+    b.begin(CT_GET, NLM_F_DUMP, 0, 0);
+    b.end();
+    let mut out = BTreeSet::new();
+    for m in sock.request(&b, "dump conntrack").unwrap() {
+        let v6 = m.nf_family() == 10;
+        let a = m.nf_attrs();
+        let (proto, osrc, odst, osport, odport) = parse_tuple(a.get(1).unwrap().nested(), v6);
+        let (_, rsrc, rdst, rsport, rdport) = parse_tuple(a.get(2).unwrap().nested(), v6);
+        assert!(out.insert(Flow {
+            proto,
+            osrc,
+            odst,
+            osport,
+            odport,
+            rsrc,
+            rdst,
+            rsport,
+            rdport,
+        }));
+    }
+    out
+}
+
+/// `n` unrelated entries, a quarter of them IPv6, half UDP and half TCP, all distinct.
+fn background(n: u32) -> Vec<Flow> {
+    (0..n)
+        .map(|i| {
+            let proto = if i % 2 == 0 { UDP } else { TCP };
+            let sport = 1024 + (i % 60000) as u16;
+            let dport = if proto == UDP { 53 } else { 443 };
+            if i % 4 == 0 {
+                let s = IpAddr::V6(Ipv6Addr::from(0xfd00_00bb_u128 << 96 | i as u128));
+                let d = IpAddr::V6(Ipv6Addr::from(
+                    0xfd00_0099_u128 << 96 | (i % 200 + 1) as u128,
+                ));
+                plain_addrs(proto, s, d, sport, dport)
+            } else {
+                // 10.128.0.0 + i: far from the test pods' 10.1.0.0/24.
+                let s = IpAddr::V4(Ipv4Addr::from(0x0a80_0000 + i));
+                let d = IpAddr::V4(Ipv4Addr::new(11, 0, 0, (i % 200 + 1) as u8));
+                plain_addrs(proto, s, d, sport, dport)
+            }
+        })
+        .collect()
+}
+
+fn plain_addrs(proto: u8, s: IpAddr, d: IpAddr, sport: u16, dport: u16) -> Flow {
+    Flow {
+        proto,
+        osrc: s,
+        odst: d,
+        osport: sport,
+        odport: dport,
+        rsrc: d,
+        rdst: s,
+        rsport: dport,
+        rdport: sport,
+    }
+}
+
+const POD4: &str = "10.1.0.5";
+const POD6: &str = "fd00:1::5";
+
+/// Entries of the previous owner of POD4/POD6, in every shape flush_addresses must remove.
+fn pod_flows() -> Vec<Flow> {
+    vec![
+        // The pod as original source: to the outside (masqueraded) and inside the cluster.
+        snat(UDP, POD4, "11.0.0.1", 40000, 53, "192.168.0.2"),
+        snat(TCP, POD4, "11.0.0.1", 40001, 443, "192.168.0.2"),
+        plain(UDP, POD4, "10.1.0.7", 40002, 5353),
+        plain(TCP, POD4, "10.1.0.7", 40003, 8080),
+        // A flow the pod opened to the metadata address before any DNAT existed.
+        plain(TCP, POD4, "169.254.169.254", 40004, 80),
+        // The pod as reply source: someone connected to it directly, or through a service VIP.
+        plain(TCP, "10.1.0.7", POD4, 50000, 8080),
+        plain(UDP, "10.1.0.7", POD4, 50001, 53),
+        dnat(TCP, "10.1.0.8", "10.96.0.10", 50002, 80, POD4, 8080),
+        dnat(UDP, "10.1.0.8", "10.96.0.10", 50003, 53, POD4, 53),
+        // The same for IPv6.
+        snat(UDP, POD6, "fd00:99::1", 40000, 53, "fd00:ff::2"),
+        snat(TCP, POD6, "fd00:99::1", 40001, 443, "fd00:ff::2"),
+        plain(TCP, POD6, "fd00:ec2::254", 40004, 80),
+        plain(TCP, "fd00:1::7", POD6, 50000, 8080),
+        plain(UDP, "fd00:1::7", POD6, 50001, 53),
+        dnat(TCP, "fd00:1::8", "fd00:96::10", 50002, 80, POD6, 8080),
+    ]
+}
+
+/// Entries that mention the pod's addresses, or nearly, but neither as original nor as reply
+/// source: they must survive.
+fn near_misses() -> Vec<Flow> {
+    vec![
+        // Addressed to the pod's address but DNATed elsewhere: reply source is the other host.
+        dnat(TCP, "10.1.0.7", POD4, 50010, 80, "10.1.0.9", 8080),
+        dnat(TCP, "fd00:1::7", POD6, 50010, 80, "fd00:1::9", 8080),
+        // SNATed to the pod's address: it is only the reply destination.
+        snat(UDP, "10.1.0.9", "11.0.0.2", 40010, 53, POD4),
+        snat(UDP, "fd00:1::9", "fd00:99::2", 40010, 53, POD6),
+        // Neighbouring addresses.
+        plain(TCP, "10.1.0.50", "11.0.0.1", 40011, 443),
+        plain(TCP, "11.0.0.1", "10.1.0.50", 40012, 22),
+        plain(TCP, "10.1.0.4", "11.0.0.1", 40013, 443),
+        plain(TCP, "fd00:1::50", "fd00:99::1", 40011, 443),
+        plain(TCP, "fd00:1::5:0", "fd00:99::1", 40012, 443),
+    ]
+}
+
+fn pod_addrs() -> [IpAddr; 2] {
+    [ip(POD4), ip(POD6)]
+}
+
+/// Fills a fresh namespace, flushes the pod's addresses along `path`, and checks that exactly
+/// the pod's entries are gone. Returns the report and the table left behind.
+fn flush_case(test: &str, background_n: u32, path: Path) -> (FlushReport, BTreeSet<Flow>) {
+    let ns = Netns::new(test);
+    ns.run(|| {
+        let pod = pod_flows();
+        let mut keep = background(background_n);
+        keep.extend(near_misses());
+        create(&keep);
+        create(&pod);
+        let before = dump();
+        assert_eq!(before.len(), keep.len() + pod.len(), "entries created");
+        assert_eq!(
+            conntrack::count_entries().unwrap(),
+            before.len() as u64,
+            "kernel entry count"
+        );
+
+        let report = conntrack::flush_addresses_with(&pod_addrs(), path).unwrap();
+
+        let after = dump();
+        let want: BTreeSet<Flow> = keep.iter().copied().collect();
+        let gone: Vec<&Flow> = want.difference(&after).collect();
+        assert!(gone.is_empty(), "unrelated entries deleted: {gone:?}");
+        let left: Vec<&Flow> = after.difference(&want).collect();
+        assert!(left.is_empty(), "pod entries left: {left:?}");
+        assert_eq!(after.len(), keep.len(), "exact count after the flush");
+        assert_eq!(report.deleted, pod.len() as u64, "{report:?}");
+        (report, after)
+    })
+}
+
+#[test]
+fn ip_reuse_flush_removes_only_the_pods_entries() {
+    let (report, _) = flush_case("reuse", 100_000, Path::Filtered);
+    // IPv4: original source and reply source, one filtered delete each. IPv6: one dump of the
+    // family (the kernel's IPv6 address filter cannot be used).
+    assert_eq!(report.path, "filtered+ipv6-dump");
+    assert_eq!(report.walks, 3);
+}
+
+#[test]
+fn fallback_and_full_dump_paths_give_the_filtered_result() {
+    let (filtered, left_filtered) = flush_case("pathf", 20_000, Path::Filtered);
+    let (fallback, left_fallback) = flush_case("pathd", 20_000, Path::Fallback);
+    let (full, left_full) = flush_case("pathu", 20_000, Path::FullDump);
+    assert_eq!(left_fallback, left_filtered);
+    assert_eq!(left_full, left_filtered);
+    assert_eq!(
+        (filtered.path, fallback.path, full.path),
+        ("filtered+ipv6-dump", "dump+delete+ipv6-dump", "full-dump")
+    );
+    assert_eq!((filtered.walks, fallback.walks, full.walks), (3, 3, 1));
+    assert_eq!(filtered.deleted, fallback.deleted);
+    assert_eq!(filtered.deleted, full.deleted);
+}
+
+#[test]
+fn auto_path_flushes_and_empty_input_does_nothing() {
+    let ns = Netns::new("auto");
+    ns.run(|| {
+        conntrack::probe().unwrap();
+        // Empty table: nothing to walk.
+        let r = conntrack::flush_addresses(&pod_addrs()).unwrap();
+        assert_eq!((r.deleted, r.walks), (0, 0), "{r:?}");
+
+        let pod = pod_flows();
+        let keep = near_misses();
+        create(&pod);
+        create(&keep);
+        let r = conntrack::flush_addresses(&[]).unwrap();
+        assert_eq!((r.deleted, r.walks), (0, 0), "{r:?}");
+        // Only IPv4 given: the IPv6 entries of the pod stay.
+        let r = conntrack::flush_addresses(&[ip(POD4)]).unwrap();
+        let v4 = pod.iter().filter(|f| f.osrc.is_ipv4()).count();
+        assert_eq!(r.deleted, v4 as u64, "{r:?}");
+        assert_eq!(r.walks, 2, "{r:?}");
+        let r = conntrack::flush_addresses(&[ip(POD6)]).unwrap();
+        assert_eq!(r.deleted, (pod.len() - v4) as u64, "{r:?}");
+        assert_eq!((r.walks, r.path), (1, "ipv6-dump"), "{r:?}");
+        let want: BTreeSet<Flow> = keep.iter().copied().collect();
+        assert_eq!(dump(), want);
+    });
+}
+
+#[test]
+fn undnatted_flows_to_metadata_are_deleted_and_dnated_ones_stay() {
+    let ns = Netns::new("adopt");
+    ns.run(|| {
+        let (a, b, c) = ("10.1.0.11", "10.1.0.12", "10.1.0.13");
+        let (a6, c6) = ("fd00:1::11", "fd00:1::13");
+        let meta4 = "169.254.169.254";
+        let meta6 = "fd00:ec2::254";
+        let bypassed = vec![
+            plain(TCP, a, meta4, 41000, 80),
+            plain(TCP, a, meta4, 41001, 80),
+            plain(TCP, b, meta4, 41000, 80),
+            plain(TCP, a6, meta6, 41000, 80),
+        ];
+        let on_8080 = plain(TCP, b, meta4, 41002, 8080);
+        let mut keep = vec![
+            // Went through the DNAT to the node-local proxy.
+            dnat(TCP, a, meta4, 42000, 80, "10.1.0.1", 8181),
+            dnat(TCP, b, meta4, 42000, 80, "10.1.0.1", 8181),
+            dnat(TCP, a6, meta6, 42000, 80, "fd00:1::1", 8181),
+            // Sources that are not being adopted.
+            plain(TCP, c, meta4, 43000, 80),
+            plain(TCP, c6, meta6, 43000, 80),
+            // Other ports, protocols and destinations of the adopted pods.
+            plain(TCP, a, meta4, 44000, 443),
+            plain(UDP, a, meta4, 44001, 80),
+            plain(TCP, a, "10.9.9.9", 44002, 80),
+            plain(TCP, a6, "fd00:9::9", 44002, 80),
+            // The metadata address answering a connection it opened to the pod.
+            plain(TCP, meta4, a, 80, 44003),
+        ];
+        keep.extend(background(1000));
+        create(&bypassed);
+        create(&[on_8080]);
+        create(&keep);
+        let srcs = [ip(a), ip(b), ip(a6)];
+        let dsts = [ip(meta4), ip(meta6)];
+
+        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[80]).unwrap();
+        assert_eq!(r.deleted, bypassed.len() as u64, "{r:?}");
+        // One walk for the IPv4 destination, one for all IPv6 destinations.
+        assert_eq!(r.walks, 2, "{r:?}");
+        // Several ports: the port is matched in userspace, still one walk per destination.
+        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[80, 8080]).unwrap();
+        assert_eq!((r.deleted, r.walks), (1, 2), "{r:?}");
+        // Nothing left to do; empty lists match nothing.
+        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[80, 8080]).unwrap();
+        assert_eq!(r.deleted, 0, "{r:?}");
+        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[]).unwrap();
+        assert_eq!((r.deleted, r.walks), (0, 0), "{r:?}");
+
+        let want: BTreeSet<Flow> = keep.iter().copied().collect();
+        assert_eq!(dump(), want);
+    });
+}
