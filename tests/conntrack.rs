@@ -20,6 +20,8 @@ const CT_NEW: u16 = (NFNL_SUBSYS_CTNETLINK as u16) << 8;
 const CT_GET: u16 = ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | 1;
 const TCP: u8 = 6;
 const UDP: u8 = 17;
+const ICMP: u8 = 1;
+const ICMPV6: u8 = 58;
 
 /// A namespace that is deleted when the guard goes out of scope, also on panic.
 struct Netns {
@@ -118,6 +120,27 @@ fn snat(proto: u8, src: &str, dst: &str, sport: u16, dport: u16, to: &str) -> Fl
     }
 }
 
+/// An echo request and its reply (protocols without ports).
+fn ping(src: &str, dst: &str, id: u16) -> Flow {
+    let (s, d) = (ip(src), ip(dst));
+    let (proto, request, reply) = if s.is_ipv4() {
+        (ICMP, 8, 0)
+    } else {
+        (ICMPV6, 128, 129)
+    };
+    Flow {
+        proto,
+        osrc: s,
+        odst: d,
+        osport: id,
+        odport: request,
+        rsrc: d,
+        rdst: s,
+        rsport: id,
+        rdport: reply,
+    }
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -139,8 +162,23 @@ fn put_tuple(b: &mut MsgBuf, ty: u16, proto: u8, src: IpAddr, dst: IpAddr, sp: u
     b.nest_end(n);
     let p = b.nest_begin(2); // CTA_TUPLE_PROTO
     b.attr_u8(1, proto);
-    b.attr_u16_be(2, sp);
-    b.attr_u16_be(3, dp);
+    match proto {
+        // ICMP: "sport" is the echo id, "dport" the type.
+        ICMP => {
+            b.attr_u16_be(4, sp);
+            b.attr_u8(5, dp as u8);
+            b.attr_u8(6, 0);
+        }
+        ICMPV6 => {
+            b.attr_u16_be(7, sp);
+            b.attr_u8(8, dp as u8);
+            b.attr_u8(9, 0);
+        }
+        _ => {
+            b.attr_u16_be(2, sp);
+            b.attr_u16_be(3, dp);
+        }
+    }
     b.nest_end(p);
     b.nest_end(t);
 }
@@ -189,7 +227,12 @@ fn parse_tuple(a: Attrs<'_>, v6: bool) -> (u8, IpAddr, IpAddr, u16, u16) {
     let pa = a.get(2).unwrap().nested();
     let proto = pa.get(1).unwrap().payload[0];
     let port = |ty: u16| pa.get(ty).and_then(|x| x.u16_be()).unwrap_or(0);
-    (proto, s, d, port(2), port(3))
+    let byte = |ty: u16| pa.get(ty).map_or(0, |x| u16::from(x.payload[0]));
+    match proto {
+        ICMP => (proto, s, d, port(4), byte(5)),
+        ICMPV6 => (proto, s, d, port(7), byte(8)),
+        _ => (proto, s, d, port(2), port(3)),
+    }
 }
 
 /// Every entry of the calling thread's namespace, both families.
@@ -274,6 +317,8 @@ fn pod_flows() -> Vec<Flow> {
         plain(UDP, "10.1.0.7", POD4, 50001, 53),
         dnat(TCP, "10.1.0.8", "10.96.0.10", 50002, 80, POD4, 8080),
         dnat(UDP, "10.1.0.8", "10.96.0.10", 50003, 53, POD4, 53),
+        ping(POD4, "11.0.0.1", 7),
+        ping("10.1.0.7", POD4, 8),
         // The same for IPv6.
         snat(UDP, POD6, "fd00:99::1", 40000, 53, "fd00:ff::2"),
         snat(TCP, POD6, "fd00:99::1", 40001, 443, "fd00:ff::2"),
@@ -281,6 +326,8 @@ fn pod_flows() -> Vec<Flow> {
         plain(TCP, "fd00:1::7", POD6, 50000, 8080),
         plain(UDP, "fd00:1::7", POD6, 50001, 53),
         dnat(TCP, "fd00:1::8", "fd00:96::10", 50002, 80, POD6, 8080),
+        ping(POD6, "fd00:99::1", 7),
+        ping("fd00:1::7", POD6, 8),
     ]
 }
 
@@ -300,6 +347,8 @@ fn near_misses() -> Vec<Flow> {
         plain(TCP, "10.1.0.4", "11.0.0.1", 40013, 443),
         plain(TCP, "fd00:1::50", "fd00:99::1", 40011, 443),
         plain(TCP, "fd00:1::5:0", "fd00:99::1", 40012, 443),
+        ping("10.1.0.7", "10.1.0.9", 7),
+        ping("fd00:1::7", "fd00:1::9", 7),
     ]
 }
 
@@ -444,6 +493,36 @@ fn undnatted_flows_to_metadata_are_deleted_and_dnated_ones_stay() {
         let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[]).unwrap();
         assert_eq!((r.deleted, r.walks), (0, 0), "{r:?}");
 
+        let want: BTreeSet<Flow> = keep.iter().copied().collect();
+        assert_eq!(dump(), want);
+    });
+}
+
+#[test]
+fn entries_vanishing_between_dump_and_delete_are_not_errors() {
+    // Two dump+delete flushes of the same addresses race: each entry is deleted by one of them,
+    // and the other finds it gone (ENOENT) or never sees it. Both succeed, and the exact counts
+    // of the dump path add up.
+    let ns = Netns::new("race");
+    ns.run(|| {
+        let mut pod: Vec<Flow> = (0..1500)
+            .map(|i| plain(UDP, POD4, "11.0.0.1", 20000 + i, 53))
+            .collect();
+        pod.extend((0..1500).map(|i| plain(TCP, "fd00:99::1", POD6, 20000 + i, 443)));
+        let keep = near_misses();
+        create(&pod);
+        create(&keep);
+        let barrier = std::sync::Barrier::new(2);
+        let (a, b) = std::thread::scope(|s| {
+            let run = || {
+                barrier.wait();
+                conntrack::flush_addresses_with(&pod_addrs(), Path::Fallback)
+            };
+            let a = s.spawn(run);
+            let b = s.spawn(run);
+            (a.join().unwrap().unwrap(), b.join().unwrap().unwrap())
+        });
+        assert_eq!(a.deleted + b.deleted, pod.len() as u64, "{a:?} {b:?}");
         let want: BTreeSet<Flow> = keep.iter().copied().collect();
         assert_eq!(dump(), want);
     });
