@@ -25,7 +25,7 @@
 //! [`Path::Auto`] tries 1, and falls back to 2 and then 3 when the kernel refuses a request
 //! (`EOPNOTSUPP`/`EINVAL`). The refusal is remembered for the rest of the process. It first reads
 //! the namespace's entry count (no walk): an empty table needs no walk at all, and a small one
-//! (up to [`SMALL_TABLE`] entries) is read in one full dump, one walk instead of several.
+//! (up to 4,096 entries) is read in one full dump, one walk instead of several.
 //!
 //! # IPv6: the kernel's address filter is inverted
 //!
@@ -82,9 +82,11 @@ pub const PATH_ENV: &str = "NATGUARD_CONNTRACK_PATH";
 /// How the entries are found and deleted; see the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// Filtered delete, falling back when the kernel refuses it. [`PATH_ENV`] overrides it.
+    /// Filtered delete, falling back when the kernel refuses it; one full dump instead for a
+    /// small table. [`PATH_ENV`] overrides it.
     Auto,
-    /// Filtered delete only: a refusal is an error.
+    /// Filtered delete whatever the table size; a refusal is an error. (IPv6 addresses still
+    /// go through the IPv6 family dump.)
     Filtered,
     /// Filtered dump plus delete by exact tuple (then a full dump if dumps are refused).
     Fallback,
