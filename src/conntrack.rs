@@ -12,10 +12,11 @@
 //! # Paths
 //!
 //! 1. **filtered** (`IPCTNL_MSG_CT_DELETE` + `CTA_FILTER`): the kernel walks its table once and
-//!    deletes what matches; nothing crosses to userspace. Accepted since Linux 6.11. One walk
-//!    matches ONE condition: the orig-tuple and reply-tuple parts of a filter are ANDed, and the
-//!    family must be concrete (`ctnetlink_parse_tuple_filter` refuses `AF_UNSPEC` once an address
-//!    is named), so "original source X or reply source X" costs two walks per IPv4 address.
+//!    deletes what matches; nothing crosses to userspace. Accepted since the 2024 "flush
+//!    filtering" change (6.12 era; 6.18 here), refused before. One walk matches ONE condition:
+//!    the orig-tuple and reply-tuple parts of a filter are ANDed, and the family must be concrete
+//!    (`ctnetlink_parse_tuple_filter` refuses `AF_UNSPEC` once an address is named), so
+//!    "original source X or reply source X" costs two walks per IPv4 address.
 //! 2. **dump+delete** (`IPCTNL_MSG_CT_GET` + `NLM_F_DUMP` + `CTA_FILTER`, Linux 5.8+): the same
 //!    walks, but the kernel only returns the matching entries, which are then deleted one by one
 //!    by exact original tuple and `CTA_ID`.
@@ -45,7 +46,7 @@
 //!   filter is present (`u3 = version || cda[CTA_FILTER] ? family : UNSPEC`), so `nfgenmsg.version`
 //!   0 is fine. Without `CTA_FILTER` and with version 0 the family would be ignored and the
 //!   flush would hit both families.
-//! * Kernels before 6.11 read a DELETE that carries `CTA_TUPLE_ORIG`/`CTA_TUPLE_REPLY` as an
+//! * Older kernels read a DELETE that carries `CTA_TUPLE_ORIG`/`CTA_TUPLE_REPLY` as an
 //!   exact delete of that tuple. A filtered DELETE here never names a destination address or
 //!   port, so such a kernel cannot find a full tuple in it and answers `EINVAL` instead of
 //!   deleting anything; and every filtered DELETE carries a tuple, so it can never be read as
@@ -483,7 +484,7 @@ impl Want<'_> {
                 let f = b.nest_begin(CTA_FILTER);
                 b.attr(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
                 b.nest_end(f);
-                // status & IPS_DST_NAT == 0 (kernels before 6.0 ignore it; checked here too).
+                // status & IPS_DST_NAT == 0 (older kernels ignore it; checked here too).
                 b.attr_u32_be(CTA_STATUS, 0);
                 b.attr_u32_be(CTA_STATUS_MASK, IPS_DST_NAT);
             }
