@@ -307,7 +307,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if !opts.reconcile {
         for (srcs, dsts, ports) in flows {
-            match crate::plugin::conntrack_undnatted(&srcs, &dsts, &ports) {
+            match crate::conntrack::flush_undnatted_flows(&srcs, &dsts, &ports) {
                 Ok(r) => report.conntrack_deleted += r.deleted,
                 Err(e) => report.conntrack_error = Some(e.to_string()),
             }

@@ -61,20 +61,25 @@ fn run_cni() -> i32 {
     if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut stdin) {
         return print_error(None, &Error::io("read stdin", e));
     }
+    natguard::netlink::defer_release();
     match natguard::plugin::run(command, &get, &stdin) {
         Ok(reply) => {
             if let Some(v) = reply {
                 let mut out = std::io::stdout().lock();
                 let _ = serde_json::to_writer(&mut out, &v);
                 let _ = out.write_all(b"\n");
+                let _ = out.flush();
             }
+            natguard::netlink::release_deferred();
             0
         }
         Err(e) => {
             let version = natguard::config::decode_stdin(&stdin)
                 .ok()
                 .and_then(|v| natguard::config::cni_version_of(&v).ok().flatten());
-            print_error(version, &e)
+            let code = print_error(version, &e);
+            natguard::netlink::release_deferred();
+            code
         }
     }
 }
@@ -84,5 +89,6 @@ fn print_error(version: Option<cni::CniVersion>, e: &Error) -> i32 {
     let mut out = std::io::stdout().lock();
     let _ = serde_json::to_writer(&mut out, &cni::error_reply(version, e));
     let _ = out.write_all(b"\n");
+    let _ = out.flush();
     1
 }

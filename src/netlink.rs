@@ -262,9 +262,64 @@ pub const TRANSIENT_RETRIES: usize = 5;
 
 /// A netfilter netlink socket in the network namespace of the calling thread.
 pub struct NfSocket {
-    sock: Socket,
+    sock: std::mem::ManuallyDrop<Socket>,
     seq: u32,
     recv_buf: Vec<u8>,
+}
+
+/// Releasing a netfilter netlink socket waits until the kernel has freed every committed
+/// nf_tables transaction (`nft_rcv_nl_event` flushes the destroy work, an RCU grace period:
+/// 7 to 9 ms here), even though the transaction took effect at commit. A CNI invocation has
+/// nothing left to do by then, so [`defer_release`] lets its sockets outlive the reply: they
+/// are handed to a short-lived child that closes them after the plugin has exited.
+static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
+
+/// From now on, dropped sockets are kept open for [`release_deferred`].
+pub fn defer_release() {
+    DEFER_RELEASE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Releases the sockets kept by [`defer_release`] in a detached child, so this process can exit
+/// at once. Call it last, after the reply is written: the child closes stdin, stdout and
+/// stderr first, so the runtime reading them sees end-of-file when this process exits.
+pub fn release_deferred() {
+    let fds = std::mem::take(&mut *DEFERRED_FDS.lock().unwrap_or_else(|e| e.into_inner()));
+    if fds.is_empty() {
+        return;
+    }
+    // SAFETY: the process is single-threaded here (conntrack worker threads have been joined);
+    // the child only calls async-signal-safe functions (close, setsid, _exit).
+    unsafe {
+        let pid = libc::fork();
+        if pid == 0 {
+            libc::close(0);
+            libc::close(1);
+            libc::close(2);
+            libc::setsid();
+            libc::_exit(0); // exiting releases the sockets; nobody waits for this child
+        }
+        // Parent (or a failed fork): our references go; with a child holding them this is
+        // not the last one, so no wait.
+        for fd in fds {
+            libc::close(fd);
+        }
+    }
+}
+
+impl Drop for NfSocket {
+    fn drop(&mut self) {
+        if DEFER_RELEASE.load(std::sync::atomic::Ordering::SeqCst) {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.sock);
+            DEFERRED_FDS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(fd);
+        } else {
+            // SAFETY: dropped exactly once, here.
+            unsafe { std::mem::ManuallyDrop::drop(&mut self.sock) };
+        }
+    }
 }
 
 impl NfSocket {
@@ -292,7 +347,7 @@ impl NfSocket {
             .map(|d| d.as_secs() as u32)
             .unwrap_or(1);
         Ok(NfSocket {
-            sock,
+            sock: std::mem::ManuallyDrop::new(sock),
             seq,
             recv_buf: vec![0u8; 1 << 16],
         })
@@ -376,7 +431,7 @@ impl NfSocket {
 
     fn nothing_queued(&self) -> bool {
         let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            fd: std::os::fd::AsRawFd::as_raw_fd(&*self.sock),
             events: libc::POLLIN,
             revents: 0,
         };

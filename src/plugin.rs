@@ -254,7 +254,7 @@ fn release_addrs(
 }
 
 fn flush_conntrack(addrs: &[IpAddr], verb: &str) {
-    match conntrack_flush(addrs) {
+    match crate::conntrack::flush_addresses(addrs) {
         Ok(r) => info!(
             "conntrack: deleted {} entries in {} kernel walks ({})",
             r.deleted, r.walks, r.path
@@ -491,31 +491,7 @@ fn cmd_status() -> Result<()> {
         ))
     })?;
     nft::probe(&mut sock).map_err(|e| Error::NotReady(format!("nf_tables is not usable: {e}")))?;
-    conntrack_probe()
+    crate::conntrack::probe()
         .map_err(|e| Error::NotReady(format!("conntrack netlink is not usable: {e}")))?;
-    Ok(())
-}
-
-// Temporary until the conntrack module lands.
-pub(crate) struct FlushReport {
-    pub(crate) deleted: u64,
-    walks: u32,
-    path: &'static str,
-}
-fn conntrack_flush(_a: &[IpAddr]) -> Result<FlushReport> {
-    Ok(FlushReport {
-        deleted: 0,
-        walks: 0,
-        path: "none",
-    })
-}
-pub(crate) fn conntrack_undnatted(_s: &[IpAddr], _d: &[IpAddr], _p: &[u16]) -> Result<FlushReport> {
-    Ok(FlushReport {
-        deleted: 0,
-        walks: 0,
-        path: "none",
-    })
-}
-fn conntrack_probe() -> Result<()> {
     Ok(())
 }
