@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# scripts/bench.sh: natguard's per-pod cost next to Debian's portmap (iptables-nft and
+# iptables-legacy) and the naive `iptables -t nat -A` + `conntrack -D -s` path, in one run.
+#
+#   scripts/bench.sh [--quick] [--profile] [--out DIR] [--runs N] [--pods 10,1000,10000]
+#                    [--ct 0,100000] [--stacks v4,dual] [--bin PATH]
+#
+# Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3),
+# builds the release binary unless --bin is given, creates three throwaway network namespaces
+#   ng-bench-<pid>-node    natguard, the naive CLI path, the unrelated conntrack entries
+#   ng-bench-<pid>-pmnft   portmap with iptables-nft    (PATH points `iptables` at it)
+#   ng-bench-<pid>-pmleg   portmap with iptables-legacy
+# and deletes them on exit. The root namespace's firewall and conntrack table are never touched.
+# The measuring itself is benches/bench.py (see its header for the method).
+#
+# Output: a Markdown table on stdout and in DIR/bench-results.md (default DIR: /tmp), raw samples
+# in DIR/bench-samples.tsv. A full run takes about 10 minutes on 2 cores; --quick (one cell:
+# 10 pods, 1,000 conntrack entries, dual-stack, 5 runs) well under a minute. --profile adds a
+# section on where natguard's wall time goes (strace, perf stat, callgrind instruction counts,
+# and the cost of closing a netfilter socket right after an nf_tables commit); it installs
+# strace and valgrind if they are missing. Wall times depend on how busy the machine is
+# (check `uptime` first); CPU times and the ratios of the same run much less.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+OUT=/tmp
+RUNS=20
+PODS=10,1000,10000
+CT=0,100000
+STACKS=v4,dual
+BIN=""
+PROFILE=""
+
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual ;;
+    --profile) PROFILE=--profile ;;
+    --out) OUT=$2; shift ;;
+    --runs) RUNS=$2; shift ;;
+    --pods) PODS=$2; shift ;;
+    --ct) CT=$2; shift ;;
+    --stacks) STACKS=$2; shift ;;
+    --bin) BIN=$2; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+
+log() { printf '[bench] %s\n' "$*" >&2; }
+[ "$(id -u)" = 0 ] || { log "must run as root (it creates network namespaces)"; exit 1; }
+
+# --- what it needs
+need=()
+command -v iptables-nft >/dev/null || need+=(iptables)
+command -v iptables-legacy >/dev/null || need+=(iptables)
+command -v conntrack >/dev/null || need+=(conntrack)
+[ -x /usr/lib/cni/portmap ] || need+=(containernetworking-plugins)
+[ -x /usr/bin/python3 ] || need+=(python3)
+command -v ip >/dev/null || need+=(iproute2)
+if [ -n "$PROFILE" ]; then
+  command -v strace >/dev/null || need+=(strace)
+  command -v valgrind >/dev/null || need+=(valgrind)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+modprobe -a nf_conntrack nf_conntrack_netlink nf_tables ip_tables ip6_tables iptable_nat ip6table_nat 2>/dev/null || true
+
+if [ -z "$BIN" ]; then
+  BIN=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
+  log "building the release binary"
+  (cd "$REPO" && cargo build --release --quiet)
+fi
+[ -x "$BIN" ] || { log "no natguard binary at $BIN"; exit 1; }
+
+# --- throwaway namespaces and PATH directories that pick the iptables backend
+TAG=ng-bench-$$
+NODE=$TAG-node PMNFT=$TAG-pmnft PMLEG=$TAG-pmleg
+W=$(mktemp -d /tmp/ng-bench.XXXXXX)
+cleanup() {
+  local ns
+  for ns in "$NODE" "$PMNFT" "$PMLEG"; do ip netns del "$ns" 2>/dev/null || true; done
+  rm -rf "$W"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+# the spawner that reaps each measured process with wait4 (benches/tools/timeit.rs)
+rustc -O -C target-feature=+crt-static -C panic=abort -C strip=symbols --edition 2021 \
+  "$REPO/benches/tools/timeit.rs" -o "$W/timeit"
+for b in nft legacy; do
+  mkdir -p "$W/bin-$b"
+  for t in iptables ip6tables; do
+    for s in "" -save -restore; do ln -s "/usr/sbin/$t-$b$s" "$W/bin-$b/$t$s"; done
+  done
+done
+ROOT_INO=$(stat -L -c %i /proc/self/ns/net) # the namespace we were started in: never measured in
+for ns in "$NODE" "$PMNFT" "$PMLEG"; do ip netns add "$ns"; done
+mkdir -p "$OUT"
+
+COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "?")
+if [ -n "$(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ]; then
+  COMMIT="$COMMIT+dirty"
+fi
+log "pods=$PODS ct=$CT stacks=$STACKS runs=$RUNS out=$OUT (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+# The driver runs inside the node namespace; it enters the portmap namespaces by setns(2).
+ip netns exec "$NODE" /usr/bin/python3 "$REPO/benches/bench.py" \
+  --natguard "$BIN" --ns-pmnft "$PMNFT" --ns-pmlegacy "$PMLEG" \
+  --bin-nft "$W/bin-nft" --bin-legacy "$W/bin-legacy" --root-netns-ino "$ROOT_INO" \
+  --out "$OUT" --pods "$PODS" --ct "$CT" --stacks "$STACKS" --runs "$RUNS" --commit "$COMMIT" \
+  --timeit "$W/timeit" $PROFILE
