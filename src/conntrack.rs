@@ -60,9 +60,12 @@
 //! * Kernels before 5.8 ignore `CTA_FILTER` in dumps (attributes past `CTA_MAX` are skipped) and
 //!   return the whole family. Every dumped entry is therefore checked again here before it is
 //!   deleted.
-//! * Flushes are serialised in the kernel (`nf_conntrack_mutex` and the ctnetlink subsystem
-//!   mutex), so filtered DELETEs on several threads would only queue; dumps take only per-bucket
-//!   locks, so dump walks run on one thread (and socket) each, concurrently.
+//! * Every ctnetlink request, DELETE and GET alike, runs under the ctnetlink subsystem mutex
+//!   (`NFNL_CB_MUTEX`), and flushes also take `nf_conntrack_mutex`. Walks on several threads
+//!   therefore mostly queue in the kernel; what does overlap is the rest of a dump that returns
+//!   many entries (continued from `recvmsg` without the mutex), and the parsing and exact
+//!   deletes here. The dump walks still run on one thread and socket each, which costs little
+//!   and helps when a dump is large (the IPv6 family dump on an IPv6-heavy node).
 //! * A flush of a namespace without entries returns before walking (`cnet->count == 0`); the
 //!   same check is made here first, so an empty table costs no walk on any path.
 //! * The filtered DELETE does not say how many entries it removed: when it ran, `deleted` is the
@@ -248,7 +251,7 @@ pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport>
     }
 
     // IPv4 by filtered deletes on this thread; meanwhile the IPv6 family dump on its own thread
-    // and socket (a dump does not wait for the lock that serialises the deletes).
+    // and socket, so that its transfer overlaps the IPv4 walks.
     let (r4, r6) = std::thread::scope(|s| {
         let h6 = want6.as_ref().map(|w| spawn_walk(s, w, "natguard-ct6"));
         let r4 = filtered_delete_all(&mut sock, &wants4, path == Path::Auto);
