@@ -7,11 +7,14 @@
 //! conflist in the netconf dir now lists natguard, the same plan ADD would make is applied, using
 //! natguard's config from that conflist and the namespace from the cached CNI_ARGS.
 //!
-//! `adopt` leaves pods of exempt namespaces alone and then deletes the conntrack entries of the
-//! adopted pods' TCP flows to the metadata addresses that bypassed the DNAT: those are the flows
-//! opened before the rules existed. That costs one kernel walk per metadata address, however many
-//! pods there are. `reconcile` restores every pod's entries, exempt ones included, and touches no
-//! flow. Both are idempotent and report one line per attachment.
+//! Pods of exempt namespaces get what ADD gives them (masquerade policy, and their addresses in
+//! the network's allow set, so the fail-closed reject of metadata traffic from the pod networks
+//! lets them through); their metadata traffic is not intercepted and their flows are left alone.
+//! For the other adopted pods, `adopt` then deletes the conntrack entries of their TCP flows to
+//! the metadata addresses that bypassed the DNAT: those are the flows opened before the rules
+//! existed. That costs one kernel walk per metadata address, however many pods there are.
+//! `reconcile` installs the same entries and touches no flow. Both are idempotent and report one
+//! line per attachment.
 
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
@@ -52,9 +55,9 @@ impl Default for Options {
 pub enum Outcome {
     Adopted {
         addrs: Vec<IpAddr>,
-    },
-    SkippedExempt {
-        namespace: String,
+        /// The namespace, when it is exempt: entries installed, metadata not intercepted,
+        /// flows left alone.
+        exempt: Option<String>,
     },
     SkippedNetnsGone {
         netns: String,
@@ -90,12 +93,16 @@ impl fmt::Display for Entry {
             self.who
         );
         match &self.outcome {
-            Outcome::Adopted { addrs } => {
+            Outcome::Adopted { addrs, exempt } => {
                 let a: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-                write!(f, "adopted  {id}: {}", a.join(", "))
-            }
-            Outcome::SkippedExempt { namespace } => {
-                write!(f, "skipped  {id}: namespace {namespace} is exempt")
+                write!(f, "adopted  {id}: {}", a.join(", "))?;
+                match exempt {
+                    Some(ns) => write!(
+                        f,
+                        " (namespace {ns} is exempt: not intercepted, flows untouched)"
+                    ),
+                    None => Ok(()),
+                }
             }
             Outcome::SkippedNetnsGone { netns } => {
                 write!(
@@ -290,7 +297,7 @@ pub fn run(opts: &Options) -> Result<Report> {
                 continue;
             }
         };
-        let outcome = adopt_entry(&mut sock, &entry, &networks, opts, &mut flows);
+        let outcome = adopt_entry(&mut sock, &entry, &networks, &mut flows);
         let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
         report.entries.push(Entry {
             file,
@@ -328,7 +335,6 @@ fn adopt_entry(
     sock: &mut NfSocket,
     entry: &CacheEntry,
     networks: &BTreeMap<String, Config>,
-    opts: &Options,
     flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
 ) -> Outcome {
     let Some(cfg) = networks.get(&entry.network) else {
@@ -354,11 +360,6 @@ fn adopt_entry(
         .pod_namespace
         .as_deref()
         .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
-    if let (Some(ns), false) = (exempt, opts.reconcile) {
-        return Outcome::SkippedExempt {
-            namespace: ns.to_string(),
-        };
-    }
     let addrs = match cni::validate_prev_result(&entry.result, &entry.ifname) {
         Ok(a) => a,
         Err(e) => return fail(format!("cached result: {e}")),
@@ -375,7 +376,8 @@ fn adopt_entry(
     };
     let node = crate::node::facts(cfg);
     let shared = plan::plan_shared(&entry.network, cfg, &node);
-    let pod_plan = plan::plan_pod(cfg, &pod, &addrs);
+    let cidrs = cni::pod_cidrs(&entry.result, &entry.ifname).unwrap_or_default();
+    let pod_plan = plan::plan_pod(cfg, &pod, &addrs).with_networks(&cidrs);
     if let Err(e) = crate::plugin::apply_pod(sock, &shared, &pod_plan) {
         return fail(format!("installing entries: {e}"));
     }
@@ -386,7 +388,10 @@ fn adopt_entry(
             cfg.metadata.ports.clone(),
         ));
     }
-    Outcome::Adopted { addrs }
+    Outcome::Adopted {
+        addrs,
+        exempt: exempt.map(str::to_string),
+    }
 }
 
 /// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`

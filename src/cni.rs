@@ -253,6 +253,14 @@ impl Env {
 /// The pod addresses a prevResult assigns to `ifname`: IPs whose `interface` index names that
 /// interface, and IPs without an index (0.3.x results of some primary plugins omit it).
 pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
+    Ok(pod_cidrs(prev, ifname)?
+        .into_iter()
+        .map(|(a, _)| a)
+        .collect())
+}
+
+/// Like [`pod_addresses`], with each address's prefix length.
+pub fn pod_cidrs(prev: &Value, ifname: &str) -> Result<Vec<(IpAddr, u8)>> {
     let obj = prev
         .as_object()
         .ok_or_else(|| Error::Decode("prevResult: expected an object".into()))?;
@@ -297,12 +305,15 @@ pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
             ))
         })?;
         let max = if a.is_ipv4() { 32 } else { 128 };
-        if !matches!(plen.parse::<u8>(), Ok(l) if l <= max) {
-            return Err(Error::Decode(format!(
-                "{p}.address: {:?} has an invalid prefix length",
-                truncate(addr, 64)
-            )));
-        }
+        let plen = match plen.parse::<u8>() {
+            Ok(l) if l <= max && !plen.starts_with('+') => l,
+            _ => {
+                return Err(Error::Decode(format!(
+                    "{p}.address: {:?} has an invalid prefix length",
+                    truncate(addr, 64)
+                )))
+            }
+        };
         let on_ifname = match o.get("interface") {
             None | Some(Value::Null) => true,
             Some(Value::Number(n)) => {
@@ -327,7 +338,7 @@ pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
             }
         };
         if on_ifname && seen.insert(a) {
-            out.push(a);
+            out.push((a, plen));
         }
     }
     Ok(out)

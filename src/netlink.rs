@@ -444,6 +444,13 @@ impl NfSocket {
     /// until NLMSG_DONE, or the single reply of a non-dump GET.
     pub fn request(&mut self, buf: &MsgBuf, what: &str) -> Result<Vec<Msg>> {
         let seq = buf.seqs().first().map(|s| s.0).unwrap_or(0);
+        // Some single replies (ctnetlink stats) carry NLM_F_MULTI without a closing DONE:
+        // the reply to a request that did not ask for a dump is final whatever its flags.
+        let dump = buf
+            .as_bytes()
+            .get(6..8)
+            .map(|f| u16::from_ne_bytes([f[0], f[1]]) & NLM_F_DUMP == NLM_F_DUMP)
+            .unwrap_or(false);
         self.send(buf)?;
         let mut out = Vec::new();
         loop {
@@ -465,9 +472,9 @@ impl NfSocket {
                         return Err(Error::netlink(w, -code));
                     }
                     _ => {
-                        let multi = m.flags & NLM_F_MULTI != 0;
+                        let more = dump && m.flags & NLM_F_MULTI != 0;
                         out.push(m);
-                        if !multi {
+                        if !more {
                             return Ok(out);
                         }
                     }

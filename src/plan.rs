@@ -134,6 +134,11 @@ pub enum SetKind {
     MetaPorts,
     /// Owner keys of the pods of this network.
     Pods,
+    /// Pod addresses allowed to reach the metadata addresses directly (exempt namespaces).
+    Allow(Family),
+    /// The pod networks seen at ADD (interval set): metadata traffic from these sources is
+    /// intercepted unless allowed, including from addresses natguard never saw.
+    Nets(Family),
 }
 
 impl SetKind {
@@ -145,17 +150,22 @@ impl SetKind {
             SetKind::MetaDst(f) => format!("mdst{}", f.suffix()),
             SetKind::MetaPorts => "mports".into(),
             SetKind::Pods => "pods".into(),
+            SetKind::Allow(f) => format!("allow{}", f.suffix()),
+            SetKind::Nets(f) => format!("nets{}", f.suffix()),
         }
     }
     /// nft datatype id and key length in bytes.
     pub fn key_type(self) -> (u32, u32) {
         match self {
-            SetKind::Meta(f) | SetKind::Masq(f) | SetKind::NoMasq(f) | SetKind::MetaDst(f) => {
-                match f {
-                    Family::V4 => (7, 4),
-                    Family::V6 => (8, 16),
-                }
-            }
+            SetKind::Meta(f)
+            | SetKind::Masq(f)
+            | SetKind::NoMasq(f)
+            | SetKind::MetaDst(f)
+            | SetKind::Allow(f)
+            | SetKind::Nets(f) => match f {
+                Family::V4 => (7, 4),
+                Family::V6 => (8, 16),
+            },
             SetKind::MetaPorts => (13, 2),
             SetKind::Pods => (41, 16),
         }
@@ -165,25 +175,45 @@ impl SetKind {
             SetKind::Meta(Family::V4)
             | SetKind::Masq(Family::V4)
             | SetKind::NoMasq(Family::V4)
-            | SetKind::MetaDst(Family::V4) => "ipv4_addr",
+            | SetKind::MetaDst(Family::V4)
+            | SetKind::Allow(Family::V4)
+            | SetKind::Nets(Family::V4) => "ipv4_addr",
             SetKind::MetaPorts => "inet_service",
             SetKind::Pods => "ifname",
             _ => "ipv6_addr",
         }
     }
     pub fn is_interval(self) -> bool {
-        matches!(self, SetKind::NoMasq(_))
+        matches!(self, SetKind::NoMasq(_) | SetKind::Nets(_))
     }
-    /// Sets whose elements belong to pods; the shared converge never flushes them.
+    /// Sets whose elements come from pods; the shared converge never flushes them.
     pub fn is_per_pod(self) -> bool {
-        matches!(self, SetKind::Meta(_) | SetKind::Masq(_) | SetKind::Pods)
+        matches!(
+            self,
+            SetKind::Meta(_)
+                | SetKind::Masq(_)
+                | SetKind::Pods
+                | SetKind::Allow(_)
+                | SetKind::Nets(_)
+        )
     }
-    pub const ALL: [SetKind; 10] = [
+    /// Per-pod sets whose elements name their owners in their comment.
+    pub fn is_owned(self) -> bool {
+        matches!(
+            self,
+            SetKind::Meta(_) | SetKind::Masq(_) | SetKind::Allow(_)
+        )
+    }
+    pub const ALL: [SetKind; 14] = [
         SetKind::Pods,
         SetKind::Meta(Family::V4),
         SetKind::Meta(Family::V6),
         SetKind::Masq(Family::V4),
         SetKind::Masq(Family::V6),
+        SetKind::Allow(Family::V4),
+        SetKind::Allow(Family::V6),
+        SetKind::Nets(Family::V4),
+        SetKind::Nets(Family::V6),
         SetKind::MetaDst(Family::V4),
         SetKind::MetaDst(Family::V6),
         SetKind::MetaPorts,
@@ -275,6 +305,8 @@ pub enum Match {
     /// `meta nfproto ipv4|ipv6`: every address match in an inet table needs it.
     NfProto(Family),
     SaddrIn(Family, SetKind),
+    /// `ip saddr != @set`
+    SaddrNotIn(Family, SetKind),
     DaddrIn(Family, SetKind),
     /// `meta l4proto tcp tcp dport @set`
     TcpDportIn(SetKind),
@@ -356,8 +388,25 @@ pub struct PodPlan {
     pub addrs: Vec<IpAddr>,
     /// (set, address) pairs that must exist, owned by this pod.
     pub present: Vec<(SetKind, IpAddr)>,
-    /// (set, address) pairs that must not exist (e.g. an exempt pod's address in `meta4`).
+    /// (set, address) pairs this pod must not own (e.g. an exempt pod's address in `meta4`).
     pub absent: Vec<(SetKind, IpAddr)>,
+    /// The pod's networks, for `NET-nets4/6`: its addresses' prefixes.
+    pub nets: Vec<Cidr>,
+}
+
+impl PodPlan {
+    /// Uses the prefixes the primary plugin assigned (e.g. 10.244.0.5/24) as the pod's networks
+    /// instead of the bare addresses.
+    pub fn with_networks(mut self, cidrs: &[(IpAddr, u8)]) -> Self {
+        self.nets = cidrs
+            .iter()
+            .filter(|(a, _)| self.addrs.contains(a))
+            .filter_map(|(a, l)| Cidr::parse(&format!("{a}/{l}")))
+            .collect();
+        self.nets.sort();
+        self.nets.dedup();
+        self
+    }
 }
 
 /// Who a pod is, from the CNI invocation.
@@ -370,7 +419,7 @@ pub struct PodRef<'a> {
     pub pod_name: Option<&'a str>,
 }
 
-fn merge_ranges(mut r: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
+pub fn merge_ranges(mut r: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
     r.sort();
     let mut out: Vec<(u128, u128)> = Vec::new();
     for (s, e) in r {
@@ -435,11 +484,19 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 )),
             }
         }
-        // Whatever reaches the metadata address without having been DNATed is reset: deny mode,
-        // a family without a proxy, and flows that predate the DNAT rule.
+        // Whatever reaches the metadata address from the pod networks without having been
+        // DNATed, and is not from an exempt pod, is reset: deny mode, a family without a proxy,
+        // flows that predate the DNAT rule, and sources natguard never saw (an address a pod
+        // added itself). Fail closed.
         for chain in [ChainKind::Forward, ChainKind::Input] {
-            let mut m = base.clone();
-            m.push(Match::NotDnatted);
+            let m = vec![
+                Match::NfProto(f),
+                Match::SaddrIn(f, SetKind::Nets(f)),
+                Match::SaddrNotIn(f, SetKind::Allow(f)),
+                Match::DaddrIn(f, SetKind::MetaDst(f)),
+                Match::TcpDportIn(SetKind::MetaPorts),
+                Match::NotDnatted,
+            ];
             rules.push(Rule {
                 chain,
                 matches: m,
@@ -543,7 +600,8 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let exempt = pod
         .namespace
         .is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
-    let intercept = cfg.metadata.mode != MetadataMode::Off && !exempt;
+    let meta_on = cfg.metadata.mode != MetadataMode::Off;
+    let intercept = meta_on && !exempt;
     let mut present = Vec::new();
     let mut absent = Vec::new();
     for a in addrs {
@@ -551,6 +609,7 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         for (kind, want) in [
             (SetKind::Meta(f), intercept),
             (SetKind::Masq(f), cfg.masquerade.enabled),
+            (SetKind::Allow(f), meta_on && exempt),
         ] {
             if want {
                 present.push((kind, *a));
@@ -559,12 +618,17 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
             }
         }
     }
+    let host = |a: &IpAddr| Cidr {
+        addr: *a,
+        prefix: if a.is_ipv4() { 32 } else { 128 },
+    };
     PodPlan {
         owner,
         comment: pod_comment(pod, addrs),
         addrs: addrs.to_vec(),
         present,
         absent,
+        nets: addrs.iter().map(host).collect(),
     }
 }
 
@@ -595,6 +659,23 @@ pub fn pod_comment(pod: &PodRef<'_>, addrs: &[IpAddr]) -> String {
     s
 }
 
+/// How many owners an address element records (7 keys of 16 hex digits fit in a comment).
+pub const MAX_OWNERS: usize = 7;
+
+/// The owners an address element's comment lists, newest first.
+pub fn owners_from_comment(comment: &str) -> Vec<OwnerKey> {
+    comment.split(',').filter_map(OwnerKey::parse_hex).collect()
+}
+
+pub fn owners_comment(owners: &[OwnerKey]) -> String {
+    owners
+        .iter()
+        .take(MAX_OWNERS)
+        .map(|o| o.hex())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// The addresses in a `NET-pods` element comment.
 pub fn addrs_from_comment(comment: &str) -> Vec<IpAddr> {
     comment
@@ -621,6 +702,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         // nft prints the family dependency implicitly, as part of the address match.
         Match::NfProto(_) => String::new(),
         Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), names.set(*s)),
+        Match::SaddrNotIn(f, s) => format!("{} saddr != @{}", f.nft(), names.set(*s)),
         Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), names.set(*s)),
         Match::TcpDportIn(s) => format!("tcp dport @{}", names.set(*s)),
         Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
@@ -745,7 +827,14 @@ pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
         );
     }
     for (k, a) in &p.absent {
-        let _ = writeln!(out, "# absent: {} {a}", names.set(*k));
+        let _ = writeln!(out, "# not owned: {} {a}", names.set(*k));
+    }
+    for c in &p.nets {
+        let _ = writeln!(
+            out,
+            "add element inet {TABLE} {} {{ {c} }}",
+            names.set(SetKind::Nets(Family::of(&c.addr)))
+        );
     }
     out
 }

@@ -150,13 +150,14 @@ fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
     })?;
     let addrs = cni::validate_prev_result(prev, &env.ifname)?;
     check_addr_count(&addrs, &env.ifname)?;
+    let cidrs = cni::pod_cidrs(prev, &env.ifname)?;
     let cfg = &conf.natguard;
     let node = crate::node::facts(cfg);
     let shared = plan::plan_shared(&conf.name, cfg, &node);
     for w in &shared.warnings {
         warn!("{w}");
     }
-    let pod = plan::plan_pod(cfg, &pod_ref(env, conf), &addrs);
+    let pod = plan::plan_pod(cfg, &pod_ref(env, conf), &addrs).with_networks(&cidrs);
     if addrs.is_empty() {
         warn!(
             "prevResult has no address on {}; only the shared objects are installed",
@@ -215,22 +216,76 @@ fn apply_pod_locked(
         tx.converge_shared(shared);
     }
     // An earlier ADD of this attachment with other addresses: release what it owned.
-    if let Some(old) = nft::get_element(
-        sock,
-        &names.set(SetKind::Pods),
-        &encode::owner_key_bytes(&pod.owner.hex()),
-    )? {
+    let pods_set = names.set(SetKind::Pods);
+    let pod_key = encode::owner_key_bytes(&pod.owner.hex());
+    let old = nft::get_element(sock, &pods_set, &pod_key)?;
+    if let Some(old) = &old {
         let stale: Vec<IpAddr> = plan::addrs_from_comment(old.comment.as_deref().unwrap_or(""))
             .into_iter()
             .filter(|a| !pod.addrs.contains(a))
             .collect();
         release_addrs(sock, &mut tx, names, pod.owner, &stale)?;
     }
-    tx.add_pod(names, pod);
+    stage_pod(sock, &mut tx, names, pod)?;
+    if old.as_ref().and_then(|o| o.comment.as_deref()) != Some(pod.comment.as_str()) {
+        tx.ensure_elem(
+            &pods_set,
+            pod_key,
+            pod.comment.clone(),
+            &format!("pod {}", pod.owner.hex()),
+        );
+    }
     tx.commit(sock)
 }
 
-/// Adds to `tx` the removal of `addrs` from the pod sets wherever `owner` still owns them.
+/// Adds to `tx` what makes the kernel's address elements match `pod`: the pod becomes the
+/// newest owner of every (set, address) it needs, and leaves those it must not own. An element
+/// is deleted only when its last owner leaves, so two attachments with one address (a leaked
+/// IP, a runtime retry) never strip each other's policy. Nothing is written where nothing
+/// changes.
+fn stage_pod(
+    sock: &mut NfSocket,
+    tx: &mut Tx,
+    names: &NetNames,
+    pod: &plan::PodPlan,
+) -> Result<()> {
+    let wanted = pod.present.iter().map(|p| (p, true));
+    let unwanted = pod.absent.iter().map(|p| (p, false));
+    for ((kind, ip), want) in wanted.chain(unwanted) {
+        let set = names.set(*kind);
+        let cur = nft::get_element(sock, &set, &encode::ip_bytes(ip))?;
+        let owners = cur.as_ref().map(|e| e.owners()).unwrap_or_default();
+        let mut next: Vec<OwnerKey> = owners.iter().copied().filter(|o| *o != pod.owner).collect();
+        if want {
+            next.insert(0, pod.owner);
+        }
+        next.truncate(plan::MAX_OWNERS);
+        if cur.is_none() && next.is_empty() || cur.is_some() && next == owners {
+            continue;
+        }
+        tx.set_owners(&set, ip, cur.is_some(), &next);
+    }
+    for f in Family::ALL {
+        let mine: Vec<(u128, u128)> = pod
+            .nets
+            .iter()
+            .filter(|c| Family::of(&c.addr) == f)
+            .map(|c| c.range())
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let set = names.set(SetKind::Nets(f));
+        let have = nft::ranges_of(&nft::dump_set(sock, &set)?);
+        let want = plan::merge_ranges(have.iter().copied().chain(mine).collect());
+        if want != have {
+            tx.rewrite_intervals(&set, f, &want);
+        }
+    }
+    Ok(())
+}
+
+/// Adds to `tx` the removal of `owner` from the address elements of `addrs`.
 fn release_addrs(
     sock: &mut NfSocket,
     tx: &mut Tx,
@@ -240,12 +295,13 @@ fn release_addrs(
 ) -> Result<()> {
     for a in addrs {
         let f = Family::of(a);
-        for kind in [SetKind::Meta(f), SetKind::Masq(f)] {
+        for kind in [SetKind::Meta(f), SetKind::Masq(f), SetKind::Allow(f)] {
             let set = names.set(kind);
-            let key = encode::ip_bytes(a);
-            if let Some(e) = nft::get_element(sock, &set, &key)? {
-                if e.comment_owner() == Some(owner) {
-                    tx.delete_elem(&set, key, &a.to_string());
+            if let Some(e) = nft::get_element(sock, &set, &encode::ip_bytes(a))? {
+                let owners = e.owners();
+                if owners.contains(&owner) {
+                    let rest: Vec<OwnerKey> = owners.into_iter().filter(|o| *o != owner).collect();
+                    tx.set_owners(&set, a, true, &rest);
                 }
             }
         }
@@ -337,7 +393,8 @@ fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
     let cfg = &conf.natguard;
     let node = crate::node::facts(cfg);
     let shared = plan::plan_shared(&conf.name, cfg, &node);
-    let pod = plan::plan_pod(cfg, &pod_ref(env, conf), &addrs);
+    let pod = plan::plan_pod(cfg, &pod_ref(env, conf), &addrs)
+        .with_networks(&cni::pod_cidrs(prev, &env.ifname)?);
     let mut sock = NfSocket::open()?;
     check_shared(&mut sock, &shared)?;
     check_pod(&mut sock, &shared.names, &pod)
@@ -346,6 +403,23 @@ fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
 /// Compares the kernel's shared objects of a network with the plan.
 pub fn check_shared(sock: &mut NfSocket, shared: &SharedPlan) -> Result<()> {
     let names = &shared.names;
+    match nft::table_flags(sock)? {
+        None => {
+            return Err(Error::CheckFailed(format!(
+                "table inet {} is missing, and with it chain {} and every set of network {}",
+                plan::TABLE,
+                names.chain(plan::ChainKind::Dnat),
+                names.network
+            )))
+        }
+        Some(f) if f & 1 != 0 => {
+            return Err(Error::CheckFailed(format!(
+                "table inet {} is dormant: none of its rules apply",
+                plan::TABLE
+            )))
+        }
+        Some(_) => {}
+    }
     let sets: HashSet<String> = nft::set_names(sock)?.into_iter().collect();
     for s in &shared.sets {
         if !sets.contains(&s.name) {
@@ -354,6 +428,29 @@ pub fn check_shared(sock: &mut NfSocket, shared: &SharedPlan) -> Result<()> {
                 plan::TABLE,
                 s.name
             )));
+        }
+        // The shared sets' contents are policy too: an emptied metadata or CIDR set would
+        // switch interception or the masquerade exceptions off for the whole network.
+        if let Some(elems) = &s.elements {
+            let mut want: Vec<(Vec<u8>, u32)> = elems
+                .iter()
+                .flat_map(|e| encode::elem_data(e, s.kind.is_interval()))
+                .map(|d| (d.key, d.flags))
+                .collect();
+            let mut got: Vec<(Vec<u8>, u32)> = nft::dump_set(sock, &s.name)?
+                .into_iter()
+                .map(|e| (e.key, e.flags & encode::NFT_SET_ELEM_INTERVAL_END))
+                .collect();
+            want.sort();
+            got.sort();
+            if want != got {
+                return Err(Error::CheckFailed(format!(
+                    "set {} differs from the config ({} elements expected, {} found); the next ADD on this network rewrites it",
+                    s.name,
+                    want.len(),
+                    got.len()
+                )));
+            }
         }
     }
     let expected = shared.rule_comment();
@@ -419,9 +516,9 @@ pub fn check_pod(sock: &mut NfSocket, names: &NetNames, pod: &plan::PodPlan) -> 
                     "address {ip} is missing from set {set}"
                 )))
             }
-            Some(e) if e.comment_owner() != Some(pod.owner) => {
+            Some(e) if !e.owners().contains(&pod.owner) => {
                 return Err(Error::CheckFailed(format!(
-                    "address {ip} in set {set} belongs to {:?}, not to this pod ({owner})",
+                    "address {ip} in set {set} is owned by {:?}, not by this pod ({owner})",
                     e.comment.unwrap_or_default()
                 )))
             }
@@ -430,9 +527,22 @@ pub fn check_pod(sock: &mut NfSocket, names: &NetNames, pod: &plan::PodPlan) -> 
     }
     for (kind, ip) in &pod.absent {
         let set = names.set(*kind);
-        if nft::get_element(sock, &set, &encode::ip_bytes(ip))?.is_some() {
+        if let Some(e) = nft::get_element(sock, &set, &encode::ip_bytes(ip))? {
+            if e.owners().contains(&pod.owner) {
+                return Err(Error::CheckFailed(format!(
+                    "address {ip} must not be in set {set} on behalf of this pod ({owner})"
+                )));
+            }
+        }
+    }
+    for c in &pod.nets {
+        let f = Family::of(&c.addr);
+        let set = names.set(SetKind::Nets(f));
+        let have = nft::ranges_of(&nft::dump_set(sock, &set)?);
+        let (lo, hi) = c.range();
+        if !have.iter().any(|&(a, b)| a <= lo && hi <= b) {
             return Err(Error::CheckFailed(format!(
-                "address {ip} must not be in set {set} for this pod's config"
+                "pod network {c} is missing from set {set}"
             )));
         }
     }
@@ -469,12 +579,19 @@ pub fn gc_network(names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> 
         }
     }
     for f in Family::ALL {
-        for kind in [SetKind::Meta(f), SetKind::Masq(f)] {
+        for kind in [SetKind::Meta(f), SetKind::Masq(f), SetKind::Allow(f)] {
             let set = names.set(kind);
             for e in nft::dump_set(&mut sock, &set)? {
-                if !e.comment_owner().is_some_and(|o| valid.contains(&o)) {
-                    let what = e.addr().map(|a| a.to_string()).unwrap_or_default();
-                    tx.delete_elem(&set, e.key.clone(), &what);
+                let (Some(ip), owners) = (e.addr(), e.owners()) else {
+                    continue;
+                };
+                let live: Vec<OwnerKey> = owners
+                    .iter()
+                    .copied()
+                    .filter(|o| valid.contains(o))
+                    .collect();
+                if live != owners || owners.is_empty() {
+                    tx.set_owners(&set, &ip, true, &live);
                 }
             }
         }

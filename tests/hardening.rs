@@ -617,7 +617,11 @@ fn must_state(ns: &Netns) -> State {
     state(ns).unwrap_or_else(|| panic!("no table inet natguard in {}", ns.name))
 }
 
-const POD_SETS: [&str; 5] = ["pods", "meta4", "meta6", "masq4", "masq6"];
+const POD_SETS: [&str; 7] = [
+    "pods", "meta4", "meta6", "masq4", "masq6", "allow4", "allow6",
+];
+/// Sets that grow with the pod networks natguard has seen; neither per pod nor from the config.
+const NET_SETS: [&str; 2] = ["nets4", "nets6"];
 
 fn set_name(suffix: &str) -> String {
     format!("{NET}-{suffix}")
@@ -635,11 +639,10 @@ fn expected_pod_sets(live: &[SynPod]) -> BTreeMap<String, BTreeMap<String, Optio
             .unwrap()
             .insert(p.owner(), Some(p.comment()));
         for (a, f) in [(p.v4, "4"), (p.v6, "6")] {
-            if !p.exempt() {
-                m.get_mut(&set_name(&format!("meta{f}")))
-                    .unwrap()
-                    .insert(a.to_string(), o.clone());
-            }
+            let owned = if p.exempt() { "allow" } else { "meta" };
+            m.get_mut(&set_name(&format!("{owned}{f}")))
+                .unwrap()
+                .insert(a.to_string(), o.clone());
             m.get_mut(&set_name(&format!("masq{f}")))
                 .unwrap()
                 .insert(a.to_string(), o.clone());
@@ -686,7 +689,11 @@ struct Shared {
 }
 
 fn shared_of(st: &State) -> Shared {
-    let pod_sets: BTreeSet<String> = POD_SETS.iter().map(|s| set_name(s)).collect();
+    let pod_sets: BTreeSet<String> = POD_SETS
+        .iter()
+        .chain(NET_SETS.iter())
+        .map(|s| set_name(s))
+        .collect();
     Shared {
         rules: st.rules.clone(),
         sets: st
@@ -1049,7 +1056,8 @@ fn churn_2000_cycles_leave_table_and_conntrack_unchanged() {
                     }
                 };
                 for k in (w..CYCLES).step_by(WORKERS as usize) {
-                    let p = SynPod::new("ch", k + 1, k % 3);
+                    // The node's pod network, as in real churn: the anchor's generation.
+                    let p = SynPod::new("ch", k + 1, 9);
                     record(add(ns, cfg, &p));
                     match k % 4 {
                         0 => record(del(ns, cfg, &p)),

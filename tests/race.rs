@@ -694,10 +694,12 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
         web.v4,
         web.v6
     );
+    // An exempt pod gets what ADD gives it: masquerade policy and the allow set, so the
+    // fail-closed reject of unknown pod-network sources lets it through; no interception.
     expect(
         &creds.att.container_id,
-        "skipped",
-        "namespace kube-system is exempt",
+        "adopted",
+        "namespace kube-system is exempt: not intercepted",
     );
     expect(&gone.att.container_id, "skipped", "no longer exists");
     expect(&gone.att.container_id, "skipped", &gone.ns.path());
@@ -721,7 +723,7 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
         !report.lines().any(|l| l.starts_with("failed")),
         "no entry may fail; report:\n{report}"
     );
-    let summary = "adopt: 1 attachment(s) brought under policy, 5 skipped, 0 failed";
+    let summary = "adopt: 2 attachment(s) brought under policy, 4 skipped, 0 failed";
     assert!(
         report.lines().any(|l| l == summary),
         "expected {summary:?}; report:\n{report}"
@@ -749,7 +751,23 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
             "{set} lacks {ip}:\n{elems}"
         );
     }
-    for p in [&creds, &gone, &elsewhere] {
+    for (set, ip) in [("ngnet-allow4", creds.v4), ("ngnet-allow6", creds.v6)] {
+        let elems = set_elements(&w, set);
+        assert!(
+            mentions(&elems, &ip.to_string()),
+            "{set} lacks {ip}:\n{elems}"
+        );
+    }
+    for set in ["ngnet-meta4", "ngnet-meta6"] {
+        let elems = set_elements(&w, set);
+        for ip in creds.ips() {
+            assert!(
+                !mentions(&elems, &ip.to_string()),
+                "exempt {ip} must not be intercepted ({set}):\n{elems}"
+            );
+        }
+    }
+    for p in [&gone, &elsewhere] {
         for ip in p.ips() {
             assert!(
                 !mentions(&table, &ip.to_string()),

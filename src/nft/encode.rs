@@ -397,10 +397,13 @@ impl Exprs<'_> {
         });
     }
 
-    fn lookup(&mut self, set: &str, sreg: u32) {
+    fn lookup(&mut self, set: &str, sreg: u32, invert: bool) {
         self.expr("lookup", |b| {
             b.attr_str(1, set); // NFTA_LOOKUP_SET
             b.attr_u32_be(2, sreg); // NFTA_LOOKUP_SREG
+            if invert {
+                b.attr_u32_be(5, 1); // NFTA_LOOKUP_FLAGS: NFT_LOOKUP_F_INV
+            }
         });
     }
 
@@ -456,19 +459,25 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         Match::SaddrIn(f, s) => {
             let ((off, len), _) = addr_offsets(*f);
             x.payload(1, off, len, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1);
+            x.lookup(&names.set(*s), NFT_REG_1, false);
+        }
+        // ip saddr != @set → the same lookup, inverted
+        Match::SaddrNotIn(f, s) => {
+            let ((off, len), _) = addr_offsets(*f);
+            x.payload(1, off, len, NFT_REG_1);
+            x.lookup(&names.set(*s), NFT_REG_1, true);
         }
         Match::DaddrIn(f, s) => {
             let (_, (off, len)) = addr_offsets(*f);
             x.payload(1, off, len, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1);
+            x.lookup(&names.set(*s), NFT_REG_1, false);
         }
         // tcp dport @set → [ meta load l4proto ] [ cmp eq 6 ] [ payload load 2b @ transport + 2 ] [ lookup ]
         Match::TcpDportIn(s) => {
             x.meta(16, NFT_REG_1); // NFT_META_L4PROTO
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
             x.payload(2, 2, 2, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1);
+            x.lookup(&names.set(*s), NFT_REG_1, false);
         }
         // meta mark & M == M → [ meta load mark ] [ bitwise & M ] [ cmp eq M ] (host order)
         Match::MarkHas(mark) => {

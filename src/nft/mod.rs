@@ -13,7 +13,7 @@ pub mod encode;
 
 use crate::error::{Error, Result};
 use crate::netlink::{Msg, MsgBuf, NfSocket};
-use crate::plan::{NetNames, OwnerKey, PodPlan, SetKind, SharedPlan};
+use crate::plan::{OwnerKey, SharedPlan};
 use encode::*;
 use std::net::IpAddr;
 
@@ -40,6 +40,10 @@ impl ElemRead {
     /// The owner written in an address element's comment.
     pub fn comment_owner(&self) -> Option<OwnerKey> {
         self.comment.as_deref().and_then(OwnerKey::parse_hex)
+    }
+    /// The owners an address element's comment lists.
+    pub fn owners(&self) -> Vec<OwnerKey> {
+        crate::plan::owners_from_comment(self.comment.as_deref().unwrap_or(""))
     }
     pub fn addr(&self) -> Option<IpAddr> {
         match self.key.len() {
@@ -191,26 +195,45 @@ impl Tx {
         self.note(s, format!("remove {what} from {set}"));
     }
 
-    /// Adds a pod's own elements.
-    pub fn add_pod(&mut self, names: &NetNames, pod: &PodPlan) {
-        let owner = pod.owner.hex();
-        for (kind, ip) in &pod.present {
+    /// Sets the owner list of an address element: deletes it when no owner is left.
+    pub fn set_owners(
+        &mut self,
+        set: &str,
+        ip: &IpAddr,
+        existing: bool,
+        owners: &[crate::plan::OwnerKey],
+    ) {
+        if owners.is_empty() {
+            if existing {
+                self.delete_elem(set, ip_bytes(ip), &ip.to_string());
+            }
+        } else {
             self.ensure_elem(
-                &names.set(*kind),
+                set,
                 ip_bytes(ip),
-                owner.clone(),
+                crate::plan::owners_comment(owners),
                 &ip.to_string(),
             );
         }
-        for (kind, ip) in &pod.absent {
-            self.ensure_no_elem(&names.set(*kind), ip_bytes(ip), &ip.to_string());
+    }
+
+    /// Rewrites an interval set to exactly `ranges` (sorted, merged, of one family).
+    pub fn rewrite_intervals(
+        &mut self,
+        set: &str,
+        f: crate::plan::Family,
+        ranges: &[(u128, u128)],
+    ) {
+        let s = flush_set(&mut self.buf, set);
+        self.note(s, format!("flush set {set}"));
+        let data: Vec<ElemData> = ranges
+            .iter()
+            .flat_map(|&(a, b)| elem_data(&crate::plan::Elem::Range(f, a, b), true))
+            .collect();
+        if !data.is_empty() {
+            let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &data);
+            self.note(s, format!("fill set {set}"));
         }
-        self.ensure_elem(
-            &names.set(SetKind::Pods),
-            owner_key_bytes(&owner),
-            pod.comment.clone(),
-            &format!("pod {owner}"),
-        );
     }
 
     pub fn delete_table(&mut self) {
@@ -269,6 +292,43 @@ pub fn get_element(sock: &mut NfSocket, set: &str, key: &[u8]) -> Result<Option<
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// The ranges of an interval set, from its start and end elements.
+pub fn ranges_of(elems: &[ElemRead]) -> Vec<(u128, u128)> {
+    let mut keyed: Vec<(u128, bool)> = elems
+        .iter()
+        .filter_map(|e| {
+            let v = match e.key.len() {
+                4 => u32::from_be_bytes(e.key[..].try_into().ok()?) as u128,
+                16 => u128::from_be_bytes(e.key[..].try_into().ok()?),
+                _ => return None,
+            };
+            Some((v, e.flags & NFT_SET_ELEM_INTERVAL_END != 0))
+        })
+        .collect();
+    let max = match elems.first().map(|e| e.key.len()) {
+        Some(4) => u32::MAX as u128,
+        _ => u128::MAX,
+    };
+    keyed.sort();
+    let mut out = Vec::new();
+    let mut start: Option<u128> = None;
+    for (v, is_end) in keyed {
+        match (is_end, start) {
+            (false, None) => start = Some(v),
+            (false, Some(_)) => {}
+            (true, Some(s)) if v > s => {
+                out.push((s, v - 1));
+                start = None;
+            }
+            (true, _) => start = None,
+        }
+    }
+    if let Some(s) = start {
+        out.push((s, max));
+    }
+    out
 }
 
 /// Reads every element of a set: empty when the set or the table does not exist.
@@ -409,14 +469,23 @@ pub fn probe(sock: &mut NfSocket) -> Result<()> {
 
 /// Whether natguard's table exists.
 pub fn table_exists(sock: &mut NfSocket) -> Result<bool> {
+    Ok(table_flags(sock)?.is_some())
+}
+
+/// natguard's table flags (`None`: no table). A dormant table (flag 0x1) enforces nothing.
+pub fn table_flags(sock: &mut NfSocket) -> Result<Option<u32>> {
     match sock.request_retry(
         &|b| {
             get_table(b);
         },
         "read table",
     ) {
-        Ok(_) => Ok(true),
-        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(false),
+        Ok(msgs) => Ok(Some(
+            msgs.iter()
+                .find_map(|m| m.nf_attrs().get(NFTA_TABLE_FLAGS).and_then(|f| f.u32_be()))
+                .unwrap_or(0),
+        )),
+        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
 }
