@@ -225,19 +225,22 @@ jq -e --arg v 0.4.0 '.cniVersion == $v and ([.plugins[].type] == ["bridge", "por
   fail "install changed the other plugins' entries: $(cat "$LIST")"
 cmp -s "$bin" "$CNIBIN/natguard" || fail "$CNIBIN/natguard is not the binary installed"
 [ -e "$W/ready" ] || fail "install did not create its ready file"
-# the report: one line per attachment (adopt's), the exempt pod skipped
+# the report: one line per attachment (adopt's); the exempt pod adopted without interception
 grep -Eq "^adopted +$NET ${podA:0:12}(\.\.\.)? eth0 \($APPS_NS/ng-early\): $ipA\$" <<<"$out" ||
   fail "install's report does not name pod $APPS_NS/ng-early ($ipA) adopted"
-grep -Eq "^skipped +$NET ${podB:0:12}(\.\.\.)? eth0 \($EXEMPT_NS/ng-creds\): namespace $EXEMPT_NS is exempt\$" <<<"$out" ||
-  fail "install's report does not name pod $EXEMPT_NS/ng-creds skipped as exempt"
+grep -Eq "^adopted +$NET ${podB:0:12}(\.\.\.)? eth0 \($EXEMPT_NS/ng-creds\): $ipB \(namespace $EXEMPT_NS is exempt: not intercepted, flows untouched\)\$" <<<"$out" ||
+  fail "install's report does not name pod $EXEMPT_NS/ng-creds adopted as exempt"
 grep -Eq '^adopt: [1-9][0-9]* attachment\(s\) brought under policy, [0-9]+ skipped, 0 failed$' <<<"$out" ||
   fail "install's report has no successful adopt summary"
 ct_deleted=$(sed -n 's/^conntrack: deleted \([0-9]*\) .*/\1/p' <<<"$out")
 [ -n "$ct_deleted" ] || fail "install's report has no conntrack line"
 assert_pod_installed "$NET" "$ipA" "$podA"
-# adopt does nothing to pods of exempt namespaces: no entry, traffic unchanged
-nft_table | grep -Eq "$(ip_re "$ipB")" && fail "adopt installed entries for the exempt pod $ipB: $(nft_table | grep -E "$(ip_re "$ipB")")"
-log "natguard's table holds $ipA (in $NET-meta4, $NET-masq4, owner ${podA:0:12}) and nothing of $ipB"
+# adopt does not intercept pods of exempt namespaces: allowed, never in the metadata set
+in_node nft list set inet natguard "$NET-allow4" 2>/dev/null | grep -Eq "$(ip_re "$ipB")" ||
+  fail "adopt did not put the exempt pod $ipB in $NET-allow4: $(nft_table)"
+in_node nft list set inet natguard "$NET-meta4" 2>/dev/null | grep -Eq "$(ip_re "$ipB")" &&
+  fail "adopt intercepts the exempt pod $ipB: $(nft_table)"
+log "natguard's table holds $ipA (in $NET-meta4, $NET-masq4, owner ${podA:0:12}) and $ipB only in $NET-allow4/masq4"
 
 # the long-lived connection: the proxy after at most one reconnect, never the cloud again
 ka_wait "$kaA" proxy 3 "$t_installed"
@@ -267,7 +270,7 @@ ka_wait "$kaB" cloud 2 "$t_installed"
   fail "exempt pod $ipB: its connection did not stay with the cloud: $(cat "$kaB")"
 log "exempt pod $ipB: the same connection is still answered by the cloud"
 probe "$podA" "pod $APPS_NS/ng-early, adopted" proxy
-probe "$podB" "pod $EXEMPT_NS/ng-creds, left alone by adopt" cloud unmasqueraded
+probe "$podB" "pod $EXEMPT_NS/ng-creds, adopted as exempt (masquerade policy, no interception)" cloud
 # idempotent: a second run changes nothing (and its adopt leaves the proxied flow alone)
 cp "$LIST" "$W/after-install"
 out=$(ng install "${DIRS[@]}" --cache-dir "$CACHE" --ready-file "$W/ready" --config "$W/natguard.json" 2>&1) ||
