@@ -15,6 +15,7 @@ pub const NFGEN_HDRLEN: usize = 4;
 
 pub const NLM_F_REQUEST: u16 = 0x1;
 pub const NLM_F_MULTI: u16 = 0x2;
+pub const NLM_F_DUMP_INTR: u16 = 0x10;
 pub const NLM_F_ACK: u16 = 0x4;
 pub const NLM_F_REPLACE: u16 = 0x100;
 pub const NLM_F_EXCL: u16 = 0x200;
@@ -453,12 +454,22 @@ impl NfSocket {
             .unwrap_or(false);
         self.send(buf)?;
         let mut out = Vec::new();
+        let mut interrupted = false;
         loop {
             for m in self.recv()? {
                 if m.seq != seq {
                     continue;
                 }
+                // The kernel changed the table under a multi-part dump: its answer may be
+                // inconsistent. Read it to the end, then EINTR makes `request_retry` ask again.
+                interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
                 match m.msg_type {
+                    NLMSG_DONE if interrupted => {
+                        return Err(Error::netlink(
+                            format!("{what} (dump interrupted)"),
+                            libc::EINTR,
+                        ))
+                    }
                     NLMSG_DONE => return Ok(out),
                     NLMSG_ERROR => {
                         let code = m.error_code().unwrap_or(0);
