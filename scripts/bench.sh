@@ -10,6 +10,7 @@
 #   ng-bench-<pid>-node    natguard, the naive CLI path, the unrelated conntrack entries
 #   ng-bench-<pid>-pmnft   portmap with iptables-nft    (PATH points `iptables` at it)
 #   ng-bench-<pid>-pmleg   portmap with iptables-legacy
+#   ng-bench-<pid>-ref     natguard with 10 pods: the flat-scaling reference
 # and deletes them on exit. The root namespace's firewall and conntrack table are never touched.
 # The measuring itself is benches/bench.py (see its header for the method).
 #
@@ -71,7 +72,9 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 modprobe -a nf_conntrack nf_conntrack_netlink nf_tables ip_tables ip6_tables iptable_nat ip6table_nat 2>/dev/null || true
 
+BUILT=""
 if [ -z "$BIN" ]; then
+  BUILT=1
   BIN=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
   log "building the release binary"
   (cd "$REPO" && cargo build --release --quiet)
@@ -80,11 +83,11 @@ fi
 
 # --- throwaway namespaces and PATH directories that pick the iptables backend
 TAG=ng-bench-$$
-NODE=$TAG-node PMNFT=$TAG-pmnft PMLEG=$TAG-pmleg
+NODE=$TAG-node PMNFT=$TAG-pmnft PMLEG=$TAG-pmleg REFNS=$TAG-ref
 W=$(mktemp -d /tmp/ng-bench.XXXXXX)
 cleanup() {
   local ns
-  for ns in "$NODE" "$PMNFT" "$PMLEG"; do ip netns del "$ns" 2>/dev/null || true; done
+  for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS"; do ip netns del "$ns" 2>/dev/null || true; done
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -99,17 +102,21 @@ for b in nft legacy; do
   done
 done
 ROOT_INO=$(stat -L -c %i /proc/self/ns/net) # the namespace we were started in: never measured in
-for ns in "$NODE" "$PMNFT" "$PMLEG"; do ip netns add "$ns"; done
+for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS"; do ip netns add "$ns"; done
 mkdir -p "$OUT"
 
-COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "?")
-if [ -n "$(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ]; then
-  COMMIT="$COMMIT+dirty"
+if [ -n "$BUILT" ]; then
+  COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo "?")
+  if [ -n "$(git -C "$REPO" status --porcelain -- src Cargo.toml Cargo.lock 2>/dev/null)" ]; then
+    COMMIT="$COMMIT+dirty"
+  fi
+else
+  COMMIT="unknown: prebuilt binary given with --bin"
 fi
 log "pods=$PODS ct=$CT stacks=$STACKS runs=$RUNS out=$OUT (load: $(cut -d' ' -f1-3 /proc/loadavg))"
 # The driver runs inside the node namespace; it enters the portmap namespaces by setns(2).
 ip netns exec "$NODE" /usr/bin/python3 "$REPO/benches/bench.py" \
-  --natguard "$BIN" --ns-pmnft "$PMNFT" --ns-pmlegacy "$PMLEG" \
+  --natguard "$BIN" --ns-pmnft "$PMNFT" --ns-pmlegacy "$PMLEG" --ns-ref "$REFNS" \
   --bin-nft "$W/bin-nft" --bin-legacy "$W/bin-legacy" --root-netns-ino "$ROOT_INO" \
   --out "$OUT" --pods "$PODS" --ct "$CT" --stacks "$STACKS" --runs "$RUNS" --commit "$COMMIT" \
   --timeit "$W/timeit" $PROFILE
