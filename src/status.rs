@@ -98,10 +98,25 @@ pub fn report() -> Result<String> {
                 }
             );
         }
+        for f in plan::Family::ALL {
+            let nets = nft::ranges_of(&nft::dump_set(&mut sock, &names.set(SetKind::Nets(f)))?);
+            if !nets.is_empty() {
+                let shown: Vec<String> = nets
+                    .iter()
+                    .map(|&(a, b)| plan::render_elem(&plan::Elem::Range(f, a, b)))
+                    .collect();
+                let _ = writeln!(
+                    out,
+                    "  pod networks (IPv{}, metadata fails closed here): {}",
+                    f.suffix(),
+                    shown.join(", ")
+                );
+            }
+        }
         let pods = nft::dump_set(&mut sock, &names.set(SetKind::Pods))?;
-        let intercepted: std::collections::HashSet<std::net::IpAddr> = [
-            SetKind::Meta(plan::Family::V4),
-            SetKind::Meta(plan::Family::V6),
+        let allowed: std::collections::HashSet<std::net::IpAddr> = [
+            SetKind::Allow(plan::Family::V4),
+            SetKind::Allow(plan::Family::V6),
         ]
         .iter()
         .map(|k| nft::dump_set(&mut sock, &names.set(*k)))
@@ -115,7 +130,7 @@ pub fn report() -> Result<String> {
             let c = p.comment.as_deref().unwrap_or("");
             let addrs = plan::addrs_from_comment(c);
             let shown: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-            let exempt = !addrs.is_empty() && addrs.iter().all(|a| !intercepted.contains(a));
+            let exempt = !addrs.is_empty() && addrs.iter().all(|a| allowed.contains(a));
             let key = p.owner().map(|o| o.hex()).unwrap_or_default();
             let _ = writeln!(
                 out,
