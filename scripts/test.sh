@@ -98,6 +98,10 @@ awk '
 say "fuzz: scripts/fuzz.sh (bounded)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60} scripts/fuzz.sh </dev/null || FAILED+=("fuzz (scripts/fuzz.sh)")
 
+say "benchmark smoke run: scripts/bench.sh --quick (numbers are not checked, the run is)"
+scripts/bench.sh --quick --out "$(mktemp -d /tmp/ng-bench-smoke.XXXXXX)" </dev/null >/dev/null ||
+  FAILED+=("bench smoke (scripts/bench.sh --quick)")
+
 say "end-to-end: scripts/e2e/run-all.sh"
 scripts/e2e/run-all.sh </dev/null || FAILED+=("e2e (scripts/e2e/run-all.sh)")
 
