@@ -253,10 +253,6 @@ impl NetNames {
     pub fn set(&self, s: SetKind) -> String {
         format!("{}-{}", self.prefix, s.suffix())
     }
-    /// Whether a chain name belongs to this network.
-    pub fn owns_chain(&self, name: &str) -> bool {
-        ChainKind::ALL.iter().any(|c| self.chain(*c) == name)
-    }
     /// The network a natguard chain name belongs to (for `status`), by its `-dnat` suffix.
     pub fn network_of_chain(name: &str) -> Option<&str> {
         name.strip_suffix("-dnat")

@@ -47,12 +47,13 @@ pub fn report() -> Result<String> {
         plan::TABLE,
         networks.len()
     );
+    let mut rules = nft::rule_comments_by_chain(&mut sock)?;
     for net in &networks {
         let names = NetNames::new(net);
         let _ = writeln!(out, "\nnetwork {net}");
         let mut any = false;
         for c in plan::ChainKind::ALL {
-            let comments = nft::rule_comments(&mut sock, &names.chain(c))?.unwrap_or_default();
+            let comments = rules.remove(&names.chain(c)).unwrap_or_default();
             if let Some(first) = comments.first() {
                 if !any {
                     let fp = first.rsplit(' ').next().unwrap_or("");

@@ -37,10 +37,6 @@ impl ElemRead {
             .ok()
             .and_then(OwnerKey::parse_hex)
     }
-    /// The owner written in an address element's comment.
-    pub fn comment_owner(&self) -> Option<OwnerKey> {
-        self.comment.as_deref().and_then(OwnerKey::parse_hex)
-    }
     /// The owners an address element's comment lists.
     pub fn owners(&self) -> Vec<OwnerKey> {
         crate::plan::owners_from_comment(self.comment.as_deref().unwrap_or(""))
@@ -169,19 +165,6 @@ impl Tx {
         }];
         let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &full);
         self.note(s, format!("add {what} to {set}"));
-    }
-
-    /// Makes sure `key` is not in `set`.
-    pub fn ensure_no_elem(&mut self, set: &str, key: Vec<u8>, what: &str) {
-        let bare = [ElemData {
-            key,
-            flags: 0,
-            comment: None,
-        }];
-        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &bare);
-        self.note(s, format!("add {what} to {set}"));
-        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
-        self.note(s, format!("remove {what} from {set}"));
     }
 
     /// Deletes an element known to exist (read under the lock in this invocation).
@@ -341,34 +324,6 @@ pub fn dump_set(sock: &mut NfSocket, set: &str) -> Result<Vec<ElemRead>> {
     ) {
         Ok(msgs) => Ok(msgs.iter().flat_map(parse_elems).collect()),
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(Vec::new()),
-        Err(e) => Err(e),
-    }
-}
-
-/// The comments of a chain's rules, in order; `None` when the chain does not exist.
-pub fn rule_comments(sock: &mut NfSocket, chain: &str) -> Result<Option<Vec<String>>> {
-    match sock.request_retry(
-        &|b| {
-            dump_rules(b, Some(chain));
-        },
-        &format!("list chain {chain}"),
-    ) {
-        Ok(msgs) => Ok(Some(
-            msgs.iter()
-                .filter(|m| {
-                    m.nf_attrs()
-                        .get(NFTA_RULE_CHAIN)
-                        .is_some_and(|c| c.str() == chain)
-                })
-                .map(|m| {
-                    m.nf_attrs()
-                        .get(NFTA_RULE_USERDATA)
-                        .and_then(|u| comment_of_udata(u.payload).map(str::to_string))
-                        .unwrap_or_default()
-                })
-                .collect(),
-        )),
-        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
     }
 }
