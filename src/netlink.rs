@@ -272,7 +272,7 @@ pub struct NfSocket {
 /// nf_tables transaction (`nft_rcv_nl_event` flushes the destroy work, an RCU grace period:
 /// 7 to 9 ms here), even though the transaction took effect at commit. A CNI invocation has
 /// nothing left to do by then, so [`defer_release`] lets its sockets outlive the reply: they
-/// are handed to a short-lived child that closes them after the plugin has exited.
+/// are handed to a short-lived child that closes them 100 ms later, once the kernel is done.
 static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
 
@@ -290,7 +290,7 @@ pub fn release_deferred() {
         return;
     }
     // SAFETY: the process is single-threaded here (conntrack worker threads have been joined);
-    // the child only calls async-signal-safe functions (close, setsid, _exit).
+    // the child only calls async-signal-safe functions (close, setsid, nanosleep, _exit).
     unsafe {
         let pid = libc::fork();
         if pid == 0 {
@@ -298,6 +298,14 @@ pub fn release_deferred() {
             libc::close(1);
             libc::close(2);
             libc::setsid();
+            // The kernel frees the transaction one RCU grace period after the commit. Released
+            // after that, the sockets cost nothing; released before, their release would hold
+            // nf_tables' commit mutex while it waits, stalling the next invocation's commit.
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 100_000_000,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
             libc::_exit(0); // exiting releases the sockets; nobody waits for this child
         }
         // Parent (or a failed fork): our references go; with a child holding them this is
