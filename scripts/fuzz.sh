@@ -21,7 +21,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 toolchain=()
-if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+if rustup toolchain list 2>/dev/null | grep '^nightly' >/dev/null; then
     toolchain=(+nightly)
 else
     echo "fuzz.sh: no nightly toolchain; using $(rustc --version) with RUSTC_BOOTSTRAP=1" >&2

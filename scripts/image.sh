@@ -45,7 +45,7 @@ else
 fi
 [[ -x $bin ]] || die "no binary at $bin"
 # The image has no libc and no loader: only a static binary runs in it.
-if readelf -lW "$bin" | grep -q 'program interpreter'; then
+if readelf -lW "$bin" | grep 'program interpreter' >/dev/null; then
   die "$bin is dynamically linked; build with the crate's .cargo/config.toml (crt-static)"
 fi
 

@@ -21,8 +21,6 @@ pub mod code {
     pub const KERNEL: u32 = 100;
     /// CHECK found the kernel state different from what the config asks for.
     pub const CHECK_FAILED: u32 = 101;
-    /// Conntrack netlink failed.
-    pub const CONNTRACK: u32 = 102;
     /// A subcommand (install, adopt, ...) failed.
     pub const COMMAND: u32 = 103;
 }

@@ -83,7 +83,7 @@ containerd_up ""
 ctd_import "$W/image-a.tar" "$NS"
 defer "ctd namespaces rm $NS"
 defer "ctd -n $NS images rm $REF"
-ctd -n "$NS" images ls -q | grep -qx "$REF" || fail "ctr import did not name the image $REF: $(ctd -n "$NS" images ls -q)"
+ctd -n "$NS" images ls -q | grep -x "$REF" >/dev/null || fail "ctr import did not name the image $REF: $(ctd -n "$NS" images ls -q)"
 log "ctr images import: $REF"
 
 has_natguard() { jq -e '[.plugins[] | select(.type == "natguard")] | length == 1' "$LIST" >/dev/null 2>&1; }

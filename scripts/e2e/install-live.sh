@@ -236,9 +236,11 @@ ct_deleted=$(sed -n 's/^conntrack: deleted \([0-9]*\) .*/\1/p' <<<"$out")
 [ -n "$ct_deleted" ] || fail "install's report has no conntrack line"
 assert_pod_installed "$NET" "$ipA" "$podA"
 # adopt does not intercept pods of exempt namespaces: allowed, never in the metadata set
-in_node nft list set inet natguard "$NET-allow4" 2>/dev/null | grep -Eq "$(ip_re "$ipB")" ||
+allow4=$(in_node nft list set inet natguard "$NET-allow4" 2>/dev/null || true)
+meta4=$(in_node nft list set inet natguard "$NET-meta4" 2>/dev/null || true)
+grep -Eq "$(ip_re "$ipB")" <<<"$allow4" ||
   fail "adopt did not put the exempt pod $ipB in $NET-allow4: $(nft_table)"
-in_node nft list set inet natguard "$NET-meta4" 2>/dev/null | grep -Eq "$(ip_re "$ipB")" &&
+grep -Eq "$(ip_re "$ipB")" <<<"$meta4" &&
   fail "adopt intercepts the exempt pod $ipB: $(nft_table)"
 log "natguard's table holds $ipA (in $NET-meta4, $NET-masq4, owner ${podA:0:12}) and $ipB only in $NET-allow4/masq4"
 

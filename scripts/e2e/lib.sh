@@ -252,7 +252,7 @@ assert_pod_installed() {
     set_has "$net" meta4 "$ip" || fail "pod $ip is not in $net-meta4"
   fi
   # owner entry: its comment names the pod's addresses and (a prefix of) the container ID
-  in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -qF -- "${cid:0:12}" ||
+  in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -F -- "${cid:0:12}" >/dev/null ||
     fail "no owner entry for $ip / container $cid in $net-pods: $(in_node nft list set inet natguard "$net-pods" 2>&1)"
 }
 
