@@ -551,10 +551,12 @@ pub fn check_pod(sock: &mut NfSocket, names: &NetNames, pod: &plan::PodPlan) -> 
 
 fn cmd_gc(conf: &NetConf) -> Result<()> {
     let names = NetNames::new(&conf.name);
-    let valid: HashSet<OwnerKey> = conf
-        .valid_attachments
-        .as_deref()
-        .unwrap_or(&[])
+    // Without the list, "keep nothing" would strip every running pod's policy: do nothing.
+    let Some(attachments) = conf.valid_attachments.as_deref() else {
+        warn!("GC without cni.dev/valid-attachments: nothing is removed");
+        return Ok(());
+    };
+    let valid: HashSet<OwnerKey> = attachments
         .iter()
         .map(|a| OwnerKey::new(&conf.name, &a.container_id, &a.ifname))
         .collect();

@@ -1780,3 +1780,30 @@ table ip6 natguard {{
     assert_pods_exactly(&must_state(&ns), &[], "after GC of everything");
     assert_same("after restore, reconcile and GC");
 }
+
+/// A GC without `cni.dev/valid-attachments` must not read as "keep nothing": it removes nothing.
+/// With the list, it removes exactly what is not listed.
+#[test]
+fn gc_without_the_attachment_list_removes_nothing() {
+    let (_h, ns) = synthetic("gc-nolist");
+    let cfg = cfg_a();
+    let pods: Vec<SynPod> = (1..=3).map(|i| SynPod::new("gcn", i, 0)).collect();
+    for p in &pods {
+        let inv = add(&ns, &cfg, p);
+        assert_eq!(inv.exit, Some(0), "{inv}");
+    }
+    let before = must_state(&ns);
+    assert_pods_exactly(&before, &pods, "after ADD");
+    let inv = exec(
+        &ns,
+        &[],
+        &env_of("GC", None, ""),
+        &stdin_of(&cfg, None),
+        None,
+    );
+    assert_eq!(inv.exit, Some(0), "{inv}");
+    assert_pods_exactly(&must_state(&ns), &pods, "after a GC without the list");
+    let inv = gc(&ns, &cfg, &[&pods[1]]);
+    assert_eq!(inv.exit, Some(0), "{inv}");
+    assert_pods_exactly(&must_state(&ns), &pods[1..2], "after a GC keeping one pod");
+}
