@@ -1,10 +1,11 @@
 //! The CNI verbs: parse → plan → one transaction → reply.
 //!
-//! Every verb that reads kernel state before writing (DEL, GC, and ADD when it replaces an
-//! earlier ADD of the same attachment) holds an exclusive lock on `/run/natguard/lock` from the
-//! read to the commit, so that "ADD A (ip X), ADD B (ip X), DEL A" cannot interleave into B
-//! losing its policy. The lock is held for about a millisecond; conntrack work happens after it
-//! is released.
+//! Every verb that writes (ADD, DEL, GC) first reads what it will change: the network's shared
+//! objects, and the owner lists of the pod's address elements. It holds an exclusive lock on
+//! `/run/natguard/lock` from that read to the commit, so concurrent invocations cannot
+//! interleave into a lost owner ("ADD A (ip X), ADD B (ip X), DEL A" keeps B's policy). The lock
+//! is held for about a millisecond; conntrack work happens after it is released, and the
+//! netlink sockets are released after the reply (see `netlink::defer_release`).
 
 use crate::cni::{self, CniVersion, Command, Env};
 use crate::config::{self, NetConf};
