@@ -254,7 +254,12 @@ fn render_case(c: &Case) -> String {
                 namespace: args.pod_namespace.as_deref(),
                 pod_name: args.pod_name.as_deref(),
             };
-            let plan_pod = plan::plan_pod(&cfg, &pod, &addrs(p));
+            // The prefixes a host-local range would assign: /24 and /64.
+            let cidrs: Vec<(IpAddr, u8)> = addrs(p)
+                .into_iter()
+                .map(|a| (a, if a.is_ipv4() { 24 } else { 64 }))
+                .collect();
+            let plan_pod = plan::plan_pod(&cfg, &pod, &addrs(p)).with_networks(&cidrs);
             let _ = writeln!(
                 out,
                 "# pod {} {} CNI_ARGS={:?}",
