@@ -64,12 +64,9 @@ if [ -n "$PROFILE" ]; then
   command -v strace >/dev/null || need+=(strace)
   command -v valgrind >/dev/null || need+=(valgrind)
 fi
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+# shellcheck source=scripts/packages.sh
+. "$REPO/scripts/packages.sh"
+[ ${#need[@]} -eq 0 ] || ensure_packages "${need[@]}" >/dev/null
 modprobe -a nf_conntrack nf_conntrack_netlink nf_tables ip_tables ip6_tables iptable_nat ip6table_nat 2>/dev/null || true
 
 BUILT=""

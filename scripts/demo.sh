@@ -31,22 +31,10 @@ die() {
 
 # ---- what it needs -----------------------------------------------------------------------------
 PACKAGES=(containernetworking-plugins nftables conntrack iproute2 util-linux jq socat busybox-static python3)
-missing=()
-for p in "${PACKAGES[@]}"; do
-  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
-  [ "$status" = installed ] || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  bold "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-fi
-if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
-  # shellcheck disable=SC1091
-  . "$HOME/.cargo/env"
-fi
-command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
+# shellcheck source=scripts/packages.sh
+. "$REPO/scripts/packages.sh"
+ensure_packages "${PACKAGES[@]}"
+ensure_cargo || die "cargo is needed to build natguard"
 
 bold "building natguard (cargo build --release)"
 cargo build --release

@@ -31,26 +31,13 @@ PACKAGES=(
   podman runc conmon containerd
   golang-go golang-github-appc-cni-dev protobuf-compiler binutils tar gzip
 )
-missing=()
-for p in "${PACKAGES[@]}"; do
-  status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
-  [ "$status" = installed ] || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  say "installing: ${missing[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q
-  apt-get install -y -q --no-install-recommends "${missing[@]}"
-else
-  say "packages: all present"
-fi
+# shellcheck source=scripts/packages.sh
+. "$REPO/scripts/packages.sh"
+ensure_packages "${PACKAGES[@]}"
+say "packages: ready"
 
 # ---- Rust toolchain ----------------------------------------------------------------------------
-if ! command -v cargo >/dev/null && [ -f "$HOME/.cargo/env" ]; then
-  # shellcheck disable=SC1091
-  . "$HOME/.cargo/env"
-fi
-command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
+ensure_cargo || die "cargo is needed"
 for pair in fmt:rustfmt clippy:clippy; do
   sub=${pair%%:*} component=${pair#*:}
   if ! cargo "$sub" --version >/dev/null 2>&1; then

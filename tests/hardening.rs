@@ -367,7 +367,7 @@ fn cfg_a() -> Value {
             "proxyIPv6": "fd00::1",
             "exemptNamespaces": ["kube-system"]
         },
-        "masquerade": { "nonMasqueradeCIDRs": NON_MASQ }
+        "masquerade": { "nonMasqueradeCIDRs": non_masq() }
     })
 }
 

@@ -1,8 +1,7 @@
 #!/usr/bin/python3
-"""keepalive.py: both ends of a long-lived HTTP/1.1 connection, as metadata clients keep them.
+"""keepalive.py: the client end of a long-lived HTTP/1.1 connection, as metadata clients keep
+it (the server end is tests/common/http_keepalive.py).
 
-  keepalive.py serve ADDR:PORT WORD   HTTP/1.1 server: every GET is answered with WORD, and the
-                                      connection stays open for the next request
   keepalive.py client HOST:PORT LOG   one TCP connection; a GET every 0.5 s on it, for as long as
                                       it works; on an error (reset, EOF, 2 s without an answer)
                                       the connection is closed and a new one opened
@@ -13,14 +12,12 @@ The client appends one line per event to LOG (flushed at once):
   req seq=S conn=N lport=P sent=EPOCH answer=WORD
   req seq=S conn=N lport=P sent=EPOCH error=...
 EPOCH is the wall clock (seconds, as `date +%s.%N`) at which the request was sent.
-busybox httpd closes every connection after one answer, so the end-to-end tests use this
-instead wherever a connection must outlive a change of policy.
+The end-to-end tests use it wherever a connection must outlive a change of policy.
 """
 
 import socket
 import sys
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 INTERVAL = 0.5
 TIMEOUT = 2.0
@@ -29,27 +26,6 @@ TIMEOUT = 2.0
 def addr(spec):
     host, _, port = spec.rpartition(":")
     return host, int(port)
-
-
-def serve(spec, word):
-    body = (word + "\n").encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def do_GET(self):
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    ThreadingHTTPServer.allow_reuse_address = True
-    ThreadingHTTPServer.daemon_threads = True
-    ThreadingHTTPServer(addr(spec), Handler).serve_forever()
 
 
 def read_answer(f):
@@ -110,9 +86,7 @@ def client(spec, logpath):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "serve":
-        serve(sys.argv[2], sys.argv[3])
-    elif len(sys.argv) == 4 and sys.argv[1] == "client":
+    if len(sys.argv) == 4 and sys.argv[1] == "client":
         client(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)

@@ -507,7 +507,8 @@ probe_in() {
 
 # keepalive_servers: replace the world's proxy (node :8181) and cloud (:80) servers, busybox
 # httpd that closes every connection after one answer, by keep-alive HTTP/1.1 servers that
-# answer the same words (scripts/e2e/keepalive.py), for clients that keep one connection open
+# answer the same words (tests/common/http_keepalive.py, shared with the root tests and the
+# demo), for clients that keep one connection open
 # across a change of policy. Call after world_up.
 keepalive_servers() {
   need python3 socat
@@ -527,7 +528,7 @@ _keepalive_server() {
       kill -0 "$p" 2>/dev/null && fail "busybox httpd $p ($ns $spec) did not stop"
     fi
   done
-  nsenter --net="/run/netns/$ns" python3 "$E2E_DIR/keepalive.py" serve "$spec" "$word" \
+  nsenter --net="/run/netns/$ns" python3 "$REPO/tests/common/http_keepalive.py" "${spec##*:}" "$word" \
     >>"$W/keepalive-$ns.log" 2>&1 9>&- &
   defer "kill $!"
   # two requests on one connection, two answers (bounded)

@@ -1461,20 +1461,11 @@ pub const WHOAMI_PORT: u16 = 7777;
 
 /// The nonMasqueradeCIDRs the tests configure: natguard's IPv4 defaults plus fd00::/8 (covers
 /// the IPv6 remote-in host and the pods' IPv6 range, not the remote-out host).
-pub const NON_MASQ: [&str; 12] = [
-    "10.0.0.0/8",
-    "172.16.0.0/12",
-    "192.168.0.0/16",
-    "100.64.0.0/10",
-    "192.0.0.0/24",
-    "192.0.2.0/24",
-    "192.88.99.0/24",
-    "198.18.0.0/15",
-    "198.51.100.0/24",
-    "203.0.113.0/24",
-    "240.0.0.0/4",
-    "fd00::/8",
-];
+pub fn non_masq() -> Vec<&'static str> {
+    let mut v = natguard::config::DEFAULT_NON_MASQUERADE_CIDRS.to_vec();
+    v.push("fd00::/8");
+    v
+}
 
 pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
@@ -1593,11 +1584,11 @@ impl World {
     }
 
     /// natguard's entry as the tests use it: `logFile` in the test dir, nonMasqueradeCIDRs
-    /// [`NON_MASQ`], everything else default, then `patch` merged in.
+    /// [`non_masq`], everything else default, then `patch` merged in.
     pub fn natguard(&self, patch: Value) -> Value {
         let mut conf = json!({
             "type": "natguard",
-            "masquerade": { "nonMasqueradeCIDRs": NON_MASQ },
+            "masquerade": { "nonMasqueradeCIDRs": non_masq() },
             "logFile": self.dir().join("natguard.log"),
         });
         merge(&mut conf, &patch);
