@@ -314,7 +314,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if !opts.reconcile {
         for (srcs, dsts, ports) in flows {
-            match crate::conntrack::flush_undnatted_flows(&srcs, &dsts, &ports) {
+            match crate::conntrack::flush_undnatted_flows_on(&mut sock, &srcs, &dsts, &ports) {
                 Ok(r) => report.conntrack_deleted += r.deleted,
                 Err(e) => report.conntrack_error = Some(e.to_string()),
             }

@@ -205,6 +205,17 @@ pub fn flush_addresses(addrs: &[IpAddr]) -> Result<FlushReport> {
 
 /// [`flush_addresses`] along a chosen path.
 pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport> {
+    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+    flush_addresses_on(&mut sock, addrs, path)
+}
+
+/// [`flush_addresses_with`] on a netfilter socket the caller already has (the plugin reuses
+/// the one of its nf_tables transaction).
+pub fn flush_addresses_on(
+    sock: &mut NfSocket,
+    addrs: &[IpAddr],
+    path: Path,
+) -> Result<FlushReport> {
     let path = resolve_path(path, std::env::var(PATH_ENV).ok().as_deref())?;
     let addrs = normalize(addrs);
     let wants4: Vec<Want> = addrs
@@ -225,25 +236,24 @@ pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport>
     if wants4.is_empty() && want6.is_none() {
         return Ok(report);
     }
-    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
-    let before = entry_count(&mut sock)?;
+    let before = entry_count(sock)?;
     if before == 0 {
         return Ok(report);
     }
     let all: Vec<Want> = wants4.iter().copied().chain(want6).collect();
     match path {
         Path::FullDump => {
-            full_dump_delete(&mut sock, &all, &mut report)?;
+            full_dump_delete(sock, &all, &mut report)?;
             report.path = PATH_FULL;
             return Ok(report);
         }
         Path::Fallback => {
-            let ran = dump_delete(&mut sock, &all, &mut report)?;
+            let ran = dump_delete(sock, &all, &mut report)?;
             report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
             return Ok(report);
         }
         Path::Auto if FILTERED_DELETE_REFUSED.load(Ordering::Relaxed) => {
-            let ran = dump_delete(&mut sock, &all, &mut report)?;
+            let ran = dump_delete(sock, &all, &mut report)?;
             report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
             return Ok(report);
         }
@@ -254,7 +264,7 @@ pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport>
     // and socket, so that its transfer overlaps the IPv4 walks.
     let (r4, r6) = std::thread::scope(|s| {
         let h6 = want6.as_ref().map(|w| spawn_walk(s, w, "natguard-ct6"));
-        let r4 = filtered_delete_all(&mut sock, &wants4, path == Path::Auto);
+        let r4 = filtered_delete_all(sock, &wants4, path == Path::Auto);
         (r4, h6.map(join_walk))
     });
     let done = r4?;
@@ -276,13 +286,13 @@ pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport>
             walks: 0,
             path: "",
         };
-        ran = dump_delete(&mut sock, &wants4[done..], &mut sub)?;
+        ran = dump_delete(sock, &wants4[done..], &mut sub)?;
         report.walks += sub.walks;
         exact += sub.deleted;
     }
     report.deleted = if done > 0 {
         // The filtered deletes do not report what they removed: count the table instead.
-        before.saturating_sub(entry_count(&mut sock)?)
+        before.saturating_sub(entry_count(sock)?)
     } else {
         exact
     };
@@ -299,6 +309,17 @@ pub fn flush_addresses_with(addrs: &[IpAddr], path: Path) -> Result<FlushReport>
 /// express, so it is a filtered dump (destination, TCP, not DNATed) and the match on sources
 /// and ports happens here.
 pub fn flush_undnatted_flows(
+    srcs: &[IpAddr],
+    dsts: &[IpAddr],
+    dports: &[u16],
+) -> Result<FlushReport> {
+    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
+    flush_undnatted_flows_on(&mut sock, srcs, dsts, dports)
+}
+
+/// [`flush_undnatted_flows`] on a netfilter socket the caller already has.
+pub fn flush_undnatted_flows_on(
+    sock: &mut NfSocket,
     srcs: &[IpAddr],
     dsts: &[IpAddr],
     dports: &[u16],
@@ -345,15 +366,14 @@ pub fn flush_undnatted_flows(
     if wants.is_empty() || dports.is_empty() {
         return Ok(report);
     }
-    let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
-    if entry_count(&mut sock)? == 0 {
+    if entry_count(sock)? == 0 {
         return Ok(report);
     }
     let ran = if path == Path::FullDump {
-        full_dump_delete(&mut sock, &wants, &mut report)?;
+        full_dump_delete(sock, &wants, &mut report)?;
         Ran::Full
     } else {
-        dump_delete(&mut sock, &wants, &mut report)?
+        dump_delete(sock, &wants, &mut report)?
     };
     report.path = if ran == Ran::Full {
         PATH_FULL
@@ -367,7 +387,12 @@ pub fn flush_undnatted_flows(
 /// walks nothing).
 pub fn probe() -> Result<()> {
     let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
-    entry_count(&mut sock).map(|_| ())
+    probe_on(&mut sock)
+}
+
+/// [`probe`] on a netfilter socket the caller already has.
+pub fn probe_on(sock: &mut NfSocket) -> Result<()> {
+    entry_count(sock).map(|_| ())
 }
 
 /// The number of entries in the calling thread's network namespace.

@@ -177,7 +177,7 @@ fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
             .join(",")
     );
     if cfg.conntrack.flush_on_add && !addrs.is_empty() {
-        flush_conntrack(&addrs, "ADD");
+        flush_conntrack(&mut sock, &addrs, "ADD");
     }
     drop(sock);
     Ok(cni::passthrough(prev, conf.cni_version))
@@ -253,18 +253,7 @@ fn stage_pod(
     let wanted = pod.present.iter().map(|p| (p, true));
     let unwanted = pod.absent.iter().map(|p| (p, false));
     for ((kind, ip), want) in wanted.chain(unwanted) {
-        let set = names.set(*kind);
-        let cur = nft::get_element(sock, &set, &encode::ip_bytes(ip))?;
-        let owners = cur.as_ref().map(|e| e.owners()).unwrap_or_default();
-        let mut next: Vec<OwnerKey> = owners.iter().copied().filter(|o| *o != pod.owner).collect();
-        if want {
-            next.insert(0, pod.owner);
-        }
-        next.truncate(plan::MAX_OWNERS);
-        if cur.is_none() && next.is_empty() || cur.is_some() && next == owners {
-            continue;
-        }
-        tx.set_owners(&set, ip, cur.is_some(), &next);
+        stage_owner(sock, tx, &names.set(*kind), ip, pod.owner, want)?;
     }
     for f in Family::ALL {
         let mine: Vec<(u128, u128)> = pod
@@ -286,6 +275,34 @@ fn stage_pod(
     Ok(())
 }
 
+/// Adds to `tx` what makes `owner` the newest owner of `ip` in `set` (`want`), or no owner of
+/// it. An element is deleted when its last owner leaves; nothing is written where nothing
+/// changes.
+fn stage_owner(
+    sock: &mut NfSocket,
+    tx: &mut Tx,
+    set: &str,
+    ip: &IpAddr,
+    owner: OwnerKey,
+    want: bool,
+) -> Result<()> {
+    let cur = nft::get_element(sock, set, &encode::ip_bytes(ip))?;
+    let owners = cur.as_ref().map(|e| e.owners()).unwrap_or_default();
+    let mut next: Vec<OwnerKey> = owners.iter().copied().filter(|o| *o != owner).collect();
+    if want {
+        next.insert(0, owner);
+    }
+    next.truncate(plan::MAX_OWNERS);
+    let unchanged = match &cur {
+        None => next.is_empty(),
+        Some(_) => next == owners,
+    };
+    if !unchanged {
+        tx.set_owners(set, ip, cur.is_some(), &next);
+    }
+    Ok(())
+}
+
 /// Adds to `tx` the removal of `owner` from the address elements of `addrs`.
 fn release_addrs(
     sock: &mut NfSocket,
@@ -297,21 +314,16 @@ fn release_addrs(
     for a in addrs {
         let f = Family::of(a);
         for kind in [SetKind::Meta(f), SetKind::Masq(f), SetKind::Allow(f)] {
-            let set = names.set(kind);
-            if let Some(e) = nft::get_element(sock, &set, &encode::ip_bytes(a))? {
-                let owners = e.owners();
-                if owners.contains(&owner) {
-                    let rest: Vec<OwnerKey> = owners.into_iter().filter(|o| *o != owner).collect();
-                    tx.set_owners(&set, a, true, &rest);
-                }
-            }
+            stage_owner(sock, tx, &names.set(kind), a, owner, false)?;
         }
     }
     Ok(())
 }
 
-fn flush_conntrack(addrs: &[IpAddr], verb: &str) {
-    match crate::conntrack::flush_addresses(addrs) {
+/// Deletes the addresses' conntrack entries on the invocation's own netfilter socket; a failure
+/// is logged, never returned.
+fn flush_conntrack(sock: &mut NfSocket, addrs: &[IpAddr], verb: &str) {
+    match crate::conntrack::flush_addresses_on(sock, addrs, crate::conntrack::Path::Auto) {
         Ok(r) => info!(
             "conntrack: deleted {} entries in {} kernel walks ({})",
             r.deleted, r.walks, r.path
@@ -350,8 +362,8 @@ fn cmd_del(env: &Env, conf: &NetConf) -> Result<()> {
         },
     };
     info!("removed {} entries of {}", released, owner.hex());
-    if !addrs.is_empty() {
-        flush_conntrack(&addrs, "DEL");
+    if let (Some(sock), false) = (sock.as_mut(), addrs.is_empty()) {
+        flush_conntrack(sock, &addrs, "DEL");
     }
     drop(sock);
     Ok(())
@@ -611,7 +623,7 @@ fn cmd_status() -> Result<()> {
         ))
     })?;
     nft::probe(&mut sock).map_err(|e| Error::NotReady(format!("nf_tables is not usable: {e}")))?;
-    crate::conntrack::probe()
+    crate::conntrack::probe_on(&mut sock)
         .map_err(|e| Error::NotReady(format!("conntrack netlink is not usable: {e}")))?;
     Ok(())
 }
