@@ -1,22 +1,18 @@
 //! natguard's configuration: the plugin's entry in a conflist, parsed strictly once.
 //!
-//! Input is the JSON a runtime writes on stdin: the CNI keys (`cniVersion`, `name`, `type`,
-//! `prevResult`, `runtimeConfig`, `cni.dev/valid-attachments`, …) plus natguard's own sections
-//! `metadata`, `masquerade`, `conntrack` and `logFile`. Every natguard field is optional and has
-//! the default documented in the README. Unknown keys inside natguard's sections are rejected,
+//! This module parses natguard's own sections of the network configuration (`metadata`,
+//! `masquerade`, `conntrack`, `logFile`); the CNI keys around them are [`crate::cni::netconf`]'s.
+//! Every natguard field is optional and has the default documented in the README. Unknown keys inside natguard's sections are rejected,
 //! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
-//! gets masqueraded. Unknown top-level keys belong to the runtime and are ignored.
+//! gets masqueraded.
 //!
 //! Errors name the field path and the offending value; downstream code never re-validates.
 
-use crate::cni::CniVersion;
+pub use crate::addr::Cidr;
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
-
-/// Largest stdin accepted; real conflists with a prevResult are a few KiB.
-pub const MAX_STDIN: usize = 1 << 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetadataMode {
@@ -54,83 +50,6 @@ pub struct Metadata {
     pub proxy_ipv4: ProxyAddr<Ipv4Addr>,
     pub proxy_ipv6: ProxyAddr<Ipv6Addr>,
     pub exempt_namespaces: Vec<String>,
-}
-
-/// An address prefix, stored with its host bits cleared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Cidr {
-    pub addr: IpAddr,
-    pub prefix: u8,
-}
-
-impl Cidr {
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (a, p) = s.split_once('/')?;
-        let addr: IpAddr = a.parse().ok()?;
-        if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
-            return None;
-        }
-        let prefix: u8 = p.parse().ok()?;
-        let max = if addr.is_ipv4() { 32 } else { 128 };
-        if prefix > max {
-            return None;
-        }
-        Some(Cidr {
-            addr: mask(addr, prefix),
-            prefix,
-        })
-    }
-
-    pub fn is_ipv4(&self) -> bool {
-        self.addr.is_ipv4()
-    }
-
-    /// First and last address of the prefix, as integers of the family's width.
-    pub fn range(&self) -> (u128, u128) {
-        let bits = if self.is_ipv4() { 32 } else { 128 };
-        let start = ip_to_u128(self.addr);
-        let host = bits - self.prefix as u32;
-        let span = if host >= 128 {
-            u128::MAX
-        } else {
-            (1u128 << host) - 1
-        };
-        (start, start | span)
-    }
-}
-
-impl std::fmt::Display for Cidr {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}/{}", self.addr, self.prefix)
-    }
-}
-
-pub fn ip_to_u128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => u32::from(a) as u128,
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
-fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
-    match addr {
-        IpAddr::V4(a) => {
-            let m = if prefix == 0 {
-                0
-            } else {
-                u32::MAX << (32 - prefix)
-            };
-            IpAddr::V4(Ipv4Addr::from(u32::from(a) & m))
-        }
-        IpAddr::V6(a) => {
-            let m = if prefix == 0 {
-                0
-            } else {
-                u128::MAX << (128 - prefix)
-            };
-            IpAddr::V6(Ipv6Addr::from(u128::from(a) & m))
-        }
-    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,35 +120,16 @@ impl Default for Config {
     }
 }
 
-/// One attachment named by a CNI 1.1 GC request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Attachment {
-    pub container_id: String,
-    pub ifname: String,
-}
-
-/// The whole network configuration a runtime passed on stdin.
-#[derive(Debug, Clone)]
-pub struct NetConf {
-    pub cni_version: CniVersion,
-    pub name: String,
-    pub plugin_type: String,
-    pub prev_result: Option<Value>,
-    /// `cni.dev/valid-attachments`, present on GC.
-    pub valid_attachments: Option<Vec<Attachment>>,
-    pub natguard: Config,
-}
-
 /// A user string quoted for an error message, cut so replies stay small whatever the input.
-fn q(s: &str) -> String {
-    format!("{:?}", crate::cni::truncate(s, 80))
+pub(crate) fn q(s: &str) -> String {
+    format!("{:?}", crate::error::truncate(s, 80))
 }
 
-fn cfg_err(msg: String) -> Error {
+pub(crate) fn cfg_err(msg: String) -> Error {
     Error::InvalidConfig(msg)
 }
 
-fn type_name(v: &Value) -> &'static str {
+pub(crate) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",
@@ -241,7 +141,7 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 /// A short, printable rendering of a bad value for error messages.
-fn show(v: &Value) -> String {
+pub(crate) fn show(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 80 {
         let mut cut = 77;
@@ -254,7 +154,7 @@ fn show(v: &Value) -> String {
     }
 }
 
-fn expect_bool(path: &str, v: &Value) -> Result<bool> {
+pub(crate) fn expect_bool(path: &str, v: &Value) -> Result<bool> {
     v.as_bool().ok_or_else(|| {
         cfg_err(format!(
             "{path}: expected true or false, got {} {}",
@@ -264,7 +164,7 @@ fn expect_bool(path: &str, v: &Value) -> Result<bool> {
     })
 }
 
-fn expect_str<'a>(path: &str, v: &'a Value) -> Result<&'a str> {
+pub(crate) fn expect_str<'a>(path: &str, v: &'a Value) -> Result<&'a str> {
     v.as_str().ok_or_else(|| {
         cfg_err(format!(
             "{path}: expected a string, got {} {}",
@@ -274,7 +174,7 @@ fn expect_str<'a>(path: &str, v: &'a Value) -> Result<&'a str> {
     })
 }
 
-fn expect_array<'a>(path: &str, v: &'a Value) -> Result<&'a Vec<Value>> {
+pub(crate) fn expect_array<'a>(path: &str, v: &'a Value) -> Result<&'a Vec<Value>> {
     v.as_array().ok_or_else(|| {
         cfg_err(format!(
             "{path}: expected an array, got {} {}",
@@ -284,7 +184,7 @@ fn expect_array<'a>(path: &str, v: &'a Value) -> Result<&'a Vec<Value>> {
     })
 }
 
-fn expect_port(path: &str, v: &Value) -> Result<u16> {
+pub(crate) fn expect_port(path: &str, v: &Value) -> Result<u16> {
     match v.as_u64() {
         Some(p) if (1..=65535).contains(&p) => Ok(p as u16),
         _ => Err(cfg_err(format!(
@@ -294,7 +194,7 @@ fn expect_port(path: &str, v: &Value) -> Result<u16> {
     }
 }
 
-fn expect_object<'a>(path: &str, v: &'a Value) -> Result<&'a Map<String, Value>> {
+pub(crate) fn expect_object<'a>(path: &str, v: &'a Value) -> Result<&'a Map<String, Value>> {
     v.as_object().ok_or_else(|| {
         cfg_err(format!(
             "{path}: expected an object, got {} {}",
@@ -304,7 +204,7 @@ fn expect_object<'a>(path: &str, v: &'a Value) -> Result<&'a Map<String, Value>>
     })
 }
 
-fn reject_unknown(path: &str, obj: &Map<String, Value>, known: &[&str]) -> Result<()> {
+pub(crate) fn reject_unknown(path: &str, obj: &Map<String, Value>, known: &[&str]) -> Result<()> {
     for k in obj.keys() {
         if !known.contains(&k.as_str()) {
             return Err(cfg_err(format!(
@@ -549,165 +449,10 @@ fn parse_masquerade(v: &Value, m: &mut Masquerade) -> Result<()> {
     Ok(())
 }
 
-/// CNI network names: an alphanumeric, then alphanumerics, `_`, `.` or `-` (spec 1.0).
-pub fn is_network_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 128
-        && b[0].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'.' | b'-'))
-}
-
-/// Decodes stdin into JSON, with the decode-error code for anything that is not a JSON object.
-pub fn decode_stdin(bytes: &[u8]) -> Result<Value> {
-    if bytes.len() > MAX_STDIN {
-        return Err(Error::Decode(format!(
-            "stdin: {} bytes is more than the {MAX_STDIN} bytes a network configuration may have",
-            bytes.len()
-        )));
-    }
-    let v: Value = serde_json::from_slice(bytes)
-        .map_err(|e| Error::Decode(format!("stdin: not valid JSON: {e}")))?;
-    if !v.is_object() {
-        return Err(Error::Decode(format!(
-            "stdin: expected a JSON object, got {}",
-            type_name(&v)
-        )));
-    }
-    Ok(v)
-}
-
-/// Reads `cniVersion` from a decoded config; `None` when absent.
-pub fn cni_version_of(v: &Value) -> Result<Option<CniVersion>> {
-    match v.get("cniVersion") {
-        None => Ok(None),
-        Some(Value::String(s)) => CniVersion::parse(s).map(Some).ok_or_else(|| {
-            Error::IncompatibleVersion(format!(
-                "cniVersion: {} is not supported (supported: {})",
-                q(s),
-                crate::cni::SUPPORTED_VERSIONS.join(", ")
-            ))
-        }),
-        Some(other) => Err(cfg_err(format!(
-            "cniVersion: expected a string, got {} {}",
-            type_name(other),
-            show(other)
-        ))),
-    }
-}
-
-/// Parses the network configuration of an ADD, DEL, CHECK or GC.
-pub fn parse_netconf(bytes: &[u8]) -> Result<NetConf> {
-    let v = decode_stdin(bytes)?;
-    netconf_from_value(&v)
-}
-
-pub fn netconf_from_value(v: &Value) -> Result<NetConf> {
-    let obj = v.as_object().expect("decode_stdin checks for an object");
-    let cni_version = cni_version_of(v)?.ok_or_else(|| {
-        Error::IncompatibleVersion("cniVersion: missing from the network configuration".into())
-    })?;
-    let name = match obj.get("name") {
-        Some(Value::String(s)) if is_network_name(s) => s.clone(),
-        Some(Value::String(s)) => {
-            return Err(cfg_err(format!(
-                "name: {} is not a valid network name (letters, digits, '_', '.', '-'; starting with a letter or digit; at most 128 bytes)", q(s)
-            )))
-        }
-        Some(other) => {
-            return Err(cfg_err(format!(
-                "name: expected a string, got {} {}",
-                type_name(other),
-                show(other)
-            )))
-        }
-        None => return Err(cfg_err("name: missing from the network configuration".into())),
-    };
-    let plugin_type = match obj.get("type") {
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            return Err(cfg_err(format!(
-                "type: expected a string, got {} {}",
-                type_name(other),
-                show(other)
-            )))
-        }
-        None => "natguard".to_string(),
-    };
-    let prev_result = match obj.get("prevResult") {
-        None | Some(Value::Null) => None,
-        Some(p @ Value::Object(_)) => Some(p.clone()),
-        Some(other) => {
-            return Err(Error::Decode(format!(
-                "prevResult: expected an object, got {} {}",
-                type_name(other),
-                show(other)
-            )))
-        }
-    };
-    let valid_attachments = match obj.get("cni.dev/valid-attachments") {
-        None | Some(Value::Null) => None,
-        Some(x) => Some(parse_attachments(x)?),
-    };
-    let natguard = parse_plugin_config(v)?;
-    Ok(NetConf {
-        cni_version,
-        name,
-        plugin_type,
-        prev_result,
-        valid_attachments,
-        natguard,
-    })
-}
-
-/// The lenient parse DEL falls back to when the strict one fails on natguard's own sections or
-/// on prevResult: DEL needs only the network name (with the container ID and ifname from the
-/// environment) to find what the pod owns, and a DEL that fails leaks the primary plugin's IP.
-pub fn netconf_for_del(bytes: &[u8]) -> Result<NetConf> {
-    let v = decode_stdin(bytes)?;
-    let mut obj = v.as_object().cloned().unwrap_or_default();
-    for k in [
-        "metadata",
-        "masquerade",
-        "conntrack",
-        "logFile",
-        "cni.dev/valid-attachments",
-    ] {
-        obj.remove(k);
-    }
-    if !obj.get("prevResult").is_some_and(Value::is_object) {
-        obj.remove("prevResult");
-    }
-    netconf_from_value(&Value::Object(obj))
-}
-
-fn parse_attachments(v: &Value) -> Result<Vec<Attachment>> {
-    let p = "cni.dev/valid-attachments";
-    let arr = expect_array(p, v)?;
-    let mut out = Vec::with_capacity(arr.len());
-    for (i, a) in arr.iter().enumerate() {
-        let ap = format!("{p}[{i}]");
-        let o = expect_object(&ap, a)?;
-        let cid = expect_str(
-            &format!("{ap}.containerID"),
-            o.get("containerID").unwrap_or(&Value::Null),
-        )?;
-        let ifname = expect_str(
-            &format!("{ap}.ifname"),
-            o.get("ifname").unwrap_or(&Value::Null),
-        )?;
-        out.push(Attachment {
-            container_id: cid.to_string(),
-            ifname: ifname.to_string(),
-        });
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cni::netconf::*;
     use serde_json::json;
 
     fn conf(extra: Value) -> Value {

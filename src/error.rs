@@ -126,6 +126,19 @@ impl Error {
     }
 }
 
+/// A user string cut to `n` bytes (on a character boundary) for an error message, so replies
+/// stay small whatever the input.
+pub fn truncate(s: &str, n: usize) -> String {
+    if s.len() <= n {
+        return s.to_string();
+    }
+    let mut cut = n;
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
 fn errno_text(errno: i32) -> String {
     let e = std::io::Error::from_raw_os_error(errno);
     let name = match errno {

@@ -1524,9 +1524,9 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
         }
     }
     if !keep_kernel_state {
-        match crate::nft::delete_all() {
+        match crate::store::delete_all() {
             Ok(()) => say("removed natguard's nftables table".into()),
-            Err(e) if crate::nft::is_unavailable(&e) => {}
+            Err(e) if crate::kernel::is_unavailable(&e) => {}
             Err(e) => {
                 say(format!("error: deleting natguard's nftables table: {e}"));
                 failed = true;

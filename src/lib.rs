@@ -2,22 +2,31 @@
 //! and masquerade policy before any of its containers start, and removes stale conntrack flows of
 //! the pod's addresses.
 //!
-//! The binary (`main.rs`) only reads the invocation and prints the reply; everything else lives
-//! here so tests can call it: [`cni`] parses the protocol, [`config`] the plugin's configuration,
-//! [`plan`] turns (config, pod) into desired kernel objects without touching the kernel, [`nft`]
-//! lowers a plan to one nf_tables netlink batch and reads state back, [`conntrack`] deletes flows
-//! over ctnetlink.
+//! The code reads top-down, each layer using only the ones below it:
+//! - [`verbs`] (ADD, DEL, CHECK, GC, STATUS) and [`tools`] (`status`, `adopt`, `install`, ...):
+//!   parse, plan, hand the plan to the store, reply;
+//! - [`cni`]: the protocol (verbs, versions, environment, CNI_ARGS, the network configuration,
+//!   prevResult, replies);
+//! - `store`: natguard's state as owner records, under the node-wide lock, reaching the kernel
+//!   only through the narrow `kernel::Kernel` trait (a recording fake tests it without root);
+//! - [`kernel`]: the netlink socket, the lowering of plan objects to nf_tables messages, reads,
+//!   transactions, and conntrack deletes;
+//! - [`plan`]: pure; (config, node facts, pod) → desired objects, their names and the record
+//!   format, rendered as nft text;
+//! - [`config`] (natguard's own sections), `addr` (address arithmetic), [`node`] (facts looked
+//!   up before planning), [`error`] (one error type and its CNI codes), [`log`].
+//!
+//! `main.rs` only dispatches. What tests and the fuzzer need is `pub`; the rest is `pub(crate)`.
 
-pub mod adopt;
+pub(crate) mod addr;
 pub mod cni;
 pub mod config;
-pub mod conntrack;
 pub mod error;
 pub mod install;
+pub mod kernel;
 pub mod log;
-pub mod netlink;
-pub mod nft;
 pub mod node;
 pub mod plan;
-pub mod plugin;
-pub mod status;
+pub(crate) mod store;
+pub mod tools;
+pub mod verbs;

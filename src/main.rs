@@ -9,9 +9,9 @@ use std::io::{Read, Write};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let code = match args.first().map(String::as_str) {
-        Some("status") => natguard::status::cli(&args[1..]),
-        Some("adopt") => natguard::adopt::cli(&args[1..], false),
-        Some("reconcile") => natguard::adopt::cli(&args[1..], true),
+        Some("status") => natguard::tools::status::cli(&args[1..]),
+        Some("adopt") => natguard::tools::adopt::cli(&args[1..], false),
+        Some("reconcile") => natguard::tools::adopt::cli(&args[1..], true),
         Some("install") => natguard::install::install_cli(&args[1..]),
         Some("uninstall") => natguard::install::uninstall_cli(&args[1..]),
         Some("version") | Some("--version") => {
@@ -57,12 +57,12 @@ fn run_cni() -> i32 {
         return print_error(None, &e);
     };
     let mut stdin = Vec::new();
-    let limit = natguard::config::MAX_STDIN as u64 + 1;
+    let limit = natguard::cni::netconf::MAX_STDIN as u64 + 1;
     if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut stdin) {
         return print_error(None, &Error::io("read stdin", e));
     }
-    natguard::netlink::defer_release();
-    match natguard::plugin::run(command, &get, &stdin) {
+    natguard::kernel::netlink::defer_release();
+    match natguard::verbs::run(command, &get, &stdin) {
         Ok(reply) => {
             if let Some(v) = reply {
                 let mut out = std::io::stdout().lock();
@@ -70,15 +70,15 @@ fn run_cni() -> i32 {
                 let _ = out.write_all(b"\n");
                 let _ = out.flush();
             }
-            natguard::netlink::release_deferred();
+            natguard::kernel::netlink::release_deferred();
             0
         }
         Err(e) => {
-            let version = natguard::config::decode_stdin(&stdin)
+            let version = natguard::cni::netconf::decode_stdin(&stdin)
                 .ok()
-                .and_then(|v| natguard::config::cni_version_of(&v).ok().flatten());
+                .and_then(|v| natguard::cni::netconf::cni_version_of(&v).ok().flatten());
             let code = print_error(version, &e);
-            natguard::netlink::release_deferred();
+            natguard::kernel::netlink::release_deferred();
             code
         }
     }

@@ -2,7 +2,8 @@
 //! entry, as a runtime hands it over (name and cniVersion injected), is accepted by the plugin's
 //! own parser with the values the file states. No root needed.
 
-use natguard::config::{parse_netconf, MetadataMode};
+use natguard::cni::netconf::parse_netconf;
+use natguard::config::MetadataMode;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 

@@ -5,8 +5,8 @@
 //! joined the namespace with `setns(2)`; the rest of the test process, and the root namespace's
 //! conntrack table, are never touched. Tables are compared entry by entry with a dump.
 
-use natguard::conntrack::{self, FlushReport, Path};
-use natguard::netlink::{
+use natguard::kernel::conntrack::{self, FlushReport, Path};
+use natguard::kernel::netlink::{
     Attrs, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
 };
 use std::collections::BTreeSet;

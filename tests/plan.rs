@@ -2,8 +2,8 @@
 //! network (`plan_shared`) and the entries of a few pods (`plan_pod`), rendered as nft text and
 //! compared with `tests/golden/<case>.nft`. No root and no kernel needed.
 //!
-//! Each configuration goes through the real parser (`config::parse_netconf`), so a golden file
-//! pins what a conflist entry turns into. After an intended change of the plan, rewrite the
+//! Each configuration goes through the real parser (`natguard::cni::netconf::parse_netconf`), so
+//! a golden file pins what a conflist entry turns into. After an intended change of the plan, rewrite the
 //! files with `UPDATE_GOLDEN=1 cargo test --test plan` and review the diff.
 
 use natguard::cni::CniArgs;
@@ -216,7 +216,7 @@ fn cases() -> Vec<Case> {
 
 /// Parses a case's config the way the plugin does; resolves fixed proxy addresses.
 fn load(n: &Network) -> (String, Config, NodeFacts) {
-    let conf = config::parse_netconf(n.conf.as_bytes())
+    let conf = natguard::cni::netconf::parse_netconf(n.conf.as_bytes())
         .unwrap_or_else(|e| panic!("case config does not parse: {e}\n{}", n.conf));
     let md = &conf.natguard.metadata;
     let node = match (md.proxy_ipv4, md.proxy_ipv6) {
@@ -348,7 +348,7 @@ fn diff(want: &str, got: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 
 fn plan_of(conf: &str, node: NodeFacts) -> plan::SharedPlan {
-    let c = config::parse_netconf(conf.as_bytes()).unwrap();
+    let c = natguard::cni::netconf::parse_netconf(conf.as_bytes()).unwrap();
     plan::plan_shared(&c.name, &c.natguard, &node)
 }
 
@@ -441,7 +441,7 @@ fn two_networks_share_no_object_names() {
 
 #[test]
 fn exempt_pods_are_masqueraded_but_not_intercepted() {
-    let c = config::parse_netconf(
+    let c = natguard::cni::netconf::parse_netconf(
         br#"{"cniVersion":"1.0.0","name":"n","metadata":{"exemptNamespaces":["kube-system"]}}"#,
     )
     .unwrap();

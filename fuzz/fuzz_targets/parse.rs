@@ -1,5 +1,5 @@
 //! Arbitrary bytes through everything natguard parses from a runtime: the network configuration
-//! on stdin (`config::parse_netconf`), the prevResult in it (`cni::validate_prev_result`),
+//! on stdin (`cni::netconf::parse_netconf`), the prevResult in it (`cni::validate_prev_result`),
 //! `CNI_ARGS` (`cni::CniArgs::parse`) and the rest of the environment (`cni::Env::from_lookup`),
 //! and then the pure plan of what parsed (`plan::plan_shared`, `plan::plan_pod`).
 //!
@@ -16,13 +16,10 @@ use natguard::plan::{self, NodeFacts, PodRef};
 use serde_json::Value;
 use std::net::IpAddr;
 
-/// The same bound the plugin puts on the addresses of one interface.
-fn fits_in_comment(addrs: &[IpAddr]) -> bool {
-    addrs.iter().map(|a| a.to_string().len() + 1).sum::<usize>() <= 120
-}
-
 fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, addrs: &[IpAddr]) {
-    if !fits_in_comment(addrs) {
+    // The plugin refuses a pod whose addresses its record cannot hold (`plan::addrs_fit`);
+    // every pod it accepts must have its addresses recorded whole.
+    if !plan::addrs_fit(addrs) {
         return;
     }
     let pod = PodRef {
@@ -49,7 +46,7 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
 }
 
 fn netconf(data: &[u8]) {
-    let conf = match config::parse_netconf(data) {
+    let conf = match cni::netconf::parse_netconf(data) {
         Ok(c) => c,
         Err(e) => {
             assert!(
@@ -62,7 +59,7 @@ fn netconf(data: &[u8]) {
             return;
         }
     };
-    assert!(config::is_network_name(&conf.name));
+    assert!(cni::netconf::is_network_name(&conf.name));
     let node = NodeFacts {
         proxy_v4: Some([10, 0, 0, 1].into()),
         proxy_v6: None,

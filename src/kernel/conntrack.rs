@@ -77,11 +77,11 @@
 //!   done. `CTA_ID` is sent with the exact delete so that a new flow that reused the tuple is not
 //!   deleted in its place.
 
-use crate::error::{Error, Result};
-use crate::netlink::{
+use super::netlink::{
     backoff, Attrs, Msg, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLA_F_NESTED, NLM_F_ACK,
     NLM_F_DUMP, TRANSIENT_RETRIES,
 };
+use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -840,7 +840,7 @@ impl<'a> Entry<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netlink::parse_msgs;
+    use crate::kernel::netlink::parse_msgs;
 
     #[test]
     fn env_overrides_only_auto() {

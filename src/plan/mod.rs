@@ -1,29 +1,36 @@
 //! The pure plan: (configuration, node facts, pod) → the kernel objects natguard wants.
 //!
-//! Nothing here makes a syscall. Node facts (the proxy addresses that `auto` resolves to) are
-//! looked up before planning and passed in, so the same inputs always give the same plan, and
-//! the plan prints as nft text for golden-file tests.
+//! Nothing here makes a syscall or knows the kernel's ABI. Node facts (the proxy addresses that
+//! `auto` resolves to) are looked up before planning and passed in, so the same inputs always
+//! give the same plan, and the plan prints as nft text ([`render`]) for golden-file tests. The
+//! kernel layer lowers these objects to netlink; nothing else reads them.
 //!
 //! Layout in the kernel: one table, `inet natguard`. Each CNI network gets its own chains and
-//! sets, prefixed with the network name, so networks with different configs never clobber each
-//! other. What is shared by a network's pods (chains, rules, the CIDR and metadata sets) is
-//! rewritten whole by every ADD of that network; what a pod owns is only set elements:
-//! - its addresses in `NET-meta4/6` (intercepted) and `NET-masq4/6` (masquerade policy), each
-//!   element commented with the owner key, so "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone;
-//! - one element in `NET-pods`, keyed by a hash of (network, container ID, ifname), whose comment
-//!   lists the pod's addresses: DEL and GC find everything a pod owns from that key alone.
+//! sets ([`names`]), so networks with different configs never clobber each other. What a
+//! network's pods share (chains, rules, the CIDR and metadata sets) is written when it differs
+//! from the plan; what a pod owns is only set elements, each naming its owners ([`record`]):
+//! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) or
+//!   `NET-allow4/6` (exempt), each element listing every attachment that owns it, so
+//!   "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone;
+//! - one element in `NET-pods`, keyed by the attachment's [`OwnerKey`], whose comment records the
+//!   pod's addresses: DEL and GC find everything a pod owns from that key alone.
 //!
 //! Per-pod work is therefore a constant number of set operations, whatever the number of pods.
 
+pub mod names;
+pub mod record;
+pub mod render;
+
+pub use names::{fnv1a64, NetNames, OwnerKey};
+pub use record::*;
+pub use render::*;
+
 use crate::config::{Cidr, Config, MetadataMode};
-use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 pub const TABLE: &str = "natguard";
 /// The mark kube-proxy sets on traffic it wants masqueraded; such traffic is never exempted.
 pub const KUBE_MASQ_MARK: u32 = 0x4000;
-/// nft keeps comments up to 128 bytes, NUL included.
-pub const MAX_COMMENT: usize = 127;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -87,28 +94,12 @@ impl ChainKind {
             ChainKind::Forward | ChainKind::Input => "filter",
         }
     }
-    /// Netfilter hook number (NF_INET_*).
-    pub fn hook(self) -> u32 {
-        match self {
-            ChainKind::Dnat => 0,
-            ChainKind::Input => 1,
-            ChainKind::Forward => 2,
-            ChainKind::Snat => 4,
-        }
-    }
     pub fn hook_name(self) -> &'static str {
         match self {
             ChainKind::Dnat => "prerouting",
             ChainKind::Input => "input",
             ChainKind::Forward => "forward",
             ChainKind::Snat => "postrouting",
-        }
-    }
-    pub fn priority(self) -> i32 {
-        match self {
-            ChainKind::Dnat => -110,
-            ChainKind::Snat => 90,
-            ChainKind::Forward | ChainKind::Input => -10,
         }
     }
     pub fn priority_name(self) -> &'static str {
@@ -152,22 +143,6 @@ impl SetKind {
             SetKind::Pods => "pods".into(),
             SetKind::Allow(f) => format!("allow{}", f.suffix()),
             SetKind::Nets(f) => format!("nets{}", f.suffix()),
-        }
-    }
-    /// nft datatype id and key length in bytes.
-    pub fn key_type(self) -> (u32, u32) {
-        match self {
-            SetKind::Meta(f)
-            | SetKind::Masq(f)
-            | SetKind::NoMasq(f)
-            | SetKind::MetaDst(f)
-            | SetKind::Allow(f)
-            | SetKind::Nets(f) => match f {
-                Family::V4 => (7, 4),
-                Family::V6 => (8, 16),
-            },
-            SetKind::MetaPorts => (13, 2),
-            SetKind::Pods => (41, 16),
         }
     }
     pub fn type_name(self) -> &'static str {
@@ -223,78 +198,6 @@ impl SetKind {
 }
 
 /// Chain and set names of one network.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NetNames {
-    pub network: String,
-    prefix: String,
-}
-
-impl NetNames {
-    /// Network names are validated by the config parser (alphanumerics, `_`, `.`, `-`); long
-    /// ones are shortened with a hash so every object name stays well under nft's limits.
-    pub fn new(network: &str) -> Self {
-        let prefix = if network.len() <= 40 {
-            network.to_string()
-        } else {
-            format!(
-                "{}~{:08x}",
-                &network[..31],
-                fnv1a64(network.as_bytes()) as u32
-            )
-        };
-        NetNames {
-            network: network.to_string(),
-            prefix,
-        }
-    }
-    pub fn chain(&self, c: ChainKind) -> String {
-        format!("{}-{}", self.prefix, c.suffix())
-    }
-    pub fn set(&self, s: SetKind) -> String {
-        format!("{}-{}", self.prefix, s.suffix())
-    }
-    /// The network a natguard chain name belongs to (for `status`), by its `-dnat` suffix.
-    pub fn network_of_chain(name: &str) -> Option<&str> {
-        name.strip_suffix("-dnat")
-    }
-}
-
-/// FNV-1a, 64 bit: stable across releases, unlike std's hasher, so keys written by one version
-/// of natguard are found by the next.
-pub fn fnv1a64(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in data {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h
-}
-
-/// The key of everything one attachment owns: 16 hex digits of a hash of
-/// (network, container ID, ifname), stored as an `ifname`-typed (16-byte string) set key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct OwnerKey(pub u64);
-
-impl OwnerKey {
-    pub fn new(network: &str, container_id: &str, ifname: &str) -> Self {
-        let mut buf = Vec::with_capacity(network.len() + container_id.len() + ifname.len() + 2);
-        buf.extend_from_slice(network.as_bytes());
-        buf.push(0);
-        buf.extend_from_slice(container_id.as_bytes());
-        buf.push(0);
-        buf.extend_from_slice(ifname.as_bytes());
-        OwnerKey(fnv1a64(&buf))
-    }
-    pub fn hex(self) -> String {
-        format!("{:016x}", self.0)
-    }
-    pub fn parse_hex(s: &str) -> Option<Self> {
-        (s.len() == 16)
-            .then(|| u64::from_str_radix(s, 16).ok())
-            .flatten()
-            .map(OwnerKey)
-    }
-}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Match {
@@ -338,6 +241,40 @@ pub enum Elem {
     /// An inclusive address range of one family.
     Range(Family, u128, u128),
     Port(u16),
+}
+
+impl Elem {
+    /// The inclusive range an interval-set element covers.
+    pub fn range(&self) -> Option<(u128, u128)> {
+        match self {
+            Elem::Addr(a) => {
+                let v = crate::addr::ip_to_u128(*a);
+                Some((v, v))
+            }
+            Elem::Range(_, s, e) => Some((*s, *e)),
+            Elem::Port(_) => None,
+        }
+    }
+    /// The key of a plain-set element.
+    pub fn key(&self) -> Option<Key> {
+        match self {
+            Elem::Addr(a) => Some(Key::Addr(*a)),
+            Elem::Port(p) => Some(Key::Port(*p)),
+            Elem::Range(..) => None,
+        }
+    }
+}
+
+/// The key of one element of a set, as the plan names it; the kernel layer lays it out in bytes
+/// and reads it back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    /// An address (the address sets).
+    Addr(IpAddr),
+    /// A port (the metadata port set).
+    Port(u16),
+    /// An attachment (the `NET-pods` set).
+    Owner(OwnerKey),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -584,10 +521,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
 }
 
 pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
-    match f {
-        Family::V4 => IpAddr::V4(Ipv4Addr::from(v as u32)),
-        Family::V6 => IpAddr::V6(Ipv6Addr::from(v)),
-    }
+    crate::addr::u128_to_ip(f == Family::V4, v)
 }
 
 /// Plans what one attachment owns.
@@ -629,212 +563,6 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
 }
 
 /// "10.22.0.5,fd00::5 default/web cid=0123456789ab if=eth0", cut to nft's comment limit; the
-/// addresses come first and are never cut (`plan_pod` callers cap the address count).
-pub fn pod_comment(pod: &PodRef<'_>, addrs: &[IpAddr]) -> String {
-    let ips: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-    let mut s = if ips.is_empty() {
-        "-".to_string()
-    } else {
-        ips.join(",")
-    };
-    let who = match (pod.namespace, pod.pod_name) {
-        (Some(ns), Some(n)) => format!("{ns}/{n}"),
-        (Some(ns), None) => format!("{ns}/-"),
-        (None, Some(n)) => format!("-/{n}"),
-        (None, None) => "-/-".into(),
-    };
-    let cid: String = pod.container_id.chars().take(12).collect();
-    let _ = write!(s, " {who} cid={cid} if={}", pod.ifname);
-    if s.len() > MAX_COMMENT {
-        let mut cut = MAX_COMMENT;
-        while !s.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        s.truncate(cut);
-    }
-    s
-}
-
-/// How many owners an address element records (7 keys of 16 hex digits fit in a comment).
-pub const MAX_OWNERS: usize = 7;
-
-/// The owners an address element's comment lists, newest first.
-pub fn owners_from_comment(comment: &str) -> Vec<OwnerKey> {
-    comment.split(',').filter_map(OwnerKey::parse_hex).collect()
-}
-
-pub fn owners_comment(owners: &[OwnerKey]) -> String {
-    owners
-        .iter()
-        .take(MAX_OWNERS)
-        .map(|o| o.hex())
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// The addresses in a `NET-pods` element comment.
-pub fn addrs_from_comment(comment: &str) -> Vec<IpAddr> {
-    comment
-        .split(' ')
-        .next()
-        .unwrap_or("")
-        .split(',')
-        .filter_map(|a| a.parse().ok())
-        .collect()
-}
-
-/// The namespace/name part of a `NET-pods` element comment.
-pub fn who_from_comment(comment: &str) -> &str {
-    comment.split(' ').nth(1).unwrap_or("-/-")
-}
-
-/// How many addresses always fit in a pod comment (with the longest IPv6 form).
-pub const MAX_POD_ADDRS: usize = 3;
-
-// ---------- rendering as nft text (golden files, `status`, error messages) ----------
-
-fn render_match(m: &Match, names: &NetNames) -> String {
-    match m {
-        // nft prints the family dependency implicitly, as part of the address match.
-        Match::NfProto(_) => String::new(),
-        Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), names.set(*s)),
-        Match::SaddrNotIn(f, s) => format!("{} saddr != @{}", f.nft(), names.set(*s)),
-        Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), names.set(*s)),
-        Match::TcpDportIn(s) => format!("tcp dport @{}", names.set(*s)),
-        Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
-        Match::NotDnatted => "ct status ! dnat".to_string(),
-    }
-}
-
-fn render_action(a: &Action) -> String {
-    match a {
-        Action::DnatTo(IpAddr::V4(ip), port) => format!("dnat ip to {ip}:{port}"),
-        Action::DnatTo(IpAddr::V6(ip), port) => format!("dnat ip6 to [{ip}]:{port}"),
-        Action::SnatToSaddr(f) => format!("snat {0} to {0} saddr", f.nft()),
-        Action::Masquerade { random_fully } => {
-            if *random_fully {
-                "masquerade fully-random".into()
-            } else {
-                "masquerade".into()
-            }
-        }
-        Action::RejectTcpReset => "reject with tcp reset".into(),
-        Action::Return => "return".into(),
-    }
-}
-
-pub fn render_rule(r: &Rule, names: &NetNames) -> String {
-    let mut parts: Vec<String> = r
-        .matches
-        .iter()
-        .map(|m| render_match(m, names))
-        .filter(|s| !s.is_empty())
-        .collect();
-    parts.push(render_action(&r.action));
-    parts.join(" ")
-}
-
-pub fn render_elem(e: &Elem) -> String {
-    match e {
-        Elem::Addr(a) => a.to_string(),
-        Elem::Port(p) => p.to_string(),
-        Elem::Range(f, s, e) => {
-            // Print as a prefix when the range is one.
-            let span = e - s;
-            let bits = if *f == Family::V4 { 32 } else { 128 };
-            if span == u128::MAX {
-                format!("{}/0", u128_to_ip(*f, *s))
-            } else if span.wrapping_add(1).is_power_of_two() && s & span == 0 {
-                let host = (span + 1).trailing_zeros();
-                format!("{}/{}", u128_to_ip(*f, *s), bits - host)
-            } else {
-                format!("{}-{}", u128_to_ip(*f, *s), u128_to_ip(*f, *e))
-            }
-        }
-    }
-}
-
-fn render_shared_body(p: &SharedPlan) -> String {
-    let mut out = String::new();
-    for s in &p.sets {
-        let _ = write!(
-            out,
-            "\tset {} {{\n\t\ttype {}\n",
-            s.name,
-            s.kind.type_name()
-        );
-        if s.kind.is_interval() {
-            out.push_str("\t\tflags interval\n");
-        }
-        match &s.elements {
-            Some(e) if !e.is_empty() => {
-                let items: Vec<String> = e.iter().map(render_elem).collect();
-                let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
-            }
-            Some(_) => {}
-            None => out.push_str("\t\t# per-pod elements\n"),
-        }
-        out.push_str("\t}\n");
-    }
-    for c in ChainKind::ALL {
-        let _ = write!(
-            out,
-            "\tchain {} {{\n\t\ttype {} hook {} priority {}; policy accept;\n",
-            p.names.chain(c),
-            c.chain_type(),
-            c.hook_name(),
-            c.priority_name()
-        );
-        for r in p.rules_of(c) {
-            let _ = writeln!(out, "\t\t{}", render_rule(r, &p.names));
-        }
-        out.push_str("\t}\n");
-    }
-    out
-}
-
-/// The shared plan as nft text, in the shape `nft list table` prints.
-pub fn render_shared(p: &SharedPlan) -> String {
-    let mut out = format!(
-        "table inet {TABLE} {{\n\t# network {} fingerprint {}\n",
-        p.names.network, p.fingerprint
-    );
-    for w in &p.warnings {
-        let _ = writeln!(out, "\t# warning: {w}");
-    }
-    out.push_str(&render_shared_body(p));
-    out.push_str("}\n");
-    out
-}
-
-pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
-    let mut out = format!(
-        "add element inet {TABLE} {} {{ \"{}\" comment \"{}\" }}\n",
-        names.set(SetKind::Pods),
-        p.owner.hex(),
-        p.comment
-    );
-    for (k, a) in &p.present {
-        let _ = writeln!(
-            out,
-            "add element inet {TABLE} {} {{ {a} comment \"{}\" }}",
-            names.set(*k),
-            p.owner.hex()
-        );
-    }
-    for (k, a) in &p.absent {
-        let _ = writeln!(out, "# not owned: {} {a}", names.set(*k));
-    }
-    for c in &p.nets {
-        let _ = writeln!(
-            out,
-            "add element inet {TABLE} {} {{ {c} }}",
-            names.set(SetKind::Nets(Family::of(&c.addr)))
-        );
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

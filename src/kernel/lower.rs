@@ -6,8 +6,8 @@
 //! (`meta mark`, `ct status`) is in host order. Registers: the 16-byte NFT_REG_1 holds any address,
 //! NFT_REG_2 the DNAT port.
 
-use crate::netlink::*;
-use crate::plan::{Action, Elem, Family, Match, NetNames, Rule, SetKind, TABLE};
+use super::netlink::*;
+use crate::plan::{Action, ChainKind, Elem, Family, Key, Match, NetNames, Rule, SetKind, TABLE};
 use std::net::IpAddr;
 
 pub const NFPROTO_INET: u8 = 1;
@@ -75,6 +75,63 @@ const UDATA_COMMENT: u8 = 0;
 const UDATA_SET_KEYBYTEORDER: u8 = 0;
 const BYTEORDER_HOST: u32 = 1;
 const BYTEORDER_BIG: u32 = 2;
+
+// ---------- where the plan's names meet the kernel's numbers ----------
+
+/// Netfilter hook numbers (`NF_INET_*`).
+const NF_INET_PRE_ROUTING: u32 = 0;
+const NF_INET_LOCAL_IN: u32 = 1;
+const NF_INET_FORWARD: u32 = 2;
+const NF_INET_POST_ROUTING: u32 = 4;
+/// Base chain priorities of the standard nft names (`dstnat`, `filter`, `srcnat`).
+const NF_IP_PRI_NAT_DST: i32 = -100;
+const NF_IP_PRI_FILTER: i32 = 0;
+const NF_IP_PRI_NAT_SRC: i32 = 100;
+/// natguard's chains run this much before the standard priority of their kind, so its DNAT
+/// and identity SNAT bind a connection before any other component's NAT at that priority.
+const AHEAD: i32 = 10;
+
+/// The hook a chain kind attaches to.
+pub(crate) fn hook_of(c: ChainKind) -> u32 {
+    match c {
+        ChainKind::Dnat => NF_INET_PRE_ROUTING,
+        ChainKind::Input => NF_INET_LOCAL_IN,
+        ChainKind::Forward => NF_INET_FORWARD,
+        ChainKind::Snat => NF_INET_POST_ROUTING,
+    }
+}
+
+/// The priority of a chain kind (rendered as `dstnat - 10`, ... by the plan).
+pub(crate) fn priority_of(c: ChainKind) -> i32 {
+    match c {
+        ChainKind::Dnat => NF_IP_PRI_NAT_DST - AHEAD,
+        ChainKind::Snat => NF_IP_PRI_NAT_SRC - AHEAD,
+        ChainKind::Forward | ChainKind::Input => NF_IP_PRI_FILTER - AHEAD,
+    }
+}
+
+/// nft's datatype ids (`enum datatypes` in nftables' datatype.h) for set keys.
+const TYPE_IPADDR: u32 = 7;
+const TYPE_IP6ADDR: u32 = 8;
+const TYPE_INET_SERVICE: u32 = 13;
+const TYPE_IFNAME: u32 = 41;
+
+/// nft datatype id and key length in bytes of a set kind.
+pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
+    match kind {
+        SetKind::Meta(f)
+        | SetKind::Masq(f)
+        | SetKind::NoMasq(f)
+        | SetKind::MetaDst(f)
+        | SetKind::Allow(f)
+        | SetKind::Nets(f) => match f {
+            Family::V4 => (TYPE_IPADDR, 4),
+            Family::V6 => (TYPE_IP6ADDR, 16),
+        },
+        SetKind::MetaPorts => (TYPE_INET_SERVICE, 2),
+        SetKind::Pods => (TYPE_IFNAME, 16),
+    }
+}
 
 pub fn udata_comment(s: &str) -> Vec<u8> {
     let mut v = vec![UDATA_COMMENT, (s.len() + 1) as u8];
@@ -155,7 +212,7 @@ pub fn flush_chain(b: &mut MsgBuf, chain: &str) -> u32 {
 }
 
 pub fn new_set(b: &mut MsgBuf, name: &str, kind: SetKind, id: u32) -> u32 {
-    let (key_type, key_len) = kind.key_type();
+    let (key_type, key_len) = set_key_type(kind);
     let s = begin(b, NFT_MSG_NEWSET, NLM_F_CREATE | NLM_F_ACK);
     b.attr_str(NFTA_SET_TABLE, TABLE);
     b.attr_str(NFTA_SET_NAME, name);
@@ -205,6 +262,15 @@ pub fn owner_key_bytes(hex: &str) -> Vec<u8> {
     k
 }
 
+/// The bytes of a set key.
+pub(crate) fn key_bytes(k: &Key) -> Vec<u8> {
+    match k {
+        Key::Addr(a) => ip_bytes(a),
+        Key::Port(p) => p.to_be_bytes().to_vec(),
+        Key::Owner(o) => owner_key_bytes(&o.hex()),
+    }
+}
+
 /// Set element payload: (key bytes, flags, comment).
 pub struct ElemData {
     pub key: Vec<u8>,
@@ -233,7 +299,7 @@ pub fn elem_data(e: &Elem, interval: bool) -> Vec<ElemData> {
         Elem::Addr(a) if !interval => vec![plain(ip_bytes(a))],
         Elem::Addr(a) => {
             let f = Family::of(a);
-            let v = crate::config::ip_to_u128(*a);
+            let v = crate::addr::ip_to_u128(*a);
             elem_data(&Elem::Range(f, v, v), true)
         }
         Elem::Range(f, s, e) => {

@@ -19,8 +19,9 @@
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
-use crate::netlink::NfSocket;
-use crate::plan::{self, PodRef};
+use crate::kernel::Kernel;
+use crate::store::{self, Store};
+use crate::verbs::{prepare_pod, Identity};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -269,7 +270,7 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
 pub fn run(opts: &Options) -> Result<Report> {
     let networks = natguard_networks(&opts.netconf_dir)?;
     let mut report = Report::default();
-    let mut sock = NfSocket::open()?;
+    let mut store = store::open()?;
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&opts.cache_dir) {
         Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
@@ -297,7 +298,7 @@ pub fn run(opts: &Options) -> Result<Report> {
                 continue;
             }
         };
-        let outcome = adopt_entry(&mut sock, &entry, &networks, &mut flows);
+        let outcome = adopt_entry(&mut store, &entry, &networks, &mut flows);
         let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
         report.entries.push(Entry {
             file,
@@ -314,13 +315,12 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if !opts.reconcile {
         for (srcs, dsts, ports) in flows {
-            match crate::conntrack::flush_undnatted_flows_on(&mut sock, &srcs, &dsts, &ports) {
+            match store.flush_undnatted(&srcs, &dsts, &ports) {
                 Ok(r) => report.conntrack_deleted += r.deleted,
                 Err(e) => report.conntrack_error = Some(e.to_string()),
             }
         }
     }
-    drop(sock);
     Ok(report)
 }
 
@@ -331,8 +331,8 @@ fn join_args(args: &[(String, String)]) -> String {
         .join(";")
 }
 
-fn adopt_entry(
-    sock: &mut NfSocket,
+fn adopt_entry<K: Kernel>(
+    store: &mut Store<K>,
     entry: &CacheEntry,
     networks: &BTreeMap<String, Config>,
     flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
@@ -341,7 +341,7 @@ fn adopt_entry(
         return Outcome::SkippedNoNatguard;
     };
     let fail = |reason: String| Outcome::Failed { reason };
-    if !config::is_network_name(&entry.network)
+    if !cni::netconf::is_network_name(&entry.network)
         || !cni::is_container_id(&entry.container_id)
         || !cni::is_ifname(&entry.ifname)
     {
@@ -360,25 +360,22 @@ fn adopt_entry(
         .pod_namespace
         .as_deref()
         .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
-    let addrs = match cni::validate_prev_result(&entry.result, &entry.ifname) {
-        Ok(a) => a,
-        Err(e) => return fail(format!("cached result: {e}")),
-    };
-    if addrs.is_empty() {
-        return Outcome::SkippedNoAddress;
-    }
-    let pod = PodRef {
+    let who = Identity {
         network: &entry.network,
         container_id: &entry.container_id,
         ifname: &entry.ifname,
-        namespace: args.pod_namespace.as_deref(),
-        pod_name: args.pod_name.as_deref(),
+        args: &args,
     };
-    let node = crate::node::facts(cfg);
-    let shared = plan::plan_shared(&entry.network, cfg, &node);
-    let cidrs = cni::pod_cidrs(&entry.result, &entry.ifname).unwrap_or_default();
-    let pod_plan = plan::plan_pod(cfg, &pod, &addrs).with_networks(&cidrs);
-    if let Err(e) = crate::plugin::apply_pod(sock, &shared, &pod_plan) {
+    // Exactly the checks and plan of a live ADD.
+    let p = match prepare_pod(cfg, &who, &entry.result) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("cached result: {e}")),
+    };
+    let addrs = p.addrs.clone();
+    if addrs.is_empty() {
+        return Outcome::SkippedNoAddress;
+    }
+    if let Err(e) = store.apply_pod(&p.shared, &p.pod) {
         return fail(format!("installing entries: {e}"));
     }
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {

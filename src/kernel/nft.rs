@@ -9,12 +9,10 @@
 //! Reading: single-element GETs (the kernel looks the key up, so cost does not depend on the
 //! number of pods), and dumps of one set or one chain's rules for CHECK, GC and `status`.
 
-pub mod encode;
-
+use super::lower::*;
+use super::netlink::{Msg, MsgBuf, NfSocket};
 use crate::error::{Error, Result};
-use crate::netlink::{Msg, MsgBuf, NfSocket};
 use crate::plan::{OwnerKey, SharedPlan};
-use encode::*;
 use std::net::IpAddr;
 
 /// A set element as read back from the kernel.
@@ -36,10 +34,6 @@ impl ElemRead {
         std::str::from_utf8(&self.key[..end])
             .ok()
             .and_then(OwnerKey::parse_hex)
-    }
-    /// The owners an address element's comment lists.
-    pub fn owners(&self) -> Vec<OwnerKey> {
-        crate::plan::owners_from_comment(self.comment.as_deref().unwrap_or(""))
     }
     pub fn addr(&self) -> Option<IpAddr> {
         match self.key.len() {
@@ -111,7 +105,13 @@ impl Tx {
         let comment = plan.rule_comment();
         for c in crate::plan::ChainKind::ALL {
             let name = plan.names.chain(c);
-            let s = new_chain(&mut self.buf, &name, c.chain_type(), c.hook(), c.priority());
+            let s = new_chain(
+                &mut self.buf,
+                &name,
+                c.chain_type(),
+                hook_of(c),
+                priority_of(c),
+            );
             self.note(s, format!("create chain {name}"));
             let s = flush_chain(&mut self.buf, &name);
             self.note(s, format!("flush chain {name}"));
@@ -178,28 +178,6 @@ impl Tx {
         self.note(s, format!("remove {what} from {set}"));
     }
 
-    /// Sets the owner list of an address element: deletes it when no owner is left.
-    pub fn set_owners(
-        &mut self,
-        set: &str,
-        ip: &IpAddr,
-        existing: bool,
-        owners: &[crate::plan::OwnerKey],
-    ) {
-        if owners.is_empty() {
-            if existing {
-                self.delete_elem(set, ip_bytes(ip), &ip.to_string());
-            }
-        } else {
-            self.ensure_elem(
-                set,
-                ip_bytes(ip),
-                crate::plan::owners_comment(owners),
-                &ip.to_string(),
-            );
-        }
-    }
-
     /// Rewrites an interval set to exactly `ranges` (sorted, merged, of one family).
     pub fn rewrite_intervals(
         &mut self,
@@ -224,15 +202,6 @@ impl Tx {
         self.note(s, format!("delete table inet {}", crate::plan::TABLE));
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.what.is_empty()
-    }
-
-    /// Number of messages in the transaction.
-    pub fn len(&self) -> usize {
-        self.what.len()
-    }
-
     /// Sends the batch and checks every ACK; retries the whole batch on "try again" errnos.
     pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
         if self.what.is_empty() {
@@ -249,9 +218,9 @@ impl Tx {
         let mut attempt = 0;
         loop {
             match sock.transact(&self.buf, &what) {
-                Err(e) if e.is_transient() && attempt < crate::netlink::TRANSIENT_RETRIES => {
+                Err(e) if e.is_transient() && attempt < super::netlink::TRANSIENT_RETRIES => {
                     attempt += 1;
-                    crate::netlink::backoff(attempt);
+                    super::netlink::backoff(attempt);
                 }
                 r => return r,
             }
@@ -260,7 +229,7 @@ impl Tx {
 }
 
 /// NEWSETELEM without NLM_F_EXCL: adding an element that exists is not an error.
-const NLM_F_CREATE_: u16 = crate::netlink::NLM_F_CREATE;
+const NLM_F_CREATE_: u16 = super::netlink::NLM_F_CREATE;
 
 /// Reads one element: `Ok(None)` when it, its set or the table does not exist.
 pub fn get_element(sock: &mut NfSocket, set: &str, key: &[u8]) -> Result<Option<ElemRead>> {
@@ -422,11 +391,6 @@ pub fn probe(sock: &mut NfSocket) -> Result<()> {
     .map(|_| ())
 }
 
-/// Whether natguard's table exists.
-pub fn table_exists(sock: &mut NfSocket) -> Result<bool> {
-    Ok(table_flags(sock)?.is_some())
-}
-
 /// natguard's table flags (`None`: no table). A dormant table (flag 0x1) enforces nothing.
 pub fn table_flags(sock: &mut NfSocket) -> Result<Option<u32>> {
     match sock.request_retry(
@@ -442,20 +406,6 @@ pub fn table_flags(sock: &mut NfSocket) -> Result<Option<u32>> {
         )),
         Err(e) if e.errno() == Some(libc::ENOENT) => Ok(None),
         Err(e) => Err(e),
-    }
-}
-
-/// Deletes natguard's whole table (uninstall). A missing table is not an error.
-pub fn delete_all() -> Result<()> {
-    let mut sock = NfSocket::open()?;
-    if !table_exists(&mut sock)? {
-        return Ok(());
-    }
-    let mut tx = Tx::new(&mut sock);
-    tx.delete_table();
-    match tx.commit(&mut sock) {
-        Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
-        r => r,
     }
 }
 

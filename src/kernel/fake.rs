@@ -1,0 +1,196 @@
+//! A recording fake of [`Kernel`] for unit tests without root: an in-memory natguard table that
+//! applies batches the way nf_tables does (whole or not at all; deleting a missing element or
+//! writing into a missing set fails the batch with ENOENT) and records every batch committed.
+
+use super::conntrack::{FlushReport, Path};
+use super::{Batch, Kernel, Op, SetRef, Stored};
+use crate::error::{Error, Result};
+use crate::plan::{ChainKind, Elem, Key, SetKind};
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct FakeSet {
+    pub kind: Option<SetKind>,
+    pub elems: BTreeMap<Key, Option<String>>,
+    pub ranges: Vec<(u128, u128)>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fake {
+    /// Table flags; `None`: no table.
+    pub table: Option<u32>,
+    pub sets: BTreeMap<String, FakeSet>,
+    /// Chain name → the comment of each rule.
+    pub chains: BTreeMap<String, Vec<String>>,
+    /// Every batch committed, in order (failed ones included).
+    pub commits: Vec<Batch>,
+    /// The address lists of every conntrack flush.
+    pub flushed: Vec<Vec<IpAddr>>,
+    /// Make the next commit fail with this errno before applying anything.
+    pub fail_next_commit: Option<i32>,
+}
+
+fn enoent(what: String) -> Error {
+    Error::netlink(what, libc::ENOENT)
+}
+
+impl Fake {
+    /// The elements of a set, by name, as (key, comment).
+    pub fn elems(&self, set: &str) -> Vec<(Key, Option<String>)> {
+        self.sets
+            .get(set)
+            .map(|s| s.elems.iter().map(|(k, c)| (*k, c.clone())).collect())
+            .unwrap_or_default()
+    }
+
+    fn apply(&mut self, op: &Op) -> Result<()> {
+        match op {
+            Op::Converge(plan) => {
+                self.table.get_or_insert(0);
+                for spec in &plan.sets {
+                    let set = self.sets.entry(spec.name.clone()).or_default();
+                    set.kind = Some(spec.kind);
+                    if let Some(elems) = &spec.elements {
+                        set.elems.clear();
+                        set.ranges.clear();
+                        for e in elems {
+                            match (e, spec.kind.is_interval()) {
+                                (Elem::Addr(a), false) => {
+                                    set.elems.insert(Key::Addr(*a), None);
+                                }
+                                (Elem::Port(p), _) => {
+                                    set.elems.insert(Key::Port(*p), None);
+                                }
+                                (Elem::Addr(a), true) => {
+                                    let v = crate::addr::ip_to_u128(*a);
+                                    set.ranges.push((v, v));
+                                }
+                                (Elem::Range(_, s, e), _) => set.ranges.push((*s, *e)),
+                            }
+                        }
+                    }
+                }
+                for c in ChainKind::ALL {
+                    let comments = plan.rules_of(c).map(|_| plan.rule_comment()).collect();
+                    self.chains.insert(plan.names.chain(c), comments);
+                }
+            }
+            Op::Put { set, key, comment } => {
+                let s = self.set_mut(set)?;
+                s.elems.insert(*key, Some(comment.clone()));
+            }
+            Op::Del { set, key } => {
+                let s = self.set_mut(set)?;
+                if s.elems.remove(key).is_none() {
+                    return Err(enoent(format!("remove {key:?} from {}", set.name)));
+                }
+            }
+            Op::Intervals { set, ranges } => {
+                self.set_mut(set)?.ranges = ranges.clone();
+            }
+            Op::DeleteTable => {
+                if self.table.is_none() {
+                    return Err(enoent("delete table".into()));
+                }
+                *self = Fake {
+                    commits: std::mem::take(&mut self.commits),
+                    flushed: std::mem::take(&mut self.flushed),
+                    ..Fake::default()
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn set_mut(&mut self, set: &SetRef) -> Result<&mut FakeSet> {
+        if self.table.is_none() {
+            return Err(enoent(format!("set {}: no table", set.name)));
+        }
+        self.sets
+            .get_mut(&set.name)
+            .ok_or_else(|| enoent(format!("set {} does not exist", set.name)))
+    }
+}
+
+impl Kernel for Fake {
+    fn table_flags(&mut self) -> Result<Option<u32>> {
+        Ok(self.table)
+    }
+    fn set_names(&mut self) -> Result<Vec<String>> {
+        Ok(self.sets.keys().cloned().collect())
+    }
+    fn chain_names(&mut self) -> Result<Vec<String>> {
+        Ok(self.chains.keys().cloned().collect())
+    }
+    fn rule_comments(&mut self) -> Result<HashMap<String, Vec<String>>> {
+        Ok(self
+            .chains
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+    fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {
+        Ok(self
+            .sets
+            .get(&set.name)
+            .and_then(|s| s.elems.get(key))
+            .map(|c| Stored {
+                key: *key,
+                comment: c.clone(),
+            }))
+    }
+    fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>> {
+        Ok(self
+            .elems(&set.name)
+            .into_iter()
+            .map(|(key, comment)| Stored { key, comment })
+            .collect())
+    }
+    fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>> {
+        Ok(self
+            .sets
+            .get(&set.name)
+            .map(|s| s.ranges.clone())
+            .unwrap_or_default())
+    }
+    fn commit(&mut self, batch: &Batch) -> Result<()> {
+        if batch.ops.is_empty() {
+            return Ok(());
+        }
+        self.commits.push(batch.clone());
+        if let Some(errno) = self.fail_next_commit.take() {
+            return Err(Error::netlink("fake commit", errno));
+        }
+        let mut next = self.clone();
+        for op in &batch.ops {
+            next.apply(op)?;
+        }
+        *self = next;
+        Ok(())
+    }
+    fn probe(&mut self) -> Result<()> {
+        Ok(())
+    }
+    fn flush_conntrack(&mut self, addrs: &[IpAddr], _path: Path) -> Result<FlushReport> {
+        self.flushed.push(addrs.to_vec());
+        Ok(FlushReport {
+            deleted: 0,
+            walks: 0,
+            path: "fake",
+        })
+    }
+    fn flush_undnatted(
+        &mut self,
+        srcs: &[IpAddr],
+        _dsts: &[IpAddr],
+        _dports: &[u16],
+    ) -> Result<FlushReport> {
+        self.flushed.push(srcs.to_vec());
+        Ok(FlushReport {
+            deleted: 0,
+            walks: 0,
+            path: "fake",
+        })
+    }
+}

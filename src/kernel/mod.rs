@@ -1,0 +1,226 @@
+//! The kernel layer: everything natguard says to netfilter goes through here.
+//!
+//! - [`netlink`]: a small synchronous netfilter netlink socket (messages, attributes, replies).
+//! - `lower`: the plan's objects lowered to nf_tables messages; the only reader of the plan's
+//!   rules and sets, and the only place that knows the kernel's numbers for them.
+//! - `nft`: one transaction per invocation, and the reads that CHECK, DEL, GC and `status` need.
+//! - [`conntrack`]: ctnetlink deletes of a pod's flows.
+//!
+//! The store above reaches all of it through the narrow [`Kernel`] trait: typed keys and
+//! operations in, typed records out, no bytes. [`Netfilter`] is the real implementation; the
+//! store's unit tests use a recording fake of the same trait, so the owner-list logic is tested
+//! without root.
+
+pub mod conntrack;
+#[cfg(test)]
+pub(crate) mod fake;
+pub(crate) mod lower;
+pub mod netlink;
+pub(crate) mod nft;
+
+use crate::error::{Error, Result};
+use crate::plan::{Family, Key, SetKind, SharedPlan};
+use conntrack::FlushReport;
+use netlink::NfSocket;
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+/// A set of natguard's table: its name and its kind (which fixes the key's shape).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SetRef {
+    pub name: String,
+    pub kind: SetKind,
+}
+
+/// One element as the kernel holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub key: Key,
+    pub comment: Option<String>,
+}
+
+/// One change of a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// Create the table and the network's chains and sets if missing, rewrite every rule and
+    /// every shared set's contents; per-pod sets are created but never flushed.
+    Converge(Box<SharedPlan>),
+    /// Make sure `key` is in `set` carrying `comment`, replacing any earlier comment.
+    Put {
+        set: SetRef,
+        key: Key,
+        comment: String,
+    },
+    /// Delete an element known to exist (read under the lock in this invocation).
+    Del { set: SetRef, key: Key },
+    /// Rewrite an interval set to exactly these (sorted, merged) ranges.
+    Intervals {
+        set: SetRef,
+        ranges: Vec<(u128, u128)>,
+    },
+    /// Delete natguard's whole table.
+    DeleteTable,
+}
+
+/// The operations of one transaction, committed whole or not at all.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct Batch {
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+    pub fn len(&self) -> usize {
+        self.ops.len()
+    }
+}
+
+/// What the store needs from the kernel.
+pub(crate) trait Kernel {
+    /// natguard's table flags; `None` when there is no table.
+    fn table_flags(&mut self) -> Result<Option<u32>>;
+    fn set_names(&mut self) -> Result<Vec<String>>;
+    fn chain_names(&mut self) -> Result<Vec<String>>;
+    /// The comments of every rule of natguard's table, by chain.
+    fn rule_comments(&mut self) -> Result<HashMap<String, Vec<String>>>;
+    /// One element; `None` when it, its set or the table does not exist.
+    fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>>;
+    /// Every element of a non-interval set; empty when the set does not exist.
+    fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>>;
+    /// The ranges of an interval set; empty when the set does not exist.
+    fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>>;
+    /// Commits a batch whole or not at all. An empty batch sends nothing.
+    fn commit(&mut self, batch: &Batch) -> Result<()>;
+    /// Whether nf_tables and ctnetlink answer.
+    fn probe(&mut self) -> Result<()>;
+    /// Deletes the conntrack entries of `addrs` (original or reply source).
+    fn flush_conntrack(&mut self, addrs: &[IpAddr], path: conntrack::Path) -> Result<FlushReport>;
+    /// Deletes the TCP flows from `srcs` to `dsts`:`dports` that were not destination-NATed.
+    fn flush_undnatted(
+        &mut self,
+        srcs: &[IpAddr],
+        dsts: &[IpAddr],
+        dports: &[u16],
+    ) -> Result<FlushReport>;
+}
+
+/// The real kernel, over one netfilter netlink socket of the calling thread's namespace.
+pub(crate) struct Netfilter {
+    sock: NfSocket,
+}
+
+impl Netfilter {
+    pub fn open() -> Result<Self> {
+        Ok(Netfilter {
+            sock: NfSocket::open()?,
+        })
+    }
+}
+
+/// Errors that mean "nf_tables is not there at all", so there is nothing of natguard's to
+/// remove either.
+pub(crate) fn is_unavailable(e: &Error) -> bool {
+    nft::is_unavailable(e)
+}
+
+impl Kernel for Netfilter {
+    fn table_flags(&mut self) -> Result<Option<u32>> {
+        nft::table_flags(&mut self.sock)
+    }
+    fn set_names(&mut self) -> Result<Vec<String>> {
+        nft::set_names(&mut self.sock)
+    }
+    fn chain_names(&mut self) -> Result<Vec<String>> {
+        nft::chain_names(&mut self.sock)
+    }
+    fn rule_comments(&mut self) -> Result<HashMap<String, Vec<String>>> {
+        nft::rule_comments_by_chain(&mut self.sock)
+    }
+    fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {
+        let found = nft::get_element(&mut self.sock, &set.name, &lower::key_bytes(key))?;
+        Ok(found.and_then(|e| stored(set.kind, e)))
+    }
+    fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>> {
+        Ok(nft::dump_set(&mut self.sock, &set.name)?
+            .into_iter()
+            .filter_map(|e| stored(set.kind, e))
+            .collect())
+    }
+    fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>> {
+        Ok(nft::ranges_of(&nft::dump_set(&mut self.sock, &set.name)?))
+    }
+    fn commit(&mut self, batch: &Batch) -> Result<()> {
+        if batch.ops.is_empty() {
+            return Ok(());
+        }
+        let mut tx = nft::Tx::new(&mut self.sock);
+        for op in &batch.ops {
+            match op {
+                Op::Converge(plan) => tx.converge_shared(plan),
+                Op::Put { set, key, comment } => tx.ensure_elem(
+                    &set.name,
+                    lower::key_bytes(key),
+                    comment.clone(),
+                    &describe(key),
+                ),
+                Op::Del { set, key } => {
+                    tx.delete_elem(&set.name, lower::key_bytes(key), &describe(key))
+                }
+                Op::Intervals { set, ranges } => {
+                    tx.rewrite_intervals(&set.name, family_of(set.kind), ranges)
+                }
+                Op::DeleteTable => tx.delete_table(),
+            }
+        }
+        tx.commit(&mut self.sock)
+    }
+    fn probe(&mut self) -> Result<()> {
+        nft::probe(&mut self.sock)
+            .map_err(|e| Error::NotReady(format!("nf_tables is not usable: {e}")))?;
+        conntrack::probe_on(&mut self.sock)
+            .map_err(|e| Error::NotReady(format!("conntrack netlink is not usable: {e}")))
+    }
+    fn flush_conntrack(&mut self, addrs: &[IpAddr], path: conntrack::Path) -> Result<FlushReport> {
+        conntrack::flush_addresses_on(&mut self.sock, addrs, path)
+    }
+    fn flush_undnatted(
+        &mut self,
+        srcs: &[IpAddr],
+        dsts: &[IpAddr],
+        dports: &[u16],
+    ) -> Result<FlushReport> {
+        conntrack::flush_undnatted_flows_on(&mut self.sock, srcs, dsts, dports)
+    }
+}
+
+/// The family of an interval set's keys.
+fn family_of(kind: SetKind) -> Family {
+    match kind {
+        SetKind::NoMasq(f) | SetKind::Nets(f) => f,
+        _ => Family::V4,
+    }
+}
+
+fn describe(key: &Key) -> String {
+    match key {
+        Key::Addr(a) => a.to_string(),
+        Key::Port(p) => p.to_string(),
+        Key::Owner(o) => format!("pod {}", o.hex()),
+    }
+}
+
+/// An element read back, with its key decoded for the set's kind; `None` for a key of another
+/// shape (not natguard's).
+fn stored(kind: SetKind, e: nft::ElemRead) -> Option<Stored> {
+    let key = match kind {
+        SetKind::Pods => Key::Owner(e.owner()?),
+        SetKind::MetaPorts => Key::Port(u16::from_be_bytes(e.key.get(..2)?.try_into().ok()?)),
+        _ => Key::Addr(e.addr()?),
+    };
+    Some(Stored {
+        key,
+        comment: e.comment,
+    })
+}

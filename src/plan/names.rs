@@ -1,0 +1,82 @@
+//! Names of natguard's kernel objects and of what a pod owns.
+//!
+//! A network's chains and sets are named `PREFIX-SUFFIX`, where the prefix is the network name
+//! when it is short and a cut name plus a hash tag when it is long (nft object names are
+//! limited). Everything one attachment owns is keyed by an [`OwnerKey`], a hash of (network,
+//! container ID, ifname), so DEL finds it from the CNI environment alone. Both hashes are FNV-1a:
+//! stable across releases, so keys written by one version are found by the next.
+
+use super::{ChainKind, SetKind};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetNames {
+    pub network: String,
+    prefix: String,
+}
+
+impl NetNames {
+    /// Network names are validated by the config parser (alphanumerics, `_`, `.`, `-`); long
+    /// ones are shortened with a hash so every object name stays well under nft's limits.
+    pub fn new(network: &str) -> Self {
+        let prefix = if network.len() <= 40 {
+            network.to_string()
+        } else {
+            format!(
+                "{}~{:08x}",
+                &network[..31],
+                fnv1a64(network.as_bytes()) as u32
+            )
+        };
+        NetNames {
+            network: network.to_string(),
+            prefix,
+        }
+    }
+    pub fn chain(&self, c: ChainKind) -> String {
+        format!("{}-{}", self.prefix, c.suffix())
+    }
+    pub fn set(&self, s: SetKind) -> String {
+        format!("{}-{}", self.prefix, s.suffix())
+    }
+    /// The network a natguard chain name belongs to (for `status`), by its `-dnat` suffix.
+    pub fn network_of_chain(name: &str) -> Option<&str> {
+        name.strip_suffix("-dnat")
+    }
+}
+
+/// FNV-1a, 64 bit: stable across releases, unlike std's hasher, so keys written by one version
+/// of natguard are found by the next.
+pub fn fnv1a64(data: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// The key of everything one attachment owns: 16 hex digits of a hash of
+/// (network, container ID, ifname), stored as an `ifname`-typed (16-byte string) set key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OwnerKey(pub u64);
+
+impl OwnerKey {
+    pub fn new(network: &str, container_id: &str, ifname: &str) -> Self {
+        let mut buf = Vec::with_capacity(network.len() + container_id.len() + ifname.len() + 2);
+        buf.extend_from_slice(network.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(container_id.as_bytes());
+        buf.push(0);
+        buf.extend_from_slice(ifname.as_bytes());
+        OwnerKey(fnv1a64(&buf))
+    }
+    pub fn hex(self) -> String {
+        format!("{:016x}", self.0)
+    }
+    pub fn parse_hex(s: &str) -> Option<Self> {
+        (s.len() == 16)
+            .then(|| u64::from_str_radix(s, 16).ok())
+            .flatten()
+            .map(OwnerKey)
+    }
+}

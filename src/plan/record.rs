@@ -1,0 +1,88 @@
+//! The record format: what natguard writes into set-element comments, and how it reads it back.
+//!
+//! This is the one module that both writes and parses the comments, so the format cannot drift
+//! between ADD (which writes), DEL and GC (which read owners and addresses back) and `status`.
+//! - A `NET-pods` element's comment: `ADDRS WHO cid=CID if=IFNAME`, addresses first (DEL parses
+//!   them; they are never cut), cut to nft's comment limit.
+//! - An address element's comment: its owners' keys, newest first, comma-separated.
+
+use super::{OwnerKey, PodRef};
+use std::fmt::Write as _;
+use std::net::IpAddr;
+
+/// nft keeps comments up to 128 bytes, NUL included.
+pub const MAX_COMMENT: usize = 127;
+
+/// addresses come first and are never cut (callers refuse addresses that do not
+/// [`addrs_fit`]).
+pub fn pod_comment(pod: &PodRef<'_>, addrs: &[IpAddr]) -> String {
+    let ips: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+    let mut s = if ips.is_empty() {
+        "-".to_string()
+    } else {
+        ips.join(",")
+    };
+    let who = match (pod.namespace, pod.pod_name) {
+        (Some(ns), Some(n)) => format!("{ns}/{n}"),
+        (Some(ns), None) => format!("{ns}/-"),
+        (None, Some(n)) => format!("-/{n}"),
+        (None, None) => "-/-".into(),
+    };
+    let cid: String = pod.container_id.chars().take(12).collect();
+    let _ = write!(s, " {who} cid={cid} if={}", pod.ifname);
+    if s.len() > MAX_COMMENT {
+        let mut cut = MAX_COMMENT;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// How many owners an address element records (7 keys of 16 hex digits fit in a comment).
+pub const MAX_OWNERS: usize = 7;
+
+/// The owners an address element's comment lists, newest first.
+pub fn owners_from_comment(comment: &str) -> Vec<OwnerKey> {
+    comment.split(',').filter_map(OwnerKey::parse_hex).collect()
+}
+
+pub fn owners_comment(owners: &[OwnerKey]) -> String {
+    owners
+        .iter()
+        .take(MAX_OWNERS)
+        .map(|o| o.hex())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The addresses in a `NET-pods` element comment.
+pub fn addrs_from_comment(comment: &str) -> Vec<IpAddr> {
+    comment
+        .split(' ')
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .filter_map(|a| a.parse().ok())
+        .collect()
+}
+
+/// The namespace/name part of a `NET-pods` element comment.
+pub fn who_from_comment(comment: &str) -> &str {
+    comment.split(' ').nth(1).unwrap_or("-/-")
+}
+
+/// How many addresses always fit in a pod comment (with the longest IPv6 form).
+pub const MAX_POD_ADDRS: usize = 3;
+
+/// Bytes of a pod comment the addresses may take ("A,B,C" plus the separator), leaving room
+/// for who the pod is.
+const MAX_RECORD_ADDRS_LEN: usize = 120;
+
+/// Whether a pod record holds every one of `addrs`: callers refuse a pod whose addresses do
+/// not fit, because a cut address list would make DEL act on an address that is not the pod's.
+pub fn addrs_fit(addrs: &[IpAddr]) -> bool {
+    let len: usize = addrs.iter().map(|a| a.to_string().len() + 1).sum();
+    len <= MAX_RECORD_ADDRS_LEN
+}

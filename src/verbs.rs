@@ -1,0 +1,287 @@
+//! The CNI verbs: parse → plan → one store transaction → reply.
+//!
+//! Each verb validates its input completely before touching the kernel, plans with
+//! [`crate::plan`], and hands the plan to the [`Store`], the only way to kernel state. ADD and
+//! `natguard adopt` share [`prepare_pod`], so a cached result goes through exactly the checks a
+//! live ADD does. Conntrack work happens after the store's commit and outside its lock, and its
+//! failures are logged, never returned: the pod's policy is already in force.
+
+use crate::cni::{self, CniVersion, Command, Env, NetConf};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::kernel::conntrack::Path;
+use crate::kernel::{self, Kernel};
+use crate::plan::{self, NetNames, NodeFacts, OwnerKey, PodPlan, PodRef, SharedPlan};
+use crate::store::{self, Store};
+use crate::{info, warn};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+/// The reply of a successful invocation, if it prints one.
+pub type Reply = Option<Value>;
+
+/// Environment switch that forces a conntrack path (`filtered`, `fallback` or `full`); read
+/// here, at the edge, and passed down.
+pub const CONNTRACK_PATH_ENV: &str = "NATGUARD_CONNTRACK_PATH";
+
+/// Runs one CNI invocation. `stdin` is the raw network configuration.
+pub fn run(
+    command: Command,
+    env_get: &dyn Fn(&str) -> Option<String>,
+    stdin: &[u8],
+) -> Result<Reply> {
+    if command == Command::Version {
+        // No config needed: podman sends only {"cniVersion":"1.0.0"}, with dummy env.
+        let requested = cni::netconf::decode_stdin(stdin)
+            .ok()
+            .and_then(|v| cni::netconf::cni_version_of(&v).ok().flatten());
+        return Ok(Some(cni::version_reply(requested)));
+    }
+    let env = Env::from_lookup(command, env_get)?;
+    let conf = match cni::netconf::parse_netconf(stdin) {
+        Ok(c) => c,
+        // DEL must clean up even under a config that no longer parses.
+        Err(e @ (Error::InvalidConfig(_) | Error::Decode(_))) if command == Command::Del => {
+            match cni::netconf::netconf_for_del(stdin) {
+                Ok(c) => {
+                    warn!("DEL with an invalid configuration, removing by name only: {e}");
+                    c
+                }
+                Err(_) => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(path) = &conf.natguard.log_file {
+        crate::log::set_file(path);
+    }
+    crate::log::set_context(format!(
+        "{} {} {} {}",
+        command.as_str(),
+        conf.name,
+        cni::truncate(&env.container_id, 12),
+        env.ifname
+    ));
+    let ct_path = conntrack_path(env_get)?;
+    match command {
+        Command::Add => cmd_add(&env, &conf, ct_path).map(Some),
+        Command::Del => cmd_del(&env, &conf, ct_path).map(|_| None),
+        Command::Check => {
+            if !conf.cni_version.supports_check() {
+                return Err(Error::IncompatibleVersion(format!(
+                    "cniVersion: {} does not support CHECK (0.4.0 or later does)",
+                    conf.cni_version.as_str()
+                )));
+            }
+            cmd_check(&env, &conf).map(|_| None)
+        }
+        Command::Gc => {
+            require_1_1(conf.cni_version, "GC")?;
+            cmd_gc(&conf).map(|_| None)
+        }
+        Command::Status => {
+            require_1_1(conf.cni_version, "STATUS")?;
+            cmd_status().map(|_| None)
+        }
+        Command::Version => unreachable!("handled above"),
+    }
+}
+
+fn conntrack_path(env_get: &dyn Fn(&str) -> Option<String>) -> Result<Path> {
+    match env_get(CONNTRACK_PATH_ENV).as_deref() {
+        None | Some("") | Some("auto") => Ok(Path::Auto),
+        Some("filtered") => Ok(Path::Filtered),
+        Some("fallback") => Ok(Path::Fallback),
+        Some("full") => Ok(Path::FullDump),
+        Some(other) => Err(Error::InvalidEnv(format!(
+            "{CONNTRACK_PATH_ENV}: {:?} is not one of auto, filtered, fallback, full",
+            cni::truncate(other, 32)
+        ))),
+    }
+}
+
+fn require_1_1(v: CniVersion, verb: &str) -> Result<()> {
+    if v.supports_gc_status() {
+        Ok(())
+    } else {
+        Err(Error::IncompatibleVersion(format!(
+            "cniVersion: {} does not support {verb} (1.1.0 or later does)",
+            v.as_str()
+        )))
+    }
+}
+
+/// One attachment, validated and planned: what ADD (and adopt, from a cached result) installs.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    pub shared: SharedPlan,
+    pub pod: PodPlan,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Who an attachment is, from the CNI identity and CNI_ARGS.
+pub(crate) struct Identity<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    pub args: &'a cni::CniArgs,
+}
+
+/// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
+/// node facts are looked up here, before planning.
+pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
+    let addrs = cni::validate_prev_result(prev, who.ifname)?;
+    check_addr_count(&addrs, who.ifname)?;
+    let cidrs = cni::pod_cidrs(prev, who.ifname)?;
+    let node: NodeFacts = crate::node::facts(cfg);
+    let shared = plan::plan_shared(who.network, cfg, &node);
+    let pod_ref = PodRef {
+        network: who.network,
+        container_id: who.container_id,
+        ifname: who.ifname,
+        namespace: who.args.pod_namespace.as_deref(),
+        pod_name: who.args.pod_name.as_deref(),
+    };
+    let pod = plan::plan_pod(cfg, &pod_ref, &addrs).with_networks(&cidrs);
+    Ok(Prepared { shared, pod, addrs })
+}
+
+/// The record of a pod keeps every address: refuse more than it can hold.
+fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
+    if plan::addrs_fit(addrs) {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig(format!(
+        "prevResult: {} addresses on {ifname} ({}{}) are more than natguard records per interface (at most {} IPv6 addresses)",
+        addrs.len(),
+        addrs.iter().take(4).map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+        if addrs.len() > 4 { ", ..." } else { "" },
+        plan::MAX_POD_ADDRS
+    )))
+}
+
+fn identity<'a>(env: &'a Env, conf: &'a NetConf) -> Identity<'a> {
+    Identity {
+        network: &conf.name,
+        container_id: &env.container_id,
+        ifname: &env.ifname,
+        args: &env.args,
+    }
+}
+
+fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        Error::InvalidConfig(
+            "prevResult: missing; natguard is a chained plugin and must follow a primary plugin (bridge, ptp, Calico, ...) in a conflist".into(),
+        )
+    })?;
+    let cfg = &conf.natguard;
+    let p = prepare_pod(cfg, &identity(env, conf), prev)?;
+    for w in &p.shared.warnings {
+        warn!("{w}");
+    }
+    if p.addrs.is_empty() {
+        warn!(
+            "prevResult has no address on {}; only the shared objects are installed",
+            env.ifname
+        );
+    }
+    let mut store = store::open()?;
+    store.apply_pod(&p.shared, &p.pod)?;
+    info!(
+        "installed {} for {}",
+        p.pod.owner.hex(),
+        p.addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    if cfg.conntrack.flush_on_add && !p.addrs.is_empty() {
+        flush_conntrack(&mut store, &p.addrs, ct_path, "ADD");
+    }
+    Ok(cni::passthrough(prev, conf.cni_version))
+}
+
+/// Deletes the addresses' conntrack entries; a failure is logged, never returned.
+fn flush_conntrack<K: Kernel>(store: &mut Store<K>, addrs: &[IpAddr], path: Path, verb: &str) {
+    match store.flush_conntrack(addrs, path) {
+        Ok(r) => info!(
+            "conntrack: deleted {} entries in {} kernel walks ({})",
+            r.deleted, r.walks, r.path
+        ),
+        Err(e) => warn!("conntrack cleanup at {verb} failed (policy is installed): {e}"),
+    }
+}
+
+fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
+    let names = NetNames::new(&conf.name);
+    let owner = OwnerKey::new(&conf.name, &env.container_id, &env.ifname);
+    // prevResult is optional on DEL (0.3.x lists send none); when present and usable it adds
+    // its addresses to the ones recorded in the kernel.
+    let mut addrs: Vec<IpAddr> = conf
+        .prev_result
+        .as_ref()
+        .and_then(|p| cni::pod_addresses(p, &env.ifname).ok())
+        .unwrap_or_default();
+    let mut store = match store::open() {
+        Ok(s) => s,
+        Err(e) if kernel::is_unavailable(&e) => {
+            warn!("nf_tables is not available, nothing to remove: {e}");
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let removed = match store.remove_pod(&names, owner, &mut addrs) {
+        Ok(n) => n,
+        Err(e) if kernel::is_unavailable(&e) => {
+            warn!("nf_tables is not available, nothing to remove: {e}");
+            0
+        }
+        Err(e) => return Err(e),
+    };
+    info!("removed {} entries of {}", removed, owner.hex());
+    if !addrs.is_empty() {
+        flush_conntrack(&mut store, &addrs, ct_path, "DEL");
+    }
+    Ok(())
+}
+
+fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
+    let prev = conf.prev_result.as_ref().ok_or_else(|| {
+        Error::InvalidConfig("prevResult: missing; CHECK needs the cached result of ADD".into())
+    })?;
+    let p = prepare_pod(&conf.natguard, &identity(env, conf), prev)?;
+    let mut store = store::open()?;
+    store.check_shared(&p.shared)?;
+    store.check_pod(&p.shared.names, &p.pod)
+}
+
+fn cmd_gc(conf: &NetConf) -> Result<()> {
+    let names = NetNames::new(&conf.name);
+    // Without the list, "keep nothing" would strip every running pod's policy: do nothing.
+    let Some(attachments) = conf.valid_attachments.as_deref() else {
+        warn!("GC without cni.dev/valid-attachments: nothing is removed");
+        return Ok(());
+    };
+    let valid: HashSet<OwnerKey> = attachments
+        .iter()
+        .map(|a| OwnerKey::new(&conf.name, &a.container_id, &a.ifname))
+        .collect();
+    let removed = match store::open().and_then(|mut s| s.gc(&names, &valid)) {
+        Err(e) if kernel::is_unavailable(&e) => 0,
+        r => r?,
+    };
+    info!("GC removed {removed} elements");
+    Ok(())
+}
+
+fn cmd_status() -> Result<()> {
+    let mut store = store::open().map_err(|e| {
+        Error::NotReady(format!(
+            "nf_tables is not usable: cannot open a netfilter netlink socket: {e}"
+        ))
+    })?;
+    store.probe()
+}
