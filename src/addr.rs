@@ -90,3 +90,53 @@ pub fn u128_to_ip(v4: bool, v: u128) -> IpAddr {
         IpAddr::V6(Ipv6Addr::from(v))
     }
 }
+
+/// The shortest prefix a pod address may come with, per family. A primary plugin that hands
+/// out a shorter one (a `/0` above all) is broken, and natguard refuses the pod rather than
+/// guess what the pod's network is.
+pub const MIN_POD_PREFIX_V4: u8 = 8;
+pub const MIN_POD_PREFIX_V6: u8 = 16;
+
+/// Why `a/prefix` cannot be a pod's address, or `None` when it can. IPv4 link-local addresses
+/// stay legal (AWS VPC CNI gives IPv6 pods one from 169.254.172.0/22).
+pub fn not_a_pod_address(a: IpAddr, prefix: u8) -> Option<String> {
+    let what = match a {
+        IpAddr::V4(v4) if v4.is_unspecified() => "the unspecified address",
+        IpAddr::V4(v4) if v4.octets()[0] == 0 => "in 0.0.0.0/8 (\"this network\")",
+        IpAddr::V4(v4) if v4.is_loopback() => "a loopback address",
+        IpAddr::V4(v4) if v4.is_multicast() => "a multicast address",
+        IpAddr::V4(v4) if v4.is_broadcast() => "the broadcast address",
+        IpAddr::V6(v6) if v6.is_unspecified() => "the unspecified address",
+        IpAddr::V6(v6) if v6.is_loopback() => "a loopback address",
+        IpAddr::V6(v6) if v6.is_multicast() => "a multicast address",
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some() => "an IPv4-mapped IPv6 address",
+        _ => {
+            let min = if a.is_ipv4() {
+                MIN_POD_PREFIX_V4
+            } else {
+                MIN_POD_PREFIX_V6
+            };
+            if prefix < min {
+                return Some(format!(
+                    "has prefix /{prefix}, shorter than /{min}, the shortest natguard accepts for a pod"
+                ));
+            }
+            return None;
+        }
+    };
+    Some(format!("is {what}"))
+}
+
+/// Whether `a` lies in `net/prefix`.
+pub fn contains(net: IpAddr, prefix: u8, a: IpAddr) -> bool {
+    if net.is_ipv4() != a.is_ipv4() {
+        return false;
+    }
+    let c = Cidr {
+        addr: mask(net, prefix),
+        prefix,
+    };
+    let (lo, hi) = c.range();
+    let v = ip_to_u128(a);
+    lo <= v && v <= hi
+}

@@ -41,6 +41,22 @@ pub enum ProxyAddr<T> {
     Fixed(T),
 }
 
+impl<T> ProxyAddr<T> {
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> ProxyAddr<U> {
+        match self {
+            ProxyAddr::Auto => ProxyAddr::Auto,
+            ProxyAddr::Fixed(a) => ProxyAddr::Fixed(f(a)),
+        }
+    }
+}
+
+fn fixed<T>(p: ProxyAddr<T>) -> Option<T> {
+    match p {
+        ProxyAddr::Fixed(a) => Some(a),
+        ProxyAddr::Auto => None,
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
     pub mode: MetadataMode,
@@ -303,6 +319,15 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
                     q(s)
                 )));
             }
+            // A v4-mapped form never appears on the wire: matching it would intercept nothing.
+            if let IpAddr::V6(v6) = ip {
+                if let Some(v4) = v6.to_ipv4_mapped() {
+                    return Err(cfg_err(format!(
+                        "{p}: {} is an IPv4-mapped IPv6 address, which no packet carries; write the IPv4 address {v4}",
+                        q(s)
+                    )));
+                }
+            }
             if seen.insert(ip) {
                 out.push(ip);
             }
@@ -392,6 +417,16 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             }
         }
         m.exempt_namespaces = out;
+    }
+    for (field, proxy) in [
+        ("metadata.proxyIPv4", fixed(m.proxy_ipv4.map(IpAddr::V4))),
+        ("metadata.proxyIPv6", fixed(m.proxy_ipv6.map(IpAddr::V6))),
+    ] {
+        if let Some(p) = proxy.filter(|p| m.addresses.contains(p)) {
+            return Err(cfg_err(format!(
+                "{field}: \"{p}\" is one of metadata.addresses: the proxy must be another address, or intercepted traffic would go to the real metadata API"
+            )));
+        }
     }
     if m.mode != MetadataMode::Off && m.addresses.is_empty() {
         return Err(cfg_err(

@@ -1,12 +1,18 @@
 //! Facts about the node that the plan needs, looked up before planning.
 //!
+//! - The node's own addresses (`getifaddrs`): a pod may never be given one of them.
+//! - Where a pod's packets enter the node: the host-side interfaces the primary plugin reports
+//!   in prevResult, resolved with rtnetlink into the interface the IP layer sees (the routed
+//!   veth, or the bridge) and, on a bridge, the pod's port.
+//!
 //! `auto` proxy addresses are the node's primary address of each family: the source address the
 //! kernel picks for a route to a documentation address (192.0.2.1, 2001:db8::1). Connecting a UDP
 //! socket sends nothing; it only asks the routing table. No route means no address, and the plan
 //! then denies that family's metadata traffic instead of letting it through.
 
 use crate::config::{Config, ProxyAddr};
-use crate::plan::NodeFacts;
+use crate::kernel::link;
+use crate::plan::{HostSide, IfName, NodeFacts};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
 /// The source address the kernel would use towards `dst`, if it has a route.
@@ -47,4 +53,74 @@ pub fn facts(cfg: &Config) -> NodeFacts {
             ProxyAddr::Auto => primary_v6(),
         },
     }
+}
+
+/// Every address configured on an interface of the calling thread's network namespace.
+pub fn own_addresses() -> Vec<IpAddr> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we walk read-only and free once.
+    unsafe {
+        if libc::getifaddrs(&mut head) != 0 {
+            return out;
+        }
+        let mut cur = head;
+        while !cur.is_null() {
+            let sa = (*cur).ifa_addr;
+            if !sa.is_null() {
+                match (*sa).sa_family as libc::c_int {
+                    libc::AF_INET => {
+                        let sin = &*(sa as *const libc::sockaddr_in);
+                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
+                            sin.sin_addr.s_addr,
+                        ))));
+                    }
+                    libc::AF_INET6 => {
+                        let sin6 = &*(sa as *const libc::sockaddr_in6);
+                        out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+                    }
+                    _ => {}
+                }
+            }
+            cur = (*cur).ifa_next;
+        }
+        libc::freeifaddrs(head);
+    }
+    out
+}
+
+/// Where a pod's packets enter the node, from the host-side interface names of its
+/// prevResult: a port of a bridge gives (bridge, port); an interface that is not a port is the
+/// routed veth itself. An interface the kernel does not know is taken as routed, as reported.
+pub fn host_side(names: &[String]) -> Option<HostSide> {
+    let (mut port, mut routed, mut bridge, mut unknown) = (None, None, None, None);
+    for name in names {
+        let Some(n) = IfName::new(name) else { continue };
+        match link::link(name) {
+            Ok(Some(l)) if l.is_bridge => {
+                bridge.get_or_insert(n);
+            }
+            Ok(Some(l)) => match l.master.as_deref().and_then(IfName::new) {
+                Some(m) => {
+                    port.get_or_insert((m, n));
+                }
+                None => {
+                    routed.get_or_insert(n);
+                }
+            },
+            Ok(None) | Err(_) => {
+                unknown.get_or_insert(n);
+            }
+        }
+    }
+    if let Some((iface, p)) = port {
+        return Some(HostSide {
+            iface,
+            port: Some(p),
+        });
+    }
+    routed
+        .or(bridge)
+        .or(unknown)
+        .map(|iface| HostSide { iface, port: None })
 }

@@ -6,8 +6,9 @@
 //! live ADD does. Conntrack work happens after the store's commit and outside its lock, and its
 //! failures are logged, never returned: the pod's policy is already in force.
 
+use crate::cni::prev_result::PodIp;
 use crate::cni::{self, CniVersion, Command, Env, NetConf};
-use crate::config::Config;
+use crate::config::{Config, MetadataMode, ProxyAddr};
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::Path;
 use crate::kernel::{self, Kernel};
@@ -125,16 +126,36 @@ pub(crate) struct Identity<'a> {
     pub network: &'a str,
     pub container_id: &'a str,
     pub ifname: &'a str,
+    /// `CNI_NETNS` (or the cached result's sandbox); empty when unknown.
+    pub netns: &'a str,
     pub args: &'a cni::CniArgs,
 }
 
 /// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
-/// node facts are looked up here, before planning.
+/// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
+/// looked up here, before planning. Everything is refused before the kernel is touched.
 pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
     let addrs = cni::validate_prev_result(prev, who.ifname)?;
     check_addr_count(&addrs, who.ifname)?;
-    let cidrs = cni::pod_cidrs(prev, who.ifname)?;
+    let ips = cni::prev_result::pod_ips(prev, who.ifname)?;
+    let own = crate::node::own_addresses();
+    for ip in &ips {
+        let why = if cfg.metadata.addresses.contains(&ip.addr) {
+            "is a metadata address (metadata.addresses)"
+        } else if own.contains(&ip.addr) {
+            "is an address of this node"
+        } else {
+            continue;
+        };
+        return Err(Error::InvalidConfig(format!(
+            "{}: {:?} {why}, not a pod address; the primary plugin's result is refused",
+            ip.field(),
+            ip.text()
+        )));
+    }
     let node: NodeFacts = crate::node::facts(cfg);
+    check_proxy_outside_pods(cfg, &node, &ips)?;
+    let host = crate::node::host_side(&cni::prev_result::host_interfaces(prev));
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,
@@ -142,9 +163,47 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
         ifname: who.ifname,
         namespace: who.args.pod_namespace.as_deref(),
         pod_name: who.args.pod_name.as_deref(),
+        netns: who.netns,
+        host,
     };
-    let pod = plan::plan_pod(cfg, &pod_ref, &addrs).with_networks(&cidrs);
+    let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
     Ok(Prepared { shared, pod, addrs })
+}
+
+/// A proxy inside the pod's own network would put the interception's target among the pods.
+fn check_proxy_outside_pods(cfg: &Config, node: &NodeFacts, ips: &[PodIp]) -> Result<()> {
+    if cfg.metadata.mode != MetadataMode::Proxy {
+        return Ok(());
+    }
+    let proxies = [
+        (
+            "metadata.proxyIPv4",
+            node.proxy_v4.map(IpAddr::V4),
+            matches!(cfg.metadata.proxy_ipv4, ProxyAddr::Fixed(_)),
+        ),
+        (
+            "metadata.proxyIPv6",
+            node.proxy_v6.map(IpAddr::V6),
+            matches!(cfg.metadata.proxy_ipv6, ProxyAddr::Fixed(_)),
+        ),
+    ];
+    for (field, proxy, fixed) in proxies {
+        let Some(p) = proxy else { continue };
+        for ip in ips {
+            if crate::addr::contains(ip.addr, ip.prefix, p) {
+                let msg = format!(
+                    "{field}: \"{p}\" is inside the pod network {} ({}); the proxy must be outside the pods' networks",
+                    ip.text(),
+                    ip.field()
+                );
+                if fixed {
+                    return Err(Error::InvalidConfig(msg));
+                }
+                warn!("{msg} (resolved from \"auto\")");
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The record of a pod keeps every address: refuse more than it can hold.
@@ -166,6 +225,7 @@ fn identity<'a>(env: &'a Env, conf: &'a NetConf) -> Identity<'a> {
         network: &conf.name,
         container_id: &env.container_id,
         ifname: &env.ifname,
+        netns: &env.netns,
         args: &env.args,
     }
 }
@@ -185,6 +245,13 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
         warn!(
             "prevResult has no address on {}; only the shared objects are installed",
             env.ifname
+        );
+    }
+    if p.pod.host.is_none() {
+        warn!(
+            "prevResult names no host-side interface for {}: the pod's metadata traffic is judged by its addresses only{}",
+            env.ifname,
+            if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Allow(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
         );
     }
     let mut store = store::open()?;
@@ -220,11 +287,22 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
     let owner = OwnerKey::new(&conf.name, &env.container_id, &env.ifname);
     // prevResult is optional on DEL (0.3.x lists send none); when present and usable it adds
     // its addresses to the ones recorded in the kernel.
+    // Only what could be a pod's address: a broken prevResult must not make DEL flush the
+    // node's own flows.
+    let own = crate::node::own_addresses();
     let mut addrs: Vec<IpAddr> = conf
         .prev_result
         .as_ref()
-        .and_then(|p| cni::pod_addresses(p, &env.ifname).ok())
-        .unwrap_or_default();
+        .and_then(|p| cni::prev_result::pod_ips(p, &env.ifname).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|ip| {
+            crate::addr::not_a_pod_address(ip.addr, ip.prefix).is_none()
+                && !own.contains(&ip.addr)
+                && !conf.natguard.metadata.addresses.contains(&ip.addr)
+        })
+        .map(|ip| ip.addr)
+        .collect();
     let mut store = match store::open() {
         Ok(s) => s,
         Err(e) if kernel::is_unavailable(&e) => {

@@ -151,7 +151,7 @@ fn good_conf() -> Value {
         "cniVersion": "1.0.0",
         "name": NET,
         "type": "natguard",
-        "metadata": {"proxyIPv4": "10.99.0.1", "proxyIPv6": "fd00:99::1"},
+        "metadata": {"proxyIPv4": "10.98.0.1", "proxyIPv6": "fd00:98::1"},
         "prevResult": good_prev()
     })
 }

@@ -58,7 +58,7 @@ impl fmt::Display for Inv {
 
 impl Inv {
     /// Panics unless the invocation exited 0.
-    fn ok(self) -> Inv {
+    fn succeeded(self) -> Inv {
         assert_eq!(self.exit, Some(0), "expected success: {self}");
         self
     }
@@ -326,9 +326,22 @@ impl SynPod {
                 ifname: &self.ifname,
                 namespace: Some(&self.k8s_ns),
                 pod_name: Some(&self.name),
+                netns: "",
+                host: None,
             },
             &self.addrs(),
         )
+    }
+
+    /// The host-side interface of [`SynPod::result`]; no such link exists in the test's
+    /// namespace, so natguard takes it as a routed interface, as reported.
+    fn host_iface(&self) -> String {
+        format!("veth{}", &self.cid[self.cid.len().saturating_sub(8)..])
+    }
+
+    /// The `NET-att` record natguard keeps for this pod.
+    fn attach_comment(&self) -> String {
+        format!("if={} port=- netns={}", self.host_iface(), pod_netns(self))
     }
 
     fn cni_args(&self) -> String {
@@ -343,7 +356,7 @@ impl SynPod {
         json!({
             "cniVersion": "1.1.0",
             "interfaces": [
-                { "name": format!("veth{}", &self.cid[self.cid.len().saturating_sub(8)..]) },
+                { "name": self.host_iface() },
                 { "name": self.ifname, "sandbox": sandbox }
             ],
             "ips": [
@@ -404,9 +417,16 @@ fn env_of(verb: &str, pod: Option<&SynPod>, netns: &str) -> Vec<(String, String)
     e
 }
 
-/// The pod's netns path as the runtime passes it. It does not exist: natguard must not need it.
+/// The pod's netns path as the runtime passes it. natguard never enters it; it only asks
+/// whether it still exists when another attachment shares an address, to tell a live owner
+/// from a dead one. So a synthetic pod's path is a file that exists for as long as the pod is
+/// meant to be alive.
 fn pod_netns(p: &SynPod) -> String {
-    format!("/run/netns/ng-gone-{}", p.cid)
+    let dir = std::env::temp_dir().join("ng-hardening-netns");
+    let _ = fs::create_dir_all(&dir);
+    let path = dir.join(&p.cid);
+    let _ = File::create(&path);
+    path.display().to_string()
 }
 
 fn add(ns: &Netns, cfg: &Value, p: &SynPod) -> Inv {
@@ -617,11 +637,9 @@ fn must_state(ns: &Netns) -> State {
     state(ns).unwrap_or_else(|| panic!("no table inet natguard in {}", ns.name))
 }
 
-const POD_SETS: [&str; 7] = [
-    "pods", "meta4", "meta6", "masq4", "masq6", "allow4", "allow6",
+const POD_SETS: [&str; 9] = [
+    "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "allow4", "allow6",
 ];
-/// Sets that grow with the pod networks natguard has seen; neither per pod nor from the config.
-const NET_SETS: [&str; 2] = ["nets4", "nets6"];
 
 fn set_name(suffix: &str) -> String {
     format!("{NET}-{suffix}")
@@ -633,20 +651,38 @@ fn expected_pod_sets(live: &[SynPod]) -> BTreeMap<String, BTreeMap<String, Optio
         .iter()
         .map(|s| (set_name(s), BTreeMap::new()))
         .collect();
+    let mut ifaces: BTreeMap<String, u32> = BTreeMap::new();
     for p in live {
         let o = Some(p.owner());
         m.get_mut(&set_name("pods"))
             .unwrap()
             .insert(p.owner(), Some(p.comment()));
+        m.get_mut(&set_name("att"))
+            .unwrap()
+            .insert(p.owner(), Some(p.attach_comment()));
+        *ifaces.entry(p.host_iface()).or_default() += 1;
         for (a, f) in [(p.v4, "4"), (p.v6, "6")] {
-            let owned = if p.exempt() { "allow" } else { "meta" };
+            // Exempt addresses are keyed by the pod's host interface and the address.
+            let (owned, key) = if p.exempt() {
+                (
+                    "allow",
+                    json!({ "concat": [p.host_iface(), a.to_string()] }).to_string(),
+                )
+            } else {
+                ("meta", a.to_string())
+            };
             m.get_mut(&set_name(&format!("{owned}{f}")))
                 .unwrap()
-                .insert(a.to_string(), o.clone());
+                .insert(key, o.clone());
             m.get_mut(&set_name(&format!("masq{f}")))
                 .unwrap()
                 .insert(a.to_string(), o.clone());
         }
+    }
+    for (i, n) in ifaces {
+        m.get_mut(&set_name("ifs"))
+            .unwrap()
+            .insert(i, Some(format!("pods={n}")));
     }
     m
 }
@@ -689,11 +725,7 @@ struct Shared {
 }
 
 fn shared_of(st: &State) -> Shared {
-    let pod_sets: BTreeSet<String> = POD_SETS
-        .iter()
-        .chain(NET_SETS.iter())
-        .map(|s| set_name(s))
-        .collect();
+    let pod_sets: BTreeSet<String> = POD_SETS.iter().map(|s| set_name(s)).collect();
     Shared {
         rules: st.rules.clone(),
         sets: st
@@ -725,7 +757,7 @@ fn synthetic(test: &str) -> (Harness, Netns) {
 /// The shared state one config produces, from a sequential ADD in a scratch namespace.
 fn reference_shared(h: &Harness, role: &str, cfg: &Value) -> Shared {
     let ns = h.netns(role);
-    add(&ns, cfg, &SynPod::new("ref", 1, 0)).ok();
+    add(&ns, cfg, &SynPod::new("ref", 1, 0)).succeeded();
     let sh = shared_of(&must_state(&ns));
     h.delete_netns(&ns);
     sh
@@ -835,7 +867,7 @@ fn concurrent_add_del_of_64_pods_matches_live_set() {
         );
         // Every live pod passes CHECK.
         for p in pods.iter().take(8) {
-            check(&ns, &cfg, p).ok();
+            check(&ns, &cfg, p).succeeded();
         }
     }
     eprintln!("{rounds} rounds, {invocations} parallel invocations");
@@ -871,7 +903,7 @@ fn adds_racing_a_config_change_converge_to_one_config() {
             jobs.push(Box::new(move || add(ns, &cfg, &p)));
         }
         for inv in parallel(jobs) {
-            inv.ok();
+            inv.succeeded();
         }
         let st = must_state(&ns);
         let fps = fingerprints(&st);
@@ -897,7 +929,7 @@ fn adds_racing_a_config_change_converge_to_one_config() {
         } else {
             (&a, &ref_a)
         };
-        add(&ns, cfg, &extra).ok();
+        add(&ns, cfg, &extra).succeeded();
         assert_eq!(&shared_of(&must_state(&ns)), want, "round {round}");
         // Clean up for the next round, all at once.
         let mut all = pods.clone();
@@ -943,30 +975,30 @@ fn same_ip_add_a_add_b_del_a_keeps_b() {
         let a = SynPod::new("sa", round * 10 + 1, 0).with_addrs(&x4, &x6);
         let b = SynPod::new("sb", round * 10 + 1, 0).with_addrs(&x4, &x6);
         // Sequential.
-        add(&ns, &cfg, &a).ok();
-        add(&ns, &cfg, &b).ok();
-        del(&ns, &cfg, &a).ok();
+        add(&ns, &cfg, &a).succeeded();
+        add(&ns, &cfg, &b).succeeded();
+        del(&ns, &cfg, &a).succeeded();
         assert_owns(&ns, &b, "ADD A, ADD B, DEL A");
-        check(&ns, &cfg, &b).ok();
+        check(&ns, &cfg, &b).succeeded();
         assert_pods_exactly(&must_state(&ns), std::slice::from_ref(&b), "after DEL A");
         // A's stale DEL again, without prevResult, changes nothing.
-        del_bare(&ns, &cfg, &a).ok();
+        del_bare(&ns, &cfg, &a).succeeded();
         assert_pods_exactly(&must_state(&ns), std::slice::from_ref(&b), "second DEL A");
-        del(&ns, &cfg, &b).ok();
+        del(&ns, &cfg, &b).succeeded();
         assert_pods_exactly(&must_state(&ns), &[], "after DEL B");
 
         // DEL A racing ADD B (A was added before): whichever runs first, B ends up owning X.
-        add(&ns, &cfg, &a).ok();
+        add(&ns, &cfg, &a).succeeded();
         let r = parallel::<Inv>(vec![
             Box::new(|| del(&ns, &cfg, &a)),
             Box::new(|| add(&ns, &cfg, &b)),
         ]);
         for inv in r {
-            inv.ok();
+            inv.succeeded();
         }
         assert_owns(&ns, &b, "DEL A racing ADD B");
         assert_pods_exactly(&must_state(&ns), std::slice::from_ref(&b), "DEL A || ADD B");
-        del(&ns, &cfg, &b).ok();
+        del(&ns, &cfg, &b).succeeded();
         assert_pods_exactly(&must_state(&ns), &[], "round end");
     }
 }
@@ -985,9 +1017,9 @@ fn same_ip_deleting_either_attachment_keeps_the_other() {
     let a = SynPod::new("ea", 1, 0).with_addrs(x4, x6);
     let b = SynPod::new("eb", 1, 0).with_addrs(x4, x6);
     // Sequential, the newer attachment deleted first.
-    add(&ns, &cfg, &b).ok();
-    add(&ns, &cfg, &a).ok();
-    del(&ns, &cfg, &a).ok();
+    add(&ns, &cfg, &b).succeeded();
+    add(&ns, &cfg, &a).succeeded();
+    del(&ns, &cfg, &a).succeeded();
     let st = must_state(&ns);
     let chk = check(&ns, &cfg, &b);
     assert!(
@@ -995,7 +1027,7 @@ fn same_ip_deleting_either_attachment_keeps_the_other() {
         "ADD B X, ADD A X, DEL A: live pod B lost its entries (CHECK B: {chk})\nstate: {:#?}",
         st.sets
     );
-    del(&ns, &cfg, &b).ok();
+    del(&ns, &cfg, &b).succeeded();
     // Racing ADDs, then DEL of either one.
     for round in 0..20u32 {
         let (gone, stays) = if round.is_multiple_of(2) {
@@ -1007,9 +1039,9 @@ fn same_ip_deleting_either_attachment_keeps_the_other() {
             Box::new(|| add(&ns, &cfg, &a)),
             Box::new(|| add(&ns, &cfg, &b)),
         ]) {
-            inv.ok();
+            inv.succeeded();
         }
-        del(&ns, &cfg, gone).ok();
+        del(&ns, &cfg, gone).succeeded();
         let chk = check(&ns, &cfg, stays);
         assert!(
             chk.exit == Some(0),
@@ -1019,7 +1051,7 @@ fn same_ip_deleting_either_attachment_keeps_the_other() {
             gone.cid,
             stays.cid
         );
-        del(&ns, &cfg, stays).ok();
+        del(&ns, &cfg, stays).succeeded();
         assert_pods_exactly(&must_state(&ns), &[], "round end");
     }
 }
@@ -1037,7 +1069,7 @@ fn churn_2000_cycles_leave_table_and_conntrack_unchanged() {
     let cfg = cfg_a();
     // An initial ADD creates the shared objects; this pod stays.
     let anchor = SynPod::new("anchor", 0, 9);
-    add(&ns, &cfg, &anchor).ok();
+    add(&ns, &cfg, &anchor).succeeded();
     let before = nft_table(&ns).expect("table after the first ADD");
     let ct_before = conntrack_list(&ns, &[]);
     const CYCLES: u32 = 2000;
@@ -1172,7 +1204,7 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
     let reference = reference_shared(&h, "ref", &cfg);
     let pods: Vec<SynPod> = (1..=12).map(|i| SynPod::new("f", i, 0)).collect();
     for p in &pods {
-        add(&ns, &cfg, p).ok();
+        add(&ns, &cfg, p).succeeded();
     }
     let full = must_state(&ns);
     assert_pods_exactly(&full, &pods, "before the fault");
@@ -1199,10 +1231,10 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
         inv.fails_with(101, &[needle]);
         // The next ADD restores the shared objects.
         let newcomer = SynPod::new("fn", n as u32 + 1, 5);
-        add(&ns, &cfg, &newcomer).ok();
+        add(&ns, &cfg, &newcomer).succeeded();
         let st = must_state(&ns);
         assert_eq!(shared_of(&st), reference, "after {what} and one ADD");
-        check(&ns, &cfg, &newcomer).ok();
+        check(&ns, &cfg, &newcomer).succeeded();
         if n < 2 {
             // The older pods' entries are gone; CHECK names the pod and the set.
             check(&ns, &cfg, old).fails_with(101, &[&owner, &set_name("pods")]);
@@ -1221,7 +1253,7 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
             b"",
             None,
         )
-        .ok();
+        .succeeded();
         assert!(
             inv.stdout
                 .contains("12 attachment(s) brought under policy, 1 skipped, 0 failed"),
@@ -1237,7 +1269,7 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
         assert_pods_exactly(&st, &want, &format!("after {what}, ADD, reconcile"));
         assert_eq!(shared_of(&st), reference);
         for p in &want {
-            check(&ns, &cfg, p).ok();
+            check(&ns, &cfg, p).succeeded();
         }
         // reconcile is idempotent.
         exec(
@@ -1253,9 +1285,9 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
             b"",
             None,
         )
-        .ok();
+        .succeeded();
         assert_eq!(must_state(&ns), st, "a second reconcile changed the state");
-        del(&ns, &cfg, &newcomer).ok();
+        del(&ns, &cfg, &newcomer).succeeded();
     }
 }
 
@@ -1269,7 +1301,7 @@ fn flushed_shared_set_is_reported_and_restored() {
     let cfg = cfg_a();
     let reference = reference_shared(&h, "ref", &cfg);
     let p = SynPod::new("s", 1, 0);
-    add(&ns, &cfg, &p).ok();
+    add(&ns, &cfg, &p).succeeded();
     for (i, set) in ["mdst4", "mdst6", "mports", "nomasq4"].iter().enumerate() {
         let name = set_name(set);
         ns.run(&["nft", "flush", "set", "inet", "natguard", &name]);
@@ -1281,7 +1313,7 @@ fn flushed_shared_set_is_reported_and_restored() {
         );
         inv.fails_with(101, &[&name]);
         let q = SynPod::new("s", 10 + i as u32, 0);
-        add(&ns, &cfg, &q).ok();
+        add(&ns, &cfg, &q).succeeded();
         assert_eq!(
             shared_of(&must_state(&ns)),
             reference,
@@ -1298,7 +1330,7 @@ fn dormant_table_is_reported_and_woken_up() {
     let (_h, ns) = synthetic("fault-dormant");
     let cfg = cfg_a();
     let p = SynPod::new("d", 1, 0);
-    add(&ns, &cfg, &p).ok();
+    add(&ns, &cfg, &p).succeeded();
     assert_eq!(must_state(&ns).flags, "", "fresh table has no flags");
     ns.run(&[
         "nft",
@@ -1316,7 +1348,7 @@ fn dormant_table_is_reported_and_woken_up() {
         "CHECK passes although natguard's table is dormant: {inv}"
     );
     inv.fails_with(101, &["dormant"]);
-    add(&ns, &cfg, &SynPod::new("d", 2, 0)).ok();
+    add(&ns, &cfg, &SynPod::new("d", 2, 0)).succeeded();
     let st = must_state(&ns);
     assert!(
         !st.flags.contains("dormant"),
@@ -1333,24 +1365,24 @@ fn del_and_add_edge_cases_end_cleanly() {
     let cfg = cfg_a();
     let stranger = SynPod::new("never", 1, 0);
     // No table at all.
-    del(&ns, &cfg, &stranger).ok();
-    del_bare(&ns, &cfg, &stranger).ok();
+    del(&ns, &cfg, &stranger).succeeded();
+    del_bare(&ns, &cfg, &stranger).succeeded();
     assert!(state(&ns).is_none(), "DEL must not create the table");
     // GC with no table.
-    gc(&ns, &cfg, &[]).ok();
+    gc(&ns, &cfg, &[]).succeeded();
 
     // ADD with a CNI_NETNS that does not exist (the pod netns vanished mid-ADD).
     let p = SynPod::new("e", 1, 0);
     assert!(!Path::new(&pod_netns(&p)).exists());
-    add(&ns, &cfg, &p).ok();
+    add(&ns, &cfg, &p).succeeded();
     let q = SynPod::new("e", 2, 0);
-    add(&ns, &cfg, &q).ok();
+    add(&ns, &cfg, &q).succeeded();
     let st = must_state(&ns);
     assert_pods_exactly(&st, &[p.clone(), q.clone()], "after ADD");
 
     // DEL of a stranger with the table present: nothing changes.
-    del(&ns, &cfg, &stranger).ok();
-    del_bare(&ns, &cfg, &stranger).ok();
+    del(&ns, &cfg, &stranger).succeeded();
+    del_bare(&ns, &cfg, &stranger).succeeded();
     assert_eq!(
         must_state(&ns),
         st,
@@ -1359,7 +1391,7 @@ fn del_and_add_edge_cases_end_cleanly() {
 
     // DEL of a stranger whose prevResult claims q's addresses: q keeps them.
     let liar = SynPod::new("never", 2, 0).with_addrs(&q.v4.to_string(), &q.v6.to_string());
-    del(&ns, &cfg, &liar).ok();
+    del(&ns, &cfg, &liar).succeeded();
     assert_eq!(
         must_state(&ns),
         st,
@@ -1367,14 +1399,14 @@ fn del_and_add_edge_cases_end_cleanly() {
     );
 
     // DEL with CNI_NETNS="" and no prevResult removes everything of p.
-    del_bare(&ns, &cfg, &p).ok();
+    del_bare(&ns, &cfg, &p).succeeded();
     assert_pods_exactly(
         &must_state(&ns),
         std::slice::from_ref(&q),
         "DEL without netns/prevResult",
     );
     // Again: still fine.
-    del_bare(&ns, &cfg, &p).ok();
+    del_bare(&ns, &cfg, &p).succeeded();
     // DEL with malformed CNI_ARGS still works (DEL only needs the IDs).
     let mut env = env_of("DEL", Some(&q), "");
     for (k, v) in env.iter_mut() {
@@ -1382,7 +1414,7 @@ fn del_and_add_edge_cases_end_cleanly() {
             *v = "K8S_POD_NAMESPACE=Bad Name;junk".into();
         }
     }
-    exec(&ns, &[], &env, &stdin_of(&cfg, None), None).ok();
+    exec(&ns, &[], &env, &stdin_of(&cfg, None), None).succeeded();
     assert_pods_exactly(&must_state(&ns), &[], "all deleted");
 }
 
@@ -1400,7 +1432,7 @@ fn netfilter_netlink_missing_or_busy_gives_clear_errors() {
     let p = SynPod::new("k", 1, 0);
     let prev = p.result(&pod_netns(&p));
     // The filter works: a plain STATUS succeeds, a filtered one does not.
-    status(&ns, &cfg, None).ok();
+    status(&ns, &cfg, None).succeeded();
     for errno in [libc::EPROTONOSUPPORT, libc::EAFNOSUPPORT] {
         let f = Filter::no_netfilter_socket(errno);
         let inv = exec(
@@ -1426,7 +1458,7 @@ fn netfilter_netlink_missing_or_busy_gives_clear_errors() {
             &stdin_of(&cfg, Some(prev.clone())),
             Some(&f),
         );
-        inv.ok();
+        inv.succeeded();
         let mut gcconf = cfg.clone();
         gcconf["cni.dev/valid-attachments"] = json!([]);
         exec(
@@ -1436,7 +1468,7 @@ fn netfilter_netlink_missing_or_busy_gives_clear_errors() {
             &stdin_of(&gcconf, None),
             Some(&f),
         )
-        .ok();
+        .succeeded();
     }
     assert!(state(&ns).is_none(), "nothing may have been installed");
     // Busy kernel: bounded retries, then code 11 ("try again").
@@ -1452,8 +1484,8 @@ fn netfilter_netlink_missing_or_busy_gives_clear_errors() {
     status(&ns, &cfg, Some(&f)).fails_with(50, &["nf_tables"]);
     assert!(state(&ns).is_none());
     // And without the filter everything works.
-    add(&ns, &cfg, &p).ok();
-    status(&ns, &cfg, None).ok();
+    add(&ns, &cfg, &p).succeeded();
+    status(&ns, &cfg, None).succeeded();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1630,7 +1662,7 @@ fn log_file_symlink_is_not_followed_and_args_reach_no_shell() {
                 &stdin_of(&cfg, Some(prev)),
                 None,
             )
-            .ok();
+            .succeeded();
         }
     }
     assert_eq!(
@@ -1727,20 +1759,20 @@ table ip6 natguard {{
 
     let pods: Vec<SynPod> = (1..=10).map(|i| SynPod::new("o", i, 0)).collect();
     for p in &pods {
-        add(&ns, &cfg, p).ok();
+        add(&ns, &cfg, p).succeeded();
     }
-    check(&ns, &cfg, &pods[0]).ok();
-    status(&ns, &cfg, None).ok();
+    check(&ns, &cfg, &pods[0]).succeeded();
+    status(&ns, &cfg, None).succeeded();
     assert_same("after ADD, CHECK, STATUS");
-    add(&ns, &cfg_b(), &SynPod::new("ob", 1, 2)).ok();
-    add(&ns, &cfg, &SynPod::new("ob", 2, 2)).ok();
+    add(&ns, &cfg_b(), &SynPod::new("ob", 1, 2)).succeeded();
+    add(&ns, &cfg, &SynPod::new("ob", 2, 2)).succeeded();
     assert_same("after config changes");
     for p in &pods[..4] {
-        del(&ns, &cfg, p).ok();
+        del(&ns, &cfg, p).succeeded();
     }
-    del_bare(&ns, &cfg, &pods[4]).ok();
+    del_bare(&ns, &cfg, &pods[4]).succeeded();
     let valid: Vec<&SynPod> = pods[5..8].iter().collect();
-    gc(&ns, &cfg, &valid).ok();
+    gc(&ns, &cfg, &valid).succeeded();
     assert_pods_exactly(&must_state(&ns), &pods[5..8], "after GC");
     assert_same("after DEL and GC");
     let churn: Vec<Op> = (0..200)
@@ -1759,7 +1791,7 @@ table ip6 natguard {{
     );
     assert_same("after churn");
     ns.run(&["nft", "delete", "table", "inet", "natguard"]);
-    add(&ns, &cfg, &pods[9]).ok();
+    add(&ns, &cfg, &pods[9]).succeeded();
     let cached: Vec<(SynPod, String)> = pods[5..8].iter().map(|p| (p.clone(), ns.path())).collect();
     let (cache, netconf) = write_cache(h.dir(), &cfg, &cached);
     exec(
@@ -1775,8 +1807,8 @@ table ip6 natguard {{
         b"",
         None,
     )
-    .ok();
-    gc(&ns, &cfg, &[]).ok();
+    .succeeded();
+    gc(&ns, &cfg, &[]).succeeded();
     assert_pods_exactly(&must_state(&ns), &[], "after GC of everything");
     assert_same("after restore, reconcile and GC");
 }

@@ -8,7 +8,9 @@
 
 use natguard::cni::CniArgs;
 use natguard::config::{self, Config, MetadataMode};
-use natguard::plan::{self, Action, ChainKind, Family, NodeFacts, PodRef, SetKind};
+use natguard::plan::{
+    self, Action, ChainKind, Family, HostSide, IfName, Key, NodeFacts, PodRef, SetKind,
+};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -247,19 +249,22 @@ fn render_case(c: &Case) -> String {
         out.push_str(&plan::render_shared(&shared));
         for p in n.pods {
             let args = CniArgs::parse(p.cni_args).unwrap();
+            // A bridge-plugin pod: the IP layer sees cni0, the bridge sees the pod's port.
+            let port = format!("veth{}", &p.container_id[..4.min(p.container_id.len())]);
+            let netns = format!("/run/netns/{}", p.container_id);
             let pod = PodRef {
                 network: &name,
                 container_id: p.container_id,
                 ifname: p.ifname,
                 namespace: args.pod_namespace.as_deref(),
                 pod_name: args.pod_name.as_deref(),
+                netns: &netns,
+                host: Some(HostSide {
+                    iface: IfName::new("cni0").unwrap(),
+                    port: IfName::new(&port),
+                }),
             };
-            // The prefixes a host-local range would assign: /24 and /64.
-            let cidrs: Vec<(IpAddr, u8)> = addrs(p)
-                .into_iter()
-                .map(|a| (a, if a.is_ipv4() { 24 } else { 64 }))
-                .collect();
-            let plan_pod = plan::plan_pod(&cfg, &pod, &addrs(p)).with_networks(&cidrs);
+            let plan_pod = plan::plan_pod(&cfg, &pod, &addrs(p));
             let _ = writeln!(
                 out,
                 "# pod {} {} CNI_ARGS={:?}",
@@ -366,14 +371,30 @@ fn missing_ipv6_proxy_fails_closed_with_a_warning() {
     assert!(matches!(dnat[0].action, Action::DnatTo(IpAddr::V4(a), 8181) if a == NODE_V4));
     assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
     assert!(p.warnings[0].contains("IPv6"), "{:?}", p.warnings);
+    // Whatever still goes to a metadata address where it is delivered (the DNAT has sent the
+    // intercepted part to the proxy) is reset: from the network's pod interfaces unless the
+    // interface and source are an exempt pod's, and from intercepted sources wherever they
+    // come from.
     for chain in [ChainKind::Forward, ChainKind::Input] {
         for f in Family::ALL {
-            assert!(
-                p.rules_of(chain).any(|r| r.action == Action::RejectTcpReset
+            let to_meta = |r: &&plan::Rule| {
+                r.action == Action::RejectTcpReset
                     && r.matches
                         .contains(&plan::Match::DaddrIn(f, SetKind::MetaDst(f)))
-                    && r.matches.contains(&plan::Match::NotDnatted)),
-                "{chain:?} must reset un-DNATed {f:?} metadata traffic"
+            };
+            assert!(
+                p.rules_of(chain).filter(to_meta).any(|r| r
+                    .matches
+                    .contains(&plan::Match::IifIn(SetKind::Ifaces))
+                    && r.matches
+                        .contains(&plan::Match::IifSaddrNotIn(f, SetKind::Allow(f)))),
+                "{chain:?} must reset {f:?} metadata traffic from the pods' interfaces"
+            );
+            assert!(
+                p.rules_of(chain).filter(to_meta).any(|r| r
+                    .matches
+                    .contains(&plan::Match::SaddrIn(f, SetKind::Meta(f)))),
+                "{chain:?} must reset {f:?} metadata traffic from intercepted sources"
             );
         }
     }
@@ -386,14 +407,21 @@ fn deny_and_off_have_no_dnat() {
         both(),
     );
     assert_eq!(deny.rules_of(ChainKind::Dnat).count(), 0);
-    assert_eq!(deny.rules_of(ChainKind::Forward).count(), 2);
-    assert_eq!(deny.rules_of(ChainKind::Input).count(), 2);
+    // Two resets per family in each filter chain: from the pods' interfaces, from intercepted
+    // sources.
+    assert_eq!(deny.rules_of(ChainKind::Forward).count(), 4);
+    assert_eq!(deny.rules_of(ChainKind::Input).count(), 4);
     assert!(deny.warnings.is_empty());
     let off = plan_of(
         r#"{"cniVersion":"1.0.0","name":"n","metadata":{"mode":"off"}}"#,
         NodeFacts::default(),
     );
-    for c in [ChainKind::Dnat, ChainKind::Forward, ChainKind::Input] {
+    for c in [
+        ChainKind::Dnat,
+        ChainKind::Forward,
+        ChainKind::Input,
+        ChainKind::Guard,
+    ] {
         assert_eq!(off.rules_of(c).count(), 0, "{c:?}");
     }
     assert!(off.warnings.is_empty(), "off mode needs no proxy");
@@ -461,17 +489,29 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
                 ifname: "eth0",
                 namespace: ns,
                 pod_name: None,
+                netns: "/run/netns/c",
+                host: Some(HostSide {
+                    iface: IfName::new("veth-c").unwrap(),
+                    port: None,
+                }),
             },
             &a,
         );
         for ip in &a {
             let f = Family::of(ip);
+            let key = Key::Addr(*ip);
             assert_eq!(
-                p.present.contains(&(SetKind::Meta(f), *ip)),
+                p.present.contains(&(SetKind::Meta(f), key)),
                 !exempt,
                 "{ns:?} {ip}"
             );
-            assert!(p.present.contains(&(SetKind::Masq(f), *ip)), "{ns:?} {ip}");
+            let allowed = Key::IfAddr(IfName::new("veth-c").unwrap(), *ip);
+            assert_eq!(
+                p.present.contains(&(SetKind::Allow(f), allowed)),
+                exempt,
+                "{ns:?} {ip}: exemption is bound to the pod's interface"
+            );
+            assert!(p.present.contains(&(SetKind::Masq(f), key)), "{ns:?} {ip}");
         }
         assert_eq!(plan::addrs_from_comment(&p.comment), a);
     }

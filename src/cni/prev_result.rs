@@ -16,6 +16,52 @@ pub fn pod_addresses(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
 
 /// Like [`pod_addresses`], with each address's prefix length.
 pub fn pod_cidrs(prev: &Value, ifname: &str) -> Result<Vec<(IpAddr, u8)>> {
+    Ok(pod_ips(prev, ifname)?
+        .into_iter()
+        .map(|p| (p.addr, p.prefix))
+        .collect())
+}
+
+/// One of the pod's addresses in prevResult, with where it stands there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodIp {
+    /// Its index in `prevResult.ips`.
+    pub index: usize,
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl PodIp {
+    /// The field, for error messages: `prevResult.ips[N].address`.
+    pub fn field(&self) -> String {
+        format!("prevResult.ips[{}].address", self.index)
+    }
+    /// The value as prevResult wrote it (normalised).
+    pub fn text(&self) -> String {
+        format!("{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// The names of the host-side interfaces a prevResult reports: those without a sandbox.
+pub fn host_interfaces(prev: &Value) -> Vec<String> {
+    prev.get("interfaces")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter(|i| {
+                    i.get("sandbox")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                })
+                .filter_map(|i| i.get("name").and_then(Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pod's addresses on `ifname`, each with its index and prefix length.
+pub fn pod_ips(prev: &Value, ifname: &str) -> Result<Vec<PodIp>> {
     let obj = prev
         .as_object()
         .ok_or_else(|| Error::Decode("prevResult: expected an object".into()))?;
@@ -93,14 +139,36 @@ pub fn pod_cidrs(prev: &Value, ifname: &str) -> Result<Vec<(IpAddr, u8)>> {
             }
         };
         if on_ifname && seen.insert(a) {
-            out.push((a, plen));
+            out.push(PodIp {
+                index: i,
+                addr: a,
+                prefix: plen,
+            });
         }
     }
     Ok(out)
 }
 
-/// Checks that a prevResult is a result this plugin can pass on: the shape of spec 0.3.0+.
+/// Checks that a prevResult is a result this plugin can pass on (the shape of spec 0.3.0+) and
+/// that every address it gives `ifname` can be a pod's: unicast, not loopback, not v4-mapped,
+/// with a sane prefix ([`crate::addr::not_a_pod_address`]). A refusal names the field and the
+/// value, and comes before anything touches the kernel.
 pub fn validate_prev_result(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
+    let ips = check_shape(prev, ifname)?;
+    for ip in &ips {
+        if let Some(why) = crate::addr::not_a_pod_address(ip.addr, ip.prefix) {
+            return Err(Error::InvalidConfig(format!(
+                "{}: {:?} {why}, not a pod address; the primary plugin's result is refused",
+                ip.field(),
+                ip.text()
+            )));
+        }
+    }
+    Ok(ips.into_iter().map(|p| p.addr).collect())
+}
+
+/// The shape checks of [`validate_prev_result`], returning the pod's addresses unjudged.
+pub fn check_shape(prev: &Value, ifname: &str) -> Result<Vec<PodIp>> {
     let obj = prev
         .as_object()
         .ok_or_else(|| Error::Decode("prevResult: expected an object".into()))?;
@@ -122,5 +190,5 @@ pub fn validate_prev_result(prev: &Value, ifname: &str) -> Result<Vec<IpAddr>> {
             )));
         }
     }
-    pod_addresses(prev, ifname)
+    pod_ips(prev, ifname)
 }

@@ -5,7 +5,7 @@
 use super::conntrack::{FlushReport, Path};
 use super::{Batch, Kernel, Op, SetRef, Stored};
 use crate::error::{Error, Result};
-use crate::plan::{ChainKind, Elem, Key, SetKind};
+use crate::plan::{ChainKind, Elem, Key, SetKind, TableFamily};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
@@ -18,11 +18,11 @@ pub(crate) struct FakeSet {
 
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Fake {
-    /// Table flags; `None`: no table.
-    pub table: Option<u32>,
+    /// Flags of each table that exists.
+    pub tables: BTreeMap<TableFamily, u32>,
     pub sets: BTreeMap<String, FakeSet>,
-    /// Chain name → the comment of each rule.
-    pub chains: BTreeMap<String, Vec<String>>,
+    /// Chain name → its table and the comment of each rule.
+    pub chains: BTreeMap<String, (TableFamily, Vec<String>)>,
     /// Every batch committed, in order (failed ones included).
     pub commits: Vec<Batch>,
     /// The address lists of every conntrack flush.
@@ -47,7 +47,9 @@ impl Fake {
     fn apply(&mut self, op: &Op) -> Result<()> {
         match op {
             Op::Converge(plan) => {
-                self.table.get_or_insert(0);
+                for t in TableFamily::ALL {
+                    self.tables.entry(t).or_insert(0);
+                }
                 for spec in &plan.sets {
                     let set = self.sets.entry(spec.name.clone()).or_default();
                     set.kind = Some(spec.kind);
@@ -73,7 +75,8 @@ impl Fake {
                 }
                 for c in ChainKind::ALL {
                     let comments = plan.rules_of(c).map(|_| plan.rule_comment()).collect();
-                    self.chains.insert(plan.names.chain(c), comments);
+                    self.chains
+                        .insert(plan.names.chain(c), (c.table(), comments));
                 }
             }
             Op::Put { set, key, comment } => {
@@ -86,25 +89,20 @@ impl Fake {
                     return Err(enoent(format!("remove {key:?} from {}", set.name)));
                 }
             }
-            Op::Intervals { set, ranges } => {
-                self.set_mut(set)?.ranges = ranges.clone();
-            }
-            Op::DeleteTable => {
-                if self.table.is_none() {
+            Op::DeleteTable(t) => {
+                if self.tables.remove(t).is_none() {
                     return Err(enoent("delete table".into()));
                 }
-                *self = Fake {
-                    commits: std::mem::take(&mut self.commits),
-                    flushed: std::mem::take(&mut self.flushed),
-                    ..Fake::default()
-                };
+                self.sets
+                    .retain(|_, s| s.kind.is_some_and(|k| k.table() != *t));
+                self.chains.retain(|_, (ct, _)| ct != t);
             }
         }
         Ok(())
     }
 
     fn set_mut(&mut self, set: &SetRef) -> Result<&mut FakeSet> {
-        if self.table.is_none() {
+        if !self.tables.contains_key(&set.kind.table()) {
             return Err(enoent(format!("set {}: no table", set.name)));
         }
         self.sets
@@ -114,20 +112,31 @@ impl Fake {
 }
 
 impl Kernel for Fake {
-    fn table_flags(&mut self) -> Result<Option<u32>> {
-        Ok(self.table)
+    fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>> {
+        Ok(self.tables.get(&t).copied())
     }
-    fn set_names(&mut self) -> Result<Vec<String>> {
-        Ok(self.sets.keys().cloned().collect())
+    fn set_names(&mut self, t: TableFamily) -> Result<Vec<String>> {
+        Ok(self
+            .sets
+            .iter()
+            .filter(|(_, s)| s.kind.is_some_and(|k| k.table() == t))
+            .map(|(n, _)| n.clone())
+            .collect())
     }
-    fn chain_names(&mut self) -> Result<Vec<String>> {
-        Ok(self.chains.keys().cloned().collect())
-    }
-    fn rule_comments(&mut self) -> Result<HashMap<String, Vec<String>>> {
+    fn chain_names(&mut self, t: TableFamily) -> Result<Vec<String>> {
         Ok(self
             .chains
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .filter(|(_, (ct, _))| *ct == t)
+            .map(|(n, _)| n.clone())
+            .collect())
+    }
+    fn rule_comments(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<String>>> {
+        Ok(self
+            .chains
+            .iter()
+            .filter(|(_, (ct, _))| *ct == t)
+            .map(|(k, (_, v))| (k.clone(), v.clone()))
             .collect())
     }
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {

@@ -7,7 +7,10 @@
 //! NFT_REG_2 the DNAT port.
 
 use super::netlink::*;
-use crate::plan::{Action, ChainKind, Elem, Family, Key, Match, NetNames, Rule, SetKind, TABLE};
+use crate::plan::{
+    Action, ChainKind, Elem, EtherProto, Family, Key, Match, NetNames, Rule, SetKind, TableFamily,
+    TABLE,
+};
 use std::net::IpAddr;
 
 pub const NFPROTO_INET: u8 = 1;
@@ -69,6 +72,10 @@ const NFT_RETURN: i32 = -5;
 const NFT_REG_VERDICT: u32 = 0;
 const NFT_REG_1: u32 = 1;
 const NFT_REG_2: u32 = 2;
+/// The 32-bit registers a concatenated key is loaded into (`NFT_REG32_00`, `NFT_REG32_04`).
+const NFT_REG32_00: u32 = 8;
+const NFT_REG32_04: u32 = 12;
+const NF_DROP: i32 = 0;
 
 /// libnftnl's user-data TLV types, so `nft list` shows our comments and key byte order.
 const UDATA_COMMENT: u8 = 0;
@@ -83,6 +90,9 @@ const NF_INET_PRE_ROUTING: u32 = 0;
 const NF_INET_LOCAL_IN: u32 = 1;
 const NF_INET_FORWARD: u32 = 2;
 const NF_INET_POST_ROUTING: u32 = 4;
+/// The bridge family's prerouting hook and its `filter` priority.
+const NF_BR_PRE_ROUTING: u32 = 0;
+const NF_BR_PRI_FILTER_BRIDGED: i32 = -200;
 /// Base chain priorities of the standard nft names (`dstnat`, `filter`, `srcnat`).
 const NF_IP_PRI_NAT_DST: i32 = -100;
 const NF_IP_PRI_FILTER: i32 = 0;
@@ -98,6 +108,7 @@ pub(crate) fn hook_of(c: ChainKind) -> u32 {
         ChainKind::Input => NF_INET_LOCAL_IN,
         ChainKind::Forward => NF_INET_FORWARD,
         ChainKind::Snat => NF_INET_POST_ROUTING,
+        ChainKind::Guard => NF_BR_PRE_ROUTING,
     }
 }
 
@@ -107,6 +118,7 @@ pub(crate) fn priority_of(c: ChainKind) -> i32 {
         ChainKind::Dnat => NF_IP_PRI_NAT_DST - AHEAD,
         ChainKind::Snat => NF_IP_PRI_NAT_SRC - AHEAD,
         ChainKind::Forward | ChainKind::Input => NF_IP_PRI_FILTER - AHEAD,
+        ChainKind::Guard => NF_BR_PRI_FILTER_BRIDGED - 10 * AHEAD,
     }
 }
 
@@ -115,6 +127,17 @@ const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
 const TYPE_INET_SERVICE: u32 = 13;
 const TYPE_IFNAME: u32 = 41;
+/// A concatenation's datatype is its members' ids, `TYPE_BITS` apart (nftables' concat_type).
+const TYPE_BITS: u32 = 6;
+/// Each member of a concatenated key takes whole 32-bit registers.
+const IFNAME_LEN: u32 = 16;
+
+fn addr_type(f: Family) -> (u32, u32) {
+    match f {
+        Family::V4 => (TYPE_IPADDR, 4),
+        Family::V6 => (TYPE_IP6ADDR, 16),
+    }
+}
 
 /// nft datatype id and key length in bytes of a set kind.
 pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
@@ -123,13 +146,13 @@ pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
         | SetKind::Masq(f)
         | SetKind::NoMasq(f)
         | SetKind::MetaDst(f)
-        | SetKind::Allow(f)
-        | SetKind::Nets(f) => match f {
-            Family::V4 => (TYPE_IPADDR, 4),
-            Family::V6 => (TYPE_IP6ADDR, 16),
-        },
+        | SetKind::GuardAddr(f) => addr_type(f),
+        SetKind::Allow(f) | SetKind::GuardPort(f) => {
+            let (t, len) = addr_type(f);
+            ((TYPE_IFNAME << TYPE_BITS) | t, IFNAME_LEN + len)
+        }
         SetKind::MetaPorts => (TYPE_INET_SERVICE, 2),
-        SetKind::Pods => (TYPE_IFNAME, 16),
+        SetKind::Pods | SetKind::Attach | SetKind::Ifaces => (TYPE_IFNAME, IFNAME_LEN),
     }
 }
 
@@ -169,27 +192,44 @@ pub fn end_batch(b: &mut MsgBuf) {
     b.end();
 }
 
-pub fn begin(b: &mut MsgBuf, msg: u16, flags: u16) -> u32 {
-    b.begin(nft_type(msg), flags, NFPROTO_INET, 0)
+pub const NFPROTO_BRIDGE: u8 = 7;
+
+/// The nfgenmsg family of a table.
+fn nfproto_of(t: TableFamily) -> u8 {
+    match t {
+        TableFamily::Inet => NFPROTO_INET,
+        TableFamily::Bridge => NFPROTO_BRIDGE,
+    }
 }
 
-pub fn new_table(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_NEWTABLE, NLM_F_CREATE | NLM_F_ACK);
+pub fn begin(b: &mut MsgBuf, t: TableFamily, msg: u16, flags: u16) -> u32 {
+    b.begin(nft_type(msg), flags, nfproto_of(t), 0)
+}
+
+pub fn new_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
+    let s = begin(b, t, NFT_MSG_NEWTABLE, NLM_F_CREATE | NLM_F_ACK);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.attr_u32_be(NFTA_TABLE_FLAGS, 0);
     b.end();
     s
 }
 
-pub fn del_table(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_DELTABLE, NLM_F_ACK);
+pub fn del_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
+    let s = begin(b, t, NFT_MSG_DELTABLE, NLM_F_ACK);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.end();
     s
 }
 
-pub fn new_chain(b: &mut MsgBuf, name: &str, ty: &str, hook: u32, prio: i32) -> u32 {
-    let s = begin(b, NFT_MSG_NEWCHAIN, NLM_F_CREATE | NLM_F_ACK);
+pub fn new_chain(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    name: &str,
+    ty: &str,
+    hook: u32,
+    prio: i32,
+) -> u32 {
+    let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE | NLM_F_ACK);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
     b.attr_str(NFTA_CHAIN_NAME, name);
     let h = b.nest_begin(NFTA_CHAIN_HOOK);
@@ -203,17 +243,17 @@ pub fn new_chain(b: &mut MsgBuf, name: &str, ty: &str, hook: u32, prio: i32) -> 
 }
 
 /// Deletes every rule of a chain (a DELRULE without a handle).
-pub fn flush_chain(b: &mut MsgBuf, chain: &str) -> u32 {
-    let s = begin(b, NFT_MSG_DELRULE, NLM_F_ACK);
+pub fn flush_chain(b: &mut MsgBuf, t: TableFamily, chain: &str) -> u32 {
+    let s = begin(b, t, NFT_MSG_DELRULE, NLM_F_ACK);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     b.end();
     s
 }
 
-pub fn new_set(b: &mut MsgBuf, name: &str, kind: SetKind, id: u32) -> u32 {
+pub fn new_set(b: &mut MsgBuf, t: TableFamily, name: &str, kind: SetKind, id: u32) -> u32 {
     let (key_type, key_len) = set_key_type(kind);
-    let s = begin(b, NFT_MSG_NEWSET, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_NEWSET, NLM_F_CREATE | NLM_F_ACK);
     b.attr_str(NFTA_SET_TABLE, TABLE);
     b.attr_str(NFTA_SET_NAME, name);
     b.attr_u32_be(
@@ -227,10 +267,15 @@ pub fn new_set(b: &mut MsgBuf, name: &str, kind: SetKind, id: u32) -> u32 {
     b.attr_u32_be(NFTA_SET_KEY_TYPE, key_type);
     b.attr_u32_be(NFTA_SET_KEY_LEN, key_len);
     b.attr_u32_be(NFTA_SET_ID, id);
-    let order = if kind == SetKind::Pods {
-        BYTEORDER_HOST
-    } else {
-        BYTEORDER_BIG
+    // nft prints string keys (ifname) in host order and addresses in network order; a
+    // concatenation starting with an ifname is marked host order too, as nft marks it.
+    let order = match kind {
+        SetKind::Pods
+        | SetKind::Attach
+        | SetKind::Ifaces
+        | SetKind::Allow(_)
+        | SetKind::GuardPort(_) => BYTEORDER_HOST,
+        _ => BYTEORDER_BIG,
     };
     let mut ud = vec![UDATA_SET_KEYBYTEORDER, 4];
     ud.extend_from_slice(&order.to_ne_bytes());
@@ -240,8 +285,8 @@ pub fn new_set(b: &mut MsgBuf, name: &str, kind: SetKind, id: u32) -> u32 {
 }
 
 /// Flushes a set: a DELSETELEM without elements.
-pub fn flush_set(b: &mut MsgBuf, set: &str) -> u32 {
-    let s = begin(b, NFT_MSG_DELSETELEM, NLM_F_ACK);
+pub fn flush_set(b: &mut MsgBuf, t: TableFamily, set: &str) -> u32 {
+    let s = begin(b, t, NFT_MSG_DELSETELEM, NLM_F_ACK);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     b.end();
@@ -268,7 +313,40 @@ pub(crate) fn key_bytes(k: &Key) -> Vec<u8> {
         Key::Addr(a) => ip_bytes(a),
         Key::Port(p) => p.to_be_bytes().to_vec(),
         Key::Owner(o) => owner_key_bytes(&o.hex()),
+        Key::Iface(i) => i.bytes().to_vec(),
+        Key::IfAddr(i, a) => {
+            let mut k = i.bytes().to_vec();
+            k.extend_from_slice(&ip_bytes(a));
+            k
+        }
     }
+}
+
+/// A key read back, decoded for its set's kind; `None` for bytes of another shape.
+pub(crate) fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
+    let addr = |b: &[u8]| -> Option<IpAddr> {
+        match b.len() {
+            4 => Some(IpAddr::from(<[u8; 4]>::try_from(b).ok()?)),
+            16 => Some(IpAddr::from(<[u8; 16]>::try_from(b).ok()?)),
+            _ => None,
+        }
+    };
+    let name = |b: &[u8]| crate::plan::IfName::from_bytes(b);
+    Some(match kind {
+        SetKind::Pods | SetKind::Attach => {
+            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+            Key::Owner(crate::plan::OwnerKey::parse_hex(
+                std::str::from_utf8(&b[..end]).ok()?,
+            )?)
+        }
+        SetKind::Ifaces => Key::Iface(name(b)?),
+        SetKind::MetaPorts => Key::Port(u16::from_be_bytes(b.try_into().ok()?)),
+        SetKind::Allow(_) | SetKind::GuardPort(_) => {
+            let (i, a) = b.split_at_checked(IFNAME_LEN as usize)?;
+            Key::IfAddr(name(i)?, addr(a)?)
+        }
+        _ => Key::Addr(addr(b)?),
+    })
 }
 
 /// Set element payload: (key bytes, flags, comment).
@@ -321,8 +399,15 @@ pub fn elem_data(e: &Elem, interval: bool) -> Vec<ElemData> {
 }
 
 /// One NEWSETELEM or DELSETELEM message carrying `elems`.
-pub fn set_elems(b: &mut MsgBuf, msg: u16, flags: u16, set: &str, elems: &[ElemData]) -> u32 {
-    let s = begin(b, msg, flags | NLM_F_ACK);
+pub fn set_elems(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    msg: u16,
+    flags: u16,
+    set: &str,
+    elems: &[ElemData],
+) -> u32 {
+    let s = begin(b, t, msg, flags | NLM_F_ACK);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     let list = b.nest_begin(NFTA_SET_ELEM_LIST_ELEMENTS);
@@ -345,8 +430,8 @@ pub fn set_elems(b: &mut MsgBuf, msg: u16, flags: u16, set: &str, elems: &[ElemD
 }
 
 /// A GETSETELEM for one key (no dump): the kernel answers with the element or ENOENT.
-pub fn get_elem(b: &mut MsgBuf, set: &str, key: &[u8]) -> u32 {
-    let s = begin(b, NFT_MSG_GETSETELEM, 0);
+pub fn get_elem(b: &mut MsgBuf, t: TableFamily, set: &str, key: &[u8]) -> u32 {
+    let s = begin(b, t, NFT_MSG_GETSETELEM, 0);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     let list = b.nest_begin(NFTA_SET_ELEM_LIST_ELEMENTS);
@@ -360,16 +445,16 @@ pub fn get_elem(b: &mut MsgBuf, set: &str, key: &[u8]) -> u32 {
     s
 }
 
-pub fn dump_elems(b: &mut MsgBuf, set: &str) -> u32 {
-    let s = begin(b, NFT_MSG_GETSETELEM, NLM_F_DUMP);
+pub fn dump_elems(b: &mut MsgBuf, t: TableFamily, set: &str) -> u32 {
+    let s = begin(b, t, NFT_MSG_GETSETELEM, NLM_F_DUMP);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     b.end();
     s
 }
 
-pub fn dump_rules(b: &mut MsgBuf, chain: Option<&str>) -> u32 {
-    let s = begin(b, NFT_MSG_GETRULE, NLM_F_DUMP);
+pub fn dump_rules(b: &mut MsgBuf, t: TableFamily, chain: Option<&str>) -> u32 {
+    let s = begin(b, t, NFT_MSG_GETRULE, NLM_F_DUMP);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     if let Some(c) = chain {
         b.attr_str(NFTA_RULE_CHAIN, c);
@@ -378,22 +463,22 @@ pub fn dump_rules(b: &mut MsgBuf, chain: Option<&str>) -> u32 {
     s
 }
 
-pub fn dump_chains(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_GETCHAIN, NLM_F_DUMP);
+pub fn dump_chains(b: &mut MsgBuf, t: TableFamily) -> u32 {
+    let s = begin(b, t, NFT_MSG_GETCHAIN, NLM_F_DUMP);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
     b.end();
     s
 }
 
-pub fn dump_sets(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_GETSET, NLM_F_DUMP);
+pub fn dump_sets(b: &mut MsgBuf, t: TableFamily) -> u32 {
+    let s = begin(b, t, NFT_MSG_GETSET, NLM_F_DUMP);
     b.attr_str(NFTA_SET_TABLE, TABLE);
     b.end();
     s
 }
 
-pub fn get_table(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_GETTABLE, 0);
+pub fn get_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
+    let s = begin(b, t, NFT_MSG_GETTABLE, 0);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.end();
     s
@@ -473,13 +558,6 @@ impl Exprs<'_> {
         });
     }
 
-    fn ct_status(&mut self, dreg: u32) {
-        self.expr("ct", |b| {
-            b.attr_u32_be(1, dreg); // NFTA_CT_DREG
-            b.attr_u32_be(2, 2); // NFTA_CT_KEY: NFT_CT_STATUS
-        });
-    }
-
     fn immediate_data(&mut self, dreg: u32, value: &[u8]) {
         self.expr("immediate", |b| {
             b.attr_u32_be(1, dreg); // NFTA_IMMEDIATE_DREG
@@ -514,49 +592,110 @@ fn addr_offsets(f: Family) -> ((u32, u32), (u32, u32)) {
     }
 }
 
+/// `meta` keys (`enum nft_meta_keys`).
+const NFT_META_MARK: u32 = 3;
+const NFT_META_IIFNAME: u32 = 6;
+const NFT_META_NFPROTO: u32 = 15;
+const NFT_META_L4PROTO: u32 = 16;
+/// `payload` bases (`enum nft_payload_bases`).
+const BASE_LL: u32 = 0;
+const BASE_NETWORK: u32 = 1;
+const BASE_TRANSPORT: u32 = 2;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IPV6: u16 = 0x86dd;
+/// Offset of the ethertype in an Ethernet header.
+const ETHER_TYPE_OFFSET: u32 = 12;
+/// Offset of the sender protocol address in an ARP packet for IPv4 over Ethernet.
+const ARP_SPA_OFFSET: u32 = 14;
+const ICMPV6_ND_NEIGHBOR_ADVERT: u8 = 136;
+/// Offset of the target address in a neighbour advertisement.
+const ND_TARGET_OFFSET: u32 = 8;
+
+/// `meta iifname . <field> <op> @set`: the interface name fills NFT_REG32_00..03 and the
+/// field follows at NFT_REG32_04, the layout of a concatenated key.
+fn iif_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str, invert: bool) {
+    let (base, off, len) = field;
+    x.meta(NFT_META_IIFNAME, NFT_REG32_00);
+    x.payload(base, off, len, NFT_REG32_04);
+    x.lookup(set, NFT_REG32_00, invert);
+}
+
 fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
+    let set = |k: &SetKind| names.set(*k);
     match m {
         // meta nfproto ipv4 → [ meta load nfproto => reg 1 ] [ cmp eq reg 1 0x02 ]
         Match::NfProto(f) => {
-            x.meta(15, NFT_REG_1); // NFT_META_NFPROTO
+            x.meta(NFT_META_NFPROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[nfproto(*f)]);
+        }
+        // ether type ip → [ payload load 2b @ link header + 12 => reg 1 ] [ cmp eq 0x0800 ]
+        Match::EtherType(p) => {
+            let ty = match p {
+                EtherProto::Ip(Family::V4) => ETH_P_IP,
+                EtherProto::Ip(Family::V6) => ETH_P_IPV6,
+                EtherProto::Arp => ETH_P_ARP,
+            };
+            x.payload(BASE_LL, ETHER_TYPE_OFFSET, 2, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &ty.to_be_bytes());
         }
         // ip saddr @set → [ payload load 4b @ network + 12 => reg 1 ] [ lookup reg 1 set ]
         Match::SaddrIn(f, s) => {
             let ((off, len), _) = addr_offsets(*f);
-            x.payload(1, off, len, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1, false);
-        }
-        // ip saddr != @set → the same lookup, inverted
-        Match::SaddrNotIn(f, s) => {
-            let ((off, len), _) = addr_offsets(*f);
-            x.payload(1, off, len, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1, true);
+            x.payload(BASE_NETWORK, off, len, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
         }
         Match::DaddrIn(f, s) => {
             let (_, (off, len)) = addr_offsets(*f);
-            x.payload(1, off, len, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1, false);
+            x.payload(BASE_NETWORK, off, len, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
         }
         // tcp dport @set → [ meta load l4proto ] [ cmp eq 6 ] [ payload load 2b @ transport + 2 ] [ lookup ]
         Match::TcpDportIn(s) => {
-            x.meta(16, NFT_REG_1); // NFT_META_L4PROTO
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
-            x.payload(2, 2, 2, NFT_REG_1);
-            x.lookup(&names.set(*s), NFT_REG_1, false);
+            x.payload(BASE_TRANSPORT, 2, 2, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // iifname @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set ]
+        Match::IifIn(s) => {
+            x.meta(NFT_META_IIFNAME, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // iifname . ip saddr != @set → [ meta load iifname => reg32 0 ]
+        //   [ payload load 4b @ network + 12 => reg32 4 ] [ lookup reg32 0 set, inverted ]
+        Match::IifSaddrNotIn(f, s) => {
+            let ((off, len), _) = addr_offsets(*f);
+            iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), true);
+        }
+        // arp saddr ip @set → [ payload load 4b @ network + 14 => reg 1 ] [ lookup ]
+        Match::ArpSpaIn(s) => {
+            x.payload(BASE_NETWORK, ARP_SPA_OFFSET, 4, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        Match::IifArpSpaNotIn(s) => {
+            iif_concat_lookup(x, (BASE_NETWORK, ARP_SPA_OFFSET, 4), &set(s), true);
+        }
+        // icmpv6 type nd-neighbor-advert → [ meta load l4proto ] [ cmp eq 58 ]
+        //   [ payload load 1b @ transport + 0 ] [ cmp eq 136 ]
+        Match::NeighborAdvert => {
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_ICMPV6 as u8]);
+            x.payload(BASE_TRANSPORT, 0, 1, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[ICMPV6_ND_NEIGHBOR_ADVERT]);
+        }
+        Match::NdTargetIn(s) => {
+            x.payload(BASE_TRANSPORT, ND_TARGET_OFFSET, 16, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        Match::IifNdTargetNotIn(s) => {
+            iif_concat_lookup(x, (BASE_TRANSPORT, ND_TARGET_OFFSET, 16), &set(s), true);
         }
         // meta mark & M == M → [ meta load mark ] [ bitwise & M ] [ cmp eq M ] (host order)
         Match::MarkHas(mark) => {
-            x.meta(3, NFT_REG_1); // NFT_META_MARK
+            x.meta(NFT_META_MARK, NFT_REG_1);
             x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
             x.cmp_eq(NFT_REG_1, &mark.to_ne_bytes());
-        }
-        // ct status & dnat == 0 → [ ct load status ] [ bitwise & IPS_DST_NAT ] [ cmp eq 0 ]
-        Match::NotDnatted => {
-            const IPS_DST_NAT: u32 = 1 << 5;
-            x.ct_status(NFT_REG_1);
-            x.bitwise_and(NFT_REG_1, &IPS_DST_NAT.to_ne_bytes());
-            x.cmp_eq(NFT_REG_1, &0u32.to_ne_bytes());
         }
     }
 }
@@ -605,13 +744,26 @@ fn lower_action(x: &mut Exprs<'_>, a: &Action) {
                 b.attr_u8(2, 0); // NFTA_REJECT_ICMP_CODE
             });
         }
+        Action::Drop => x.verdict(NF_DROP),
         Action::Return => x.verdict(NFT_RETURN),
     }
 }
 
 /// One NEWRULE appended to `chain`, commented with the plan's fingerprint.
-pub fn new_rule(b: &mut MsgBuf, chain: &str, rule: &Rule, names: &NetNames, comment: &str) -> u32 {
-    let s = begin(b, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK);
+pub fn new_rule(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    chain: &str,
+    rule: &Rule,
+    names: &NetNames,
+    comment: &str,
+) -> u32 {
+    let s = begin(
+        b,
+        t,
+        NFT_MSG_NEWRULE,
+        NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK,
+    );
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);

@@ -5,6 +5,7 @@
 //!   rules and sets, and the only place that knows the kernel's numbers for them.
 //! - `nft`: one transaction per invocation, and the reads that CHECK, DEL, GC and `status` need.
 //! - [`conntrack`]: ctnetlink deletes of a pod's flows.
+//! - `link`: rtnetlink facts about an interface (bridge, bridge port).
 //!
 //! The store above reaches all of it through the narrow [`Kernel`] trait: typed keys and
 //! operations in, typed records out, no bytes. [`Netfilter`] is the real implementation; the
@@ -14,12 +15,13 @@
 pub mod conntrack;
 #[cfg(test)]
 pub(crate) mod fake;
+pub(crate) mod link;
 pub(crate) mod lower;
 pub mod netlink;
 pub(crate) mod nft;
 
 use crate::error::{Error, Result};
-use crate::plan::{Family, Key, SetKind, SharedPlan};
+use crate::plan::{Key, SetKind, SharedPlan, TableFamily};
 use conntrack::FlushReport;
 use netlink::NfSocket;
 use std::collections::HashMap;
@@ -53,13 +55,8 @@ pub(crate) enum Op {
     },
     /// Delete an element known to exist (read under the lock in this invocation).
     Del { set: SetRef, key: Key },
-    /// Rewrite an interval set to exactly these (sorted, merged) ranges.
-    Intervals {
-        set: SetRef,
-        ranges: Vec<(u128, u128)>,
-    },
-    /// Delete natguard's whole table.
-    DeleteTable,
+    /// Delete one of natguard's tables.
+    DeleteTable(TableFamily),
 }
 
 /// The operations of one transaction, committed whole or not at all.
@@ -79,12 +76,12 @@ impl Batch {
 
 /// What the store needs from the kernel.
 pub(crate) trait Kernel {
-    /// natguard's table flags; `None` when there is no table.
-    fn table_flags(&mut self) -> Result<Option<u32>>;
-    fn set_names(&mut self) -> Result<Vec<String>>;
-    fn chain_names(&mut self) -> Result<Vec<String>>;
-    /// The comments of every rule of natguard's table, by chain.
-    fn rule_comments(&mut self) -> Result<HashMap<String, Vec<String>>>;
+    /// The flags of natguard's table of family `t`; `None` when there is no such table.
+    fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>>;
+    fn set_names(&mut self, t: TableFamily) -> Result<Vec<String>>;
+    fn chain_names(&mut self, t: TableFamily) -> Result<Vec<String>>;
+    /// The comments of every rule of natguard's table of family `t`, by chain.
+    fn rule_comments(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<String>>>;
     /// One element; `None` when it, its set or the table does not exist.
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>>;
     /// Every element of a non-interval set; empty when the set does not exist.
@@ -126,30 +123,35 @@ pub(crate) fn is_unavailable(e: &Error) -> bool {
 }
 
 impl Kernel for Netfilter {
-    fn table_flags(&mut self) -> Result<Option<u32>> {
-        nft::table_flags(&mut self.sock)
+    fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>> {
+        nft::table_flags(&mut self.sock, t)
     }
-    fn set_names(&mut self) -> Result<Vec<String>> {
-        nft::set_names(&mut self.sock)
+    fn set_names(&mut self, t: TableFamily) -> Result<Vec<String>> {
+        nft::set_names(&mut self.sock, t)
     }
-    fn chain_names(&mut self) -> Result<Vec<String>> {
-        nft::chain_names(&mut self.sock)
+    fn chain_names(&mut self, t: TableFamily) -> Result<Vec<String>> {
+        nft::chain_names(&mut self.sock, t)
     }
-    fn rule_comments(&mut self) -> Result<HashMap<String, Vec<String>>> {
-        nft::rule_comments_by_chain(&mut self.sock)
+    fn rule_comments(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<String>>> {
+        nft::rule_comments_by_chain(&mut self.sock, t)
     }
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {
-        let found = nft::get_element(&mut self.sock, &set.name, &lower::key_bytes(key))?;
+        let t = set.kind.table();
+        let found = nft::get_element(&mut self.sock, t, &set.name, &lower::key_bytes(key))?;
         Ok(found.and_then(|e| stored(set.kind, e)))
     }
     fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>> {
-        Ok(nft::dump_set(&mut self.sock, &set.name)?
+        Ok(nft::dump_set(&mut self.sock, set.kind.table(), &set.name)?
             .into_iter()
             .filter_map(|e| stored(set.kind, e))
             .collect())
     }
     fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>> {
-        Ok(nft::ranges_of(&nft::dump_set(&mut self.sock, &set.name)?))
+        Ok(nft::ranges_of(&nft::dump_set(
+            &mut self.sock,
+            set.kind.table(),
+            &set.name,
+        )?))
     }
     fn commit(&mut self, batch: &Batch) -> Result<()> {
         if batch.ops.is_empty() {
@@ -160,18 +162,19 @@ impl Kernel for Netfilter {
             match op {
                 Op::Converge(plan) => tx.converge_shared(plan),
                 Op::Put { set, key, comment } => tx.ensure_elem(
+                    set.kind.table(),
                     &set.name,
                     lower::key_bytes(key),
                     comment.clone(),
                     &describe(key),
                 ),
-                Op::Del { set, key } => {
-                    tx.delete_elem(&set.name, lower::key_bytes(key), &describe(key))
-                }
-                Op::Intervals { set, ranges } => {
-                    tx.rewrite_intervals(&set.name, family_of(set.kind), ranges)
-                }
-                Op::DeleteTable => tx.delete_table(),
+                Op::Del { set, key } => tx.delete_elem(
+                    set.kind.table(),
+                    &set.name,
+                    lower::key_bytes(key),
+                    &describe(key),
+                ),
+                Op::DeleteTable(t) => tx.delete_table(*t),
             }
         }
         tx.commit(&mut self.sock)
@@ -195,32 +198,21 @@ impl Kernel for Netfilter {
     }
 }
 
-/// The family of an interval set's keys.
-fn family_of(kind: SetKind) -> Family {
-    match kind {
-        SetKind::NoMasq(f) | SetKind::Nets(f) => f,
-        _ => Family::V4,
-    }
-}
-
 fn describe(key: &Key) -> String {
     match key {
         Key::Addr(a) => a.to_string(),
         Key::Port(p) => p.to_string(),
         Key::Owner(o) => format!("pod {}", o.hex()),
+        Key::Iface(i) => format!("interface {i}"),
+        Key::IfAddr(i, a) => format!("{i} . {a}"),
     }
 }
 
 /// An element read back, with its key decoded for the set's kind; `None` for a key of another
 /// shape (not natguard's).
 fn stored(kind: SetKind, e: nft::ElemRead) -> Option<Stored> {
-    let key = match kind {
-        SetKind::Pods => Key::Owner(e.owner()?),
-        SetKind::MetaPorts => Key::Port(u16::from_be_bytes(e.key.get(..2)?.try_into().ok()?)),
-        _ => Key::Addr(e.addr()?),
-    };
     Some(Stored {
-        key,
+        key: lower::key_of(kind, &e.key)?,
         comment: e.comment,
     })
 }

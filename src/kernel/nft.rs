@@ -12,8 +12,7 @@
 use super::lower::*;
 use super::netlink::{Msg, MsgBuf, NfSocket};
 use crate::error::{Error, Result};
-use crate::plan::{OwnerKey, SharedPlan};
-use std::net::IpAddr;
+use crate::plan::{SharedPlan, TableFamily};
 
 /// A set element as read back from the kernel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,27 +20,6 @@ pub struct ElemRead {
     pub key: Vec<u8>,
     pub flags: u32,
     pub comment: Option<String>,
-}
-
-impl ElemRead {
-    /// The key of a `NET-pods` element as the owner key it encodes.
-    pub fn owner(&self) -> Option<OwnerKey> {
-        let end = self
-            .key
-            .iter()
-            .position(|&b| b == 0)
-            .unwrap_or(self.key.len());
-        std::str::from_utf8(&self.key[..end])
-            .ok()
-            .and_then(OwnerKey::parse_hex)
-    }
-    pub fn addr(&self) -> Option<IpAddr> {
-        match self.key.len() {
-            4 => Some(IpAddr::from(<[u8; 4]>::try_from(&self.key[..]).ok()?)),
-            16 => Some(IpAddr::from(<[u8; 16]>::try_from(&self.key[..]).ok()?)),
-            _ => None,
-        }
-    }
 }
 
 fn parse_elems(m: &Msg) -> Vec<ElemRead> {
@@ -96,27 +74,35 @@ impl Tx {
     /// Converges a network's shared objects to `plan`: creates what is missing, rewrites every
     /// rule and every shared set's contents. Per-pod sets are created but never flushed.
     pub fn converge_shared(&mut self, plan: &SharedPlan) {
-        let s = new_table(&mut self.buf);
-        self.note(s, format!("create table inet {}", crate::plan::TABLE));
+        for t in TableFamily::ALL {
+            let s = new_table(&mut self.buf, t);
+            self.note(
+                s,
+                format!("create table {} {}", t.nft(), crate::plan::TABLE),
+            );
+        }
         for (i, set) in plan.sets.iter().enumerate() {
-            let s = new_set(&mut self.buf, &set.name, set.kind, i as u32 + 1);
-            self.note(s, format!("create set {}", set.name));
+            let t = set.kind.table();
+            let s = new_set(&mut self.buf, t, &set.name, set.kind, i as u32 + 1);
+            self.note(s, format!("create set {} {}", t.nft(), set.name));
         }
         let comment = plan.rule_comment();
         for c in crate::plan::ChainKind::ALL {
             let name = plan.names.chain(c);
+            let t = c.table();
             let s = new_chain(
                 &mut self.buf,
+                t,
                 &name,
                 c.chain_type(),
                 hook_of(c),
                 priority_of(c),
             );
             self.note(s, format!("create chain {name}"));
-            let s = flush_chain(&mut self.buf, &name);
+            let s = flush_chain(&mut self.buf, t, &name);
             self.note(s, format!("flush chain {name}"));
             for r in plan.rules_of(c) {
-                let s = new_rule(&mut self.buf, &name, r, &plan.names, &comment);
+                let s = new_rule(&mut self.buf, t, &name, r, &plan.names, &comment);
                 self.note(
                     s,
                     format!(
@@ -128,7 +114,8 @@ impl Tx {
         }
         for set in &plan.sets {
             let Some(elems) = &set.elements else { continue };
-            let s = flush_set(&mut self.buf, &set.name);
+            let t = set.kind.table();
+            let s = flush_set(&mut self.buf, t, &set.name);
             self.note(s, format!("flush set {}", set.name));
             let data: Vec<ElemData> = elems
                 .iter()
@@ -137,6 +124,7 @@ impl Tx {
             if !data.is_empty() {
                 let s = set_elems(
                     &mut self.buf,
+                    t,
                     NFT_MSG_NEWSETELEM,
                     NLM_F_CREATE_,
                     &set.name,
@@ -148,58 +136,63 @@ impl Tx {
     }
 
     /// Makes sure `key` is in `set`, carrying `comment` (replacing any earlier comment).
-    pub fn ensure_elem(&mut self, set: &str, key: Vec<u8>, comment: String, what: &str) {
+    pub fn ensure_elem(
+        &mut self,
+        t: TableFamily,
+        set: &str,
+        key: Vec<u8>,
+        comment: String,
+        what: &str,
+    ) {
         let bare = [ElemData {
             key: key.clone(),
             flags: 0,
             comment: None,
         }];
-        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &bare);
+        let s = set_elems(
+            &mut self.buf,
+            t,
+            NFT_MSG_NEWSETELEM,
+            NLM_F_CREATE_,
+            set,
+            &bare,
+        );
         self.note(s, format!("add {what} to {set}"));
-        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
+        let s = set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare);
         self.note(s, format!("replace {what} in {set}"));
         let full = [ElemData {
             key,
             flags: 0,
             comment: Some(comment),
         }];
-        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &full);
+        let s = set_elems(
+            &mut self.buf,
+            t,
+            NFT_MSG_NEWSETELEM,
+            NLM_F_CREATE_,
+            set,
+            &full,
+        );
         self.note(s, format!("add {what} to {set}"));
     }
 
     /// Deletes an element known to exist (read under the lock in this invocation).
-    pub fn delete_elem(&mut self, set: &str, key: Vec<u8>, what: &str) {
+    pub fn delete_elem(&mut self, t: TableFamily, set: &str, key: Vec<u8>, what: &str) {
         let bare = [ElemData {
             key,
             flags: 0,
             comment: None,
         }];
-        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
+        let s = set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare);
         self.note(s, format!("remove {what} from {set}"));
     }
 
-    /// Rewrites an interval set to exactly `ranges` (sorted, merged, of one family).
-    pub fn rewrite_intervals(
-        &mut self,
-        set: &str,
-        f: crate::plan::Family,
-        ranges: &[(u128, u128)],
-    ) {
-        let s = flush_set(&mut self.buf, set);
-        self.note(s, format!("flush set {set}"));
-        let data: Vec<ElemData> = ranges
-            .iter()
-            .flat_map(|&(a, b)| elem_data(&crate::plan::Elem::Range(f, a, b), true))
-            .collect();
-        if !data.is_empty() {
-            let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &data);
-            self.note(s, format!("fill set {set}"));
-        }
-    }
-
-    pub fn delete_table(&mut self) {
-        let s = del_table(&mut self.buf);
-        self.note(s, format!("delete table inet {}", crate::plan::TABLE));
+    pub fn delete_table(&mut self, t: TableFamily) {
+        let s = del_table(&mut self.buf, t);
+        self.note(
+            s,
+            format!("delete table {} {}", t.nft(), crate::plan::TABLE),
+        );
     }
 
     /// Sends the batch and checks every ACK; retries the whole batch on "try again" errnos.
@@ -232,10 +225,15 @@ impl Tx {
 const NLM_F_CREATE_: u16 = super::netlink::NLM_F_CREATE;
 
 /// Reads one element: `Ok(None)` when it, its set or the table does not exist.
-pub fn get_element(sock: &mut NfSocket, set: &str, key: &[u8]) -> Result<Option<ElemRead>> {
+pub fn get_element(
+    sock: &mut NfSocket,
+    t: TableFamily,
+    set: &str,
+    key: &[u8],
+) -> Result<Option<ElemRead>> {
     let r = sock.request_retry(
         &|b| {
-            get_elem(b, set, key);
+            get_elem(b, t, set, key);
         },
         &format!("read element of set {set}"),
     );
@@ -284,10 +282,10 @@ pub fn ranges_of(elems: &[ElemRead]) -> Vec<(u128, u128)> {
 }
 
 /// Reads every element of a set: empty when the set or the table does not exist.
-pub fn dump_set(sock: &mut NfSocket, set: &str) -> Result<Vec<ElemRead>> {
+pub fn dump_set(sock: &mut NfSocket, t: TableFamily, set: &str) -> Result<Vec<ElemRead>> {
     match sock.request_retry(
         &|b| {
-            dump_elems(b, set);
+            dump_elems(b, t, set);
         },
         &format!("list set {set}"),
     ) {
@@ -301,11 +299,12 @@ pub fn dump_set(sock: &mut NfSocket, set: &str) -> Result<Vec<ElemRead>> {
 /// does not exist.
 pub fn rule_comments_by_chain(
     sock: &mut NfSocket,
+    t: TableFamily,
 ) -> Result<std::collections::HashMap<String, Vec<String>>> {
     let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
     let msgs = match sock.request_retry(
         &|b| {
-            dump_rules(b, None);
+            dump_rules(b, t, None);
         },
         "list rules",
     ) {
@@ -333,10 +332,10 @@ pub fn rule_comments_by_chain(
 }
 
 /// Names of natguard's chains; empty when the table does not exist.
-pub fn chain_names(sock: &mut NfSocket) -> Result<Vec<String>> {
+pub fn chain_names(sock: &mut NfSocket, t: TableFamily) -> Result<Vec<String>> {
     match sock.request_retry(
         &|b| {
-            dump_chains(b);
+            dump_chains(b, t);
         },
         "list chains",
     ) {
@@ -359,10 +358,10 @@ pub fn chain_names(sock: &mut NfSocket) -> Result<Vec<String>> {
 }
 
 /// Names of natguard's sets; empty when the table does not exist.
-pub fn set_names(sock: &mut NfSocket) -> Result<Vec<String>> {
+pub fn set_names(sock: &mut NfSocket, t: TableFamily) -> Result<Vec<String>> {
     match sock.request_retry(
         &|b| {
-            dump_sets(b);
+            dump_sets(b, t);
         },
         "list sets",
     ) {
@@ -392,10 +391,10 @@ pub fn probe(sock: &mut NfSocket) -> Result<()> {
 }
 
 /// natguard's table flags (`None`: no table). A dormant table (flag 0x1) enforces nothing.
-pub fn table_flags(sock: &mut NfSocket) -> Result<Option<u32>> {
+pub fn table_flags(sock: &mut NfSocket, t: TableFamily) -> Result<Option<u32>> {
     match sock.request_retry(
         &|b| {
-            get_table(b);
+            get_table(b, t);
         },
         "read table",
     ) {

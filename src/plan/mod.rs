@@ -61,24 +61,47 @@ impl Family {
     pub const ALL: [Family; 2] = [Family::V4, Family::V6];
 }
 
+/// The two tables natguard writes: `inet natguard` for the IP layer and `bridge natguard` for
+/// frames entering a bridge from a pod's port, where the port is still visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TableFamily {
+    Inet,
+    Bridge,
+}
+
+impl TableFamily {
+    pub fn nft(self) -> &'static str {
+        match self {
+            TableFamily::Inet => "inet",
+            TableFamily::Bridge => "bridge",
+        }
+    }
+    pub const ALL: [TableFamily; 2] = [TableFamily::Inet, TableFamily::Bridge];
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChainKind {
     /// nat, prerouting, dstnat - 10: metadata DNAT before any other DNAT.
     Dnat,
     /// nat, postrouting, srcnat - 10: identity SNAT for exceptions, then masquerade.
     Snat,
-    /// filter, forward, filter - 10: reject metadata traffic that was not DNATed.
+    /// filter, forward, filter - 10: reset metadata traffic from the network's pods, judged by
+    /// its final destination, unless it comes from an exempt pod's own interface.
     Forward,
     /// filter, input, filter - 10: the same, where the metadata address is local.
     Input,
+    /// bridge filter, prerouting, dstnat (-300), before any bridge filter: drop frames from a
+    /// bridge port that claim an exempt pod's address without being that pod's port.
+    Guard,
 }
 
 impl ChainKind {
-    pub const ALL: [ChainKind; 4] = [
+    pub const ALL: [ChainKind; 5] = [
         ChainKind::Dnat,
         ChainKind::Snat,
         ChainKind::Forward,
         ChainKind::Input,
+        ChainKind::Guard,
     ];
     pub fn suffix(self) -> &'static str {
         match self {
@@ -86,17 +109,24 @@ impl ChainKind {
             ChainKind::Snat => "snat",
             ChainKind::Forward => "fwd",
             ChainKind::Input => "in",
+            ChainKind::Guard => "guard",
+        }
+    }
+    pub fn table(self) -> TableFamily {
+        match self {
+            ChainKind::Guard => TableFamily::Bridge,
+            _ => TableFamily::Inet,
         }
     }
     pub fn chain_type(self) -> &'static str {
         match self {
             ChainKind::Dnat | ChainKind::Snat => "nat",
-            ChainKind::Forward | ChainKind::Input => "filter",
+            ChainKind::Forward | ChainKind::Input | ChainKind::Guard => "filter",
         }
     }
     pub fn hook_name(self) -> &'static str {
         match self {
-            ChainKind::Dnat => "prerouting",
+            ChainKind::Dnat | ChainKind::Guard => "prerouting",
             ChainKind::Input => "input",
             ChainKind::Forward => "forward",
             ChainKind::Snat => "postrouting",
@@ -107,11 +137,12 @@ impl ChainKind {
             ChainKind::Dnat => "dstnat - 10",
             ChainKind::Snat => "srcnat - 10",
             ChainKind::Forward | ChainKind::Input => "filter - 10",
+            ChainKind::Guard => "dstnat",
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetKind {
     /// Pod addresses whose metadata traffic is intercepted (pods not in an exempt namespace).
     Meta(Family),
@@ -123,13 +154,22 @@ pub enum SetKind {
     MetaDst(Family),
     /// The metadata ports.
     MetaPorts,
-    /// Owner keys of the pods of this network.
+    /// Owner keys of the pods of this network; the comment records the pod's addresses.
     Pods,
-    /// Pod addresses allowed to reach the metadata addresses directly (exempt namespaces).
+    /// Owner keys again; the comment records the attachment's host side (interface, bridge
+    /// port, network namespace), so DEL finds its interface elements and ADD can tell a dead
+    /// attachment from a live one.
+    Attach,
+    /// `iifname . saddr` of exempt pods: an address is exempt only on packets that enter
+    /// through that pod's own host-side interface.
     Allow(Family),
-    /// The pod networks seen at ADD (interval set): metadata traffic from these sources is
-    /// intercepted unless allowed, including from addresses natguard never saw.
-    Nets(Family),
+    /// The host-side interfaces through which the network's pods' packets enter the IP layer
+    /// (a routed veth, or the bridge); each element counts the pods behind it.
+    Ifaces,
+    /// Exempt pods' addresses on bridge networks (bridge table).
+    GuardAddr(Family),
+    /// `iifname . saddr` of those addresses: the bridge port each belongs to (bridge table).
+    GuardPort(Family),
 }
 
 impl SetKind {
@@ -141,78 +181,152 @@ impl SetKind {
             SetKind::MetaDst(f) => format!("mdst{}", f.suffix()),
             SetKind::MetaPorts => "mports".into(),
             SetKind::Pods => "pods".into(),
+            SetKind::Attach => "att".into(),
             SetKind::Allow(f) => format!("allow{}", f.suffix()),
-            SetKind::Nets(f) => format!("nets{}", f.suffix()),
+            SetKind::Ifaces => "ifs".into(),
+            SetKind::GuardAddr(f) => format!("xaddr{}", f.suffix()),
+            SetKind::GuardPort(f) => format!("xport{}", f.suffix()),
+        }
+    }
+    pub fn table(self) -> TableFamily {
+        match self {
+            SetKind::GuardAddr(_) | SetKind::GuardPort(_) => TableFamily::Bridge,
+            _ => TableFamily::Inet,
         }
     }
     pub fn type_name(self) -> &'static str {
+        let addr = |f: Family| match f {
+            Family::V4 => "ipv4_addr",
+            Family::V6 => "ipv6_addr",
+        };
         match self {
-            SetKind::Meta(Family::V4)
-            | SetKind::Masq(Family::V4)
-            | SetKind::NoMasq(Family::V4)
-            | SetKind::MetaDst(Family::V4)
-            | SetKind::Allow(Family::V4)
-            | SetKind::Nets(Family::V4) => "ipv4_addr",
+            SetKind::Meta(f)
+            | SetKind::Masq(f)
+            | SetKind::NoMasq(f)
+            | SetKind::MetaDst(f)
+            | SetKind::GuardAddr(f) => addr(f),
+            SetKind::Allow(Family::V4) | SetKind::GuardPort(Family::V4) => "ifname . ipv4_addr",
+            SetKind::Allow(Family::V6) | SetKind::GuardPort(Family::V6) => "ifname . ipv6_addr",
             SetKind::MetaPorts => "inet_service",
-            SetKind::Pods => "ifname",
-            _ => "ipv6_addr",
+            SetKind::Pods | SetKind::Attach | SetKind::Ifaces => "ifname",
         }
     }
     pub fn is_interval(self) -> bool {
-        matches!(self, SetKind::NoMasq(_) | SetKind::Nets(_))
+        matches!(self, SetKind::NoMasq(_))
     }
     /// Sets whose elements come from pods; the shared converge never flushes them.
     pub fn is_per_pod(self) -> bool {
-        matches!(
+        !matches!(
             self,
-            SetKind::Meta(_)
-                | SetKind::Masq(_)
-                | SetKind::Pods
-                | SetKind::Allow(_)
-                | SetKind::Nets(_)
+            SetKind::NoMasq(_) | SetKind::MetaDst(_) | SetKind::MetaPorts
         )
     }
     /// Per-pod sets whose elements name their owners in their comment.
     pub fn is_owned(self) -> bool {
         matches!(
             self,
-            SetKind::Meta(_) | SetKind::Masq(_) | SetKind::Allow(_)
+            SetKind::Meta(_)
+                | SetKind::Masq(_)
+                | SetKind::Allow(_)
+                | SetKind::GuardAddr(_)
+                | SetKind::GuardPort(_)
         )
     }
-    pub const ALL: [SetKind; 14] = [
+    pub const ALL: [SetKind; 18] = [
         SetKind::Pods,
+        SetKind::Attach,
+        SetKind::Ifaces,
         SetKind::Meta(Family::V4),
         SetKind::Meta(Family::V6),
         SetKind::Masq(Family::V4),
         SetKind::Masq(Family::V6),
         SetKind::Allow(Family::V4),
         SetKind::Allow(Family::V6),
-        SetKind::Nets(Family::V4),
-        SetKind::Nets(Family::V6),
         SetKind::MetaDst(Family::V4),
         SetKind::MetaDst(Family::V6),
         SetKind::MetaPorts,
         SetKind::NoMasq(Family::V4),
         SetKind::NoMasq(Family::V6),
+        SetKind::GuardAddr(Family::V4),
+        SetKind::GuardAddr(Family::V6),
+        SetKind::GuardPort(Family::V4),
+        SetKind::GuardPort(Family::V6),
     ];
 }
 
-/// Chain and set names of one network.
+/// An interface name as the kernel stores it: at most 15 bytes, NUL-padded to 16.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IfName([u8; 16]);
+
+impl IfName {
+    /// `None` for a name the kernel would not accept (empty, or longer than 15 bytes).
+    pub fn new(name: &str) -> Option<IfName> {
+        let b = name.as_bytes();
+        if b.is_empty() || b.len() > 15 || b.contains(&0) {
+            return None;
+        }
+        let mut buf = [0u8; 16];
+        buf[..b.len()].copy_from_slice(b);
+        Some(IfName(buf))
+    }
+    pub fn from_bytes(b: &[u8]) -> Option<IfName> {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        IfName::new(std::str::from_utf8(&b[..end]).ok()?)
+    }
+    pub fn bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+    pub fn as_str(&self) -> &str {
+        let end = self.0.iter().position(|&c| c == 0).unwrap_or(16);
+        std::str::from_utf8(&self.0[..end]).unwrap_or("")
+    }
+}
+
+impl std::fmt::Debug for IfName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.as_str())
+    }
+}
+
+impl std::fmt::Display for IfName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which ethertype a bridge-table rule matches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EtherProto {
+    Ip(Family),
+    Arp,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Match {
     /// `meta nfproto ipv4|ipv6`: every address match in an inet table needs it.
     NfProto(Family),
+    /// `ether type ip|ip6|arp`: every match of a bridge-table rule needs one.
+    EtherType(EtherProto),
     SaddrIn(Family, SetKind),
-    /// `ip saddr != @set`
-    SaddrNotIn(Family, SetKind),
     DaddrIn(Family, SetKind),
     /// `meta l4proto tcp tcp dport @set`
     TcpDportIn(SetKind),
+    /// `meta iifname @set`
+    IifIn(SetKind),
+    /// `meta iifname . ip saddr != @set`
+    IifSaddrNotIn(Family, SetKind),
+    /// `arp saddr ip @set` (ARP for IPv4 over Ethernet)
+    ArpSpaIn(SetKind),
+    /// `meta iifname . arp saddr ip != @set`
+    IifArpSpaNotIn(SetKind),
+    /// `icmpv6 type nd-neighbor-advert`
+    NeighborAdvert,
+    /// The target address of a neighbour advertisement in `@set`.
+    NdTargetIn(SetKind),
+    /// `meta iifname .` the advertisement's target `!= @set`
+    IifNdTargetNotIn(SetKind),
     /// `meta mark & M == M`
     MarkHas(u32),
-    /// `ct status ! dnat`: the flow was not destination-NATed.
-    NotDnatted,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -224,7 +338,10 @@ pub enum Action {
     Masquerade {
         random_fully: bool,
     },
+    /// `reject with tcp reset`; a segment that cannot be answered with a reset (one carrying
+    /// RST itself) is dropped.
     RejectTcpReset,
+    Drop,
     Return,
 }
 
@@ -273,8 +390,12 @@ pub enum Key {
     Addr(IpAddr),
     /// A port (the metadata port set).
     Port(u16),
-    /// An attachment (the `NET-pods` set).
+    /// An attachment (the `NET-pods` and `NET-att` sets).
     Owner(OwnerKey),
+    /// An interface (the `NET-ifs` set).
+    Iface(IfName),
+    /// An interface and an address (`NET-allow4/6`, `NET-xport4/6`).
+    IfAddr(IfName, IpAddr),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -303,6 +424,14 @@ pub struct SharedPlan {
     pub warnings: Vec<String>,
 }
 
+/// The network a natguard rule comment (`natguard NETWORK FINGERPRINT`) names.
+pub fn network_of_rule_comment(comment: &str) -> Option<&str> {
+    let mut parts = comment.split(' ');
+    (parts.next() == Some("natguard"))
+        .then(|| parts.next())
+        .flatten()
+}
+
 impl SharedPlan {
     pub fn rule_comment(&self) -> String {
         format!("natguard {} {}", self.names.network, self.fingerprint)
@@ -312,37 +441,33 @@ impl SharedPlan {
     }
 }
 
+/// Where an attachment's packets enter the node, looked up before planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostSide {
+    /// The interface the IP layer sees the pod's packets arrive on: the pod's routed veth, or
+    /// the bridge its veth is a port of.
+    pub iface: IfName,
+    /// The pod's bridge port, when `iface` is a bridge.
+    pub port: Option<IfName>,
+}
+
 /// What one attachment owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodPlan {
     pub owner: OwnerKey,
     /// Comment of the `NET-pods` element: addresses first (DEL parses them), then who it is.
     pub comment: String,
+    /// Comment of the `NET-att` element: the host side and the network namespace.
+    pub attach: String,
     pub addrs: Vec<IpAddr>,
-    /// (set, address) pairs that must exist, owned by this pod.
-    pub present: Vec<(SetKind, IpAddr)>,
-    /// (set, address) pairs this pod must not own (e.g. an exempt pod's address in `meta4`).
-    pub absent: Vec<(SetKind, IpAddr)>,
-    /// The pod's networks, for `NET-nets4/6`: its addresses' prefixes.
-    pub nets: Vec<Cidr>,
+    pub host: Option<HostSide>,
+    /// (set, key) pairs that must exist, owned by this pod.
+    pub present: Vec<(SetKind, Key)>,
+    /// (set, key) pairs this pod must not own (e.g. an exempt pod's address in `meta4`).
+    pub absent: Vec<(SetKind, Key)>,
 }
 
-impl PodPlan {
-    /// Uses the prefixes the primary plugin assigned (e.g. 10.244.0.5/24) as the pod's networks
-    /// instead of the bare addresses.
-    pub fn with_networks(mut self, cidrs: &[(IpAddr, u8)]) -> Self {
-        self.nets = cidrs
-            .iter()
-            .filter(|(a, _)| self.addrs.contains(a))
-            .filter_map(|(a, l)| Cidr::parse(&format!("{a}/{l}")))
-            .collect();
-        self.nets.sort();
-        self.nets.dedup();
-        self
-    }
-}
-
-/// Who a pod is, from the CNI invocation.
+/// Who a pod is, from the CNI invocation, and where it is attached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodRef<'a> {
     pub network: &'a str,
@@ -350,6 +475,9 @@ pub struct PodRef<'a> {
     pub ifname: &'a str,
     pub namespace: Option<&'a str>,
     pub pod_name: Option<&'a str>,
+    /// `CNI_NETNS`: lets a later ADD tell whether this attachment still exists.
+    pub netns: &'a str,
+    pub host: Option<HostSide>,
 }
 
 pub fn merge_ranges(mut r: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
@@ -417,24 +545,60 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 )),
             }
         }
-        // Whatever reaches the metadata address from the pod networks without having been
-        // DNATed, and is not from an exempt pod, is reset: deny mode, a family without a proxy,
-        // flows that predate the DNAT rule, and sources natguard never saw (an address a pod
-        // added itself). Fail closed.
+        // Fail closed, judged where the packet is about to be delivered, after every NAT of
+        // every component: whatever still goes to a metadata address and port (natguard's own
+        // DNAT has sent what it intercepts to the proxy) is reset when it comes from one of the
+        // network's pod interfaces, unless that exact interface and source belong to an exempt
+        // pod; and when its source is an intercepted address, wherever it comes from. No
+        // conntrack state is consulted, so untracked, invalid and pre-existing flows and
+        // segments with any TCP flags are judged the same. An address that also has an
+        // intercepted owner is in `meta`, so it is never exempt: the strictest owner wins.
         for chain in [ChainKind::Forward, ChainKind::Input] {
-            let m = vec![
-                Match::NfProto(f),
-                Match::SaddrIn(f, SetKind::Nets(f)),
-                Match::SaddrNotIn(f, SetKind::Allow(f)),
+            let to_metadata = [
                 Match::DaddrIn(f, SetKind::MetaDst(f)),
                 Match::TcpDportIn(SetKind::MetaPorts),
-                Match::NotDnatted,
             ];
+            let mut from_pods = vec![Match::NfProto(f), Match::IifIn(SetKind::Ifaces)];
+            from_pods.extend(to_metadata.iter().cloned());
+            from_pods.push(Match::IifSaddrNotIn(f, SetKind::Allow(f)));
             rules.push(Rule {
                 chain,
-                matches: m,
+                matches: from_pods,
                 action: Action::RejectTcpReset,
             });
+            let mut intercepted = vec![Match::NfProto(f), Match::SaddrIn(f, SetKind::Meta(f))];
+            intercepted.extend(to_metadata.iter().cloned());
+            rules.push(Rule {
+                chain,
+                matches: intercepted,
+                action: Action::RejectTcpReset,
+            });
+        }
+        // On a bridge the IP layer sees the bridge, not the port: there, a frame that claims an
+        // exempt pod's address (as source, in ARP, or as a neighbour advertisement's target)
+        // from any other port is dropped before it can borrow the exemption or the address.
+        let guard = |matches: Vec<Match>| Rule {
+            chain: ChainKind::Guard,
+            matches,
+            action: Action::Drop,
+        };
+        rules.push(guard(vec![
+            Match::EtherType(EtherProto::Ip(f)),
+            Match::SaddrIn(f, SetKind::GuardAddr(f)),
+            Match::IifSaddrNotIn(f, SetKind::GuardPort(f)),
+        ]));
+        match f {
+            Family::V4 => rules.push(guard(vec![
+                Match::EtherType(EtherProto::Arp),
+                Match::ArpSpaIn(SetKind::GuardAddr(f)),
+                Match::IifArpSpaNotIn(SetKind::GuardPort(f)),
+            ])),
+            Family::V6 => rules.push(guard(vec![
+                Match::EtherType(EtherProto::Ip(f)),
+                Match::NeighborAdvert,
+                Match::NdTargetIn(SetKind::GuardAddr(f)),
+                Match::IifNdTargetNotIn(SetKind::GuardPort(f)),
+            ])),
         }
     }
 
@@ -532,37 +696,39 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         .is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
     let meta_on = cfg.metadata.mode != MetadataMode::Off;
     let intercept = meta_on && !exempt;
+    let allowed = meta_on && exempt;
     let mut present = Vec::new();
     let mut absent = Vec::new();
+    let mut want = |kind: SetKind, key: Key, yes: bool| {
+        if yes {
+            present.push((kind, key));
+        } else {
+            absent.push((kind, key));
+        }
+    };
     for a in addrs {
         let f = Family::of(a);
-        for (kind, want) in [
-            (SetKind::Meta(f), intercept),
-            (SetKind::Masq(f), cfg.masquerade.enabled),
-            (SetKind::Allow(f), meta_on && exempt),
-        ] {
-            if want {
-                present.push((kind, *a));
-            } else {
-                absent.push((kind, *a));
+        want(SetKind::Meta(f), Key::Addr(*a), intercept);
+        want(SetKind::Masq(f), Key::Addr(*a), cfg.masquerade.enabled);
+        if let Some(h) = &pod.host {
+            want(SetKind::Allow(f), Key::IfAddr(h.iface, *a), allowed);
+            if let Some(port) = h.port {
+                want(SetKind::GuardAddr(f), Key::Addr(*a), allowed);
+                want(SetKind::GuardPort(f), Key::IfAddr(port, *a), allowed);
             }
         }
     }
-    let host = |a: &IpAddr| Cidr {
-        addr: *a,
-        prefix: if a.is_ipv4() { 32 } else { 128 },
-    };
     PodPlan {
         owner,
         comment: pod_comment(pod, addrs),
+        attach: attach_comment(pod.host.as_ref(), pod.netns),
         addrs: addrs.to_vec(),
+        host: pod.host,
         present,
         absent,
-        nets: addrs.iter().map(host).collect(),
     }
 }
 
-/// "10.22.0.5,fd00::5 default/web cid=0123456789ab if=eth0", cut to nft's comment limit; the
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -600,6 +766,8 @@ mod tests {
             ifname: "eth0",
             namespace: Some(&"x".repeat(63)),
             pod_name: Some(&"y".repeat(200)),
+            netns: "/run/netns/p",
+            host: None,
         };
         let addrs: Vec<IpAddr> = vec![
             "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fff1".parse().unwrap(),

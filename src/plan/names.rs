@@ -8,6 +8,11 @@
 
 use super::{ChainKind, SetKind};
 
+/// Network names up to this length are used as they are.
+pub const MAX_PLAIN_PREFIX: usize = 40;
+/// A longer name keeps this many bytes, then `~` and 16 hex digits: 40 bytes again.
+const CUT_PREFIX: usize = MAX_PLAIN_PREFIX - 17;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NetNames {
     pub network: String,
@@ -15,16 +20,19 @@ pub struct NetNames {
 }
 
 impl NetNames {
-    /// Network names are validated by the config parser (alphanumerics, `_`, `.`, `-`); long
-    /// ones are shortened with a hash so every object name stays well under nft's limits.
+    /// Network names are validated by the config parser (alphanumerics, `_`, `.`, `-`), so a
+    /// `~` never appears in one. A name longer than [`MAX_PLAIN_PREFIX`] is cut and tagged
+    /// with its 64-bit hash, so every object name stays well under nft's limits. Two long
+    /// names could still share a prefix in principle; the store refuses the second network's
+    /// ADD when the objects it would write carry another network's name.
     pub fn new(network: &str) -> Self {
-        let prefix = if network.len() <= 40 {
+        let prefix = if network.len() <= MAX_PLAIN_PREFIX {
             network.to_string()
         } else {
             format!(
-                "{}~{:08x}",
-                &network[..31],
-                fnv1a64(network.as_bytes()) as u32
+                "{}~{:016x}",
+                &network[..CUT_PREFIX],
+                fnv1a64(network.as_bytes())
             )
         };
         NetNames {

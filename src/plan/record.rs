@@ -4,9 +4,11 @@
 //! between ADD (which writes), DEL and GC (which read owners and addresses back) and `status`.
 //! - A `NET-pods` element's comment: `ADDRS WHO cid=CID if=IFNAME`, addresses first (DEL parses
 //!   them; they are never cut), cut to nft's comment limit.
+//! - A `NET-att` element's comment: the attachment's host side and network namespace.
 //! - An address element's comment: its owners' keys, newest first, comma-separated.
+//! - A `NET-ifs` element's comment: how many pods sit behind the interface.
 
-use super::{OwnerKey, PodRef};
+use super::{HostSide, IfName, OwnerKey, PodRef};
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
@@ -85,4 +87,69 @@ const MAX_RECORD_ADDRS_LEN: usize = 120;
 pub fn addrs_fit(addrs: &[IpAddr]) -> bool {
     let len: usize = addrs.iter().map(|a| a.to_string().len() + 1).sum();
     len <= MAX_RECORD_ADDRS_LEN
+}
+
+/// An attachment's host side as `NET-att` records it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AttachRecord {
+    pub iface: Option<IfName>,
+    pub port: Option<IfName>,
+    /// `None` when unknown or too long to record: such an attachment is never judged gone.
+    pub netns: Option<String>,
+}
+
+impl AttachRecord {
+    pub fn host(&self) -> Option<HostSide> {
+        self.iface.map(|iface| HostSide {
+            iface,
+            port: self.port,
+        })
+    }
+}
+
+/// "if=cni0 port=veth1a2b3c netns=/var/run/netns/cni-…"; `-` for what is not known. A
+/// network namespace path that does not fit is left out (recorded as `-`).
+pub fn attach_comment(host: Option<&HostSide>, netns: &str) -> String {
+    let name = |n: Option<IfName>| n.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+    let head = format!(
+        "if={} port={} netns=",
+        name(host.map(|h| h.iface)),
+        name(host.and_then(|h| h.port))
+    );
+    let fits = !netns.is_empty()
+        && head.len() + netns.len() <= MAX_COMMENT
+        && !netns.contains(' ')
+        && netns.starts_with('/');
+    format!("{head}{}", if fits { netns } else { "-" })
+}
+
+/// Parses [`attach_comment`]'s format.
+pub fn parse_attach(comment: &str) -> AttachRecord {
+    let mut r = AttachRecord::default();
+    for part in comment.split(' ') {
+        let Some((k, v)) = part.split_once('=') else {
+            continue;
+        };
+        match (k, v) {
+            (_, "-") => {}
+            ("if", v) => r.iface = IfName::new(v),
+            ("port", v) => r.port = IfName::new(v),
+            ("netns", v) => r.netns = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    r
+}
+
+/// The comment of a `NET-ifs` element: how many of the network's pods sit behind it.
+pub fn iface_comment(pods: u32) -> String {
+    format!("pods={pods}")
+}
+
+/// The pod count of a `NET-ifs` element (0 when unreadable: the element is then rewritten).
+pub fn iface_pods(comment: &str) -> u32 {
+    comment
+        .strip_prefix("pods=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }

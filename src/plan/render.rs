@@ -5,15 +5,24 @@ use super::*;
 use std::fmt::Write as _;
 
 fn render_match(m: &Match, names: &NetNames) -> String {
+    let set = |k: &SetKind| names.set(*k);
     match m {
         // nft prints the family dependency implicitly, as part of the address match.
         Match::NfProto(_) => String::new(),
-        Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), names.set(*s)),
-        Match::SaddrNotIn(f, s) => format!("{} saddr != @{}", f.nft(), names.set(*s)),
-        Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), names.set(*s)),
-        Match::TcpDportIn(s) => format!("tcp dport @{}", names.set(*s)),
+        Match::EtherType(EtherProto::Ip(Family::V4)) => "ether type ip".into(),
+        Match::EtherType(EtherProto::Ip(Family::V6)) => "ether type ip6".into(),
+        Match::EtherType(EtherProto::Arp) => "ether type arp".into(),
+        Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), set(s)),
+        Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), set(s)),
+        Match::TcpDportIn(s) => format!("tcp dport @{}", set(s)),
+        Match::IifIn(s) => format!("iifname @{}", set(s)),
+        Match::IifSaddrNotIn(f, s) => format!("iifname . {} saddr != @{}", f.nft(), set(s)),
+        Match::ArpSpaIn(s) => format!("arp saddr ip @{}", set(s)),
+        Match::IifArpSpaNotIn(s) => format!("iifname . arp saddr ip != @{}", set(s)),
+        Match::NeighborAdvert => "icmpv6 type nd-neighbor-advert".into(),
+        Match::NdTargetIn(s) => format!("@th,64,128 @{}", set(s)),
+        Match::IifNdTargetNotIn(s) => format!("iifname . @th,64,128 != @{}", set(s)),
         Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
-        Match::NotDnatted => "ct status ! dnat".to_string(),
     }
 }
 
@@ -30,6 +39,7 @@ fn render_action(a: &Action) -> String {
             }
         }
         Action::RejectTcpReset => "reject with tcp reset".into(),
+        Action::Drop => "drop".into(),
         Action::Return => "return".into(),
     }
 }
@@ -65,9 +75,10 @@ pub fn render_elem(e: &Elem) -> String {
     }
 }
 
-pub(crate) fn render_shared_body(p: &SharedPlan) -> String {
+/// The sets and chains of one of the network's tables, as nft text.
+fn render_table_body(p: &SharedPlan, table: TableFamily) -> String {
     let mut out = String::new();
-    for s in &p.sets {
+    for s in p.sets.iter().filter(|s| s.kind.table() == table) {
         let _ = write!(
             out,
             "\tset {} {{\n\t\ttype {}\n",
@@ -87,7 +98,7 @@ pub(crate) fn render_shared_body(p: &SharedPlan) -> String {
         }
         out.push_str("\t}\n");
     }
-    for c in ChainKind::ALL {
+    for c in ChainKind::ALL.into_iter().filter(|c| c.table() == table) {
         let _ = write!(
             out,
             "\tchain {} {{\n\t\ttype {} hook {} priority {}; policy accept;\n",
@@ -104,44 +115,76 @@ pub(crate) fn render_shared_body(p: &SharedPlan) -> String {
     out
 }
 
-/// The shared plan as nft text, in the shape `nft list table` prints.
+/// Everything the fingerprint covers: both tables' sets, chains and rules.
+pub(crate) fn render_shared_body(p: &SharedPlan) -> String {
+    TableFamily::ALL
+        .iter()
+        .map(|&t| render_table_body(p, t))
+        .collect()
+}
+
+/// The shared plan as nft text, in the shape `nft list table` prints, one block per table.
 pub fn render_shared(p: &SharedPlan) -> String {
-    let mut out = format!(
-        "table inet {TABLE} {{\n\t# network {} fingerprint {}\n",
-        p.names.network, p.fingerprint
-    );
-    for w in &p.warnings {
-        let _ = writeln!(out, "\t# warning: {w}");
+    let mut out = String::new();
+    for t in TableFamily::ALL {
+        let _ = write!(
+            out,
+            "table {} {TABLE} {{\n\t# network {} fingerprint {}\n",
+            t.nft(),
+            p.names.network,
+            p.fingerprint
+        );
+        if t == TableFamily::Inet {
+            for w in &p.warnings {
+                let _ = writeln!(out, "\t# warning: {w}");
+            }
+        }
+        out.push_str(&render_table_body(p, t));
+        out.push_str("}\n");
     }
-    out.push_str(&render_shared_body(p));
-    out.push_str("}\n");
     out
 }
 
+/// A set key as nft prints it.
+pub fn render_key(k: &Key) -> String {
+    match k {
+        Key::Addr(a) => a.to_string(),
+        Key::Port(p) => p.to_string(),
+        Key::Owner(o) => format!("\"{}\"", o.hex()),
+        Key::Iface(i) => format!("\"{i}\""),
+        Key::IfAddr(i, a) => format!("\"{i}\" . {a}"),
+    }
+}
+
 pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
-    let mut out = format!(
-        "add element inet {TABLE} {} {{ \"{}\" comment \"{}\" }}\n",
-        names.set(SetKind::Pods),
-        p.owner.hex(),
-        p.comment
-    );
-    for (k, a) in &p.present {
+    let owner = p.owner.hex();
+    let mut out = String::new();
+    for (kind, comment) in [(SetKind::Pods, &p.comment), (SetKind::Attach, &p.attach)] {
         let _ = writeln!(
             out,
-            "add element inet {TABLE} {} {{ {a} comment \"{}\" }}",
+            "add element inet {TABLE} {} {{ \"{owner}\" comment \"{comment}\" }}",
+            names.set(kind)
+        );
+    }
+    if let Some(h) = &p.host {
+        let _ = writeln!(
+            out,
+            "# counted: {} {{ \"{}\" }}",
+            names.set(SetKind::Ifaces),
+            h.iface
+        );
+    }
+    for (k, key) in &p.present {
+        let _ = writeln!(
+            out,
+            "add element {} {TABLE} {} {{ {} comment \"{owner}\" }}",
+            k.table().nft(),
             names.set(*k),
-            p.owner.hex()
+            render_key(key)
         );
     }
-    for (k, a) in &p.absent {
-        let _ = writeln!(out, "# not owned: {} {a}", names.set(*k));
-    }
-    for c in &p.nets {
-        let _ = writeln!(
-            out,
-            "add element inet {TABLE} {} {{ {c} }}",
-            names.set(SetKind::Nets(Family::of(&c.addr)))
-        );
+    for (k, key) in &p.absent {
+        let _ = writeln!(out, "# not owned: {} {}", names.set(*k), render_key(key));
     }
     out
 }

@@ -6,26 +6,36 @@
 //! [`Batch`]. It reaches the kernel only through the [`Kernel`] trait, so every rule here (owner
 //! lists, pruning, what CHECK compares, what GC removes) is unit-tested against a recording fake.
 //!
-//! The records ([`crate::plan::record`]): every per-pod address element lists its owners,
-//! newest first; an element is deleted only when its last owner leaves, so "ADD A (ip X),
-//! ADD B (ip X), DEL A" keeps B's policy in either order. Each attachment has one element in
-//! `NET-pods`, keyed by its [`OwnerKey`], recording its addresses: DEL finds everything from the
-//! key alone. Idempotency lives in the batch ([`Op::Put`] replaces, never fails with EEXIST);
-//! nothing is written where nothing changes.
+//! The records ([`crate::plan::record`]): every per-pod element lists its owners, newest
+//! first; an element is deleted only when its last owner leaves, so "ADD A (ip X), ADD B
+//! (ip X), DEL A" keeps B's policy in either order. No live owner is ever dropped to make room:
+//! an ADD that would need an eighth owner fails (code 11) after the owners whose network
+//! namespace is provably gone have been pruned. Each attachment has one element in `NET-pods`
+//! (its addresses) and one in `NET-att` (its host-side interface and network namespace), both
+//! keyed by its [`OwnerKey`]: DEL finds everything from the key alone. Interface elements
+//! count the pods behind them and go with the last one, so the table holds what is alive, not
+//! what has been.
+//!
+//! Each verb reads what it touches into a [`view::View`], changes it there, and commits the
+//! difference as one batch. Idempotency lives in the batch ([`Op::Put`] replaces, never fails
+//! with EEXIST); nothing is written where nothing changes.
+
+mod check;
+mod view;
 
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::{FlushReport, Path};
 use crate::kernel::{Batch, Kernel, Op, SetRef};
-use crate::plan::{self, Family, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan};
+use crate::plan::{
+    self, Family, HostSide, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan,
+    TableFamily,
+};
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
 use std::net::IpAddr;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 
 pub(crate) const RUN_DIR: &str = "/run/natguard";
-
-/// nf_tables' table flag for a dormant table: none of its rules apply.
-const NFT_TABLE_F_DORMANT: u32 = 0x1;
 
 /// Holds natguard's node-wide lock while alive.
 pub(crate) struct Lock(#[allow(dead_code)] File);
@@ -65,46 +75,81 @@ fn set_ref(names: &NetNames, kind: SetKind) -> SetRef {
     }
 }
 
-/// The address sets whose elements list their owners, for one family.
-fn owned_sets(f: Family) -> [SetKind; 3] {
-    [SetKind::Meta(f), SetKind::Masq(f), SetKind::Allow(f)]
+/// Every (set, key) an attachment with these addresses and this host side can own.
+fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
+    let mut out = Vec::new();
+    for a in addrs {
+        let f = Family::of(a);
+        out.push((SetKind::Meta(f), Key::Addr(*a)));
+        out.push((SetKind::Masq(f), Key::Addr(*a)));
+        if let Some(h) = host {
+            out.push((SetKind::Allow(f), Key::IfAddr(h.iface, *a)));
+            if let Some(port) = h.port {
+                out.push((SetKind::GuardAddr(f), Key::Addr(*a)));
+                out.push((SetKind::GuardPort(f), Key::IfAddr(port, *a)));
+            }
+        }
+    }
+    out
 }
 
-/// One pod as `NET-pods` records it.
+fn owners_of(comment: Option<&str>) -> Vec<OwnerKey> {
+    plan::owners_from_comment(comment.unwrap_or(""))
+}
+
+/// One pod as the store records it, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PodRecord {
-    pub owner: Option<OwnerKey>,
+    pub owner: OwnerKey,
     pub comment: String,
+    pub attach: plan::AttachRecord,
+    /// Every address is exempt: allowed on the pod's own interface, intercepted by nobody.
+    pub exempt: bool,
 }
 
 /// What `status` shows of one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NetworkState {
     pub network: String,
-    /// (chain, number of rules, the rules' comment)
+    /// (chain, name, the comment of each rule)
     pub chains: Vec<(plan::ChainKind, String, Vec<String>)>,
     pub meta_dst: Vec<IpAddr>,
     pub meta_ports: Vec<u16>,
-    /// Pod networks of each family, as ranges.
-    pub nets: Vec<(Family, Vec<(u128, u128)>)>,
+    /// Interfaces of the network's pods, with how many pods sit behind each.
+    pub ifaces: Vec<(IfName, u32)>,
     pub pods: Vec<PodRecord>,
-    pub allowed: HashSet<IpAddr>,
 }
 
 /// natguard's state in one network namespace's kernel.
 pub(crate) struct Store<K: Kernel> {
     k: K,
     locking: Locking,
+    /// Whether a recorded network namespace path still exists (a unit test stubs it).
+    netns_exists: fn(&str) -> bool,
+}
+
+fn path_exists(p: &str) -> bool {
+    std::path::Path::new(p).exists()
 }
 
 impl<K: Kernel> Store<K> {
     pub fn new(k: K, locking: Locking) -> Self {
-        Store { k, locking }
+        Store {
+            k,
+            locking,
+            netns_exists: path_exists,
+        }
     }
 
     #[cfg(test)]
     pub fn kernel(&mut self) -> &mut K {
         &mut self.k
+    }
+
+    #[cfg(test)]
+    pub fn with_netns_check(mut self, f: fn(&str) -> bool) -> Self {
+        self.netns_exists = f;
+        self
     }
 
     fn lock(&self) -> Result<Option<Lock>> {
@@ -124,6 +169,9 @@ impl<K: Kernel> Store<K> {
     pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<()> {
         let _lock = self.lock()?;
         let current = self.check_shared(shared).is_ok();
+        if !current {
+            self.refuse_foreign_objects(shared)?;
+        }
         match self.apply_pod_locked(shared, pod, !current) {
             // The table vanished between the read and the commit (a flush by someone else).
             Err(e) if current && e.errno() == Some(libc::ENOENT) => {
@@ -131,6 +179,29 @@ impl<K: Kernel> Store<K> {
             }
             r => r,
         }
+    }
+
+    /// Two networks whose names map to the same object names would overwrite each other's
+    /// policy: refuse to converge over chains whose rules carry another network's name.
+    fn refuse_foreign_objects(&mut self, shared: &SharedPlan) -> Result<()> {
+        let names = &shared.names;
+        for t in TableFamily::ALL {
+            let rules = self.k.rule_comments(t)?;
+            for c in plan::ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
+                let chain = names.chain(c);
+                for comment in rules.get(&chain).into_iter().flatten() {
+                    if let Some(other) = plan::network_of_rule_comment(comment) {
+                        if other != names.network {
+                            return Err(Error::InvalidConfig(format!(
+                                "name: networks {:?} and {:?} map to the same nftables object names ({chain}, ...); rename one of them",
+                                names.network, other
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     fn apply_pod_locked(
@@ -144,93 +215,64 @@ impl<K: Kernel> Store<K> {
         if converge {
             batch.push(Op::Converge(Box::new(shared.clone())));
         }
+        let netns_exists = self.netns_exists;
+        let mut v = view::View::new(&mut self.k);
+        let me = pod.owner;
         let pods = set_ref(names, SetKind::Pods);
-        let old = self.k.get(&pods, &Key::Owner(pod.owner))?;
-        if let Some(old) = &old {
-            let stale: Vec<IpAddr> = plan::addrs_from_comment(old.comment.as_deref().unwrap_or(""))
-                .into_iter()
-                .filter(|a| !pod.addrs.contains(a))
-                .collect();
-            self.release_addrs(&mut batch, names, pod.owner, &stale)?;
+        let att = set_ref(names, SetKind::Attach);
+        let old_rec = v.get(&pods, &Key::Owner(me))?;
+        let old_att = v
+            .get(&att, &Key::Owner(me))?
+            .map(|c| plan::parse_attach(&c));
+        // Release what an earlier ADD of this attachment owned and this one does not.
+        let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
+        let old_host = old_att.as_ref().and_then(|a| a.host());
+        let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
+        let mut release = owned_keys(&old_addrs, old_host);
+        release.extend(pod.absent.iter().copied());
+        for (kind, key) in release {
+            if !wanted.contains(&(kind, key)) {
+                leave(&mut v, &set_ref(names, kind), &key, me)?;
+            }
         }
-        self.stage_pod(&mut batch, names, pod)?;
-        if old.as_ref().and_then(|o| o.comment.as_deref()) != Some(pod.comment.as_str()) {
-            batch.push(Op::Put {
-                set: pods,
-                key: Key::Owner(pod.owner),
-                comment: pod.comment.clone(),
-            });
+        for (kind, key) in &pod.present {
+            let set = set_ref(names, *kind);
+            let mut owners = owners_of(v.get(&set, key)?.as_deref());
+            // Owners whose network namespace is gone are pruned before any is refused.
+            for o in owners.clone() {
+                if o != me && attachment_gone(&mut v, names, o, netns_exists)? {
+                    remove_attachment(&mut v, names, o, &[])?;
+                }
+            }
+            owners = owners_of(v.get(&set, key)?.as_deref());
+            owners.retain(|o| *o != me);
+            if owners.len() >= plan::MAX_OWNERS {
+                return Err(Error::TryAgain(format!(
+                    "{} in set {} already has {} live owners ({}); natguard records at most {} and drops none of them: DEL or GC the stale attachments, then retry",
+                    plan::render_key(key),
+                    set.name,
+                    owners.len(),
+                    plan::owners_comment(&owners),
+                    plan::MAX_OWNERS
+                )));
+            }
+            owners.insert(0, me);
+            v.set(&set, key, Some(plan::owners_comment(&owners)))?;
         }
+        let old_iface = old_att.as_ref().and_then(|a| a.iface);
+        let new_iface = pod.host.map(|h| h.iface);
+        if old_iface != new_iface {
+            if let Some(i) = old_iface {
+                count_iface(&mut v, names, i, -1)?;
+            }
+            if let Some(i) = new_iface {
+                count_iface(&mut v, names, i, 1)?;
+            }
+        }
+        v.set(&pods, &Key::Owner(me), Some(pod.comment.clone()))?;
+        v.set(&att, &Key::Owner(me), Some(pod.attach.clone()))?;
+        v.emit(&mut batch);
         self.k.commit(&batch)
-    }
-
-    /// Adds to `batch` what makes the kernel's address elements match `pod`: the pod becomes
-    /// the newest owner of every (set, address) it needs, and leaves those it must not own.
-    fn stage_pod(&mut self, batch: &mut Batch, names: &NetNames, pod: &PodPlan) -> Result<()> {
-        let wanted = pod.present.iter().map(|p| (p, true));
-        let unwanted = pod.absent.iter().map(|p| (p, false));
-        for ((kind, ip), want) in wanted.chain(unwanted) {
-            self.stage_owner(batch, &set_ref(names, *kind), ip, pod.owner, want)?;
-        }
-        for f in Family::ALL {
-            let mine: Vec<(u128, u128)> = pod
-                .nets
-                .iter()
-                .filter(|c| Family::of(&c.addr) == f)
-                .map(|c| c.range())
-                .collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let set = set_ref(names, SetKind::Nets(f));
-            let have = self.k.dump_ranges(&set)?;
-            let want = plan::merge_ranges(have.iter().copied().chain(mine).collect());
-            if want != have {
-                batch.push(Op::Intervals { set, ranges: want });
-            }
-        }
-        Ok(())
-    }
-
-    /// Adds to `batch` what makes `owner` the newest owner of `ip` in `set` (`want`), or no
-    /// owner of it. An element is deleted when its last owner leaves.
-    fn stage_owner(
-        &mut self,
-        batch: &mut Batch,
-        set: &SetRef,
-        ip: &IpAddr,
-        owner: OwnerKey,
-        want: bool,
-    ) -> Result<()> {
-        let key = Key::Addr(*ip);
-        let cur = self.k.get(set, &key)?;
-        let owners = cur
-            .as_ref()
-            .map(|e| plan::owners_from_comment(e.comment.as_deref().unwrap_or("")))
-            .unwrap_or_default();
-        let mut next: Vec<OwnerKey> = owners.iter().copied().filter(|o| *o != owner).collect();
-        if want {
-            next.insert(0, owner);
-        }
-        next.truncate(plan::MAX_OWNERS);
-        stage_owners(batch, set, key, cur.is_some(), &owners, &next);
-        Ok(())
-    }
-
-    /// Adds to `batch` the removal of `owner` from the address elements of `addrs`.
-    fn release_addrs(
-        &mut self,
-        batch: &mut Batch,
-        names: &NetNames,
-        owner: OwnerKey,
-        addrs: &[IpAddr],
-    ) -> Result<()> {
-        for a in addrs {
-            for kind in owned_sets(Family::of(a)) {
-                self.stage_owner(batch, &set_ref(names, kind), a, owner, false)?;
-            }
-        }
-        Ok(())
     }
 
     /// Removes everything `owner` owns in a network; returns the number of elements changed
@@ -242,206 +284,77 @@ impl<K: Kernel> Store<K> {
         addrs: &mut Vec<IpAddr>,
     ) -> Result<usize> {
         let _lock = self.lock()?;
-        let pods = set_ref(names, SetKind::Pods);
-        let mut batch = Batch::default();
-        if let Some(e) = self.k.get(&pods, &Key::Owner(owner))? {
-            for a in plan::addrs_from_comment(e.comment.as_deref().unwrap_or("")) {
-                if !addrs.contains(&a) {
-                    addrs.push(a);
-                }
+        let mut v = view::View::new(&mut self.k);
+        let recorded = remove_attachment(&mut v, names, owner, addrs)?;
+        for a in recorded {
+            if !addrs.contains(&a) {
+                addrs.push(a);
             }
-            batch.push(Op::Del {
-                set: pods,
-                key: Key::Owner(owner),
-            });
         }
-        self.release_addrs(&mut batch, names, owner, addrs)?;
+        let mut batch = Batch::default();
+        v.emit(&mut batch);
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
     }
 
-    /// Compares the kernel's shared objects of a network with the plan.
-    pub fn check_shared(&mut self, shared: &SharedPlan) -> Result<()> {
-        let names = &shared.names;
-        match self.k.table_flags()? {
-            None => {
-                return Err(Error::CheckFailed(format!(
-                    "table inet {} is missing, and with it chain {} and every set of network {}",
-                    plan::TABLE,
-                    names.chain(plan::ChainKind::Dnat),
-                    names.network
-                )))
-            }
-            Some(f) if f & NFT_TABLE_F_DORMANT != 0 => {
-                return Err(Error::CheckFailed(format!(
-                    "table inet {} is dormant: none of its rules apply",
-                    plan::TABLE
-                )))
-            }
-            Some(_) => {}
-        }
-        let sets: HashSet<String> = self.k.set_names()?.into_iter().collect();
-        for s in &shared.sets {
-            if !sets.contains(&s.name) {
-                return Err(Error::CheckFailed(format!(
-                    "set inet {} {} is missing",
-                    plan::TABLE,
-                    s.name
-                )));
-            }
-            // The shared sets' contents are policy too: an emptied metadata or CIDR set would
-            // switch interception or the masquerade exceptions off for the whole network.
-            let Some(elems) = &s.elements else { continue };
-            let set = SetRef {
-                name: s.name.clone(),
-                kind: s.kind,
-            };
-            let (want, got) = if s.kind.is_interval() {
-                let want: Vec<(u128, u128)> =
-                    plan::merge_ranges(elems.iter().filter_map(plan::Elem::range).collect());
-                (
-                    want.len(),
-                    (want == self.k.dump_ranges(&set)?).then_some(want.len()),
-                )
-            } else {
-                let mut want: Vec<Key> = elems.iter().filter_map(plan::Elem::key).collect();
-                let mut got: Vec<Key> = self.k.dump(&set)?.into_iter().map(|e| e.key).collect();
-                want.sort();
-                got.sort();
-                (want.len(), (want == got).then_some(got.len()))
-            };
-            if got.is_none() {
-                return Err(Error::CheckFailed(format!(
-                    "set {} differs from the config ({want} elements expected); the next ADD on this network rewrites it",
-                    s.name
-                )));
-            }
-        }
-        let expected = shared.rule_comment();
-        let chains: HashSet<String> = self.k.chain_names()?.into_iter().collect();
-        let mut rules = self.k.rule_comments()?;
-        for c in plan::ChainKind::ALL {
-            let chain = names.chain(c);
-            let want = shared.rules_of(c).count();
-            if !chains.contains(&chain) {
-                return Err(Error::CheckFailed(format!(
-                    "chain inet {} {chain} is missing",
-                    plan::TABLE
-                )));
-            }
-            let got = rules.remove(&chain).unwrap_or_default();
-            if got.len() != want || got.iter().any(|g| *g != expected) {
-                return Err(Error::CheckFailed(format!(
-                    "chain {chain} differs from the config: expected {want} rules commented {expected:?}, found {} ({got:?}); the next ADD on this network rewrites it",
-                    got.len()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Compares a pod's elements with its plan.
-    pub fn check_pod(&mut self, names: &NetNames, pod: &PodPlan) -> Result<()> {
-        let owner = pod.owner.hex();
-        let pods = set_ref(names, SetKind::Pods);
-        let rec = self.k.get(&pods, &Key::Owner(pod.owner))?.ok_or_else(|| {
-            Error::CheckFailed(format!(
-                "pod entry {owner} is missing from set {}",
-                pods.name
-            ))
-        })?;
-        let mut recorded = plan::addrs_from_comment(rec.comment.as_deref().unwrap_or(""));
-        let mut want = pod.addrs.clone();
-        recorded.sort();
-        want.sort();
-        if recorded != want {
-            return Err(Error::CheckFailed(format!(
-                "pod {owner} is recorded with addresses {recorded:?}, prevResult has {want:?}"
-            )));
-        }
-        for (kind, ip) in &pod.present {
-            let set = set_ref(names, *kind);
-            match self.k.get(&set, &Key::Addr(*ip))? {
-                None => {
-                    return Err(Error::CheckFailed(format!(
-                        "address {ip} is missing from set {}",
-                        set.name
-                    )))
-                }
-                Some(e) => {
-                    let c = e.comment.unwrap_or_default();
-                    if !plan::owners_from_comment(&c).contains(&pod.owner) {
-                        return Err(Error::CheckFailed(format!(
-                            "address {ip} in set {} is owned by {c:?}, not by this pod ({owner})",
-                            set.name
-                        )));
-                    }
-                }
-            }
-        }
-        for (kind, ip) in &pod.absent {
-            let set = set_ref(names, *kind);
-            if let Some(e) = self.k.get(&set, &Key::Addr(*ip))? {
-                if plan::owners_from_comment(e.comment.as_deref().unwrap_or(""))
-                    .contains(&pod.owner)
-                {
-                    return Err(Error::CheckFailed(format!(
-                        "address {ip} must not be in set {} on behalf of this pod ({owner})",
-                        set.name
-                    )));
-                }
-            }
-        }
-        for c in &pod.nets {
-            let set = set_ref(names, SetKind::Nets(Family::of(&c.addr)));
-            let have = self.k.dump_ranges(&set)?;
-            let (lo, hi) = c.range();
-            if !have.iter().any(|&(a, b)| a <= lo && hi <= b) {
-                return Err(Error::CheckFailed(format!(
-                    "pod network {c} is missing from set {}",
-                    set.name
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes every pod entry of a network whose owner is not in `valid`, and every owner not
-    /// in `valid` from the address elements. Returns the number of elements changed.
+    /// Removes every attachment of a network that is not in `valid`, every owner not in
+    /// `valid` from the per-pod elements, and recounts the interfaces from the attachments
+    /// that remain. Reads each set once, writes one batch. Returns the number of elements
+    /// changed.
     pub fn gc(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let _lock = self.lock()?;
-        let mut batch = Batch::default();
+        let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
-        for e in self.k.dump(&pods)? {
-            if !matches!(e.key, Key::Owner(o) if valid.contains(&o)) {
-                batch.push(Op::Del {
-                    set: pods.clone(),
-                    key: e.key,
-                });
-            }
+        let att = set_ref(names, SetKind::Attach);
+        let mut owners_seen: Vec<Key> = v.preload(&pods)?;
+        owners_seen.extend(v.preload(&att)?);
+        for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
+            v.preload(&set_ref(names, kind))?;
         }
-        for f in Family::ALL {
-            for kind in owned_sets(f) {
-                let set = set_ref(names, kind);
-                for e in self.k.dump(&set)? {
-                    let owners = plan::owners_from_comment(e.comment.as_deref().unwrap_or(""));
-                    let live: Vec<OwnerKey> = owners
-                        .iter()
-                        .copied()
-                        .filter(|o| valid.contains(o))
-                        .collect();
-                    if live.is_empty() {
-                        batch.push(Op::Del {
-                            set: set.clone(),
-                            key: e.key,
-                        });
-                    } else if live != owners {
-                        stage_owners(&mut batch, &set, e.key, true, &owners, &live);
-                    }
+        let ifs = set_ref(names, SetKind::Ifaces);
+        v.preload(&ifs)?;
+        for key in owners_seen {
+            if let Key::Owner(o) = key {
+                if !valid.contains(&o) {
+                    v.set(&pods, &key, None)?;
+                    v.set(&att, &key, None)?;
                 }
             }
         }
+        for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
+            let set = set_ref(names, kind);
+            for key in v.keys_in(&set) {
+                let owners = owners_of(v.get(&set, &key)?.as_deref());
+                let live: Vec<OwnerKey> = owners
+                    .iter()
+                    .copied()
+                    .filter(|o| valid.contains(o))
+                    .collect();
+                if live != owners || live.is_empty() {
+                    let next = (!live.is_empty()).then(|| plan::owners_comment(&live));
+                    v.set(&set, &key, next)?;
+                }
+            }
+        }
+        let mut counts: HashMap<IfName, u32> = HashMap::new();
+        for key in v.keys_in(&att) {
+            let rec = plan::parse_attach(&v.get(&att, &key)?.unwrap_or_default());
+            if let Some(i) = rec.iface {
+                *counts.entry(i).or_default() += 1;
+            }
+        }
+        for key in v.keys_in(&ifs) {
+            if let Key::Iface(i) = key {
+                let n = counts.remove(&i).unwrap_or(0);
+                v.set(&ifs, &key, (n > 0).then(|| plan::iface_comment(n)))?;
+            }
+        }
+        for (i, n) in counts {
+            v.set(&ifs, &Key::Iface(i), Some(plan::iface_comment(n)))?;
+        }
+        let mut batch = Batch::default();
+        v.emit(&mut batch);
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -452,19 +365,22 @@ impl<K: Kernel> Store<K> {
         self.k.probe()
     }
 
-    /// Deletes natguard's whole table (uninstall). A missing table is not an error.
+    /// Deletes natguard's tables (uninstall). A missing table is not an error.
     pub fn delete_all(&mut self) -> Result<()> {
         let _lock = self.lock()?;
-        if self.k.table_flags()?.is_none() {
-            return Ok(());
+        for t in TableFamily::ALL {
+            if self.k.table_flags(t)?.is_none() {
+                continue;
+            }
+            let batch = Batch {
+                ops: vec![Op::DeleteTable(t)],
+            };
+            match self.k.commit(&batch) {
+                Err(e) if e.errno() == Some(libc::ENOENT) => {}
+                r => r?,
+            }
         }
-        let batch = Batch {
-            ops: vec![Op::DeleteTable],
-        };
-        match self.k.commit(&batch) {
-            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
-            r => r,
-        }
+        Ok(())
     }
 
     /// Deletes the conntrack entries of `addrs`.
@@ -481,117 +397,96 @@ impl<K: Kernel> Store<K> {
     ) -> Result<FlushReport> {
         self.k.flush_undnatted(srcs, dsts, dports)
     }
-
-    /// The networks natguard's table holds; `None` when there is no table.
-    pub fn networks(&mut self) -> Result<Option<Vec<String>>> {
-        if self.k.table_flags()?.is_none() {
-            return Ok(None);
-        }
-        let mut nets: Vec<String> = self
-            .k
-            .chain_names()?
-            .iter()
-            .filter_map(|c| NetNames::network_of_chain(c).map(str::to_string))
-            .collect();
-        nets.sort();
-        Ok(Some(nets))
-    }
-
-    /// What one network holds, for `status`.
-    pub fn network_state(&mut self, network: &str) -> Result<NetworkState> {
-        let names = NetNames::new(network);
-        let mut rules: HashMap<String, Vec<String>> = self.k.rule_comments()?;
-        let chains = plan::ChainKind::ALL
-            .iter()
-            .map(|&c| {
-                let name = names.chain(c);
-                let comments = rules.remove(&name).unwrap_or_default();
-                (c, name, comments)
-            })
-            .collect();
-        let mut meta_dst = Vec::new();
-        for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::MetaDst(f)))? {
-                if let Key::Addr(a) = e.key {
-                    meta_dst.push(a);
-                }
-            }
-        }
-        let meta_ports = self
-            .k
-            .dump(&set_ref(&names, SetKind::MetaPorts))?
-            .into_iter()
-            .filter_map(|e| match e.key {
-                Key::Port(p) => Some(p),
-                _ => None,
-            })
-            .collect();
-        let mut nets = Vec::new();
-        for f in Family::ALL {
-            nets.push((f, self.k.dump_ranges(&set_ref(&names, SetKind::Nets(f)))?));
-        }
-        let pods = self
-            .k
-            .dump(&set_ref(&names, SetKind::Pods))?
-            .into_iter()
-            .map(|e| PodRecord {
-                owner: match e.key {
-                    Key::Owner(o) => Some(o),
-                    _ => None,
-                },
-                comment: e.comment.unwrap_or_default(),
-            })
-            .collect();
-        let mut allowed = HashSet::new();
-        for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::Allow(f)))? {
-                if let Key::Addr(a) = e.key {
-                    allowed.insert(a);
-                }
-            }
-        }
-        Ok(NetworkState {
-            network: network.to_string(),
-            chains,
-            meta_dst,
-            meta_ports,
-            nets,
-            pods,
-            allowed,
-        })
-    }
 }
 
-/// Adds to `batch` what turns an element with `owners` into one with `next`: nothing when they
-/// are the same, a delete when `next` is empty, otherwise a put with the new owner list.
-fn stage_owners(
-    batch: &mut Batch,
+/// Takes `owner` out of the owner list of one element; the element goes with its last owner.
+fn leave<K: Kernel>(
+    v: &mut view::View<'_, K>,
     set: &SetRef,
-    key: Key,
-    exists: bool,
-    owners: &[OwnerKey],
-    next: &[OwnerKey],
-) {
-    let unchanged = if exists {
-        next == owners
-    } else {
-        next.is_empty()
+    key: &Key,
+    owner: OwnerKey,
+) -> Result<()> {
+    let Some(comment) = v.get(set, key)? else {
+        return Ok(());
     };
-    if unchanged {
-        return;
+    let owners = owners_of(Some(&comment));
+    if !owners.contains(&owner) && !owners.is_empty() {
+        return Ok(());
     }
-    if next.is_empty() {
-        batch.push(Op::Del {
-            set: set.clone(),
-            key,
-        });
-    } else {
-        batch.push(Op::Put {
-            set: set.clone(),
-            key,
-            comment: plan::owners_comment(next),
-        });
+    let rest: Vec<OwnerKey> = owners.into_iter().filter(|o| *o != owner).collect();
+    v.set(
+        set,
+        key,
+        (!rest.is_empty()).then(|| plan::owners_comment(&rest)),
+    )
+}
+
+/// Adds `delta` to the pod count of an interface element; it goes when the count reaches 0.
+fn count_iface<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    names: &NetNames,
+    i: IfName,
+    delta: i64,
+) -> Result<()> {
+    let set = set_ref(names, SetKind::Ifaces);
+    let key = Key::Iface(i);
+    let n = v
+        .get(&set, &key)?
+        .map(|c| plan::iface_pods(&c))
+        .unwrap_or(0) as i64;
+    let next = (n + delta).max(0) as u32;
+    v.set(&set, &key, (next > 0).then(|| plan::iface_comment(next)))
+}
+
+/// Whether `owner`'s attachment is provably gone: its recorded network namespace no longer
+/// exists. An attachment without a record of its namespace is never judged gone.
+fn attachment_gone<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    names: &NetNames,
+    owner: OwnerKey,
+    netns_exists: fn(&str) -> bool,
+) -> Result<bool> {
+    let att = set_ref(names, SetKind::Attach);
+    let Some(c) = v.get(&att, &Key::Owner(owner))? else {
+        return Ok(false);
+    };
+    Ok(plan::parse_attach(&c)
+        .netns
+        .is_some_and(|p| !netns_exists(&p)))
+}
+
+/// Removes an attachment: its records, its ownership of every element its recorded
+/// addresses (and `extra`) and host side give it, and its interface count. Returns the
+/// addresses the record held.
+fn remove_attachment<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    names: &NetNames,
+    owner: OwnerKey,
+    extra: &[IpAddr],
+) -> Result<Vec<IpAddr>> {
+    let pods = set_ref(names, SetKind::Pods);
+    let att = set_ref(names, SetKind::Attach);
+    let rec = v.get(&pods, &Key::Owner(owner))?;
+    let attach = v
+        .get(&att, &Key::Owner(owner))?
+        .map(|c| plan::parse_attach(&c));
+    let recorded = plan::addrs_from_comment(rec.as_deref().unwrap_or(""));
+    let mut addrs = recorded.clone();
+    for a in extra {
+        if !addrs.contains(a) {
+            addrs.push(*a);
+        }
     }
+    let host = attach.as_ref().and_then(|a| a.host());
+    for (kind, key) in owned_keys(&addrs, host) {
+        leave(v, &set_ref(names, kind), &key, owner)?;
+    }
+    if let Some(i) = attach.as_ref().and_then(|a| a.iface) {
+        count_iface(v, names, i, -1)?;
+    }
+    v.set(&pods, &Key::Owner(owner), None)?;
+    v.set(&att, &Key::Owner(owner), None)?;
+    Ok(recorded)
 }
 
 /// The store of the calling thread's network namespace, on a real netfilter socket.

@@ -1,17 +1,19 @@
-//! The store's rules against the recording fake kernel: owner lists, pruning, what CHECK
-//! compares and what GC removes, with no root and no kernel.
+//! The store's rules against the recording fake kernel: owner lists, the strictest-wins rule,
+//! pruning, interface counts, what CHECK compares and what GC removes, with no root and no
+//! kernel.
 
+use super::check::NFT_TABLE_F_DORMANT;
 use super::*;
-use crate::cni::CniArgs;
 use crate::config::Config;
 use crate::kernel::fake::Fake;
-use crate::plan::{NodeFacts, PodRef};
+use crate::plan::{HostSide, NodeFacts, PodRef};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 const NET: &str = "net1";
+const GONE: &str = "/run/netns/gone";
 
 fn store() -> Store<Fake> {
-    Store::new(Fake::default(), Locking::Unlocked)
+    Store::new(Fake::default(), Locking::Unlocked).with_netns_check(|p| p != GONE)
 }
 
 fn facts() -> NodeFacts {
@@ -31,53 +33,83 @@ fn shared(cfg: &Config) -> SharedPlan {
     plan::plan_shared(NET, cfg, &facts())
 }
 
+fn ifn(s: &str) -> IfName {
+    IfName::new(s).unwrap()
+}
+
+/// A pod on bridge `cni0` through port `veth-<cid>`.
 fn pod(cfg: &Config, cid: &str, ns: &str, addrs: &[&str]) -> PodPlan {
+    pod_in(cfg, cid, ns, addrs, "/run/netns/live")
+}
+
+fn pod_in(cfg: &Config, cid: &str, ns: &str, addrs: &[&str], netns: &str) -> PodPlan {
     let addrs: Vec<IpAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
-    let args = CniArgs {
-        pod_namespace: Some(ns.into()),
-        pod_name: Some(cid.into()),
-    };
     let r = PodRef {
         network: NET,
         container_id: cid,
         ifname: "eth0",
-        namespace: args.pod_namespace.as_deref(),
-        pod_name: args.pod_name.as_deref(),
+        namespace: Some(ns),
+        pod_name: Some(cid),
+        netns,
+        host: Some(HostSide {
+            iface: ifn("cni0"),
+            port: Some(ifn(&format!("veth-{cid}"))),
+        }),
     };
-    let cidrs: Vec<(IpAddr, u8)> = addrs
-        .iter()
-        .map(|a| (*a, if a.is_ipv4() { 24 } else { 64 }))
-        .collect();
-    plan::plan_pod(cfg, &r, &addrs).with_networks(&cidrs)
+    plan::plan_pod(cfg, &r, &addrs)
 }
 
 fn names() -> NetNames {
     NetNames::new(NET)
 }
 
-/// The owners the fake kernel records for `ip` in `kind`.
-fn owners(s: &mut Store<Fake>, kind: SetKind, ip: &str) -> Vec<OwnerKey> {
-    let set = names().set(kind);
-    let key = Key::Addr(ip.parse().unwrap());
+fn addr(s: &str) -> Key {
+    Key::Addr(s.parse().unwrap())
+}
+
+/// The owners the fake kernel records for `key` in `kind`.
+fn owners(s: &mut Store<Fake>, kind: SetKind, key: Key) -> Vec<OwnerKey> {
     s.kernel()
-        .elems(&set)
+        .elems(&names().set(kind))
         .into_iter()
         .find(|(k, _)| *k == key)
         .map(|(_, c)| plan::owners_from_comment(&c.unwrap_or_default()))
         .unwrap_or_default()
 }
 
-fn pods_recorded(s: &mut Store<Fake>) -> Vec<Key> {
+fn keys(s: &mut Store<Fake>, kind: SetKind) -> Vec<Key> {
     s.kernel()
-        .elems(&names().set(SetKind::Pods))
+        .elems(&names().set(kind))
         .into_iter()
         .map(|(k, _)| k)
         .collect()
 }
 
+/// The pod count of `cni0` in `NET-ifs` (0: no element).
+fn cni0_pods(s: &mut Store<Fake>) -> u32 {
+    s.kernel()
+        .elems(&names().set(SetKind::Ifaces))
+        .into_iter()
+        .find(|(k, _)| *k == Key::Iface(ifn("cni0")))
+        .map(|(_, c)| plan::iface_pods(&c.unwrap_or_default()))
+        .unwrap_or(0)
+}
+
+/// Every per-pod set is empty: the table holds only the network's shared objects.
+fn assert_no_pod_state(s: &mut Store<Fake>) {
+    for kind in SetKind::ALL.into_iter().filter(|k| k.is_per_pod()) {
+        assert!(
+            keys(s, kind).is_empty(),
+            "{kind:?} still holds {:?}",
+            keys(s, kind)
+        );
+    }
+}
+
 const META4: SetKind = SetKind::Meta(Family::V4);
 const ALLOW4: SetKind = SetKind::Allow(Family::V4);
 const MASQ4: SetKind = SetKind::Masq(Family::V4);
+const XADDR4: SetKind = SetKind::GuardAddr(Family::V4);
 
 #[test]
 fn add_a_add_b_del_a_keeps_b_in_either_order() {
@@ -89,19 +121,23 @@ fn add_a_add_b_del_a_keeps_b_in_either_order() {
         let b = pod(&cfg, "b", "default", &["10.1.0.5", "fd00:1::5"]);
         s.apply_pod(&sh, &a).unwrap();
         s.apply_pod(&sh, &b).unwrap();
-        assert_eq!(owners(&mut s, META4, "10.1.0.5"), vec![b.owner, a.owner]);
+        assert_eq!(
+            owners(&mut s, META4, addr("10.1.0.5")),
+            vec![b.owner, a.owner]
+        );
+        assert_eq!(cni0_pods(&mut s), 2);
         let (gone, kept) = if del_first { (&a, &b) } else { (&b, &a) };
         let mut addrs = Vec::new();
         s.remove_pod(&names(), gone.owner, &mut addrs).unwrap();
-        assert_eq!(owners(&mut s, META4, "10.1.0.5"), vec![kept.owner]);
-        assert_eq!(owners(&mut s, MASQ4, "10.1.0.5"), vec![kept.owner]);
-        assert_eq!(pods_recorded(&mut s), vec![Key::Owner(kept.owner)]);
+        assert_eq!(owners(&mut s, META4, addr("10.1.0.5")), vec![kept.owner]);
+        assert_eq!(owners(&mut s, MASQ4, addr("10.1.0.5")), vec![kept.owner]);
+        assert_eq!(keys(&mut s, SetKind::Pods), vec![Key::Owner(kept.owner)]);
+        assert_eq!(cni0_pods(&mut s), 1);
         s.check_pod(&names(), kept).unwrap();
         // The addresses DEL flushes come from the record, not from a prevResult.
         assert_eq!(addrs.len(), 2);
         s.remove_pod(&names(), kept.owner, &mut Vec::new()).unwrap();
-        assert!(owners(&mut s, META4, "10.1.0.5").is_empty());
-        assert!(pods_recorded(&mut s).is_empty());
+        assert_no_pod_state(&mut s);
     }
 }
 
@@ -120,6 +156,7 @@ fn a_second_add_writes_nothing_and_shared_objects_are_written_once() {
         commits,
         "a repeated ADD committed something"
     );
+    assert_eq!(cni0_pods(&mut s), 1, "a repeated ADD counted the pod twice");
     let b = pod(&cfg, "b", "default", &["10.1.0.6"]);
     s.apply_pod(&sh, &b).unwrap();
     let last = s.kernel().commits.last().unwrap();
@@ -139,25 +176,94 @@ fn readd_with_other_addresses_releases_the_old_ones() {
         .unwrap();
     let again = pod(&cfg, "a", "default", &["10.1.0.9"]);
     s.apply_pod(&sh, &again).unwrap();
-    assert!(owners(&mut s, META4, "10.1.0.5").is_empty());
-    assert_eq!(owners(&mut s, META4, "10.1.0.9"), vec![again.owner]);
+    assert!(owners(&mut s, META4, addr("10.1.0.5")).is_empty());
+    assert_eq!(owners(&mut s, META4, addr("10.1.0.9")), vec![again.owner]);
     s.check_pod(&names(), &again).unwrap();
 }
 
 #[test]
-fn exempt_pods_are_allowed_and_not_intercepted() {
+fn exemption_is_bound_to_the_pods_interface_and_port() {
     let cfg = exempt_cfg();
     let sh = shared(&cfg);
     let mut s = store();
     let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.7"]);
     s.apply_pod(&sh, &creds).unwrap();
-    assert_eq!(owners(&mut s, ALLOW4, "10.1.0.7"), vec![creds.owner]);
-    assert!(owners(&mut s, META4, "10.1.0.7").is_empty());
-    assert_eq!(owners(&mut s, MASQ4, "10.1.0.7"), vec![creds.owner]);
+    let ip: IpAddr = "10.1.0.7".parse().unwrap();
+    assert_eq!(keys(&mut s, ALLOW4), vec![Key::IfAddr(ifn("cni0"), ip)]);
+    assert_eq!(
+        keys(&mut s, SetKind::GuardPort(Family::V4)),
+        vec![Key::IfAddr(ifn("veth-creds"), ip)]
+    );
+    assert_eq!(owners(&mut s, XADDR4, addr("10.1.0.7")), vec![creds.owner]);
+    assert!(owners(&mut s, META4, addr("10.1.0.7")).is_empty());
+    assert_eq!(owners(&mut s, MASQ4, addr("10.1.0.7")), vec![creds.owner]);
+    s.remove_pod(&names(), creds.owner, &mut Vec::new())
+        .unwrap();
+    assert_no_pod_state(&mut s);
 }
 
 #[test]
-fn gc_removes_exactly_the_stale_owners() {
+fn strictest_owner_wins_an_address() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.7"]);
+    let web = pod(&cfg, "web", "default", &["10.1.0.7"]);
+    s.apply_pod(&sh, &creds).unwrap();
+    s.apply_pod(&sh, &web).unwrap();
+    // The address is intercepted for as long as one owner is not exempt: the datapath resets
+    // metadata traffic from an intercepted source whatever the allow set says.
+    assert_eq!(owners(&mut s, META4, addr("10.1.0.7")), vec![web.owner]);
+    s.remove_pod(&names(), web.owner, &mut Vec::new()).unwrap();
+    assert!(owners(&mut s, META4, addr("10.1.0.7")).is_empty());
+    s.check_pod(&names(), &creds).unwrap();
+}
+
+#[test]
+fn add_prunes_owners_whose_netns_is_gone() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let dead = pod_in(&cfg, "dead", "kube-system", &["10.1.0.7"], GONE);
+    s.apply_pod(&sh, &dead).unwrap();
+    let web = pod(&cfg, "web", "default", &["10.1.0.7"]);
+    s.apply_pod(&sh, &web).unwrap();
+    assert_eq!(keys(&mut s, SetKind::Pods), vec![Key::Owner(web.owner)]);
+    assert!(
+        keys(&mut s, ALLOW4).is_empty(),
+        "the dead pod's exemption survived"
+    );
+    assert!(keys(&mut s, XADDR4).is_empty());
+    assert_eq!(cni0_pods(&mut s), 1);
+    s.check_pod(&names(), &web).unwrap();
+}
+
+#[test]
+fn a_full_owner_list_refuses_the_add_and_drops_no_live_owner() {
+    let cfg = Config::default();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let pods: Vec<PodPlan> = (0..=plan::MAX_OWNERS)
+        .map(|i| pod(&cfg, &format!("p{i}"), "default", &["10.1.0.5"]))
+        .collect();
+    for p in &pods[..plan::MAX_OWNERS] {
+        s.apply_pod(&sh, p).unwrap();
+    }
+    let before = s.kernel().sets.clone();
+    let e = s.apply_pod(&sh, &pods[plan::MAX_OWNERS]).unwrap_err();
+    assert_eq!(e.code(), crate::error::code::TRY_AGAIN, "{e}");
+    assert!(e.to_string().contains("10.1.0.5"), "{e}");
+    assert_eq!(s.kernel().sets, before, "a refused ADD changed the kernel");
+    // Deleting the newest leaves the oldest with everything it owns.
+    for p in pods[1..plan::MAX_OWNERS].iter().rev() {
+        s.remove_pod(&names(), p.owner, &mut Vec::new()).unwrap();
+    }
+    s.check_pod(&names(), &pods[0]).unwrap();
+    assert_eq!(owners(&mut s, META4, addr("10.1.0.5")), vec![pods[0].owner]);
+}
+
+#[test]
+fn gc_removes_exactly_the_stale_owners_and_recounts_interfaces() {
     let cfg = Config::default();
     let sh = shared(&cfg);
     let mut s = store();
@@ -165,16 +271,65 @@ fn gc_removes_exactly_the_stale_owners() {
     let stale = pod(&cfg, "stale", "default", &["10.1.0.5", "10.1.0.6"]);
     s.apply_pod(&sh, &live).unwrap();
     s.apply_pod(&sh, &stale).unwrap();
+    assert_eq!(cni0_pods(&mut s), 2);
     let valid: HashSet<OwnerKey> = [live.owner].into_iter().collect();
     let changed = s.gc(&names(), &valid).unwrap();
     assert!(changed > 0);
-    assert_eq!(owners(&mut s, META4, "10.1.0.5"), vec![live.owner]);
-    assert!(owners(&mut s, META4, "10.1.0.6").is_empty());
-    assert_eq!(pods_recorded(&mut s), vec![Key::Owner(live.owner)]);
-    // A second GC has nothing left to do.
+    assert_eq!(owners(&mut s, META4, addr("10.1.0.5")), vec![live.owner]);
+    assert!(owners(&mut s, META4, addr("10.1.0.6")).is_empty());
+    assert_eq!(keys(&mut s, SetKind::Pods), vec![Key::Owner(live.owner)]);
+    assert_eq!(cni0_pods(&mut s), 1);
+    // A second GC has nothing left to do; a GC with no valid attachment empties everything.
     let commits = s.kernel().commits.len();
     assert_eq!(s.gc(&names(), &valid).unwrap(), 0);
     assert_eq!(s.kernel().commits.len(), commits);
+    s.gc(&names(), &HashSet::new()).unwrap();
+    assert_no_pod_state(&mut s);
+}
+
+#[test]
+fn churn_leaves_only_the_shared_objects() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    for i in 0..300u32 {
+        let ns = if i % 4 == 0 { "kube-system" } else { "default" };
+        let a = format!("10.{}.{}.{}", 1 + i / 65536, (i / 256) % 256, i % 256);
+        let p = pod(&cfg, &format!("c{i}"), ns, &[&a, &format!("fd00:{i:x}::1")]);
+        s.apply_pod(&sh, &p).unwrap();
+        if i % 3 != 0 {
+            s.remove_pod(&names(), p.owner, &mut Vec::new()).unwrap();
+        }
+    }
+    s.gc(&names(), &HashSet::new()).unwrap();
+    assert_no_pod_state(&mut s);
+    s.check_shared(&sh).unwrap();
+}
+
+#[test]
+fn another_networks_objects_are_never_overwritten() {
+    let cfg = Config::default();
+    let sh = shared(&cfg);
+    let mut s = store();
+    s.apply_pod(&sh, &pod(&cfg, "a", "default", &["10.1.0.5"]))
+        .unwrap();
+    // Objects with this network's names whose rules say they belong to another network: what a
+    // name collision would look like.
+    for (_, comments) in s.kernel().chains.values_mut() {
+        for c in comments.iter_mut() {
+            *c = "natguard other-network 0123456789abcdef".into();
+        }
+    }
+    let before = s.kernel().chains.clone();
+    let e = s
+        .apply_pod(&sh, &pod(&cfg, "b", "default", &["10.1.0.6"]))
+        .unwrap_err();
+    assert_eq!(e.code(), crate::error::code::INVALID_CONFIG);
+    assert!(
+        e.to_string().contains(NET) && e.to_string().contains("other-network"),
+        "{e}"
+    );
+    assert_eq!(s.kernel().chains, before);
 }
 
 #[test]
@@ -188,10 +343,12 @@ fn check_names_what_differs() {
         .unwrap();
     s.check_shared(&sh).unwrap();
 
-    s.kernel().table = Some(NFT_TABLE_F_DORMANT);
+    s.kernel()
+        .tables
+        .insert(TableFamily::Inet, NFT_TABLE_F_DORMANT);
     let e = s.check_shared(&sh).unwrap_err();
     assert!(e.to_string().contains("dormant"), "{e}");
-    s.kernel().table = Some(0);
+    s.kernel().tables.insert(TableFamily::Inet, 0);
 
     let mdst = names().set(SetKind::MetaDst(Family::V4));
     s.kernel().sets.get_mut(&mdst).unwrap().elems.clear();
@@ -202,6 +359,10 @@ fn check_names_what_differs() {
     s.apply_pod(&sh, &pod(&cfg, "b", "default", &["10.1.0.6"]))
         .unwrap();
     s.check_shared(&sh).unwrap();
+
+    s.kernel().tables.remove(&TableFamily::Bridge);
+    let e = s.check_shared(&sh).unwrap_err();
+    assert!(e.to_string().contains("bridge"), "{e}");
 }
 
 #[test]
@@ -221,13 +382,13 @@ fn a_failed_commit_changes_nothing() {
 }
 
 #[test]
-fn delete_all_removes_the_table_once() {
+fn delete_all_removes_both_tables_once() {
     let cfg = Config::default();
     let mut s = store();
     s.apply_pod(&shared(&cfg), &pod(&cfg, "a", "default", &["10.1.0.5"]))
         .unwrap();
     s.delete_all().unwrap();
-    assert_eq!(s.kernel().table, None);
+    assert!(s.kernel().tables.is_empty());
     assert!(s.kernel().sets.is_empty());
     s.delete_all().unwrap();
 }

@@ -351,10 +351,9 @@ fn adopt_entry<K: Kernel>(
         Ok(a) => a,
         Err(e) => return fail(format!("cached CNI_ARGS: {e}")),
     };
-    if let Some(ns) = sandbox_of(&entry.result, &entry.ifname) {
-        if !Path::new(&ns).exists() {
-            return Outcome::SkippedNetnsGone { netns: ns };
-        }
+    let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
+    if !netns.is_empty() && !Path::new(&netns).exists() {
+        return Outcome::SkippedNetnsGone { netns };
     }
     let exempt = args
         .pod_namespace
@@ -364,6 +363,7 @@ fn adopt_entry<K: Kernel>(
         network: &entry.network,
         container_id: &entry.container_id,
         ifname: &entry.ifname,
+        netns: &netns,
         args: &args,
     };
     // Exactly the checks and plan of a live ADD.

@@ -77,27 +77,23 @@ pub(crate) fn report() -> Result<String> {
         }
         let ports = st.meta_ports.iter().map(|p| p.to_string()).collect();
         let _ = writeln!(out, "  metadata ports: {}", list(ports));
-        for (f, nets) in &st.nets {
-            if !nets.is_empty() {
-                let shown: Vec<String> = nets
-                    .iter()
-                    .map(|&(a, b)| plan::render_elem(&plan::Elem::Range(*f, a, b)))
-                    .collect();
-                let _ = writeln!(
-                    out,
-                    "  pod networks (IPv{}, metadata fails closed here): {}",
-                    f.suffix(),
-                    shown.join(", ")
-                );
-            }
-        }
+        let ifaces: Vec<String> = st
+            .ifaces
+            .iter()
+            .map(|(i, n)| format!("{i} ({n} pod(s))"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  pod interfaces (metadata fails closed from these): {}",
+            list(ifaces)
+        );
         let _ = writeln!(out, "  pods: {}", st.pods.len());
         for p in &st.pods {
             let c = p.comment.as_str();
             let addrs = plan::addrs_from_comment(c);
             let shown: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-            let exempt = !addrs.is_empty() && addrs.iter().all(|a| st.allowed.contains(a));
-            let key = p.owner.map(|o| o.hex()).unwrap_or_default();
+            let exempt = p.exempt;
+            let key = p.owner.hex();
             let _ = writeln!(
                 out,
                 "    {} {} [{}]{} key={key}",

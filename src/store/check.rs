@@ -1,0 +1,291 @@
+//! What CHECK compares and what `status` reads: the store's read-only side.
+
+use super::{owners_of, set_ref, NetworkState, PodRecord, Store};
+use crate::error::{Error, Result};
+use crate::kernel::{Kernel, SetRef};
+use crate::plan::{
+    self, ChainKind, Family, Key, NetNames, PodPlan, SetKind, SharedPlan, TableFamily,
+};
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+/// nf_tables' table flag for a dormant table: none of its rules apply.
+pub(super) const NFT_TABLE_F_DORMANT: u32 = 0x1;
+
+impl<K: Kernel> Store<K> {
+    /// Compares the kernel's shared objects of a network (both tables) with the plan.
+    pub fn check_shared(&mut self, shared: &SharedPlan) -> Result<()> {
+        let names = &shared.names;
+        for t in TableFamily::ALL {
+            match self.k.table_flags(t)? {
+                None => return Err(Error::CheckFailed(format!(
+                    "table {} {} is missing, and with it the chains and sets of network {} there",
+                    t.nft(),
+                    plan::TABLE,
+                    names.network
+                ))),
+                Some(f) if f & NFT_TABLE_F_DORMANT != 0 => {
+                    return Err(Error::CheckFailed(format!(
+                        "table {} {} is dormant: none of its rules apply",
+                        t.nft(),
+                        plan::TABLE
+                    )))
+                }
+                Some(_) => {}
+            }
+            let sets: HashSet<String> = self.k.set_names(t)?.into_iter().collect();
+            for s in shared.sets.iter().filter(|s| s.kind.table() == t) {
+                if !sets.contains(&s.name) {
+                    return Err(Error::CheckFailed(format!(
+                        "set {} {} {} is missing",
+                        t.nft(),
+                        plan::TABLE,
+                        s.name
+                    )));
+                }
+                // The shared sets' contents are policy too: an emptied metadata or CIDR set
+                // would switch interception or the masquerade exceptions off for the network.
+                let Some(elems) = &s.elements else { continue };
+                let set = SetRef {
+                    name: s.name.clone(),
+                    kind: s.kind,
+                };
+                let (want, same) = if s.kind.is_interval() {
+                    let want =
+                        plan::merge_ranges(elems.iter().filter_map(plan::Elem::range).collect());
+                    (want.len(), want == self.k.dump_ranges(&set)?)
+                } else {
+                    let mut want: Vec<Key> = elems.iter().filter_map(plan::Elem::key).collect();
+                    let mut got: Vec<Key> = self.k.dump(&set)?.into_iter().map(|e| e.key).collect();
+                    want.sort();
+                    got.sort();
+                    (want.len(), want == got)
+                };
+                if !same {
+                    return Err(Error::CheckFailed(format!(
+                        "set {} differs from the config ({want} elements expected); the next ADD on this network rewrites it",
+                        s.name
+                    )));
+                }
+            }
+            let expected = shared.rule_comment();
+            let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
+            let mut rules = self.k.rule_comments(t)?;
+            for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
+                let chain = names.chain(c);
+                let want = shared.rules_of(c).count();
+                if !chains.contains(&chain) {
+                    return Err(Error::CheckFailed(format!(
+                        "chain {} {} {chain} is missing",
+                        t.nft(),
+                        plan::TABLE
+                    )));
+                }
+                let got = rules.remove(&chain).unwrap_or_default();
+                if got.len() != want || got.iter().any(|g| *g != expected) {
+                    return Err(Error::CheckFailed(format!(
+                        "chain {chain} differs from the config: expected {want} rules commented {expected:?}, found {} ({got:?}); the next ADD on this network rewrites it",
+                        got.len()
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Compares a pod's elements with its plan.
+    pub fn check_pod(&mut self, names: &NetNames, pod: &PodPlan) -> Result<()> {
+        let owner = pod.owner.hex();
+        let pods = set_ref(names, SetKind::Pods);
+        let rec = self.k.get(&pods, &Key::Owner(pod.owner))?.ok_or_else(|| {
+            Error::CheckFailed(format!(
+                "pod entry {owner} is missing from set {}",
+                pods.name
+            ))
+        })?;
+        let mut recorded = plan::addrs_from_comment(rec.comment.as_deref().unwrap_or(""));
+        let mut want = pod.addrs.clone();
+        recorded.sort();
+        want.sort();
+        if recorded != want {
+            return Err(Error::CheckFailed(format!(
+                "pod {owner} is recorded with addresses {recorded:?}, prevResult has {want:?}"
+            )));
+        }
+        let att = set_ref(names, SetKind::Attach);
+        let host = self
+            .k
+            .get(&att, &Key::Owner(pod.owner))?
+            .map(|e| plan::parse_attach(e.comment.as_deref().unwrap_or("")).host());
+        match host {
+            None => {
+                return Err(Error::CheckFailed(format!(
+                    "pod entry {owner} is missing from set {}",
+                    att.name
+                )))
+            }
+            Some(h) if h != pod.host => {
+                return Err(Error::CheckFailed(format!(
+                    "pod {owner} is recorded on host interface {:?}, it is attached through {:?}",
+                    h.map(|h| h.iface.to_string()),
+                    pod.host.map(|h| h.iface.to_string())
+                )))
+            }
+            Some(_) => {}
+        }
+        for (kind, key) in &pod.present {
+            let set = set_ref(names, *kind);
+            let shown = plan::render_key(key);
+            match self.k.get(&set, key)? {
+                None => {
+                    return Err(Error::CheckFailed(format!(
+                        "{shown} is missing from set {}",
+                        set.name
+                    )))
+                }
+                Some(e) if !owners_of(e.comment.as_deref()).contains(&pod.owner) => {
+                    return Err(Error::CheckFailed(format!(
+                        "{shown} in set {} is owned by {:?}, not by this pod ({owner})",
+                        set.name,
+                        e.comment.unwrap_or_default()
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        for (kind, key) in &pod.absent {
+            let set = set_ref(names, *kind);
+            if let Some(e) = self.k.get(&set, key)? {
+                if owners_of(e.comment.as_deref()).contains(&pod.owner) {
+                    return Err(Error::CheckFailed(format!(
+                        "{} must not be in set {} on behalf of this pod ({owner})",
+                        plan::render_key(key),
+                        set.name
+                    )));
+                }
+            }
+        }
+        if let Some(h) = pod.host {
+            let ifs = set_ref(names, SetKind::Ifaces);
+            if self.k.get(&ifs, &Key::Iface(h.iface))?.is_none() {
+                return Err(Error::CheckFailed(format!(
+                    "interface {} is missing from set {}",
+                    h.iface, ifs.name
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The networks natguard's table holds, by the names in their rules' comments (a network
+    /// whose chains have no rule is listed by its object prefix); `None` when there is no table.
+    pub fn networks(&mut self) -> Result<Option<Vec<String>>> {
+        if self.k.table_flags(TableFamily::Inet)?.is_none() {
+            return Ok(None);
+        }
+        let rules = self.k.rule_comments(TableFamily::Inet)?;
+        let mut nets: Vec<String> = Vec::new();
+        for chain in self.k.chain_names(TableFamily::Inet)? {
+            let Some(prefix) = NetNames::network_of_chain(&chain) else {
+                continue;
+            };
+            let named = ChainKind::ALL
+                .iter()
+                .filter(|c| c.table() == TableFamily::Inet)
+                .flat_map(|c| rules.get(&format!("{prefix}-{}", c.suffix())))
+                .flatten()
+                .find_map(|c| plan::network_of_rule_comment(c));
+            nets.push(named.unwrap_or(prefix).to_string());
+        }
+        nets.sort();
+        nets.dedup();
+        Ok(Some(nets))
+    }
+
+    /// What one network holds, for `status`.
+    pub fn network_state(&mut self, network: &str) -> Result<NetworkState> {
+        let names = NetNames::new(network);
+        let mut chains = Vec::new();
+        for t in TableFamily::ALL {
+            let mut rules = self.k.rule_comments(t)?;
+            for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
+                let name = names.chain(c);
+                let comments = rules.remove(&name).unwrap_or_default();
+                chains.push((c, name, comments));
+            }
+        }
+        let mut meta_dst = Vec::new();
+        for f in Family::ALL {
+            for e in self.k.dump(&set_ref(&names, SetKind::MetaDst(f)))? {
+                if let Key::Addr(a) = e.key {
+                    meta_dst.push(a);
+                }
+            }
+        }
+        let meta_ports = self
+            .k
+            .dump(&set_ref(&names, SetKind::MetaPorts))?
+            .into_iter()
+            .filter_map(|e| match e.key {
+                Key::Port(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        let ifaces = self
+            .k
+            .dump(&set_ref(&names, SetKind::Ifaces))?
+            .into_iter()
+            .filter_map(|e| match e.key {
+                Key::Iface(i) => Some((i, plan::iface_pods(e.comment.as_deref().unwrap_or("")))),
+                _ => None,
+            })
+            .collect();
+        let mut allowed: HashSet<(plan::IfName, IpAddr)> = HashSet::new();
+        let mut intercepted: HashSet<IpAddr> = HashSet::new();
+        for f in Family::ALL {
+            for e in self.k.dump(&set_ref(&names, SetKind::Allow(f)))? {
+                if let Key::IfAddr(i, a) = e.key {
+                    allowed.insert((i, a));
+                }
+            }
+            for e in self.k.dump(&set_ref(&names, SetKind::Meta(f)))? {
+                if let Key::Addr(a) = e.key {
+                    intercepted.insert(a);
+                }
+            }
+        }
+        let atts: std::collections::HashMap<Key, String> = self
+            .k
+            .dump(&set_ref(&names, SetKind::Attach))?
+            .into_iter()
+            .map(|e| (e.key, e.comment.unwrap_or_default()))
+            .collect();
+        let mut pods = Vec::new();
+        for e in self.k.dump(&set_ref(&names, SetKind::Pods))? {
+            let Key::Owner(owner) = e.key else { continue };
+            let comment = e.comment.unwrap_or_default();
+            let attach = plan::parse_attach(atts.get(&e.key).map(String::as_str).unwrap_or(""));
+            let addrs = plan::addrs_from_comment(&comment);
+            let exempt = !addrs.is_empty()
+                && attach.iface.is_some_and(|i| {
+                    addrs
+                        .iter()
+                        .all(|a| allowed.contains(&(i, *a)) && !intercepted.contains(a))
+                });
+            pods.push(PodRecord {
+                owner,
+                comment,
+                attach,
+                exempt,
+            });
+        }
+        Ok(NetworkState {
+            network: network.to_string(),
+            chains,
+            meta_dst,
+            meta_ports,
+            ifaces,
+            pods,
+        })
+    }
+}
