@@ -274,6 +274,8 @@ struct SynPod {
     name: String,
     v4: IpAddr,
     v6: IpAddr,
+    /// Its network namespace no longer exists (the pod vanished without a DEL).
+    vanished: bool,
 }
 
 impl SynPod {
@@ -297,7 +299,13 @@ impl SynPod {
                 (i & 0xff) as u8,
             )),
             v6: IpAddr::V6(Ipv6Addr::new(0xfd00, 1, gen as u16, 0, 0, 0, 0, i as u16)),
+            vanished: false,
         }
+    }
+
+    fn vanished(mut self) -> SynPod {
+        self.vanished = true;
+        self
     }
 
     fn with_addrs(mut self, v4: &str, v6: &str) -> SynPod {
@@ -422,6 +430,9 @@ fn env_of(verb: &str, pod: Option<&SynPod>, netns: &str) -> Vec<(String, String)
 /// from a dead one. So a synthetic pod's path is a file that exists for as long as the pod is
 /// meant to be alive.
 fn pod_netns(p: &SynPod) -> String {
+    if p.vanished {
+        return format!("/run/netns/ng-gone-{}", p.cid);
+    }
     let dir = std::env::temp_dir().join("ng-hardening-netns");
     let _ = fs::create_dir_all(&dir);
     let path = dir.join(&p.cid);
@@ -1209,8 +1220,9 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
     let full = must_state(&ns);
     assert_pods_exactly(&full, &pods, "before the fault");
     // A pod whose netns is gone is skipped by reconcile; the others' sandbox exists.
-    let gone = SynPod::new("f", 99, 0);
-    let mut cached: Vec<(SynPod, String)> = pods.iter().map(|p| (p.clone(), ns.path())).collect();
+    let gone = SynPod::new("f", 99, 0).vanished();
+    let mut cached: Vec<(SynPod, String)> =
+        pods.iter().map(|p| (p.clone(), pod_netns(p))).collect();
     cached.push((gone.clone(), pod_netns(&gone)));
     let (cache, netconf) = write_cache(h.dir(), &cfg, &cached);
 
@@ -1372,7 +1384,7 @@ fn del_and_add_edge_cases_end_cleanly() {
     gc(&ns, &cfg, &[]).succeeded();
 
     // ADD with a CNI_NETNS that does not exist (the pod netns vanished mid-ADD).
-    let p = SynPod::new("e", 1, 0);
+    let p = SynPod::new("e", 1, 0).vanished();
     assert!(!Path::new(&pod_netns(&p)).exists());
     add(&ns, &cfg, &p).succeeded();
     let q = SynPod::new("e", 2, 0);

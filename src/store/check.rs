@@ -18,12 +18,19 @@ impl<K: Kernel> Store<K> {
         let names = &shared.names;
         for t in TableFamily::ALL {
             match self.k.table_flags(t)? {
-                None => return Err(Error::CheckFailed(format!(
-                    "table {} {} is missing, and with it the chains and sets of network {} there",
-                    t.nft(),
-                    plan::TABLE,
-                    names.network
-                ))),
+                None => {
+                    let chain = ChainKind::ALL
+                        .into_iter()
+                        .find(|c| c.table() == t)
+                        .map(|c| names.chain(c))
+                        .unwrap_or_default();
+                    return Err(Error::CheckFailed(format!(
+                        "table {} {} is missing, and with it chain {chain} and every set of network {} there",
+                        t.nft(),
+                        plan::TABLE,
+                        names.network
+                    )));
+                }
                 Some(f) if f & NFT_TABLE_F_DORMANT != 0 => {
                     return Err(Error::CheckFailed(format!(
                         "table {} {} is dormant: none of its rules apply",
