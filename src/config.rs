@@ -66,6 +66,8 @@ pub struct Metadata {
     pub proxy_ipv4: ProxyAddr<Ipv4Addr>,
     pub proxy_ipv6: ProxyAddr<Ipv6Addr>,
     pub exempt_namespaces: Vec<String>,
+    /// Log denied attempts to the kernel log, rate-limited, with a fixed prefix.
+    pub log_denied: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,6 +121,7 @@ impl Default for Config {
                 proxy_ipv4: ProxyAddr::Auto,
                 proxy_ipv6: ProxyAddr::Auto,
                 exempt_namespaces: Vec::new(),
+                log_denied: false,
             },
             masquerade: Masquerade {
                 enabled: true,
@@ -288,6 +291,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             "proxyIPv4",
             "proxyIPv6",
             "exemptNamespaces",
+            "logDenied",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -398,6 +402,9 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
                 }
             }
         };
+    }
+    if let Some(x) = o.get("logDenied") {
+        m.log_denied = expect_bool("metadata.logDenied", x)?;
     }
     if let Some(x) = o.get("exemptNamespaces") {
         let arr = expect_array("metadata.exemptNamespaces", x)?;

@@ -3,7 +3,7 @@
 //! writing into a missing set fails the batch with ENOENT) and records every batch committed.
 
 use super::conntrack::{FlushReport, Path};
-use super::{Batch, Kernel, Op, SetRef, Stored};
+use super::{Batch, Kernel, Op, RuleRead, SetRef, Stored};
 use crate::error::{Error, Result};
 use crate::plan::{ChainKind, Elem, Key, SetKind, TableFamily};
 use std::collections::{BTreeMap, HashMap};
@@ -74,7 +74,7 @@ impl Fake {
                     }
                 }
                 for c in ChainKind::ALL {
-                    let comments = plan.rules_of(c).map(|_| plan.rule_comment()).collect();
+                    let comments = plan.rules_of(c).map(|r| plan.comment_of(r)).collect();
                     self.chains
                         .insert(plan.names.chain(c), (c.table(), comments));
                 }
@@ -131,12 +131,21 @@ impl Kernel for Fake {
             .map(|(n, _)| n.clone())
             .collect())
     }
-    fn rule_comments(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<String>>> {
+    fn rules(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<RuleRead>>> {
         Ok(self
             .chains
             .iter()
             .filter(|(_, (ct, _))| *ct == t)
-            .map(|(k, (_, v))| (k.clone(), v.clone()))
+            .map(|(k, (_, v))| {
+                let rules = v
+                    .iter()
+                    .map(|c| RuleRead {
+                        comment: c.clone(),
+                        packets: None,
+                    })
+                    .collect();
+                (k.clone(), rules)
+            })
             .collect())
     }
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {
@@ -147,13 +156,18 @@ impl Kernel for Fake {
             .map(|c| Stored {
                 key: *key,
                 comment: c.clone(),
+                packets: None,
             }))
     }
     fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>> {
         Ok(self
             .elems(&set.name)
             .into_iter()
-            .map(|(key, comment)| Stored { key, comment })
+            .map(|(key, comment)| Stored {
+                key,
+                comment,
+                packets: None,
+            })
             .collect())
     }
     fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>> {

@@ -52,12 +52,16 @@ pub const NFTA_SET_KEY_TYPE: u16 = 4;
 pub const NFTA_SET_KEY_LEN: u16 = 5;
 pub const NFTA_SET_ID: u16 = 10;
 pub const NFTA_SET_USERDATA: u16 = 13;
+pub const NFTA_SET_EXPR: u16 = 17;
 pub const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
 pub const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 pub const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 pub const NFTA_SET_ELEM_KEY: u16 = 1;
 pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
 pub const NFTA_SET_ELEM_USERDATA: u16 = 6;
+pub const NFTA_SET_ELEM_EXPR: u16 = 7;
+pub const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
+pub const NFTA_COUNTER_PACKETS: u16 = 2;
 pub const NFTA_LIST_ELEM: u16 = 1;
 pub const NFTA_DATA_VALUE: u16 = 1;
 pub const NFTA_DATA_VERDICT: u16 = 2;
@@ -146,7 +150,9 @@ pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
         | SetKind::Masq(f)
         | SetKind::NoMasq(f)
         | SetKind::MetaDst(f)
-        | SetKind::GuardAddr(f) => addr_type(f),
+        | SetKind::GuardAddr(f)
+        | SetKind::CountProxied(f)
+        | SetKind::CountReset(f) => addr_type(f),
         SetKind::Allow(f) | SetKind::GuardPort(f) => {
             let (t, len) = addr_type(f);
             ((TYPE_IFNAME << TYPE_BITS) | t, IFNAME_LEN + len)
@@ -251,7 +257,16 @@ pub fn flush_chain(b: &mut MsgBuf, t: TableFamily, chain: &str) -> u32 {
     s
 }
 
-pub fn new_set(b: &mut MsgBuf, t: TableFamily, name: &str, kind: SetKind, id: u32) -> u32 {
+/// One NEWSET; `counters`: give the elements of counted sets a counter (kernels without
+/// set-element expressions refuse that, and get the set without).
+pub fn new_set(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    name: &str,
+    kind: SetKind,
+    id: u32,
+    counters: bool,
+) -> u32 {
     let (key_type, key_len) = set_key_type(kind);
     let s = begin(b, t, NFT_MSG_NEWSET, NLM_F_CREATE | NLM_F_ACK);
     b.attr_str(NFTA_SET_TABLE, TABLE);
@@ -280,6 +295,14 @@ pub fn new_set(b: &mut MsgBuf, t: TableFamily, name: &str, kind: SetKind, id: u3
     let mut ud = vec![UDATA_SET_KEYBYTEORDER, 4];
     ud.extend_from_slice(&order.to_ne_bytes());
     b.attr(NFTA_SET_USERDATA, &ud);
+    if kind.is_counted() && counters {
+        // Every element gets a counter, which the lookups that match it update.
+        let e = b.nest_begin(NFTA_SET_EXPR);
+        b.attr_str(NFTA_EXPR_NAME, "counter");
+        let d = b.nest_begin(NFTA_EXPR_DATA);
+        b.nest_end(d);
+        b.nest_end(e);
+    }
     b.end();
     s
 }
@@ -697,6 +720,15 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
             x.cmp_eq(NFT_REG_1, &mark.to_ne_bytes());
         }
+        // limit rate N/second burst B packets → [ limit rate N/second burst B type packets ]
+        Match::Limit { per_second, burst } => {
+            x.expr("limit", |b| {
+                b.attr_u64_be(1, *per_second); // NFTA_LIMIT_RATE
+                b.attr_u64_be(2, 1); // NFTA_LIMIT_UNIT: seconds
+                b.attr_u32_be(3, *burst); // NFTA_LIMIT_BURST
+                b.attr_u32_be(4, 0); // NFTA_LIMIT_TYPE: NFT_LIMIT_PKTS
+            });
+        }
     }
 }
 
@@ -746,6 +778,15 @@ fn lower_action(x: &mut Exprs<'_>, a: &Action) {
         }
         Action::Drop => x.verdict(NF_DROP),
         Action::Return => x.verdict(NFT_RETURN),
+        // log prefix "…" level warn → [ log prefix … level 4 ] (to the kernel log)
+        Action::Log { prefix } => {
+            const LOGLEVEL_WARNING: u32 = 4;
+            x.expr("log", |b| {
+                b.attr_str(2, prefix); // NFTA_LOG_PREFIX
+                b.attr_u32_be(5, LOGLEVEL_WARNING); // NFTA_LOG_LEVEL
+            });
+        }
+        Action::Continue => {}
     }
 }
 
@@ -771,6 +812,9 @@ pub fn new_rule(
         let mut x = Exprs { b };
         for m in &rule.matches {
             lower_match(&mut x, m, names);
+        }
+        if rule.count.is_some() {
+            x.expr("counter", |_| {});
         }
         lower_action(&mut x, &rule.action);
     }

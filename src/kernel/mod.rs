@@ -39,7 +39,11 @@ pub(crate) struct SetRef {
 pub(crate) struct Stored {
     pub key: Key,
     pub comment: Option<String>,
+    /// Its counter, in a counted set on a kernel with set-element counters.
+    pub packets: Option<u64>,
 }
+
+pub(crate) use nft::RuleRead;
 
 /// One change of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,8 +84,8 @@ pub(crate) trait Kernel {
     fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>>;
     fn set_names(&mut self, t: TableFamily) -> Result<Vec<String>>;
     fn chain_names(&mut self, t: TableFamily) -> Result<Vec<String>>;
-    /// The comments of every rule of natguard's table of family `t`, by chain.
-    fn rule_comments(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<String>>>;
+    /// Every rule of natguard's table of family `t`, by chain, in order.
+    fn rules(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<RuleRead>>>;
     /// One element; `None` when it, its set or the table does not exist.
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>>;
     /// Every element of a non-interval set; empty when the set does not exist.
@@ -106,14 +110,49 @@ pub(crate) trait Kernel {
 /// The real kernel, over one netfilter netlink socket of the calling thread's namespace.
 pub(crate) struct Netfilter {
     sock: NfSocket,
+    /// Give counted sets per-element counters; off once the kernel refused them.
+    set_counters: bool,
 }
 
 impl Netfilter {
     pub fn open() -> Result<Self> {
         Ok(Netfilter {
             sock: NfSocket::open()?,
+            set_counters: true,
         })
     }
+
+    fn commit_once(&mut self, batch: &Batch) -> Result<()> {
+        let mut tx = nft::Tx::new(&mut self.sock);
+        for op in &batch.ops {
+            match op {
+                Op::Converge(plan) => tx.converge_shared(plan, self.set_counters),
+                Op::Put { set, key, comment } => tx.ensure_elem(
+                    set.kind.table(),
+                    &set.name,
+                    lower::key_bytes(key),
+                    comment.clone(),
+                    &describe(key),
+                ),
+                Op::Del { set, key } => tx.delete_elem(
+                    set.kind.table(),
+                    &set.name,
+                    lower::key_bytes(key),
+                    &describe(key),
+                ),
+                Op::DeleteTable(t) => tx.delete_table(*t),
+            }
+        }
+        tx.commit(&mut self.sock)
+    }
+}
+
+/// Whether a failed converge may be for want of set-element counters (kernels before 5.11
+/// refuse a set declared with them), so that it is retried with plain sets: per-pod counters
+/// are then unavailable, per-network counters still count.
+pub(crate) fn retry_without_set_counters(batch: &Batch, e: &Error) -> bool {
+    batch.ops.iter().any(|o| matches!(o, Op::Converge(_)))
+        && matches!(e.errno(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }
 
 /// Errors that mean "nf_tables is not there at all", so there is nothing of natguard's to
@@ -132,8 +171,8 @@ impl Kernel for Netfilter {
     fn chain_names(&mut self, t: TableFamily) -> Result<Vec<String>> {
         nft::chain_names(&mut self.sock, t)
     }
-    fn rule_comments(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<String>>> {
-        nft::rule_comments_by_chain(&mut self.sock, t)
+    fn rules(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<RuleRead>>> {
+        nft::rules_by_chain(&mut self.sock, t)
     }
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {
         let t = set.kind.table();
@@ -157,27 +196,16 @@ impl Kernel for Netfilter {
         if batch.ops.is_empty() {
             return Ok(());
         }
-        let mut tx = nft::Tx::new(&mut self.sock);
-        for op in &batch.ops {
-            match op {
-                Op::Converge(plan) => tx.converge_shared(plan),
-                Op::Put { set, key, comment } => tx.ensure_elem(
-                    set.kind.table(),
-                    &set.name,
-                    lower::key_bytes(key),
-                    comment.clone(),
-                    &describe(key),
-                ),
-                Op::Del { set, key } => tx.delete_elem(
-                    set.kind.table(),
-                    &set.name,
-                    lower::key_bytes(key),
-                    &describe(key),
-                ),
-                Op::DeleteTable(t) => tx.delete_table(*t),
+        match self.commit_once(batch) {
+            Err(e) if self.set_counters && retry_without_set_counters(batch, &e) => {
+                crate::warn!(
+                    "the kernel refused counted sets ({e}); per-pod counters are unavailable, per-network counters still count"
+                );
+                self.set_counters = false;
+                self.commit_once(batch)
             }
+            r => r,
         }
-        tx.commit(&mut self.sock)
     }
     fn probe(&mut self) -> Result<()> {
         nft::probe(&mut self.sock)
@@ -214,5 +242,6 @@ fn stored(kind: SetKind, e: nft::ElemRead) -> Option<Stored> {
     Some(Stored {
         key: lower::key_of(kind, &e.key)?,
         comment: e.comment,
+        packets: e.packets,
     })
 }

@@ -20,6 +20,28 @@ pub struct ElemRead {
     pub key: Vec<u8>,
     pub flags: u32,
     pub comment: Option<String>,
+    /// The element's counter, when its set gives elements one.
+    pub packets: Option<u64>,
+}
+
+/// A rule as read back: its comment and, when it has one, its counter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleRead {
+    pub comment: String,
+    pub packets: Option<u64>,
+}
+
+/// The packet count of the first `counter` expression in a list of expressions.
+fn counter_in(exprs: super::netlink::Attrs<'_>) -> Option<u64> {
+    exprs.filter(|e| e.ty == NFTA_LIST_ELEM).find_map(|e| {
+        let e = e.nested();
+        (e.get(NFTA_EXPR_NAME)?.str() == "counter")
+            .then(|| e.get(NFTA_EXPR_DATA))
+            .flatten()?
+            .nested()
+            .get(NFTA_COUNTER_PACKETS)?
+            .u64_be()
+    })
 }
 
 fn parse_elems(m: &Msg) -> Vec<ElemRead> {
@@ -41,10 +63,24 @@ fn parse_elems(m: &Msg) -> Vec<ElemRead> {
         let comment = attrs
             .get(NFTA_SET_ELEM_USERDATA)
             .and_then(|u| comment_of_udata(u.payload).map(str::to_string));
+        // One expression comes as NFTA_SET_ELEM_EXPR, several as a list.
+        let packets = attrs
+            .get(NFTA_SET_ELEM_EXPRESSIONS)
+            .and_then(|l| counter_in(l.nested()))
+            .or_else(|| {
+                let e = attrs.get(NFTA_SET_ELEM_EXPR)?.nested();
+                (e.get(NFTA_EXPR_NAME)?.str() == "counter")
+                    .then(|| e.get(NFTA_EXPR_DATA))
+                    .flatten()?
+                    .nested()
+                    .get(NFTA_COUNTER_PACKETS)?
+                    .u64_be()
+            });
         out.push(ElemRead {
             key,
             flags,
             comment,
+            packets,
         });
     }
     out
@@ -73,7 +109,7 @@ impl Tx {
 
     /// Converges a network's shared objects to `plan`: creates what is missing, rewrites every
     /// rule and every shared set's contents. Per-pod sets are created but never flushed.
-    pub fn converge_shared(&mut self, plan: &SharedPlan) {
+    pub fn converge_shared(&mut self, plan: &SharedPlan, set_counters: bool) {
         for t in TableFamily::ALL {
             let s = new_table(&mut self.buf, t);
             self.note(
@@ -83,10 +119,16 @@ impl Tx {
         }
         for (i, set) in plan.sets.iter().enumerate() {
             let t = set.kind.table();
-            let s = new_set(&mut self.buf, t, &set.name, set.kind, i as u32 + 1);
+            let s = new_set(
+                &mut self.buf,
+                t,
+                &set.name,
+                set.kind,
+                i as u32 + 1,
+                set_counters,
+            );
             self.note(s, format!("create set {} {}", t.nft(), set.name));
         }
-        let comment = plan.rule_comment();
         for c in crate::plan::ChainKind::ALL {
             let name = plan.names.chain(c);
             let t = c.table();
@@ -102,7 +144,7 @@ impl Tx {
             let s = flush_chain(&mut self.buf, t, &name);
             self.note(s, format!("flush chain {name}"));
             for r in plan.rules_of(c) {
-                let s = new_rule(&mut self.buf, t, &name, r, &plan.names, &comment);
+                let s = new_rule(&mut self.buf, t, &name, r, &plan.names, &plan.comment_of(r));
                 self.note(
                     s,
                     format!(
@@ -297,11 +339,11 @@ pub fn dump_set(sock: &mut NfSocket, t: TableFamily, set: &str) -> Result<Vec<El
 
 /// The comments of every rule of natguard's table, by chain, in one dump; empty when the table
 /// does not exist.
-pub fn rule_comments_by_chain(
+pub fn rules_by_chain(
     sock: &mut NfSocket,
     t: TableFamily,
-) -> Result<std::collections::HashMap<String, Vec<String>>> {
-    let mut out: std::collections::HashMap<String, Vec<String>> = Default::default();
+) -> Result<std::collections::HashMap<String, Vec<RuleRead>>> {
+    let mut out: std::collections::HashMap<String, Vec<RuleRead>> = Default::default();
     let msgs = match sock.request_retry(
         &|b| {
             dump_rules(b, t, None);
@@ -324,9 +366,12 @@ pub fn rule_comments_by_chain(
             .get(NFTA_RULE_USERDATA)
             .and_then(|u| comment_of_udata(u.payload).map(str::to_string))
             .unwrap_or_default();
+        let packets = a
+            .get(NFTA_RULE_EXPRESSIONS)
+            .and_then(|l| counter_in(l.nested()));
         out.entry(chain.str().to_string())
             .or_default()
-            .push(comment);
+            .push(RuleRead { comment, packets });
     }
     Ok(out)
 }

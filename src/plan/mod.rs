@@ -170,6 +170,11 @@ pub enum SetKind {
     GuardAddr(Family),
     /// `iifname . saddr` of those addresses: the bridge port each belongs to (bridge table).
     GuardPort(Family),
+    /// Intercepted pod addresses again, each element with a counter: connections DNATed to
+    /// the proxy, per pod.
+    CountProxied(Family),
+    /// Every pod address, each element with a counter: metadata attempts reset, per pod.
+    CountReset(Family),
 }
 
 impl SetKind {
@@ -186,7 +191,13 @@ impl SetKind {
             SetKind::Ifaces => "ifs".into(),
             SetKind::GuardAddr(f) => format!("xaddr{}", f.suffix()),
             SetKind::GuardPort(f) => format!("xport{}", f.suffix()),
+            SetKind::CountProxied(f) => format!("cntp{}", f.suffix()),
+            SetKind::CountReset(f) => format!("cntr{}", f.suffix()),
         }
+    }
+    /// Sets whose every element carries a counter (where the kernel supports it).
+    pub fn is_counted(self) -> bool {
+        matches!(self, SetKind::CountProxied(_) | SetKind::CountReset(_))
     }
     pub fn table(self) -> TableFamily {
         match self {
@@ -204,7 +215,9 @@ impl SetKind {
             | SetKind::Masq(f)
             | SetKind::NoMasq(f)
             | SetKind::MetaDst(f)
-            | SetKind::GuardAddr(f) => addr(f),
+            | SetKind::GuardAddr(f)
+            | SetKind::CountProxied(f)
+            | SetKind::CountReset(f) => addr(f),
             SetKind::Allow(Family::V4) | SetKind::GuardPort(Family::V4) => "ifname . ipv4_addr",
             SetKind::Allow(Family::V6) | SetKind::GuardPort(Family::V6) => "ifname . ipv6_addr",
             SetKind::MetaPorts => "inet_service",
@@ -230,9 +243,11 @@ impl SetKind {
                 | SetKind::Allow(_)
                 | SetKind::GuardAddr(_)
                 | SetKind::GuardPort(_)
+                | SetKind::CountProxied(_)
+                | SetKind::CountReset(_)
         )
     }
-    pub const ALL: [SetKind; 18] = [
+    pub const ALL: [SetKind; 22] = [
         SetKind::Pods,
         SetKind::Attach,
         SetKind::Ifaces,
@@ -251,6 +266,10 @@ impl SetKind {
         SetKind::GuardAddr(Family::V6),
         SetKind::GuardPort(Family::V4),
         SetKind::GuardPort(Family::V6),
+        SetKind::CountProxied(Family::V4),
+        SetKind::CountProxied(Family::V6),
+        SetKind::CountReset(Family::V4),
+        SetKind::CountReset(Family::V6),
     ];
 }
 
@@ -327,6 +346,11 @@ pub enum Match {
     IifNdTargetNotIn(SetKind),
     /// `meta mark & M == M`
     MarkHas(u32),
+    /// `limit rate N/second burst B packets`: matches while under the rate.
+    Limit {
+        per_second: u64,
+        burst: u32,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -343,13 +367,73 @@ pub enum Action {
     RejectTcpReset,
     Drop,
     Return,
+    /// `log prefix "…"`, to the kernel log; evaluation goes on.
+    Log {
+        prefix: &'static str,
+    },
+    /// No verdict: the rule only counts (in the elements its lookups match) and goes on.
+    Continue,
 }
+
+/// What a rule's counter measures; the rule's comment carries it, so `status` reads counters
+/// without knowing the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Count {
+    /// Connections DNATed to the proxy (a nat rule sees a connection's first packet only).
+    Proxied(Family),
+    /// Packets to a metadata address reset by the fail-closed rules: attempts.
+    Reset(Family),
+    /// Connections masqueraded.
+    Masqueraded(Family),
+    /// Connections that kept the pod's source (the masquerade exceptions).
+    KeptSource(Family),
+    /// Denied attempts written to the kernel log (rate-limited).
+    Logged(Family),
+}
+
+impl Count {
+    pub fn tag(self) -> String {
+        let (what, f) = match self {
+            Count::Proxied(f) => ("proxied", f),
+            Count::Reset(f) => ("reset", f),
+            Count::Masqueraded(f) => ("masqueraded", f),
+            Count::KeptSource(f) => ("kept", f),
+            Count::Logged(f) => ("logged", f),
+        };
+        format!("{what}{}", f.suffix())
+    }
+    pub fn parse(tag: &str) -> Option<Count> {
+        let (what, f) = tag.split_at_checked(tag.len().checked_sub(1)?)?;
+        let f = match f {
+            "4" => Family::V4,
+            "6" => Family::V6,
+            _ => return None,
+        };
+        Some(match what {
+            "proxied" => Count::Proxied(f),
+            "reset" => Count::Reset(f),
+            "masqueraded" => Count::Masqueraded(f),
+            "kept" => Count::KeptSource(f),
+            "logged" => Count::Logged(f),
+            _ => return None,
+        })
+    }
+}
+
+/// The prefix of denied attempts in the kernel log (`metadata.logDenied`).
+pub const LOG_PREFIX: &str = "natguard denied ";
+/// At most this many denied attempts are logged per second (per rule), bursts up to
+/// [`LOG_BURST`].
+pub const LOG_PER_SECOND: u64 = 5;
+pub const LOG_BURST: u32 = 20;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rule {
     pub chain: ChainKind,
     pub matches: Vec<Match>,
     pub action: Action,
+    /// A counter on the rule, and what it measures.
+    pub count: Option<Count>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -424,7 +508,7 @@ pub struct SharedPlan {
     pub warnings: Vec<String>,
 }
 
-/// The network a natguard rule comment (`natguard NETWORK FINGERPRINT`) names.
+/// The network a natguard rule comment (`natguard NETWORK FINGERPRINT [COUNT]`) names.
 pub fn network_of_rule_comment(comment: &str) -> Option<&str> {
     let mut parts = comment.split(' ');
     (parts.next() == Some("natguard"))
@@ -432,9 +516,30 @@ pub fn network_of_rule_comment(comment: &str) -> Option<&str> {
         .flatten()
 }
 
+/// The fingerprint in a natguard rule comment.
+pub fn fingerprint_of_rule_comment(comment: &str) -> Option<&str> {
+    let mut parts = comment.split(' ');
+    (parts.next() == Some("natguard"))
+        .then(|| parts.nth(1))
+        .flatten()
+}
+
+/// What the counter of a rule with this comment measures.
+pub fn count_of_rule_comment(comment: &str) -> Option<Count> {
+    comment.split(' ').nth(3).and_then(Count::parse)
+}
+
 impl SharedPlan {
+    /// The part of every rule's comment that CHECK compares: the network and the fingerprint.
     pub fn rule_comment(&self) -> String {
         format!("natguard {} {}", self.names.network, self.fingerprint)
+    }
+    /// A rule's whole comment: [`SharedPlan::rule_comment`], then what its counter measures.
+    pub fn comment_of(&self, r: &Rule) -> String {
+        match r.count {
+            Some(c) => format!("{} {}", self.rule_comment(), c.tag()),
+            None => self.rule_comment(),
+        }
     }
     pub fn rules_of(&self, c: ChainKind) -> impl Iterator<Item = &Rule> {
         self.rules.iter().filter(move |r| r.chain == c)
@@ -522,23 +627,38 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         if !meta_on || !has_dst {
             continue;
         }
-        let base = vec![
-            Match::NfProto(f),
-            Match::SaddrIn(f, SetKind::Meta(f)),
+        let to_metadata = [
             Match::DaddrIn(f, SetKind::MetaDst(f)),
             Match::TcpDportIn(SetKind::MetaPorts),
         ];
+        // The destination first: most packets are not for a metadata address and stop there.
+        let from = |m: Vec<Match>| {
+            let mut v = vec![Match::NfProto(f)];
+            v.extend(to_metadata.iter().cloned());
+            v.extend(m);
+            v
+        };
         if md.mode == MetadataMode::Proxy {
             let proxy: Option<IpAddr> = match f {
                 Family::V4 => node.proxy_v4.map(IpAddr::V4),
                 Family::V6 => node.proxy_v6.map(IpAddr::V6),
             };
             match proxy {
-                Some(p) => rules.push(Rule {
-                    chain: ChainKind::Dnat,
-                    matches: base.clone(),
-                    action: Action::DnatTo(p, md.proxy_port),
-                }),
+                Some(p) => {
+                    // Per pod: the lookup in the counted set bumps the source's element.
+                    rules.push(Rule {
+                        chain: ChainKind::Dnat,
+                        matches: from(vec![Match::SaddrIn(f, SetKind::CountProxied(f))]),
+                        action: Action::Continue,
+                        count: None,
+                    });
+                    rules.push(Rule {
+                        chain: ChainKind::Dnat,
+                        matches: from(vec![Match::SaddrIn(f, SetKind::Meta(f))]),
+                        action: Action::DnatTo(p, md.proxy_port),
+                        count: Some(Count::Proxied(f)),
+                    });
+                }
                 None => warnings.push(format!(
                     "network {network}: no IPv{} proxy address (proxyIPv{} is \"auto\" and the node has no route to pick one from); IPv{} metadata traffic is denied",
                     f.suffix(), f.suffix(), f.suffix()
@@ -553,26 +673,45 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         // conntrack state is consulted, so untracked, invalid and pre-existing flows and
         // segments with any TCP flags are judged the same. An address that also has an
         // intercepted owner is in `meta`, so it is never exempt: the strictest owner wins.
+        // Each reset is preceded by a rule that counts it per pod and, with `logDenied`, by a
+        // rate-limited log rule.
         for chain in [ChainKind::Forward, ChainKind::Input] {
-            let to_metadata = [
-                Match::DaddrIn(f, SetKind::MetaDst(f)),
-                Match::TcpDportIn(SetKind::MetaPorts),
+            let denied = [
+                from(vec![
+                    Match::IifIn(SetKind::Ifaces),
+                    Match::IifSaddrNotIn(f, SetKind::Allow(f)),
+                ]),
+                from(vec![Match::SaddrIn(f, SetKind::Meta(f))]),
             ];
-            let mut from_pods = vec![Match::NfProto(f), Match::IifIn(SetKind::Ifaces)];
-            from_pods.extend(to_metadata.iter().cloned());
-            from_pods.push(Match::IifSaddrNotIn(f, SetKind::Allow(f)));
-            rules.push(Rule {
-                chain,
-                matches: from_pods,
-                action: Action::RejectTcpReset,
-            });
-            let mut intercepted = vec![Match::NfProto(f), Match::SaddrIn(f, SetKind::Meta(f))];
-            intercepted.extend(to_metadata.iter().cloned());
-            rules.push(Rule {
-                chain,
-                matches: intercepted,
-                action: Action::RejectTcpReset,
-            });
+            for matches in denied {
+                let mut per_pod = matches.clone();
+                per_pod.push(Match::SaddrIn(f, SetKind::CountReset(f)));
+                rules.push(Rule {
+                    chain,
+                    matches: per_pod,
+                    action: Action::Continue,
+                    count: None,
+                });
+                if md.log_denied {
+                    let mut logged = matches.clone();
+                    logged.push(Match::Limit {
+                        per_second: LOG_PER_SECOND,
+                        burst: LOG_BURST,
+                    });
+                    rules.push(Rule {
+                        chain,
+                        matches: logged,
+                        action: Action::Log { prefix: LOG_PREFIX },
+                        count: Some(Count::Logged(f)),
+                    });
+                }
+                rules.push(Rule {
+                    chain,
+                    matches,
+                    action: Action::RejectTcpReset,
+                    count: Some(Count::Reset(f)),
+                });
+            }
         }
         // On a bridge the IP layer sees the bridge, not the port: there, a frame that claims an
         // exempt pod's address (as source, in ARP, or as a neighbour advertisement's target)
@@ -581,6 +720,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             chain: ChainKind::Guard,
             matches,
             action: Action::Drop,
+            count: None,
         };
         rules.push(guard(vec![
             Match::EtherType(EtherProto::Ip(f)),
@@ -608,6 +748,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             chain: ChainKind::Snat,
             matches: vec![Match::MarkHas(KUBE_MASQ_MARK)],
             action: Action::Return,
+            count: None,
         });
         for (i, f) in Family::ALL.into_iter().enumerate() {
             nomasq[i] = non_masquerade_ranges(cfg, f);
@@ -620,6 +761,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                         Match::DaddrIn(f, SetKind::NoMasq(f)),
                     ],
                     action: Action::SnatToSaddr(f),
+                    count: Some(Count::KeptSource(f)),
                 });
             }
             rules.push(Rule {
@@ -628,6 +770,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 action: Action::Masquerade {
                     random_fully: cfg.masquerade.random_fully,
                 },
+                count: Some(Count::Masqueraded(f)),
             });
         }
     }
@@ -710,6 +853,12 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         let f = Family::of(a);
         want(SetKind::Meta(f), Key::Addr(*a), intercept);
         want(SetKind::Masq(f), Key::Addr(*a), cfg.masquerade.enabled);
+        want(
+            SetKind::CountProxied(f),
+            Key::Addr(*a),
+            intercept && cfg.metadata.mode == MetadataMode::Proxy,
+        );
+        want(SetKind::CountReset(f), Key::Addr(*a), meta_on);
         if let Some(h) = &pod.host {
             want(SetKind::Allow(f), Key::IfAddr(h.iface, *a), allowed);
             if let Some(port) = h.port {

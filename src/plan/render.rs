@@ -23,6 +23,9 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::NdTargetIn(s) => format!("@th,64,128 @{}", set(s)),
         Match::IifNdTargetNotIn(s) => format!("iifname . @th,64,128 != @{}", set(s)),
         Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
+        Match::Limit { per_second, burst } => {
+            format!("limit rate {per_second}/second burst {burst} packets")
+        }
     }
 }
 
@@ -41,6 +44,8 @@ fn render_action(a: &Action) -> String {
         Action::RejectTcpReset => "reject with tcp reset".into(),
         Action::Drop => "drop".into(),
         Action::Return => "return".into(),
+        Action::Log { prefix } => format!("log prefix \"{prefix}\" level warn"),
+        Action::Continue => String::new(),
     }
 }
 
@@ -51,7 +56,11 @@ pub fn render_rule(r: &Rule, names: &NetNames) -> String {
         .map(|m| render_match(m, names))
         .filter(|s| !s.is_empty())
         .collect();
+    if r.count.is_some() {
+        parts.push("counter".into());
+    }
     parts.push(render_action(&r.action));
+    parts.retain(|p| !p.is_empty());
     parts.join(" ")
 }
 
@@ -87,6 +96,9 @@ fn render_table_body(p: &SharedPlan, table: TableFamily) -> String {
         );
         if s.kind.is_interval() {
             out.push_str("\t\tflags interval\n");
+        }
+        if s.kind.is_counted() {
+            out.push_str("\t\tcounter\n");
         }
         match &s.elements {
             Some(e) if !e.is_empty() => {

@@ -6,7 +6,7 @@ use crate::kernel::{Kernel, SetRef};
 use crate::plan::{
     self, ChainKind, Family, Key, NetNames, PodPlan, SetKind, SharedPlan, TableFamily,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// nf_tables' table flag for a dormant table: none of its rules apply.
@@ -75,12 +75,11 @@ impl<K: Kernel> Store<K> {
                     )));
                 }
             }
-            let expected = shared.rule_comment();
             let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
-            let mut rules = self.k.rule_comments(t)?;
+            let mut rules = self.k.rules(t)?;
             for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
                 let chain = names.chain(c);
-                let want = shared.rules_of(c).count();
+                let want: Vec<String> = shared.rules_of(c).map(|r| shared.comment_of(r)).collect();
                 if !chains.contains(&chain) {
                     return Err(Error::CheckFailed(format!(
                         "chain {} {} {chain} is missing",
@@ -88,10 +87,17 @@ impl<K: Kernel> Store<K> {
                         plan::TABLE
                     )));
                 }
-                let got = rules.remove(&chain).unwrap_or_default();
-                if got.len() != want || got.iter().any(|g| *g != expected) {
+                let got: Vec<String> = rules
+                    .remove(&chain)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|r| r.comment)
+                    .collect();
+                if got != want {
                     return Err(Error::CheckFailed(format!(
-                        "chain {chain} differs from the config: expected {want} rules commented {expected:?}, found {} ({got:?}); the next ADD on this network rewrites it",
+                        "chain {chain} differs from the config: expected {} rules commented {:?}, found {} ({got:?}); the next ADD on this network rewrites it",
+                        want.len(),
+                        shared.rule_comment(),
                         got.len()
                     )));
                 }
@@ -190,7 +196,7 @@ impl<K: Kernel> Store<K> {
         if self.k.table_flags(TableFamily::Inet)?.is_none() {
             return Ok(None);
         }
-        let rules = self.k.rule_comments(TableFamily::Inet)?;
+        let rules = self.k.rules(TableFamily::Inet)?;
         let mut nets: Vec<String> = Vec::new();
         for chain in self.k.chain_names(TableFamily::Inet)? {
             let Some(prefix) = NetNames::network_of_chain(&chain) else {
@@ -201,7 +207,7 @@ impl<K: Kernel> Store<K> {
                 .filter(|c| c.table() == TableFamily::Inet)
                 .flat_map(|c| rules.get(&format!("{prefix}-{}", c.suffix())))
                 .flatten()
-                .find_map(|c| plan::network_of_rule_comment(c));
+                .find_map(|r| plan::network_of_rule_comment(&r.comment));
             nets.push(named.unwrap_or(prefix).to_string());
         }
         nets.sort();
@@ -213,12 +219,40 @@ impl<K: Kernel> Store<K> {
     pub fn network_state(&mut self, network: &str) -> Result<NetworkState> {
         let names = NetNames::new(network);
         let mut chains = Vec::new();
+        let mut counts = std::collections::BTreeMap::new();
         for t in TableFamily::ALL {
-            let mut rules = self.k.rule_comments(t)?;
+            let mut rules = self.k.rules(t)?;
             for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
                 let name = names.chain(c);
-                let comments = rules.remove(&name).unwrap_or_default();
-                chains.push((c, name, comments));
+                let rules = rules.remove(&name).unwrap_or_default();
+                for r in &rules {
+                    if let (Some(what), Some(n)) =
+                        (plan::count_of_rule_comment(&r.comment), r.packets)
+                    {
+                        *counts.entry(what).or_insert(0) += n;
+                    }
+                }
+                chains.push((c, name, rules));
+            }
+        }
+        // Per pod: the counters of the pod's addresses in the counted sets.
+        let mut per_pod_counters = true;
+        let mut proxied: HashMap<IpAddr, u64> = HashMap::new();
+        let mut resets: HashMap<IpAddr, u64> = HashMap::new();
+        for f in Family::ALL {
+            for (kind, into) in [
+                (SetKind::CountProxied(f), &mut proxied),
+                (SetKind::CountReset(f), &mut resets),
+            ] {
+                for e in self.k.dump(&set_ref(&names, kind))? {
+                    match (e.key, e.packets) {
+                        (Key::Addr(a), Some(n)) => {
+                            into.insert(a, n);
+                        }
+                        (Key::Addr(_), None) => per_pod_counters = false,
+                        _ => {}
+                    }
+                }
             }
         }
         let mut meta_dst = Vec::new();
@@ -279,16 +313,23 @@ impl<K: Kernel> Store<K> {
                         .iter()
                         .all(|a| allowed.contains(&(i, *a)) && !intercepted.contains(a))
                 });
+            let sum = |m: &HashMap<IpAddr, u64>| {
+                per_pod_counters.then(|| addrs.iter().filter_map(|a| m.get(a)).sum())
+            };
             pods.push(PodRecord {
                 owner,
                 comment,
                 attach,
                 exempt,
+                proxied: sum(&proxied),
+                reset: sum(&resets),
             });
         }
         Ok(NetworkState {
             network: network.to_string(),
             chains,
+            counts,
+            per_pod_counters,
             meta_dst,
             meta_ports,
             ifaces,

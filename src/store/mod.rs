@@ -80,8 +80,14 @@ fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
     let mut out = Vec::new();
     for a in addrs {
         let f = Family::of(a);
-        out.push((SetKind::Meta(f), Key::Addr(*a)));
-        out.push((SetKind::Masq(f), Key::Addr(*a)));
+        for kind in [
+            SetKind::Meta(f),
+            SetKind::Masq(f),
+            SetKind::CountProxied(f),
+            SetKind::CountReset(f),
+        ] {
+            out.push((kind, Key::Addr(*a)));
+        }
         if let Some(h) = host {
             out.push((SetKind::Allow(f), Key::IfAddr(h.iface, *a)));
             if let Some(port) = h.port {
@@ -105,14 +111,22 @@ pub(crate) struct PodRecord {
     pub attach: plan::AttachRecord,
     /// Every address is exempt: allowed on the pod's own interface, intercepted by nobody.
     pub exempt: bool,
+    /// Connections of its addresses DNATed to the proxy; `None` without per-pod counters.
+    pub proxied: Option<u64>,
+    /// Metadata attempts of its addresses reset; `None` without per-pod counters.
+    pub reset: Option<u64>,
 }
 
 /// What `status` shows of one network.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NetworkState {
     pub network: String,
-    /// (chain, name, the comment of each rule)
-    pub chains: Vec<(plan::ChainKind, String, Vec<String>)>,
+    /// (chain, name, its rules)
+    pub chains: Vec<(plan::ChainKind, String, Vec<crate::kernel::RuleRead>)>,
+    /// The rules' counters, summed by what they measure.
+    pub counts: std::collections::BTreeMap<plan::Count, u64>,
+    /// Whether the counted sets' elements carry counters on this kernel.
+    pub per_pod_counters: bool,
     pub meta_dst: Vec<IpAddr>,
     pub meta_ports: Vec<u16>,
     /// Interfaces of the network's pods, with how many pods sit behind each.
@@ -186,11 +200,11 @@ impl<K: Kernel> Store<K> {
     fn refuse_foreign_objects(&mut self, shared: &SharedPlan) -> Result<()> {
         let names = &shared.names;
         for t in TableFamily::ALL {
-            let rules = self.k.rule_comments(t)?;
+            let rules = self.k.rules(t)?;
             for c in plan::ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
                 let chain = names.chain(c);
-                for comment in rules.get(&chain).into_iter().flatten() {
-                    if let Some(other) = plan::network_of_rule_comment(comment) {
+                for rule in rules.get(&chain).into_iter().flatten() {
+                    if let Some(other) = plan::network_of_rule_comment(&rule.comment) {
                         if other != names.network {
                             return Err(Error::InvalidConfig(format!(
                                 "name: networks {:?} and {:?} map to the same nftables object names ({chain}, ...); rename one of them",

@@ -44,7 +44,7 @@ pub(crate) fn report() -> Result<String> {
         let st = store.network_state(net)?;
         let _ = writeln!(out, "\nnetwork {net}");
         if let Some(first) = st.chains.iter().find_map(|(_, _, c)| c.first()) {
-            let fp = first.rsplit(' ').next().unwrap_or("");
+            let fp = plan::fingerprint_of_rule_comment(&first.comment).unwrap_or("");
             let _ = writeln!(out, "  policy fingerprint {fp}");
         }
         for (c, name, comments) in &st.chains {
