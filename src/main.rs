@@ -12,8 +12,8 @@ fn main() {
         Some("status") => natguard::status::cli(&args[1..]),
         Some("adopt") => natguard::adopt::cli(&args[1..], false),
         Some("reconcile") => natguard::adopt::cli(&args[1..], true),
-        Some("install") => natguard::install::install_cli(&args[1..]),
-        Some("uninstall") => natguard::install::uninstall_cli(&args[1..]),
+        Some("install") => natguard::tools::install::install_cli(&args[1..]),
+        Some("uninstall") => natguard::tools::install::uninstall_cli(&args[1..]),
         Some("version") | Some("--version") => {
             println!("natguard {}", env!("CARGO_PKG_VERSION"));
             0
