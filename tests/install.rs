@@ -562,6 +562,8 @@ fn check_reports_whether_natguard_is_in_the_active_list() {
 struct Watcher {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread collecting stderr: it ends at EOF, once the watcher has exited.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watcher {
@@ -577,12 +579,16 @@ impl Watcher {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for l in BufReader::new(err).lines().map_while(Result::ok) {
                 sink.lock().unwrap().push(l);
             }
         });
-        Watcher { child, lines }
+        Watcher {
+            child,
+            lines,
+            reader: Some(reader),
+        }
     }
     fn count(&self, needle: &str) -> usize {
         self.lines
@@ -595,11 +601,11 @@ impl Watcher {
     fn log(&self) -> String {
         self.lines.lock().unwrap().join("\n")
     }
-    fn stop(self) -> std::process::ExitStatus {
+    fn stop(mut self) -> std::process::ExitStatus {
         self.signal(libc::SIGTERM)
     }
-    /// Sends `sig` and waits (bounded) for the watcher to exit.
-    fn signal(mut self, sig: libc::c_int) -> std::process::ExitStatus {
+    /// Sends `sig` and waits (bounded) for the watcher to exit and its last lines to be read.
+    fn signal(&mut self, sig: libc::c_int) -> std::process::ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
             libc::kill(self.child.id() as i32, sig);
@@ -607,6 +613,9 @@ impl Watcher {
         let start = Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
+                if let Some(r) = self.reader.take() {
+                    r.join().unwrap();
+                }
                 return s;
             }
             assert!(
@@ -724,10 +733,9 @@ fn watching_calico(n: &Node, extra: &[&str]) -> (Watcher, PathBuf) {
 fn cleanup_on_exit_takes_the_entry_out_on_sigterm_and_sigint() {
     for (sig, name) in [(libc::SIGTERM, "term"), (libc::SIGINT, "int")] {
         let n = Node::new(&format!("cleanup-{name}"));
-        let (w, list) = watching_calico(&n, &["--cleanup-on-exit"]);
-        let lines = w.lines.clone();
+        let (mut w, list) = watching_calico(&n, &["--cleanup-on-exit"]);
         let status = w.signal(sig);
-        let log = lines.lock().unwrap().join("\n");
+        let log = w.log();
         assert!(status.success(), "signal {sig}: exit {status:?}\n{log}");
         // The entry is cut out again: the list is byte for byte the agent's, and nothing else
         // is left in the dir.
