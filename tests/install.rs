@@ -776,7 +776,7 @@ fn without_cleanup_on_exit_sigterm_leaves_the_entry() {
 }
 
 #[test]
-fn watch_runs_adopt_at_start_and_after_each_reinsert() {
+fn watch_runs_adopt_at_start_and_after_each_reinsert_and_again_later() {
     let n = Node::new("watch-adopt");
     n.write("10-calico.conflist", CALICO);
     n.install(&[]);
@@ -799,6 +799,11 @@ fn watch_runs_adopt_at_start_and_after_each_reinsert() {
     fs::write(&list, CALICO).unwrap();
     wait_for("natguard back", || has_natguard(&list));
     wait_for("adopt after the re-insert", || adopted() == 2);
+    // ... and once more ten seconds later, for pods whose ADD was still under way.
+    let t = Instant::now();
+    wait_for("the follow-up adopt", || adopted() == 3);
+    assert!(t.elapsed() > Duration::from_secs(5), "{}", w.log());
+    assert_eq!(w.count("adopting again"), 1);
 
     // A pass that writes nothing does not adopt.
     let checks = w.count("nothing to write");
@@ -806,6 +811,6 @@ fn watch_runs_adopt_at_start_and_after_each_reinsert() {
     wait_for("the unrelated event checked", || {
         w.count("nothing to write") > checks
     });
-    assert_eq!(adopted(), 2, "{}", w.log());
+    assert_eq!(adopted(), 3, "{}", w.log());
     assert!(w.stop().success());
 }

@@ -7,8 +7,9 @@
 //! been quiet for a moment (bounded, so the entry is back well within a second) and runs one
 //! install pass. Its own writes wake it once and that pass finds nothing to do, so it never
 //! loops. Every pass that writes the list runs `natguard adopt`, which brings the pods that
-//! started while the entry was missing under policy; so does the first pass, whatever it finds,
-//! as a one-shot install does. A full pass also runs every minute without events (a lost event,
+//! started while the entry was missing under policy, and runs it once more ten seconds later for
+//! the pods whose ADD was still under way at the first adopt; the first pass adopts whatever it
+//! finds, as a one-shot install does. A full pass also runs every minute without events (a lost event,
 //! a deleted binary). If the dir itself goes away, the watcher checks once a second for it to
 //! come back.
 //!
@@ -39,6 +40,10 @@ const DEBOUNCE_QUIET: Duration = Duration::from_millis(100);
 const DEBOUNCE_MAX: Duration = Duration::from_millis(400);
 /// Full re-check interval without events (lost events, a deleted binary).
 const RESYNC_EVERY: Duration = Duration::from_secs(60);
+/// After a pass that wrote the list, adopt runs again this much later: an ADD that had read the
+/// list without natguard and was still running at the first adopt has written its CNI cache
+/// entry by then.
+const ADOPT_AGAIN_AFTER: Duration = Duration::from_secs(10);
 /// How often a vanished watch dir is looked for.
 const DIR_RETRY: Duration = Duration::from_secs(1);
 
@@ -68,7 +73,7 @@ enum Wake {
     Changed,
     /// The watched dir was deleted or moved.
     DirGone,
-    /// Nothing happened for RESYNC_EVERY.
+    /// Nothing happened until the timeout.
     Timeout,
     /// Events on names that are not configs.
     Unrelated,
@@ -86,7 +91,8 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
     ino.add(&dir)
         .map_err(|e| Error::io(format!("watching {}", dir.display()), e))?;
     crate::info!("watching {}", dir.display());
-    reconcile(opts, Pass::First);
+    // When the follow-up adopt after a write is due.
+    let mut adopt_due = reconcile(opts, Pass::First);
     loop {
         if ino.wd.is_none() {
             if poll_in(&[sig], Some(DIR_RETRY))[0] {
@@ -94,28 +100,39 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
             }
             if ino.add(&dir).is_ok() {
                 crate::info!("watching {} again", dir.display());
-                reconcile(opts, Pass::First);
+                adopt_due = reconcile(opts, Pass::First).or(adopt_due);
             }
             continue;
         }
-        match wait_for_change(&mut ino, sig) {
+        let timeout = match adopt_due {
+            Some(due) => due.saturating_duration_since(Instant::now()),
+            None => RESYNC_EVERY,
+        };
+        match wait_for_change(&mut ino, sig, timeout) {
             Wake::Signal => break,
-            Wake::Changed => reconcile(opts, Pass::Event),
-            Wake::Timeout => reconcile(opts, Pass::Resync),
+            Wake::Changed => adopt_due = reconcile(opts, Pass::Event).or(adopt_due),
+            Wake::Timeout => adopt_due = reconcile(opts, Pass::Resync).or(adopt_due),
             Wake::DirGone => {
                 ino.wd = None;
                 set_ready(&opts.ready_file, None);
             }
             Wake::Unrelated => {}
         }
+        // Checked after every wake, so a busy dir cannot put it off.
+        if adopt_due.is_some_and(|due| Instant::now() >= due) {
+            crate::info!("adopting again, for pods whose ADD was under way at the last adopt");
+            run_adopt(opts);
+            adopt_due = None;
+        }
     }
     stop(opts)
 }
 
-/// Waits for the next relevant event, then for the dir to be quiet for a moment (bounded).
-fn wait_for_change(ino: &mut Inotify, sig: libc::c_int) -> Wake {
+/// Waits (up to `timeout`) for the next relevant event, then for the dir to be quiet for a
+/// moment (bounded).
+fn wait_for_change(ino: &mut Inotify, sig: libc::c_int, timeout: Duration) -> Wake {
     let fds = [ino.fd.as_raw_fd(), sig];
-    let ready = poll_in(&fds, Some(RESYNC_EVERY));
+    let ready = poll_in(&fds, Some(timeout));
     if ready[1] {
         return Wake::Signal;
     }
@@ -143,8 +160,9 @@ fn wait_for_change(ino: &mut Inotify, sig: libc::c_int) -> Wake {
     }
 }
 
-/// One pass: binary present, entry present, readiness file, adopt after a write.
-fn reconcile(opts: &InstallOpts, pass: Pass) {
+/// One pass: binary present, entry present, readiness file, adopt after a write. Returns when the
+/// follow-up adopt is due if this pass wrote the list.
+fn reconcile(opts: &InstallOpts, pass: Pass) -> Option<Instant> {
     if let Err(e) = install_binary(&opts.bin_dir) {
         crate::warn!("error: {e}");
     }
@@ -157,16 +175,20 @@ fn reconcile(opts: &InstallOpts, pass: Pass) {
             if opts.adopt && pass == Pass::First {
                 run_adopt(opts);
             }
+            None
         }
         Ok(Outcome::Wrote(p)) => {
             set_ready(&opts.ready_file, Some(&p));
-            if opts.adopt {
-                run_adopt(opts);
+            if !opts.adopt {
+                return None;
             }
+            run_adopt(opts);
+            Some(Instant::now() + ADOPT_AGAIN_AFTER)
         }
         Err(e) => {
             crate::warn!("cannot insert natguard: {e}; waiting for the next change");
             set_ready(&opts.ready_file, entry_present(opts).ok().as_deref());
+            None
         }
     }
 }
