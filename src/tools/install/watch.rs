@@ -9,9 +9,9 @@
 //! loops. Every pass that writes the list runs `natguard adopt`, which brings the pods that
 //! started while the entry was missing under policy, and runs it once more ten seconds later for
 //! the pods whose ADD was still under way at the first adopt; the first pass adopts whatever it
-//! finds, as a one-shot install does. A full pass also runs every minute without events (a lost event,
-//! a deleted binary). If the dir itself goes away, the watcher checks once a second for it to
-//! come back.
+//! finds, as a one-shot install does. A full pass also runs every minute without events (a lost
+//! event, a deleted binary). If the dir itself goes away, the watcher checks once a second for
+//! it to come back.
 //!
 //! On a signal it exits 0. With `--cleanup-on-exit` it first cuts natguard's entry out of the
 //! active list (atomically; the binary and the kernel state stay) and removes the readiness
@@ -200,13 +200,13 @@ fn stop(opts: &InstallOpts) -> Result<()> {
         return Ok(());
     }
     crate::info!("stopping; --cleanup-on-exit: removing natguard's entry from the active list");
-    let removed = retrying(|| remove_from_active(opts));
-    set_ready(&opts.ready_file, None);
-    match removed {
+    match retrying(|| remove_from_active(opts)) {
         Ok(Some(p)) => crate::info!("removed natguard's entry from {}", p.display()),
         Ok(None) => crate::info!("natguard is not in the active list; nothing to remove"),
+        // The entry may still be listed: the readiness file stays true to that.
         Err(e) => return Err(e.context("--cleanup-on-exit")),
     }
+    set_ready(&opts.ready_file, None);
     Ok(())
 }
 
