@@ -743,8 +743,8 @@ fn cleanup_on_exit_takes_the_entry_out_on_sigterm_and_sigint() {
         let names: Vec<_> = n.snapshot().into_keys().collect();
         assert_eq!(names, ["10-calico.conflist"]);
         assert!(!n.ready().exists(), "the readiness file outlived the entry");
-        // The binary stays (pods being deleted still need their DEL), and so does the kernel
-        // state, which this test never creates.
+        // The binary stays (a DEL run with the config a pod was created with still calls it),
+        // and so does the kernel state, which this test never creates.
         assert_eq!(
             fs::read(n.bin().join("natguard")).unwrap(),
             fs::read(BIN).unwrap()
