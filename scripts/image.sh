@@ -12,9 +12,16 @@
 # Kubernetes normalizes the DaemonSet's "natguard:0.1.0" to docker.io/library/natguard:0.1.0, so
 # the imported image is found without a registry.
 #
+# The image config carries the OCI labels org.opencontainers.image.title, .version and
+# .revision (what the binary's `--version` says: the crate version and the git revision it was
+# built from), .licenses (Apache-2.0) and .source. Every label comes from the binary or the
+# environment, so the same binary and environment still give the same digests.
+#
 # Environment:
 #   NATGUARD_BIN       use this binary instead of building target/x86_64-unknown-linux-gnu/release/natguard
 #   IMAGE_REF          image reference (default natguard:0.1.0)
+#   IMAGE_SOURCE       org.opencontainers.image.source (default: Cargo.toml's package.repository,
+#                      else "unknown"; never the git remote, whose URL may hold credentials)
 #   SOURCE_DATE_EPOCH  the image's "created" time and every file's mtime (default 0)
 set -euo pipefail
 
@@ -49,6 +56,19 @@ if readelf -lW "$bin" | grep 'program interpreter' >/dev/null; then
   die "$bin is dynamically linked; build with the crate's .cargo/config.toml (crt-static)"
 fi
 
+# Version and revision as the binary reports them: "natguard 0.1.0 (revision 0123456789ab)".
+version_line=$("$bin" --version) || die "$bin --version failed"
+version=$(sed -n 's/^natguard \([^ ]*\).*/\1/p' <<<"$version_line")
+revision=$(sed -n 's/.*(revision \([^)]*\))$/\1/p' <<<"$version_line")
+[[ -n $version ]] || die "$bin --version: unexpected output: $version_line"
+revision=${revision:-unknown}
+source_url=${IMAGE_SOURCE:-$(sed -n 's/^repository *= *"\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)}
+source_url=${source_url:-unknown}
+for v in "$version" "$revision" "$source_url" "$tag"; do
+  # The values are written into JSON as they are: no quotes, backslashes or control characters.
+  [[ $v != *[\"\\[:cntrl:]]* ]] || die "a label value may not hold quotes, backslashes or control characters: $v"
+done
+
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/rootfs" "$work/layout/blobs/sha256"
@@ -75,8 +95,11 @@ created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 printf '%s' \
   '{"architecture":"amd64","os":"linux",' \
   '"config":{"Entrypoint":["/natguard","install","--watch"],"WorkingDir":"/",' \
-  '"Labels":{"org.opencontainers.image.title":"natguard","org.opencontainers.image.version":"'"$tag"'",' \
-  '"org.opencontainers.image.licenses":"Apache-2.0"}},' \
+  '"Labels":{"org.opencontainers.image.licenses":"Apache-2.0",' \
+  '"org.opencontainers.image.revision":"'"$revision"'",' \
+  '"org.opencontainers.image.source":"'"$source_url"'",' \
+  '"org.opencontainers.image.title":"natguard",' \
+  '"org.opencontainers.image.version":"'"$version"'"}},' \
   '"created":"'"$created"'",' \
   '"history":[{"created":"'"$created"'","created_by":"scripts/image.sh: /natguard"}],' \
   '"rootfs":{"type":"layers","diff_ids":["sha256:'"$diff_id"'"]}}' >"$work/config.json"

@@ -22,7 +22,6 @@ pub(crate) mod addr;
 pub mod cni;
 pub mod config;
 pub mod error;
-pub mod install;
 pub mod kernel;
 pub mod log;
 pub mod node;

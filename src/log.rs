@@ -8,10 +8,12 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 static LOG_FILE: Mutex<Option<File>> = Mutex::new(None);
 static CONTEXT: Mutex<String> = Mutex::new(String::new());
+static INFO_TO_STDERR: AtomicBool = AtomicBool::new(false);
 
 /// Opens the log file; a failure is reported on stderr and logging goes on there.
 pub fn set_file(path: &Path) {
@@ -25,6 +27,12 @@ pub fn set_file(path: &Path) {
         Ok(f) => *LOG_FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
         Err(e) => eprintln!("natguard: cannot open logFile {}: {e}", path.display()),
     }
+}
+
+/// Sends info lines to stderr as well: for the node tools (`install`, `uninstall`), whose stderr
+/// is an operator's terminal or a DaemonSet's container log, not a runtime's log.
+pub fn info_to_stderr() {
+    INFO_TO_STDERR.store(true, Ordering::Relaxed);
 }
 
 /// Prefix for every line of this invocation, e.g. "ADD net1 abc123 eth0".
@@ -44,7 +52,7 @@ pub fn write(level: &str, msg: &str) {
         std::process::id()
     );
     // Runtimes copy a plugin's stderr into their own logs: only what needs attention goes there.
-    if level != "info" {
+    if level != "info" || INFO_TO_STDERR.load(Ordering::Relaxed) {
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
     if let Some(f) = LOG_FILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {

@@ -6,20 +6,35 @@ use natguard::cni::{self, Command};
 use natguard::error::Error;
 use std::io::{Read, Write};
 
+/// What natguard is, first line of the usage and of the bare invocation's reply.
+const ABOUT: &str = "natguard: CNI chained plugin for metadata interception and masquerade policy";
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.is_empty() && run_by_hand() {
+        // The reference plugins' convention: run bare, say what it is on stderr and exit 0.
+        eprintln!(
+            "{ABOUT}; CNI protocol versions supported: {}",
+            cni::SUPPORTED_VERSIONS.join(", ")
+        );
+        std::process::exit(0);
+    }
     let code = match args.first().map(String::as_str) {
         Some("status") => natguard::tools::status::cli(&args[1..]),
         Some("adopt") => natguard::tools::adopt::cli(&args[1..], false),
         Some("reconcile") => natguard::tools::adopt::cli(&args[1..], true),
-        Some("install") => natguard::install::install_cli(&args[1..]),
-        Some("uninstall") => natguard::install::uninstall_cli(&args[1..]),
+        Some("install") => natguard::tools::install::install_cli(&args[1..]),
+        Some("uninstall") => natguard::tools::install::uninstall_cli(&args[1..]),
         Some("version") | Some("--version") => {
-            println!("natguard {}", env!("CARGO_PKG_VERSION"));
+            println!(
+                "natguard {} (revision {})",
+                env!("CARGO_PKG_VERSION"),
+                env!("NATGUARD_GIT_REVISION")
+            );
             0
         }
         Some("help") | Some("--help") | Some("-h") => {
-            print!("{}", USAGE);
+            print!("{ABOUT}\n{USAGE}");
             0
         }
         _ => run_cni(),
@@ -27,9 +42,13 @@ fn main() {
     std::process::exit(code);
 }
 
-const USAGE: &str = "\
-natguard: CNI chained plugin for metadata interception and masquerade policy
+/// No CNI variable at all: a person (or a probe) ran the binary, not a runtime. A runtime that
+/// sets some CNI variables but not CNI_COMMAND gets the code-4 error instead.
+fn run_by_hand() -> bool {
+    std::env::vars_os().all(|(k, _)| !k.as_encoded_bytes().starts_with(b"CNI_"))
+}
 
+const USAGE: &str = "
 As a CNI plugin, natguard is executed by the container runtime with CNI_COMMAND set.
 By hand:
   natguard status      print what natguard has installed on this node
@@ -37,7 +56,7 @@ By hand:
   natguard reconcile   restore every pod's entries from the CNI cache
   natguard install     copy the binary and add natguard to the node's conflist
   natguard uninstall   remove natguard's conflist entry, binary and kernel state
-  natguard version
+  natguard version     print the version and the git revision it was built from
 ";
 
 fn run_cni() -> i32 {

@@ -562,12 +562,16 @@ fn check_reports_whether_natguard_is_in_the_active_list() {
 struct Watcher {
     child: Child,
     lines: Arc<Mutex<Vec<String>>>,
+    /// The thread collecting stderr: it ends at EOF, once the watcher has exited.
+    reader: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Watcher {
     fn start(n: &Node, extra: &[&str]) -> Watcher {
-        let mut child = n
-            .cmd("install", &[&["--watch"], extra].concat())
+        Watcher::spawn(n.cmd("install", &[&["--watch"], extra].concat()))
+    }
+    fn spawn(mut cmd: Command) -> Watcher {
+        let mut child = cmd
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -575,12 +579,16 @@ impl Watcher {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         let err = child.stderr.take().unwrap();
-        std::thread::spawn(move || {
+        let reader = std::thread::spawn(move || {
             for l in BufReader::new(err).lines().map_while(Result::ok) {
                 sink.lock().unwrap().push(l);
             }
         });
-        Watcher { child, lines }
+        Watcher {
+            child,
+            lines,
+            reader: Some(reader),
+        }
     }
     fn count(&self, needle: &str) -> usize {
         self.lines
@@ -594,18 +602,25 @@ impl Watcher {
         self.lines.lock().unwrap().join("\n")
     }
     fn stop(mut self) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM)
+    }
+    /// Sends `sig` and waits (bounded) for the watcher to exit and its last lines to be read.
+    fn signal(&mut self, sig: libc::c_int) -> std::process::ExitStatus {
         // SAFETY: kill(2) on our own child's pid.
         unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
+            libc::kill(self.child.id() as i32, sig);
         }
         let start = Instant::now();
         loop {
             if let Some(s) = self.child.try_wait().unwrap() {
+                if let Some(r) = self.reader.take() {
+                    r.join().unwrap();
+                }
                 return s;
             }
             assert!(
                 start.elapsed() < Duration::from_secs(30),
-                "watcher ignored SIGTERM"
+                "watcher ignored signal {sig}"
             );
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -617,6 +632,11 @@ impl Drop for Watcher {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the readiness file exists and names `list`.
+fn ready_names(n: &Node, list: &Path) -> bool {
+    fs::read_to_string(n.ready()).is_ok_and(|t| t.trim() == list.display().to_string())
 }
 
 fn has_natguard(path: &Path) -> bool {
@@ -633,7 +653,7 @@ fn watch_keeps_natguard_in_the_active_list() {
     let w = Watcher::start(&n, &[]);
     // No config yet (the primary plugin's agent has not written it): the watcher waits.
     wait_for("the watcher to report the empty dir", || {
-        w.count("no network config") == 1
+        w.count("no network config") >= 1
     });
     assert!(!n.ready().exists());
 
@@ -668,9 +688,10 @@ fn watch_keeps_natguard_in_the_active_list() {
     wait_for("natguard in the list that sorts first", || {
         has_natguard(&cilium)
     });
-    assert_eq!(
-        fs::read_to_string(n.ready()).unwrap().trim(),
-        cilium.display().to_string()
+    // The watcher writes the list first and the readiness file after it: wait for both.
+    wait_for(
+        "the readiness file to name the list that sorts first",
+        || ready_names(&n, &cilium),
     );
 
     // Its own writes do not wake it into writing again: an unrelated event gets one check,
@@ -695,4 +716,101 @@ fn watch_keeps_natguard_in_the_active_list() {
 
     let status = w.stop();
     assert!(status.success(), "watcher exit {status:?}");
+}
+
+/// A watcher on a Calico list, once natguard is in it and the readiness file names it.
+fn watching_calico(n: &Node, extra: &[&str]) -> (Watcher, PathBuf) {
+    n.write("10-calico.conflist", CALICO);
+    let list = n.conf("10-calico.conflist");
+    let w = Watcher::start(n, extra);
+    wait_for("natguard in the list", || has_natguard(&list));
+    // The readiness file is written after the signal handlers are in place.
+    wait_for("the readiness file", || ready_names(n, &list));
+    (w, list)
+}
+
+#[test]
+fn cleanup_on_exit_takes_the_entry_out_on_sigterm_and_sigint() {
+    for (sig, name) in [(libc::SIGTERM, "term"), (libc::SIGINT, "int")] {
+        let n = Node::new(&format!("cleanup-{name}"));
+        let (mut w, list) = watching_calico(&n, &["--cleanup-on-exit"]);
+        let status = w.signal(sig);
+        let log = w.log();
+        assert!(status.success(), "signal {sig}: exit {status:?}\n{log}");
+        // The entry is cut out again: the list is byte for byte the agent's, and nothing else
+        // is left in the dir.
+        assert_eq!(fs::read_to_string(&list).unwrap(), CALICO, "{log}");
+        let names: Vec<_> = n.snapshot().into_keys().collect();
+        assert_eq!(names, ["10-calico.conflist"]);
+        assert!(!n.ready().exists(), "the readiness file outlived the entry");
+        // The binary stays (a DEL run with the config a pod was created with still calls it),
+        // and so does the kernel state, which this test never creates.
+        assert_eq!(
+            fs::read(n.bin().join("natguard")).unwrap(),
+            fs::read(BIN).unwrap()
+        );
+        assert!(log.contains("removed natguard's entry from"), "{log}");
+    }
+}
+
+#[test]
+fn without_cleanup_on_exit_sigterm_leaves_the_entry() {
+    let n = Node::new("no-cleanup");
+    let (w, list) = watching_calico(&n, &[]);
+    let before = n.snapshot();
+    let status = w.stop();
+    assert!(status.success(), "exit {status:?}");
+    assert!(has_natguard(&list));
+    assert_eq!(n.snapshot(), before, "the list was rewritten on SIGTERM");
+    assert!(ready_names(&n, &list));
+
+    // The flag means nothing without --watch: a usage error, nothing touched.
+    for extra in [
+        &["--cleanup-on-exit"][..],
+        &["--check", "--cleanup-on-exit"],
+    ] {
+        let out = n.run("install", extra);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out));
+        assert_eq!(n.snapshot(), before);
+    }
+}
+
+#[test]
+fn watch_runs_adopt_at_start_and_after_each_reinsert_and_again_later() {
+    let n = Node::new("watch-adopt");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[]);
+    let list = n.conf("10-calico.conflist");
+    // Adopt on, with an empty CNI cache: adopt finds no pod and sends nothing to the kernel.
+    let mut cmd = Command::new(BIN);
+    cmd.arg("install")
+        .args(n.base_args())
+        .arg("--watch")
+        .arg("--cache-dir")
+        .arg(n.dir.join("cache"));
+    let w = Watcher::spawn(cmd);
+    let adopted = || w.count("natguard adopt: done");
+    // The entry is already there at start; adopt runs anyway, as a one-shot install does (the
+    // watcher before this one may have stopped between a re-insert and its adopt).
+    wait_for("adopt at start", || adopted() == 1);
+
+    // The agent rewrites its list: the entry comes back, then adopt runs for the pods that
+    // started in between.
+    fs::write(&list, CALICO).unwrap();
+    wait_for("natguard back", || has_natguard(&list));
+    wait_for("adopt after the re-insert", || adopted() == 2);
+    // ... and once more ten seconds later, for pods whose ADD was still under way.
+    let t = Instant::now();
+    wait_for("the follow-up adopt", || adopted() == 3);
+    assert!(t.elapsed() > Duration::from_secs(5), "{}", w.log());
+    assert_eq!(w.count("adopting again"), 1);
+
+    // A pass that writes nothing does not adopt.
+    let checks = w.count("nothing to write");
+    n.write("99-unrelated.conflist", "{}");
+    wait_for("the unrelated event checked", || {
+        w.count("nothing to write") > checks
+    });
+    assert_eq!(adopted(), 3, "{}", w.log());
+    assert!(w.stop().success());
 }

@@ -3,7 +3,9 @@
 #
 # 1. scripts/image.sh builds the image twice from the same binary: both archives must be byte
 #    for byte the same; the layer holds /natguard alone and the entrypoint is
-#    ["/natguard","install","--watch"].
+#    ["/natguard","install","--watch"]. The config's OCI labels name the binary's version and
+#    git revision (this checkout's HEAD when the test built the binary), Apache-2.0 and the
+#    source (IMAGE_SOURCE, which changes the digest like any other input).
 # 2. `podman load` (throwaway storage) and `ctr images import` both name it
 #    docker.io/library/natguard:0.1.0, which is what Kubernetes resolves "natguard:0.1.0" to.
 # 3. containerd 1.6 (own root, state and socket, started inside the node netns) runs it as the
@@ -42,6 +44,39 @@ files=$(tar -tzvf "$W/layout/blobs/sha256/$layer")
 [ "$(jq -c .config.Entrypoint "$W/layout/blobs/sha256/$config")" = '["/natguard","install","--watch"]' ] ||
   fail "entrypoint: $(jq -c .config.Entrypoint "$W/layout/blobs/sha256/$config")"
 log "image: reproducible (sha256 $(sha256sum <"$W/image-a.tar" | cut -c1-16)...), /natguard alone, entrypoint install --watch"
+
+# The OCI labels: the binary's version and git revision, the license, the source.
+labels=$(jq -cS '.config.Labels' "$W/layout/blobs/sha256/$config")
+bin_version=$("$bin" --version) || fail "$bin --version"
+crate_version=$(sed -n 's/^version = "\(.*\)"$/\1/p' "$REPO/Cargo.toml" | head -n1)
+revision=$(sed -n 's/.*(revision \([^)]*\))$/\1/p' <<<"$bin_version")
+[ "$bin_version" = "natguard $crate_version (revision $revision)" ] && grep -Eq '^([0-9a-f]{12}(-dirty)?|unknown)$' <<<"$revision" ||
+  fail "natguard --version should name the crate version and a 12-digit git revision: $bin_version"
+if [ -z "${NATGUARD_BIN:-}" ]; then
+  # natguard_bin built it from this checkout just now: the revision is this checkout's HEAD
+  # (or unknown, built outside a git checkout).
+  if head=$(git -C "$REPO" rev-parse --short=12 HEAD 2>/dev/null); then
+    [ "${revision%-dirty}" = "$head" ] || fail "the binary names revision $revision, the checkout is at $head"
+  else
+    [ "$revision" = unknown ] || fail "built outside a git checkout, the binary names revision $revision"
+  fi
+fi
+want=$(jq -cnS --arg v "$crate_version" --arg r "$revision" '{
+  "org.opencontainers.image.licenses": "Apache-2.0", "org.opencontainers.image.revision": $r,
+  "org.opencontainers.image.source": "unknown", "org.opencontainers.image.title": "natguard",
+  "org.opencontainers.image.version": $v}')
+[ "$labels" = "$want" ] || fail "image labels: $labels, want $want"
+# The source label is an input like the binary: it changes the config, and so the digest.
+IMAGE_SOURCE=https://example.invalid/natguard NATGUARD_BIN=$bin "$REPO/scripts/image.sh" "$W/image-c.tar" >&2 ||
+  fail "image.sh with IMAGE_SOURCE"
+mkdir -p "$W/layout-c"
+tar -xf "$W/image-c.tar" -C "$W/layout-c"
+config_c=$(jq -r '.manifests[0].digest | sub("sha256:"; "")' "$W/layout-c/index.json")
+config_c=$(jq -r '.config.digest | sub("sha256:"; "")' "$W/layout-c/blobs/sha256/$config_c")
+[ "$(jq -r '.config.Labels["org.opencontainers.image.source"]' "$W/layout-c/blobs/sha256/$config_c")" = https://example.invalid/natguard ] ||
+  fail "IMAGE_SOURCE did not reach the source label"
+[ "$config_c" != "$config" ] || fail "a different source label gave the same config digest"
+log "image labels: version $crate_version, revision $revision, licenses Apache-2.0, source from IMAGE_SOURCE"
 
 # --- 2. podman load -------------------------------------------------------------------------
 mkdir -p "$W/podman"

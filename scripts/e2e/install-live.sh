@@ -20,8 +20,14 @@
 # 3. `natguard install --watch`: the primary plugin's agent rewrites the list from its template
 #    (atomically, without natguard, as aws-node and calico-node do); natguard's entry is back
 #    within a bounded wait, and a pod started after that is under policy from its ADD.
+#    The window between a rewrite and the re-insert, held open by stopping the watcher: a pod
+#    started in it gets no ADD from natguard (not intercepted but reset by the fail-closed rule,
+#    not masqueraded by natguard); the resumed watcher puts the entry back and its adopt brings
+#    the pod under policy (in natguard's sets, answered by the proxy). SIGTERM leaves the entry.
 # 4. The ordinary pods are removed while natguard is listed: nothing of them is left
-#    (natguard's table, conntrack, IPAM, the CNI cache).
+#    (natguard's table, conntrack, IPAM, the CNI cache). Then `install --watch
+#    --cleanup-on-exit` and SIGTERM: the list is the original again, the binary and the table
+#    stay, and a pod started then gets no ADD from natguard.
 # 5. `natguard uninstall` with the exempt pod still running: the list is the original again
 #    (byte for byte), the binary and the nftables table are gone, and the runtime still starts
 #    and removes pods with the list (address, egress, metadata -> cloud, no IPAM or cache left).
@@ -310,8 +316,37 @@ cri_loaded with
 runp ng-late "$APPS_NS" podC ipC
 assert_pod_installed "$NET" "$ipC" "$podC"
 probe "$podC" "pod $APPS_NS/ng-late (after the restore)" proxy
+
+# The window between a rewrite and the re-insert, held open: the watcher is stopped (SIGSTOP),
+# the agent rewrites the list, the runtime loads it and a pod starts without natguard's ADD.
+kill -STOP $watch_pid
+cp "$W/template.conflist" "$LIST.agent-tmp" && mv "$LIST.agent-tmp" "$LIST"
+cri_loaded without
+runp ng-window "$APPS_NS" podE ipE
+set_has "$NET" meta4 "$ipE" && fail "pod $ipE started without natguard in the list, yet is in $NET-meta4"
+out=$(cri run "$podE" "$IMAGE_REF" sh -c "$PROBE") || fail "container in pod ng-window: $out"
+metaE=$(sed -n 's/^meta=//p' <<<"$out") outE=$(sed -n 's/^out=//p' <<<"$out")
+# not intercepted, but the fail-closed reset covers its address (inside a pod prefix natguard
+# has seen); natguard's masquerade policy does not apply to it yet
+[ "$metaE" != cloud ] && [ "$metaE" != proxy ] ||
+  fail "pod $ipE, started in the window: metadata answered by '$metaE', want the fail-closed reset"
+[ "$outE" = "$ipE" ] || fail "pod $ipE, started in the window: $REMOTE_OUT saw '$outE', want the pod address"
+log "pod $ipE started in the window: metadata -> '$metaE' (fail-closed reset), $REMOTE_OUT sees $outE (natguard's masquerade not applied)"
+adopts=$(grep -c 'natguard adopt: done' "$W/watch.log" || true)
+kill -CONT $watch_pid
+for _ in $(seq 100); do
+  [ "$(grep -c 'natguard adopt: done' "$W/watch.log" || true)" -gt "$adopts" ] && break
+  sleep 0.1
+done
+has_entry() { jq -e '[.plugins[].type] == ["bridge", "portmap", "natguard"]' "$LIST" >/dev/null 2>&1; }
+has_entry || fail "the resumed watcher did not put natguard back: $(cat "$LIST"); $(cat "$W/watch.log")"
+grep -Eq "^adopted +$NET ${podE:0:12}(\.\.\.)? eth0 \($APPS_NS/ng-window\): $ipE\$" "$W/watch.log" ||
+  fail "the watcher's adopt after the re-insert did not adopt pod $ipE: $(cat "$W/watch.log")"
+assert_pod_installed "$NET" "$ipE" "$podE"
+probe "$podE" "pod $APPS_NS/ng-window, adopted by the watcher after the re-insert" proxy
 kill -TERM $watch_pid
 wait $watch_pid || fail "install --watch exited $? on SIGTERM: $(cat "$W/watch.log")"
+has_entry || fail "install --watch without --cleanup-on-exit took the entry out on SIGTERM: $(cat "$LIST")"
 # the long-lived connections over all of this
 [ "$(ka_count "$kaA" answer=cloud "$t_installed")" = 0 ] && [ "$(ka_count "$kaA" connect "$t_install")" -le 1 ] ||
   fail "pod $ipA: after install, cloud answers or more than one reconnect: $(cat "$kaA")"
@@ -333,13 +368,43 @@ quiet_flows() {
 }
 kill "$kaA_pid"
 quiet_flows "$ipA"
-for p in "$podA $ipA" "$podC $ipC"; do
+for p in "$podA $ipA" "$podC $ipC" "$podE $ipE"; do
   set -- $p
   cri stopp "$1" || fail "StopPodSandbox $1"
   cri rmp "$1" || fail "RemovePodSandbox $1"
   # (a subshell: fail exits it, not the test)
   (assert_pod_gone "$NET" "$2" "$1") || late_fail "removing pod $2 (${1:0:12}) while natguard was listed left state behind (above)"
 done
+
+# ============================================================================================
+# 4b. install --watch --cleanup-on-exit: SIGTERM takes the entry out (the binary and natguard's
+# table stay), and a pod started then gets no ADD from natguard (the node fails open for it)
+nsenter --net="/run/netns/$NODE" "$bin" install --watch --cleanup-on-exit "${DIRS[@]}" --cache-dir "$CACHE" \
+  --ready-file "$W/ready" --config "$W/natguard.json" >"$W/watch-cleanup.log" 2>&1 9>&- &
+watch_pid=$!
+defer "kill $watch_pid"
+for _ in $(seq 100); do
+  grep -q 'nothing to write' "$W/watch-cleanup.log" && break
+  sleep 0.1
+done
+grep -q 'nothing to write' "$W/watch-cleanup.log" || fail "install --watch --cleanup-on-exit did not start: $(cat "$W/watch-cleanup.log")"
+kill -TERM $watch_pid
+wait $watch_pid || fail "install --watch --cleanup-on-exit exited $? on SIGTERM: $(cat "$W/watch-cleanup.log")"
+cmp -s "$LIST" "$W/template.conflist" || fail "--cleanup-on-exit left a list other than the original: $(diff "$W/template.conflist" "$LIST")"
+[ -e "$W/ready" ] && fail "--cleanup-on-exit left the ready file"
+cmp -s "$bin" "$CNIBIN/natguard" || fail "--cleanup-on-exit removed the binary"
+nft_table >/dev/null || fail "--cleanup-on-exit removed natguard's table"
+cri_loaded without
+runp ng-open "$APPS_NS" podF ipF
+set_has "$NET" meta4 "$ipF" && fail "pod $ipF started after --cleanup-on-exit, yet is in $NET-meta4"
+out=$(cri run "$podF" "$IMAGE_REF" sh -c "$PROBE") || fail "container in pod ng-open: $out"
+metaF=$(sed -n 's/^meta=//p' <<<"$out") outF=$(sed -n 's/^out=//p' <<<"$out")
+[ "$metaF" != proxy ] && [ "$outF" = "$ipF" ] ||
+  fail "pod $ipF, started after --cleanup-on-exit: want no interception and no masquerade by natguard, got: $out"
+log "after --cleanup-on-exit: the list is the original, binary and table stay; pod $ipF: metadata -> '$metaF', $REMOTE_OUT sees $outF"
+cri stopp "$podF" || fail "StopPodSandbox $podF"
+cri rmp "$podF" || fail "RemovePodSandbox $podF"
+assert_cni_state_gone "$NET" "$ipF" "$podF"
 
 # ============================================================================================
 # 5. uninstall (the exempt pod still runs)

@@ -1,0 +1,306 @@
+//! The command lines of `natguard install` and `natguard uninstall`, parsed into options.
+//!
+//! Parsing is strict and happens before anything on the node is touched: an unknown flag, a
+//! malformed value or a natguard entry the plugin's own config parser rejects is an error here,
+//! and the caller turns every error of this module into exit code 2 (a usage error). natguard's
+//! entry is built from `--config` and the flags here too (see `entry`), so the rest of install
+//! only ever sees a validated JSON object.
+
+use super::entry::{build_entry, check_cidr, validate_entry, EntryFlags};
+use super::{DEFAULT_CNI_BIN_DIR, DEFAULT_NETCONF_DIR, DEFAULT_READY_FILE};
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+
+pub(crate) const INSTALL_USAGE: &str = "\
+usage: natguard install [options]
+  --cni-bin-dir DIR            where plugin binaries live (default /opt/cni/bin)
+  --netconf-dir DIR            where network configs live (default /etc/cni/net.d)
+  --conflist FILE              edit this file instead of the active one (a name in the netconf dir, or a path)
+  --config FILE.json           natguard's plugin entry (a JSON object, \"type\" optional)
+  --mode proxy|deny|off        metadata.mode
+  --proxy-port N               metadata.proxyPort
+  --proxy-ipv4 ADDR|auto       metadata.proxyIPv4
+  --proxy-ipv6 ADDR|auto       metadata.proxyIPv6
+  --exempt-namespace NS        metadata.exemptNamespaces (repeatable)
+  --non-masquerade-cidr CIDR   masquerade.nonMasqueradeCIDRs (repeatable)
+  --no-masquerade              masquerade.enabled = false
+  --cache-dir DIR              CNI result cache passed to `natguard adopt`
+  --no-adopt                   do not run `natguard adopt` after installing
+  --ready-file PATH            exists while natguard is in the active list (default /run/natguard/ready)
+  --watch                      keep the entry in the active list until SIGTERM
+  --cleanup-on-exit            with --watch: on SIGTERM/SIGINT, remove natguard's entry from the
+                               active list (not the binary, not the kernel state); new pods then
+                               start without natguard
+  --check                      exit 0 iff the binary is installed and the active list has natguard
+Flags override the same fields of --config. With neither, the entry is {\"type\":\"natguard\"}.
+";
+
+pub(crate) const UNINSTALL_USAGE: &str = "\
+usage: natguard uninstall [options]
+  --cni-bin-dir DIR            where plugin binaries live (default /opt/cni/bin)
+  --netconf-dir DIR            where network configs live (default /etc/cni/net.d)
+  --ready-file PATH            removed (default /run/natguard/ready)
+  --keep-kernel-state          leave natguard's nftables table in place
+Removes natguard's entry from every list in the netconf dir, then its binary from the bin dir,
+then its nftables table (inet natguard) with every pod's entries.
+";
+
+/// What `natguard install` was asked to do.
+#[derive(Debug, Clone)]
+pub(crate) struct InstallOpts {
+    pub(crate) bin_dir: PathBuf,
+    pub(crate) netconf_dir: PathBuf,
+    /// `--conflist`, made absolute against the netconf dir when it is a bare name.
+    pub(crate) conflist: Option<PathBuf>,
+    /// natguard's entry, validated by the plugin's config parser.
+    pub(crate) entry: Value,
+    pub(crate) cache_dir: Option<PathBuf>,
+    pub(crate) adopt: bool,
+    pub(crate) ready_file: PathBuf,
+    pub(crate) mode: RunMode,
+    /// On SIGTERM/SIGINT, `--watch` takes natguard's entry out of the active list.
+    pub(crate) cleanup_on_exit: bool,
+}
+
+/// The three ways install runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunMode {
+    /// Install once and exit.
+    Once,
+    /// Install, then keep the entry in the active list until a signal.
+    Watch,
+    /// Only report whether natguard is installed.
+    Check,
+}
+
+/// What `natguard uninstall` was asked to do.
+#[derive(Debug, Clone)]
+pub(crate) struct UninstallOpts {
+    pub(crate) bin_dir: PathBuf,
+    pub(crate) netconf_dir: PathBuf,
+    pub(crate) ready_file: PathBuf,
+    pub(crate) keep_kernel_state: bool,
+}
+
+/// A parsed command line, or a request for the usage text.
+pub(crate) enum Parsed<T> {
+    Run(T),
+    Help,
+}
+
+/// Pulls `--flag value` / `--flag=value` pairs out of an argument list.
+struct Args<'a> {
+    args: &'a [String],
+    pos: usize,
+}
+
+impl<'a> Args<'a> {
+    fn new(args: &'a [String]) -> Self {
+        Args { args, pos: 0 }
+    }
+
+    /// The next flag and, if written as `--flag=value`, its inline value.
+    fn next_flag(&mut self) -> Option<(String, Option<String>)> {
+        let arg = self.args.get(self.pos)?;
+        self.pos += 1;
+        match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                Some((flag.to_string(), Some(value.to_string())))
+            }
+            _ => Some((arg.clone(), None)),
+        }
+    }
+
+    fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String> {
+        if let Some(v) = inline {
+            return Ok(v);
+        }
+        let v = self
+            .args
+            .get(self.pos)
+            .ok_or_else(|| usage(format!("{flag} needs a value")))?;
+        self.pos += 1;
+        Ok(v.clone())
+    }
+}
+
+fn usage(msg: impl Into<String>) -> Error {
+    Error::Command(msg.into())
+}
+
+fn no_value(flag: &str, inline: &Option<String>) -> Result<()> {
+    match inline {
+        Some(_) => Err(usage(format!("{flag} takes no value"))),
+        None => Ok(()),
+    }
+}
+
+pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>> {
+    let mut bin_dir = PathBuf::from(DEFAULT_CNI_BIN_DIR);
+    let mut netconf_dir = PathBuf::from(DEFAULT_NETCONF_DIR);
+    let mut conflist = None;
+    let mut config_file: Option<PathBuf> = None;
+    let mut cache_dir = None;
+    let mut adopt = true;
+    let mut ready_file = PathBuf::from(DEFAULT_READY_FILE);
+    let mut watch = false;
+    let mut check = false;
+    let mut cleanup_on_exit = false;
+    let mut flags = EntryFlags::default();
+
+    let mut it = Args::new(args);
+    while let Some((flag, inline)) = it.next_flag() {
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "--cni-bin-dir" => bin_dir = it.value(&flag, inline)?.into(),
+            "--netconf-dir" => netconf_dir = it.value(&flag, inline)?.into(),
+            "--conflist" => conflist = Some(PathBuf::from(it.value(&flag, inline)?)),
+            "--config" => config_file = Some(it.value(&flag, inline)?.into()),
+            "--cache-dir" => cache_dir = Some(PathBuf::from(it.value(&flag, inline)?)),
+            "--ready-file" => ready_file = it.value(&flag, inline)?.into(),
+            "--no-adopt" => {
+                no_value(&flag, &inline)?;
+                adopt = false
+            }
+            "--watch" => {
+                no_value(&flag, &inline)?;
+                watch = true
+            }
+            "--cleanup-on-exit" => {
+                no_value(&flag, &inline)?;
+                cleanup_on_exit = true
+            }
+            "--check" => {
+                no_value(&flag, &inline)?;
+                check = true
+            }
+            "--mode" => {
+                let v = it.value(&flag, inline)?;
+                if !matches!(v.as_str(), "proxy" | "deny" | "off") {
+                    return Err(usage(format!("--mode {v:?}: expected proxy, deny or off")));
+                }
+                flags.mode = Some(v)
+            }
+            "--proxy-port" => {
+                let v = it.value(&flag, inline)?;
+                match v.parse::<u16>() {
+                    Ok(p) if p > 0 => flags.proxy_port = Some(p),
+                    _ => {
+                        return Err(usage(format!(
+                            "--proxy-port {v:?}: expected a port 1-65535"
+                        )))
+                    }
+                }
+            }
+            "--proxy-ipv4" => {
+                let v = it.value(&flag, inline)?;
+                if v != "auto" && v.parse::<Ipv4Addr>().is_err() {
+                    return Err(usage(format!(
+                        "--proxy-ipv4 {v:?}: expected an IPv4 address or auto"
+                    )));
+                }
+                flags.proxy_ipv4 = Some(v)
+            }
+            "--proxy-ipv6" => {
+                let v = it.value(&flag, inline)?;
+                if v != "auto" && v.parse::<Ipv6Addr>().is_err() {
+                    return Err(usage(format!(
+                        "--proxy-ipv6 {v:?}: expected an IPv6 address or auto"
+                    )));
+                }
+                flags.proxy_ipv6 = Some(v)
+            }
+            "--exempt-namespace" => {
+                let v = it.value(&flag, inline)?;
+                if v.is_empty() {
+                    return Err(usage("--exempt-namespace: empty namespace"));
+                }
+                flags.exempt_namespaces.push(v)
+            }
+            "--non-masquerade-cidr" => {
+                let v = it.value(&flag, inline)?;
+                check_cidr(&v).map_err(|e| e.context(format!("--non-masquerade-cidr {v:?}")))?;
+                flags.non_masquerade_cidrs.push(v)
+            }
+            "--no-masquerade" => {
+                no_value(&flag, &inline)?;
+                flags.no_masquerade = true
+            }
+            other => return Err(usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    let mode = match (watch, check) {
+        (true, true) => return Err(usage("--check and --watch exclude each other")),
+        (true, false) => RunMode::Watch,
+        (false, true) => RunMode::Check,
+        (false, false) => RunMode::Once,
+    };
+    if cleanup_on_exit && mode != RunMode::Watch {
+        return Err(usage(
+            "--cleanup-on-exit needs --watch: it acts when the watcher is stopped",
+        ));
+    }
+    // --check only looks; the entry is not needed, but a bad --config is still an error.
+    let entry = build_entry(config_file.as_deref(), &flags)?;
+    validate_entry(&entry)?;
+    let conflist = conflist.map(|c| {
+        if c.components().count() == 1 && !c.is_absolute() {
+            netconf_dir.join(c)
+        } else {
+            c
+        }
+    });
+    Ok(Parsed::Run(InstallOpts {
+        bin_dir,
+        netconf_dir,
+        conflist,
+        entry,
+        cache_dir,
+        adopt,
+        ready_file,
+        mode,
+        cleanup_on_exit,
+    }))
+}
+
+pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOpts>> {
+    let mut opts = UninstallOpts {
+        bin_dir: PathBuf::from(DEFAULT_CNI_BIN_DIR),
+        netconf_dir: PathBuf::from(DEFAULT_NETCONF_DIR),
+        ready_file: PathBuf::from(DEFAULT_READY_FILE),
+        keep_kernel_state: false,
+    };
+    let mut it = Args::new(args);
+    while let Some((flag, inline)) = it.next_flag() {
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "--cni-bin-dir" => opts.bin_dir = it.value(&flag, inline)?.into(),
+            "--netconf-dir" => opts.netconf_dir = it.value(&flag, inline)?.into(),
+            "--ready-file" => opts.ready_file = it.value(&flag, inline)?.into(),
+            "--keep-kernel-state" => {
+                no_value(&flag, &inline)?;
+                opts.keep_kernel_state = true
+            }
+            other => return Err(usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    Ok(Parsed::Run(opts))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleanup_on_exit_needs_watch() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(parse_install_args(&args(&["--cleanup-on-exit"])).is_err());
+        assert!(parse_install_args(&args(&["--check", "--cleanup-on-exit"])).is_err());
+        match parse_install_args(&args(&["--watch", "--cleanup-on-exit"])) {
+            Ok(Parsed::Run(o)) => assert!(o.cleanup_on_exit && o.mode == RunMode::Watch),
+            _ => panic!("--watch --cleanup-on-exit should parse"),
+        }
+    }
+}

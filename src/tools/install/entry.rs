@@ -1,0 +1,168 @@
+//! natguard's entry for the list, built from `--config` and the flags that override its fields,
+//! and checked with the plugin's own config parser before it is written anywhere.
+//!
+//! The entry keeps the order of the keys of `--config`; a flag replaces the one field it names
+//! inside `metadata` or `masquerade` and leaves the rest of that section alone. A `--config`
+//! holding a whole list (`plugins`, `name`, `cniVersion`) is refused: the list's own name and
+//! version are kept, only natguard's entry is natguard's to give.
+
+use super::PLUGIN_TYPE;
+use crate::error::{Error, Result};
+use serde_json::{Map, Value};
+use std::net::IpAddr;
+use std::path::Path;
+
+fn usage(msg: impl Into<String>) -> Error {
+    Error::Command(msg.into())
+}
+
+/// Fields of natguard's entry given as flags.
+#[derive(Debug, Default)]
+pub(crate) struct EntryFlags {
+    pub(crate) mode: Option<String>,
+    pub(crate) proxy_port: Option<u16>,
+    pub(crate) proxy_ipv4: Option<String>,
+    pub(crate) proxy_ipv6: Option<String>,
+    pub(crate) exempt_namespaces: Vec<String>,
+    pub(crate) non_masquerade_cidrs: Vec<String>,
+    pub(crate) no_masquerade: bool,
+}
+
+pub(crate) fn check_cidr(s: &str) -> Result<()> {
+    let (addr, len) = s
+        .split_once('/')
+        .ok_or_else(|| usage("expected ADDRESS/PREFIX"))?;
+    let addr: IpAddr = addr.parse().map_err(|_| usage("bad address"))?;
+    let len: u8 = len.parse().map_err(|_| usage("bad prefix length"))?;
+    let max = if addr.is_ipv4() { 32 } else { 128 };
+    if len > max {
+        return Err(usage(format!("prefix length {len} > {max}")));
+    }
+    Ok(())
+}
+
+/// natguard's entry: `{"type":"natguard"}`, then the keys of `--config` in their order, then the
+/// flags, each overriding the field it names.
+pub(crate) fn build_entry(config_file: Option<&Path>, flags: &EntryFlags) -> Result<Value> {
+    let mut entry = Map::new();
+    entry.insert("type".into(), Value::String(PLUGIN_TYPE.into()));
+    if let Some(path) = config_file {
+        merge_config_file(&mut entry, path)?;
+    }
+    let mut meta = Vec::new();
+    if let Some(m) = &flags.mode {
+        meta.push(("mode", Value::String(m.clone())));
+    }
+    if let Some(p) = flags.proxy_port {
+        meta.push(("proxyPort", Value::from(p)));
+    }
+    if let Some(a) = &flags.proxy_ipv4 {
+        meta.push(("proxyIPv4", Value::String(a.clone())));
+    }
+    if let Some(a) = &flags.proxy_ipv6 {
+        meta.push(("proxyIPv6", Value::String(a.clone())));
+    }
+    if !flags.exempt_namespaces.is_empty() {
+        meta.push((
+            "exemptNamespaces",
+            Value::from(flags.exempt_namespaces.clone()),
+        ));
+    }
+    let mut masq = Vec::new();
+    if flags.no_masquerade {
+        masq.push(("enabled", Value::Bool(false)));
+    }
+    if !flags.non_masquerade_cidrs.is_empty() {
+        masq.push((
+            "nonMasqueradeCIDRs",
+            Value::from(flags.non_masquerade_cidrs.clone()),
+        ));
+    }
+    for (name, fields) in [("metadata", meta), ("masquerade", masq)] {
+        if fields.is_empty() {
+            continue;
+        }
+        let section = entry
+            .entry(name.to_string())
+            .or_insert_with(|| Value::Object(Map::new()));
+        let Value::Object(obj) = section else {
+            return Err(usage(format!(
+                "\"{name}\" is {section}, expected an object"
+            )));
+        };
+        for (k, v) in fields {
+            obj.insert(k.to_string(), v);
+        }
+    }
+    Ok(Value::Object(entry))
+}
+
+/// The keys of a `--config` file, in their order, over `entry`.
+fn merge_config_file(entry: &mut Map<String, Value>, path: &Path) -> Result<()> {
+    let shown = path.display();
+    let text =
+        std::fs::read_to_string(path).map_err(|e| Error::io(format!("--config {shown}"), e))?;
+    let value: Value = serde_json::from_str(&text)
+        .map_err(|e| usage(format!("--config {shown}: not JSON: {e}")))?;
+    let Value::Object(obj) = value else {
+        return Err(usage(format!(
+            "--config {shown}: expected a JSON object (natguard's plugin entry)"
+        )));
+    };
+    for (k, v) in obj {
+        match k.as_str() {
+            "type" if v != Value::String(PLUGIN_TYPE.into()) => {
+                return Err(usage(format!(
+                    "--config {shown}: \"type\" is {v}, expected \"natguard\""
+                )))
+            }
+            "type" => {}
+            "plugins" | "name" | "cniVersion" => {
+                return Err(usage(format!(
+                    "--config {shown}: has {k:?}; give natguard's plugin entry only, the list's \
+                     name and cniVersion are kept"
+                )))
+            }
+            _ => {
+                entry.insert(k, v);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks natguard's entry with the plugin's own parser before it is written into a list, so
+/// that a bad value fails here rather than at every pod's ADD.
+pub(crate) fn validate_entry(entry: &Value) -> Result<()> {
+    crate::config::parse_plugin_config(entry)
+        .map(drop)
+        .map_err(|e| e.context("natguard's entry"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn flags_build_the_entry() {
+        let flags = EntryFlags {
+            mode: Some("deny".into()),
+            proxy_port: Some(9000),
+            exempt_namespaces: vec!["kube-system".into(), "creds".into()],
+            no_masquerade: true,
+            ..Default::default()
+        };
+        let e = build_entry(None, &flags).unwrap();
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"natguard","metadata":{"mode":"deny","proxyPort":9000,"exemptNamespaces":["kube-system","creds"]},"masquerade":{"enabled":false}}"#
+        );
+        validate_entry(&e).unwrap();
+        assert!(validate_entry(&json!({"type":"natguard","metadata":{"mode":"allow"}})).is_err());
+        assert!(validate_entry(
+            &json!({"type":"natguard","masquerade":{"nonMasqueradeCIDRs":["10.0.0.0/33"]}})
+        )
+        .is_err());
+    }
+}

@@ -1,0 +1,118 @@
+//! `natguard uninstall`, and cutting natguard's entry out of a list (also used by
+//! `install --watch --cleanup-on-exit`).
+//!
+//! Uninstall undoes install in the order that keeps a node consistent: first natguard's entries
+//! in every list of the netconf dir, so no new pod calls natguard; then the readiness file and
+//! the binary; last natguard's nftables table, once nothing can add to it. Each step goes on
+//! when an earlier one failed, and the exit code says whether any did. An entry is cut out of
+//! the list's text with its separator, so a list natguard spliced into is byte for byte what it
+//! was before; files that are not lists, are symlinks or do not parse are left alone, since
+//! install never writes to those.
+
+use super::atomic::{same_bytes, sync_dir, write_atomic};
+use super::netconf_dir::{conf_files, is_list_path, is_natguard, load};
+use super::splice::{checked_text, cut_entry};
+use super::{UninstallOpts, PLUGIN_TYPE};
+use crate::error::{Error, Result};
+use serde_json::Value;
+use std::fs;
+use std::io;
+use std::path::Path;
+
+/// Runs uninstall; Err when some step failed (each failure is logged as it happens).
+pub(crate) fn run(opts: &UninstallOpts) -> Result<()> {
+    let mut failed = 0;
+    let mut fail = |e: Error| {
+        crate::warn!("error: {e}");
+        failed += 1;
+    };
+    let dir = &opts.netconf_dir;
+    match conf_files(dir) {
+        Ok(files) => {
+            for f in files {
+                let path = dir.join(&f);
+                match remove_entries(&path) {
+                    Ok(true) => crate::info!("removed natguard's entry from {}", path.display()),
+                    Ok(false) => {}
+                    Err(e) => fail(e),
+                }
+            }
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => fail(Error::io(dir.display().to_string(), e)),
+    }
+    match fs::remove_file(&opts.ready_file) {
+        Ok(()) => crate::info!("removed {}", opts.ready_file.display()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => crate::warn!("{}: {e}", opts.ready_file.display()),
+    }
+    let bin = opts.bin_dir.join(PLUGIN_TYPE);
+    match fs::remove_file(&bin) {
+        Ok(()) => {
+            let _ = sync_dir(&opts.bin_dir);
+            crate::info!("removed {}", bin.display())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => fail(Error::io(bin.display().to_string(), e)),
+    }
+    if !opts.keep_kernel_state {
+        match crate::store::delete_all() {
+            Ok(()) => crate::info!("removed natguard's nftables table"),
+            Err(e) if crate::kernel::is_unavailable(&e) => {}
+            Err(e) => fail(e.context("deleting natguard's nftables table")),
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(Error::Command(format!("{n} step(s) of uninstall failed"))),
+    }
+}
+
+/// Removes every natguard entry from one config file; Ok(false) when it has none (or is not a
+/// list natguard could be in).
+pub(crate) fn remove_entries(path: &Path) -> Result<bool> {
+    if !is_list_path(path) {
+        return Ok(false);
+    }
+    let meta = fs::symlink_metadata(path).map_err(|e| Error::io(path.display().to_string(), e))?;
+    if !meta.is_file() {
+        // A symlink or something else: install never edits those, so natguard is not there.
+        return Ok(false);
+    }
+    let Ok(l) = load(path) else {
+        return Ok(false);
+    };
+    let mut want = l.doc.clone();
+    let Some(Value::Array(plugins)) = want.get_mut("plugins") else {
+        return Ok(false);
+    };
+    if !plugins.iter().any(is_natguard) {
+        return Ok(false);
+    }
+    plugins.retain(|p| !is_natguard(p));
+    let text = checked_text(cut_all(&l.text), &Value::Object(want));
+    let old = l.text.as_bytes();
+    write_atomic(path, text.as_bytes(), 0o644, Some(&l.meta), &|| {
+        same_bytes(path, old)
+    })?;
+    Ok(true)
+}
+
+/// `text` with every natguard entry cut out, one at a time, re-reading the layout after each
+/// cut; None if the text stops parsing as a list on the way (the caller then serializes afresh).
+fn cut_all(text: &str) -> Option<String> {
+    let mut text = text.to_string();
+    loop {
+        let Ok(Value::Object(doc)) = serde_json::from_str::<Value>(&text) else {
+            return None;
+        };
+        let idx = match doc.get("plugins") {
+            Some(Value::Array(p)) => p.iter().position(is_natguard),
+            _ => None,
+        };
+        match idx {
+            Some(i) => text = cut_entry(&text, i)?,
+            None => return Some(text),
+        }
+    }
+}

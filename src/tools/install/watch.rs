@@ -1,0 +1,353 @@
+//! `natguard install --watch`: keep natguard's entry in the active list while agents of the
+//! primary plugin rewrite their lists, until SIGTERM or SIGINT.
+//!
+//! The watcher waits on inotify for the netconf dir (or the `--conflist` file's dir) and on a
+//! self-pipe that the signal handlers write to, with poll(2), so there is no thread and a signal
+//! is never lost between two checks. After an event on a config name it waits until the dir has
+//! been quiet for a moment (bounded, so the entry is back well within a second) and runs one
+//! install pass. Its own writes wake it once and that pass finds nothing to do, so it never
+//! loops. Every pass that writes the list runs `natguard adopt`, which brings the pods that
+//! started while the entry was missing under policy, and runs it once more ten seconds later for
+//! the pods whose ADD was still under way at the first adopt; the first pass adopts whatever it
+//! finds, as a one-shot install does. A full pass also runs every minute without events (a lost
+//! event, a deleted binary). If the dir itself goes away, the watcher checks once a second for
+//! it to come back.
+//!
+//! On a signal it exits 0. With `--cleanup-on-exit` it first cuts natguard's entry out of the
+//! active list (atomically; the binary and the kernel state stay) and removes the readiness
+//! file, so pods created after the watcher is gone start without natguard: the node fails open.
+
+use super::atomic::parent;
+use super::flow::{
+    install_binary, install_conflist, retrying, run_adopt, set_ready, Outcome, Write,
+};
+use super::netconf_dir::{active_file, entry_present, is_conf_name};
+use super::uninstall::remove_entries;
+use super::InstallOpts;
+use crate::error::{Error, Result};
+use std::ffi::OsStr;
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+/// Quiet period after a directory event before the list is checked again.
+const DEBOUNCE_QUIET: Duration = Duration::from_millis(100);
+/// Upper bound of the debounce: the entry is back well within a second of a rewrite.
+const DEBOUNCE_MAX: Duration = Duration::from_millis(400);
+/// Full re-check interval without events (lost events, a deleted binary).
+const RESYNC_EVERY: Duration = Duration::from_secs(60);
+/// After a pass that wrote the list, adopt runs again this much later: an ADD that had read the
+/// list without natguard and was still running at the first adopt has written its CNI cache
+/// entry by then.
+const ADOPT_AGAIN_AFTER: Duration = Duration::from_secs(10);
+/// How often a vanished watch dir is looked for.
+const DIR_RETRY: Duration = Duration::from_secs(1);
+
+const WATCH_MASK: u32 = libc::IN_CLOSE_WRITE
+    | libc::IN_MOVED_TO
+    | libc::IN_MOVED_FROM
+    | libc::IN_DELETE
+    | libc::IN_CREATE
+    | libc::IN_DELETE_SELF
+    | libc::IN_MOVE_SELF;
+
+/// Why a pass runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// At start, or when the watched dir is back: adopt whatever the list looks like.
+    First,
+    /// After a relevant directory event.
+    Event,
+    /// The periodic re-check: silent when nothing changed.
+    Resync,
+}
+
+/// What ended a wait.
+enum Wake {
+    Signal,
+    /// A config file of the dir changed (or events were lost).
+    Changed,
+    /// The watched dir was deleted or moved.
+    DirGone,
+    /// Nothing happened until the timeout.
+    Timeout,
+    /// Events on names that are not configs.
+    Unrelated,
+}
+
+/// Runs the watcher until a signal; Err when it cannot start or its cleanup failed.
+pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
+    let dir = match &opts.conflist {
+        Some(c) => parent(c).to_path_buf(),
+        None => opts.netconf_dir.clone(),
+    };
+    let sig = signal_pipe().map_err(|e| Error::io("installing signal handlers", e))?;
+    let mut ino = Inotify::new().map_err(|e| Error::io("inotify", e))?;
+    let _ = fs::create_dir_all(&dir);
+    ino.add(&dir)
+        .map_err(|e| Error::io(format!("watching {}", dir.display()), e))?;
+    crate::info!("watching {}", dir.display());
+    // When the follow-up adopt after a write is due.
+    let mut adopt_due = reconcile(opts, Pass::First);
+    loop {
+        if ino.wd.is_none() {
+            if poll_in(&[sig], Some(DIR_RETRY))[0] {
+                break;
+            }
+            if ino.add(&dir).is_ok() {
+                crate::info!("watching {} again", dir.display());
+                adopt_due = reconcile(opts, Pass::First).or(adopt_due);
+            }
+            continue;
+        }
+        let timeout = match adopt_due {
+            Some(due) => due.saturating_duration_since(Instant::now()),
+            None => RESYNC_EVERY,
+        };
+        match wait_for_change(&mut ino, sig, timeout) {
+            Wake::Signal => break,
+            Wake::Changed => adopt_due = reconcile(opts, Pass::Event).or(adopt_due),
+            Wake::Timeout => adopt_due = reconcile(opts, Pass::Resync).or(adopt_due),
+            Wake::DirGone => {
+                ino.wd = None;
+                set_ready(&opts.ready_file, None);
+            }
+            Wake::Unrelated => {}
+        }
+        // Checked after every wake, so a busy dir cannot put it off.
+        if adopt_due.is_some_and(|due| Instant::now() >= due) {
+            crate::info!("adopting again, for pods whose ADD was under way at the last adopt");
+            run_adopt(opts);
+            adopt_due = None;
+        }
+    }
+    stop(opts)
+}
+
+/// Waits (up to `timeout`) for the next relevant event, then for the dir to be quiet for a
+/// moment (bounded).
+fn wait_for_change(ino: &mut Inotify, sig: libc::c_int, timeout: Duration) -> Wake {
+    let fds = [ino.fd.as_raw_fd(), sig];
+    let ready = poll_in(&fds, Some(timeout));
+    if ready[1] {
+        return Wake::Signal;
+    }
+    if !ready[0] {
+        return Wake::Timeout;
+    }
+    let (mut relevant, mut gone) = ino.drain();
+    let start = Instant::now();
+    while relevant && start.elapsed() < DEBOUNCE_MAX {
+        let r = poll_in(&fds, Some(DEBOUNCE_QUIET));
+        if r[1] {
+            return Wake::Signal;
+        }
+        if !r[0] {
+            break;
+        }
+        let (rel, g) = ino.drain();
+        relevant |= rel;
+        gone |= g;
+    }
+    match (gone, relevant) {
+        (true, _) => Wake::DirGone,
+        (false, true) => Wake::Changed,
+        (false, false) => Wake::Unrelated,
+    }
+}
+
+/// One pass: binary present, entry present, readiness file, adopt after a write. Returns when the
+/// follow-up adopt is due if this pass wrote the list.
+fn reconcile(opts: &InstallOpts, pass: Pass) -> Option<Instant> {
+    if let Err(e) = install_binary(&opts.bin_dir) {
+        crate::warn!("error: {e}");
+    }
+    match install_conflist(opts, Write::Yes) {
+        Ok(Outcome::UpToDate(p)) => {
+            if pass != Pass::Resync {
+                crate::info!("natguard is in {}; nothing to write", p.display());
+            }
+            set_ready(&opts.ready_file, Some(&p));
+            if opts.adopt && pass == Pass::First {
+                run_adopt(opts);
+            }
+            None
+        }
+        Ok(Outcome::Wrote(p)) => {
+            set_ready(&opts.ready_file, Some(&p));
+            if !opts.adopt {
+                return None;
+            }
+            run_adopt(opts);
+            Some(Instant::now() + ADOPT_AGAIN_AFTER)
+        }
+        Err(e) => {
+            crate::warn!("cannot insert natguard: {e}; waiting for the next change");
+            set_ready(&opts.ready_file, entry_present(opts).ok().as_deref());
+            None
+        }
+    }
+}
+
+/// After a signal: with `--cleanup-on-exit`, natguard's entry out of the active list.
+fn stop(opts: &InstallOpts) -> Result<()> {
+    if !opts.cleanup_on_exit {
+        crate::info!("stopping; natguard's entry stays in the active list");
+        return Ok(());
+    }
+    crate::info!("stopping; --cleanup-on-exit: removing natguard's entry from the active list");
+    match retrying(|| remove_from_active(opts)) {
+        Ok(Some(p)) => crate::info!("removed natguard's entry from {}", p.display()),
+        Ok(None) => crate::info!("natguard is not in the active list; nothing to remove"),
+        // The entry may still be listed: the readiness file stays true to that.
+        Err(e) => return Err(e.context("--cleanup-on-exit")),
+    }
+    set_ready(&opts.ready_file, None);
+    Ok(())
+}
+
+/// Cuts natguard's entry out of the active list; Ok(None) when there is no list or no entry.
+fn remove_from_active(opts: &InstallOpts) -> Result<Option<PathBuf>> {
+    let path = match active_file(opts) {
+        Ok(p) => p,
+        // No config in the dir (the only refusal active_file makes), or no dir.
+        Err(Error::Command(_)) => return Ok(None),
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => {
+            return Ok(None)
+        }
+        Err(e) => return Err(e),
+    };
+    if let Err(e) = fs::symlink_metadata(&path) {
+        if e.kind() == io::ErrorKind::NotFound {
+            return Ok(None);
+        }
+    }
+    Ok(remove_entries(&path)?.then_some(path))
+}
+
+static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
+    if fd >= 0 {
+        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte.
+        unsafe {
+            libc::write(fd, b"x".as_ptr().cast(), 1);
+        }
+    }
+}
+
+/// A pipe that becomes readable when SIGTERM or SIGINT arrives.
+fn signal_pipe() -> io::Result<libc::c_int> {
+    let mut fds = [0 as libc::c_int; 2];
+    // SAFETY: fds has room for the two descriptors pipe2 writes.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        // SAFETY: a zeroed sigaction with a handler that only calls write(2).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            sa.sa_flags = libc::SA_RESTART;
+            if libc::sigaction(sig, &sa, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(fds[0])
+}
+
+/// An inotify instance watching one directory.
+struct Inotify {
+    fd: File,
+    wd: Option<libc::c_int>,
+}
+
+impl Inotify {
+    fn new() -> io::Result<Self> {
+        // SAFETY: plain syscall; the returned descriptor is owned by the File below.
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor nobody else owns.
+        let fd = unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
+        Ok(Inotify { fd, wd: None })
+    }
+
+    fn add(&mut self, dir: &Path) -> io::Result<()> {
+        let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        // SAFETY: c is a valid NUL-terminated path.
+        let wd = unsafe {
+            libc::inotify_add_watch(
+                self.fd.as_raw_fd(),
+                c.as_ptr(),
+                WATCH_MASK | libc::IN_ONLYDIR,
+            )
+        };
+        if wd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.wd = Some(wd);
+        Ok(())
+    }
+
+    /// Reads all pending events; returns (relevant to the configs, the watch is gone).
+    fn drain(&mut self) -> (bool, bool) {
+        let mut relevant = false;
+        let mut gone = false;
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = match self.fd.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(_) => break, // EAGAIN: nothing more
+            };
+            let mut off = 0;
+            while off + 16 <= n {
+                let u32_at = |o: usize| u32::from_ne_bytes(buf[o..o + 4].try_into().unwrap());
+                let mask = u32_at(off + 4);
+                let len = u32_at(off + 12) as usize;
+                let name_bytes = &buf[off + 16..(off + 16 + len).min(n)];
+                let name_end = name_bytes.iter().position(|&c| c == 0).unwrap_or(len);
+                let name = OsStr::from_bytes(&name_bytes[..name_end.min(name_bytes.len())]);
+                if mask & (libc::IN_IGNORED | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF) != 0 {
+                    gone = true;
+                }
+                if mask & libc::IN_Q_OVERFLOW != 0 || is_conf_name(name) {
+                    relevant = true;
+                }
+                off += 16 + len;
+            }
+        }
+        (relevant, gone)
+    }
+}
+
+/// poll(2) on the descriptors for reading; returns which are readable.
+fn poll_in(fds: &[libc::c_int], timeout: Option<Duration>) -> Vec<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
+    // SAFETY: pfds is a valid array of pollfd of the given length.
+    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if r <= 0 {
+        return vec![false; fds.len()];
+    }
+    pfds.iter().map(|p| p.revents != 0).collect()
+}

@@ -1,0 +1,101 @@
+//! The conventions of the reference CNI plugins that a person running the binary relies on:
+//! run bare it says what it is and which CNI versions it speaks, and `--version` names the
+//! release and the git revision it was built from.
+
+use std::process::{Command, Output, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_natguard");
+
+/// The binary with nothing inherited but PATH, stdin from /dev/null.
+fn natguard(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn run_bare_it_says_what_it_is_on_stderr_and_exits_0() {
+    let out = natguard(&[]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(out.stdout.is_empty(), "stdout: {:?}", out.stdout);
+    let err = String::from_utf8(out.stderr).unwrap();
+    let versions = natguard::cni::SUPPORTED_VERSIONS.join(", ");
+    assert_eq!(
+        err,
+        format!(
+            "natguard: CNI chained plugin for metadata interception and masquerade policy; \
+             CNI protocol versions supported: {versions}\n"
+        )
+    );
+    assert!(versions.contains("0.3.1") && versions.contains("1.1.0"));
+}
+
+#[test]
+fn a_runtime_without_cni_command_still_gets_the_code_4_error() {
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("CNI_CONTAINERID", "abc")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["code"], 4);
+}
+
+/// The checkout's revision as build.rs records it, or None outside a git checkout.
+fn checkout_revision() -> Option<(String, bool)> {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let git = |args: &[&str]| {
+        let o = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .env("GIT_OPTIONAL_LOCKS", "0")
+            .output()
+            .ok()?;
+        o.status
+            .success()
+            .then(|| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let rev = git(&["rev-parse", "--short=12", "HEAD"])?;
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"])?.is_empty();
+    Some((rev, dirty))
+}
+
+#[test]
+fn version_names_the_release_and_the_git_revision() {
+    for arg in ["--version", "version"] {
+        let out = natguard(&[arg]);
+        assert_eq!(out.status.code(), Some(0), "{arg}: {out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let prefix = format!("natguard {} (revision ", env!("CARGO_PKG_VERSION"));
+        let rev = text
+            .strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(")\n"))
+            .unwrap_or_else(|| panic!("{arg}: {text:?}"));
+        let Some((head, dirty_now)) = checkout_revision() else {
+            // Built outside a git checkout (a source tarball): nothing to name.
+            assert_eq!(rev, "unknown", "{arg}");
+            continue;
+        };
+        let (hex, dirty) = match rev.strip_suffix("-dirty") {
+            Some(h) => (h, true),
+            None => (rev, false),
+        };
+        assert!(
+            hex.len() == 12 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{arg}: revision {rev:?} is not 12 hex digits"
+        );
+        // Built from this checkout: the same commit. The dirty mark is compared only when the
+        // tree is clean now (an edit made after the build shows only at the next build).
+        assert_eq!(hex, head, "{arg}: built from another commit than HEAD");
+        if !dirty_now {
+            assert!(!dirty, "{arg}: says -dirty, but the tree is clean");
+        }
+    }
+}
