@@ -670,6 +670,64 @@ fn stale_exemption_of_a_vanished_pod_is_not_inherited() {
     f.finish("stale exemption");
 }
 
+/// Beyond the list: the same stale exemption, used by a pod that is already running. An exempt
+/// pod's netns vanishes without a DEL; no new pod gets its address, but a running default pod on
+/// the same bridge puts the address on its own interface (nobody else answers for it now).
+#[test]
+fn stale_exemption_of_a_vanished_pod_is_not_usable_by_a_neighbour() {
+    let w = real_world("sec-stale-steal");
+    let chain = w.chain(w.list(
+        "stalesteal",
+        "1.1.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "metadata": { "mode": "deny" } }))),
+    ));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&chain, "thief", "default");
+    control_metadata(&sys, REAL, "exempt pod in deny mode");
+    for t in metas() {
+        assert_eq!(
+            http_get(&thief.ns, t),
+            Outcome::Refused,
+            "control: the default pod -> http://{t}/ is refused in deny mode"
+        );
+    }
+    w.h.delete_netns(&sys.ns);
+
+    let (gw4, gw6) = gateways(&thief);
+    thief.ns.addr("eth0", &format!("{}/32", sys.v4));
+    thief.ns.addr("eth0", &format!("{}/128", sys.v6));
+    thief.ns.ip(&format!(
+        "route replace {META4}/32 via {gw4} src {}",
+        sys.v4
+    ));
+    thief.ns.ip(&format!(
+        "-6 route replace {META6}/128 via {gw6} src {}",
+        sys.v6
+    ));
+    thief.ns.ip("neigh flush all");
+    announce(&w.h, &thief.ns, "eth0", sys.v4, gw4, sys.v6);
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&thief.ns, t);
+        f.not_real(
+            &got,
+            &format!(
+                "the default pod sending from a vanished exempt pod's addresses -> http://{t}/"
+            ),
+        );
+    }
+    // Control: a new exempt pod still reaches REAL.
+    let sys2 = w.add_pod(&chain, "sys2", EXEMPT_NS);
+    for t in metas() {
+        let got = http_get(&sys2.ns, t);
+        f.check(got == body(REAL), || {
+            format!("control: a new exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    f.finish("stale exemption used by a neighbour");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 5. Two networks; prevResult prefixes
 // ---------------------------------------------------------------------------------------------
