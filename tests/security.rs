@@ -354,6 +354,41 @@ fn foreign_marks_never_expose_real_metadata() {
     f.finish("foreign marks");
 }
 
+/// Beyond the list: a node-level transparent egress proxy (a nat chain that runs before
+/// natguard's REDIRECTs the pods' port-80 TCP to a local relay, which connects to each
+/// connection's original destination). The first NAT binding wins, so natguard's DNAT never
+/// happens and the relay fetches from REAL on the pod's behalf.
+#[test]
+fn transparent_egress_proxy_on_the_node_never_relays_to_real_metadata() {
+    let w = real_world("sec-tproxy");
+    start_transparent_relay(&w.h, &w.node, 15001);
+    nft_script(
+        &w,
+        &w.node,
+        "egress",
+        &format!(
+            "table ip egress {{\n  chain pre {{\n    type nat hook prerouting priority dstnat - 20; policy accept;\n    ip saddr {} tcp dport 80 redirect to :15001\n  }}\n}}\n\
+             table ip6 egress {{\n  chain pre {{\n    type nat hook prerouting priority dstnat - 20; policy accept;\n    ip6 saddr {} tcp dport 80 redirect to :15001\n  }}\n}}\n",
+            pod_subnet4(0),
+            pod_subnet6(0)
+        ),
+    );
+    let chain = w.chain(w.list("egress", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&sys, REAL, "exempt pod through the egress proxy");
+    control_network(&pod, "default pod");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.not_real(
+            &got,
+            &format!("the default pod through the node's egress proxy -> http://{t}/"),
+        );
+    }
+    f.finish("transparent egress proxy");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Untracked traffic
 // ---------------------------------------------------------------------------------------------

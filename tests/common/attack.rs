@@ -219,6 +219,80 @@ pub fn line_diff(before: &str, after: &str) -> String {
     out.join("\n")
 }
 
+/// A transparent TCP relay, as a node-level egress proxy runs behind a REDIRECT rule:
+/// `relay.py PORT` listens on PORT (IPv4 and IPv6), reads each connection's original destination
+/// (SO_ORIGINAL_DST) and relays the bytes to it, connecting from this host.
+const RELAY_PY: &str = r#"
+import socket, struct, sys, threading
+
+port = int(sys.argv[1])
+SO_ORIGINAL_DST = 80
+
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+def handle(c, v6):
+    try:
+        if v6:
+            raw = c.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+            dst = (socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack("!H", raw[2:4])[0])
+        else:
+            raw = c.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+            dst = (socket.inet_ntoa(raw[4:8]), struct.unpack("!H", raw[2:4])[0])
+        u = socket.create_connection(dst, timeout=5)
+        u.settimeout(None)
+    except OSError:
+        c.close()
+        return
+    t = threading.Thread(target=pipe, args=(u, c), daemon=True)
+    t.start()
+    pipe(c, u)
+    t.join()
+    c.close()
+    u.close()
+
+def listen(fam, addr):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if fam == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((addr, port))
+    s.listen(128)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=handle, args=(c, fam == socket.AF_INET6), daemon=True).start()
+
+ts = [threading.Thread(target=listen, args=a, daemon=True)
+      for a in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::"))]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// Starts the transparent relay of [`RELAY_PY`] on `port` of `ns`.
+pub fn start_transparent_relay(h: &Harness, ns: &Netns, port: u16) -> Server {
+    let path = script(h, "relay.py", RELAY_PY);
+    let label = format!("relay-{port}");
+    let pid = h.spawn(ns, &label, &["python3", "-u", &path, &port.to_string()]);
+    wait_listening(ns, "tcp", port, 2);
+    Server {
+        label,
+        pids: vec![pid],
+    }
+}
+
 /// Writes one of the helper scripts into the test's directory; returns its path.
 fn script(h: &Harness, name: &str, text: &str) -> String {
     let path = h.dir().join(name);
