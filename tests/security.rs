@@ -507,8 +507,8 @@ fn keepalive_from_before_add_with_tcp_loose_off_never_reaches_real_metadata() {
 
 /// (c) Segments with flag combinations that connection tracking does not track (SYN+FIN, FIN,
 /// NULL, Xmas), a bare ACK and a SYN, from a default pod to both metadata addresses: nothing from
-/// the pod may arrive at the metadata host. The same segments to another address of the cloud
-/// are the control that the sender and the counters work.
+/// the pod may arrive at the metadata host. SYNs from the same pod to another address of the
+/// cloud are the control that the sender and the counters work.
 #[test]
 fn crafted_tcp_segments_never_reach_the_metadata_host() {
     let w = real_world("sec-segments");
@@ -602,8 +602,8 @@ fn crafted_tcp_segments_never_reach_the_metadata_host() {
 }
 
 /// Beyond the list: IP options and IPv6 extension headers (hop-by-hop, destination options, both)
-/// on every segment of a kernel TCP connection. The exempt
-/// pod with the same headers reaching REAL is the control that they pass the network.
+/// on every segment of a kernel TCP connection. The exempt pod with the same headers reaching
+/// REAL (and the headers counted at the cloud) is the control that they cross the network.
 #[test]
 fn ip_options_and_ipv6_extension_headers_never_reach_real_metadata() {
     let w = real_world("sec-exthdr");
