@@ -601,6 +601,58 @@ fn crafted_tcp_segments_never_reach_the_metadata_host() {
     f.finish("crafted TCP segments");
 }
 
+/// Beyond the list: the same kinds of segments (a SYN included), each split into two fragments
+/// so that the first carries only the ports and the sequence number and the second the flags.
+/// Nothing from the pod may arrive at the metadata host (counted per packet, before any
+/// reassembly there); the same fragmented SYNs to another address of the cloud are the control.
+/// An IPv6 first fragment without the whole TCP header is not reassembled by the node's
+/// connection tracking but passed on as it is, untracked, so even a SYN crosses the node.
+#[test]
+fn fragmented_tcp_segments_never_reach_the_metadata_host() {
+    let w = real_world("sec-fragments");
+    let chain = w.chain(w.list("frags", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "default pod");
+    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
+    let cloud6: IpAddr = "fd00:c1::2".parse().unwrap();
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            ("meta4", format!("ip saddr {} ip daddr {META4}", pod.v4)),
+            ("meta6", format!("ip6 saddr {} ip6 daddr {META6}", pod.v6)),
+            ("ctl4", format!("ip saddr {} ip daddr {cloud4}", pod.v4)),
+            ("ctl6", format!("ip6 saddr {} ip6 daddr {cloud6}", pod.v6)),
+        ],
+    );
+    // SYN, SYN+FIN, FIN, NULL, Xmas, bare ACK.
+    let flags = [0x02, 0x03, 0x01, 0x00, 0x29, 0x10];
+    const EACH: u32 = 2;
+    send_fragmented_segments(&w.h, &pod.ns, pod.v4, META4, 80, EACH, &flags);
+    send_fragmented_segments(&w.h, &pod.ns, pod.v6, META6, 80, EACH, &flags);
+    send_fragmented_segments(&w.h, &pod.ns, pod.v4, cloud4, 80, EACH, &[0x02]);
+    send_fragmented_segments(&w.h, &pod.ns, pod.v6, cloud6, 80, EACH, &[0x02]);
+    let start = Instant::now();
+    while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
+        assert!(
+            start.elapsed() < COUNTER_WAIT,
+            "control: the fragmented SYNs from the pod to {cloud4} / {cloud6} never arrived at the cloud ({} / {} packets)",
+            counters.packets("ctl4"),
+            counters.packets("ctl6")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut f = Findings::new();
+    for (name, meta) in [("meta4", META4), ("meta6", META6)] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!("{n} packet(s) of the default pod's fragmented segments reached the metadata host {meta}")
+        });
+    }
+    f.finish("fragmented TCP segments");
+}
+
 /// Beyond the list: IP options and IPv6 extension headers (hop-by-hop, destination options, both)
 /// on every segment of a kernel TCP connection. The exempt pod with the same headers reaching
 /// REAL (and the headers counted at the cloud) is the control that they cross the network.

@@ -106,6 +106,77 @@ for f in flags:
         s.sendto(seg, (dst, 0))
 "#;
 
+/// Sends each hand-made TCP segment (no payload) as two IP fragments, the first carrying only
+/// the first 8 bytes of the TCP header (ports and sequence number), the second the rest (flags
+/// included): `fragments.py SRC DST DPORT COUNT FLAGS...`. IPv4 through a header-including raw
+/// socket, IPv6 with a Fragment header.
+const FRAGMENTS_PY: &str = r#"
+import random, socket, struct, sys
+
+src, dst, dport, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+flags = [int(f) for f in sys.argv[5:]]
+v6 = ":" in dst
+fam = socket.AF_INET6 if v6 else socket.AF_INET
+sa, da = socket.inet_pton(fam, src), socket.inet_pton(fam, dst)
+
+def csum(data):
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+
+s = socket.socket(fam, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for f in flags:
+    for _ in range(count):
+        sport = random.randint(20000, 60000)
+        ack = random.getrandbits(32) if f & 0x10 else 0
+        hdr = struct.pack("!HHIIBBHHH", sport, dport, random.getrandbits(32), ack, 5 << 4, f,
+                          64240, 0, 1 if f & 0x20 else 0)
+        if v6:
+            pseudo = sa + da + struct.pack("!I3xB", len(hdr), 6)
+        else:
+            pseudo = sa + da + struct.pack("!xBH", 6, len(hdr))
+        seg = hdr[:16] + struct.pack("!H", csum(pseudo + hdr)) + hdr[18:]
+        ident = random.getrandbits(16 if not v6 else 32)
+        parts = [(0, True, seg[:8]), (1, False, seg[8:])]
+        for off, more, data in parts:
+            if v6:
+                fh = struct.pack("!BBHI", 6, 0, (off << 3) | (1 if more else 0), ident)
+                ip = struct.pack("!IHBB", 6 << 28, len(fh) + len(data), 44, 64) + sa + da
+                s.sendto(ip + fh + data, (dst, 0))
+            else:
+                fo = off | (0x2000 if more else 0)
+                ip = struct.pack("!BBHHHBBH", 0x45, 0, 20 + len(data), ident, fo, 64, 6, 0) + sa + da
+                s.sendto(ip + data, (dst, 0))
+"#;
+
+/// Sends hand-made TCP segments from `src` to `dst`:`port`, each as two fragments that split
+/// the TCP header (see [`FRAGMENTS_PY`]).
+pub fn send_fragmented_segments(
+    h: &Harness,
+    ns: &Netns,
+    src: IpAddr,
+    dst: IpAddr,
+    port: u16,
+    count: u32,
+    flags: &[u8],
+) {
+    let path = script(h, "fragments.py", FRAGMENTS_PY);
+    let mut args = vec![
+        "python3".to_string(),
+        path,
+        src.to_string(),
+        dst.to_string(),
+        port.to_string(),
+        count.to_string(),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ns.run(&args);
+}
+
 /// Announces that this host owns addresses: `announce.py IFNAME V4 GW4 V6`. Sends gratuitous
 /// ARP (request and reply with sender = target = V4), an ARP request for GW4 with sender V4,
 /// and unsolicited neighbour advertisements (override flag) for V6 to all nodes, all with the
