@@ -17,6 +17,8 @@
 //!   inside and one outside `nonMasqueradeCIDRs`), both address families.
 #![allow(dead_code)]
 
+pub mod attack;
+
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
 use std::fmt;

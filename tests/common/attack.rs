@@ -1,0 +1,643 @@
+//! Pieces for the attack tests (`tests/security.rs`): a "real" metadata server bound only to the
+//! metadata addresses, a keep-alive client, hand-made TCP segments and neighbour announcements
+//! sent from inside a pod, packet counters in another namespace, and a collector for several
+//! findings of one test.
+//!
+//! The Python helpers are written into the test's directory and run inside a namespace with
+//! `nsenter --net`; they use only the standard library (raw and packet sockets work as root).
+
+use super::*;
+
+/// The body the real metadata server answers with.
+pub const REAL: &str = "REAL";
+
+/// An HTTP/1.1 server that listens on port 80 of each address given (and nothing else), answers
+/// every request with BODY, keeps connections open for clients that ask for it, and prints one
+/// line per answer with the peer's address.
+const REAL_SERVER_PY: &str = r#"
+import socket, sys, threading
+
+body = (sys.argv[1] + "\n").encode()
+port = int(sys.argv[2])
+addrs = sys.argv[3:]
+
+def handle(conn, peer):
+    data = b""
+    with conn:
+        try:
+            while True:
+                while b"\r\n\r\n" not in data:
+                    more = conn.recv(4096)
+                    if not more:
+                        return
+                    data += more
+                head, data = data.split(b"\r\n\r\n", 1)
+                lines = head.decode("latin-1").split("\r\n")
+                fields = {}
+                for l in lines[1:]:
+                    k, _, v = l.partition(":")
+                    fields[k.strip().lower()] = v.strip().lower()
+                conn_hdr = fields.get("connection", "")
+                keep = conn_hdr != "close" and (
+                    lines[0].strip().endswith("HTTP/1.1") or conn_hdr == "keep-alive")
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
+                             + str(len(body)).encode() + b"\r\nConnection: "
+                             + (b"keep-alive" if keep else b"close") + b"\r\n\r\n" + body)
+                print("answered", peer[0], peer[1], flush=True)
+                if not keep:
+                    return
+        except OSError:
+            return
+
+def listen(addr):
+    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if fam == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((addr, port))
+    s.listen(128)
+    while True:
+        c, peer = s.accept()
+        threading.Thread(target=handle, args=(c, peer), daemon=True).start()
+
+threads = [threading.Thread(target=listen, args=(a,), daemon=True) for a in addrs]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"#;
+
+/// Sends hand-made TCP segments: `segments.py SRC DST DPORT COUNT FLAGS...` (FLAGS as integers).
+/// Each flag combination is sent COUNT times from a fresh random source port and sequence
+/// number, with no payload. Prints nothing; exits non-zero if a send fails.
+const SEGMENTS_PY: &str = r#"
+import random, socket, struct, sys
+
+src, dst, dport, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+flags = [int(f) for f in sys.argv[5:]]
+v6 = ":" in dst
+fam = socket.AF_INET6 if v6 else socket.AF_INET
+
+def csum(data):
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+
+s = socket.socket(fam, socket.SOCK_RAW, socket.IPPROTO_TCP)
+s.bind((src, 0))
+sa, da = socket.inet_pton(fam, src), socket.inet_pton(fam, dst)
+for f in flags:
+    for _ in range(count):
+        sport = random.randint(20000, 60000)
+        seq = random.getrandbits(32)
+        ack = random.getrandbits(32) if f & 0x10 else 0
+        hdr = struct.pack("!HHIIBBHHH", sport, dport, seq, ack, 5 << 4, f, 64240, 0,
+                          1 if f & 0x20 else 0)
+        if v6:
+            pseudo = sa + da + struct.pack("!I3xB", len(hdr), 6)
+        else:
+            pseudo = sa + da + struct.pack("!xBH", 6, len(hdr))
+        c = csum(pseudo + hdr)
+        seg = hdr[:16] + struct.pack("!H", c) + hdr[18:]
+        s.sendto(seg, (dst, 0))
+"#;
+
+/// Sends each hand-made TCP segment (no payload) as two IP fragments, the first carrying only
+/// the first 8 bytes of the TCP header (ports and sequence number), the second the rest (flags
+/// included): `fragments.py SRC DST DPORT COUNT FLAGS...`. IPv4 through a header-including raw
+/// socket, IPv6 with a Fragment header.
+const FRAGMENTS_PY: &str = r#"
+import random, socket, struct, sys
+
+src, dst, dport, count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+flags = [int(f) for f in sys.argv[5:]]
+v6 = ":" in dst
+fam = socket.AF_INET6 if v6 else socket.AF_INET
+sa, da = socket.inet_pton(fam, src), socket.inet_pton(fam, dst)
+
+def csum(data):
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+
+s = socket.socket(fam, socket.SOCK_RAW, socket.IPPROTO_RAW)
+for f in flags:
+    for _ in range(count):
+        sport = random.randint(20000, 60000)
+        ack = random.getrandbits(32) if f & 0x10 else 0
+        hdr = struct.pack("!HHIIBBHHH", sport, dport, random.getrandbits(32), ack, 5 << 4, f,
+                          64240, 0, 1 if f & 0x20 else 0)
+        if v6:
+            pseudo = sa + da + struct.pack("!I3xB", len(hdr), 6)
+        else:
+            pseudo = sa + da + struct.pack("!xBH", 6, len(hdr))
+        seg = hdr[:16] + struct.pack("!H", csum(pseudo + hdr)) + hdr[18:]
+        ident = random.getrandbits(16 if not v6 else 32)
+        parts = [(0, True, seg[:8]), (1, False, seg[8:])]
+        for off, more, data in parts:
+            if v6:
+                fh = struct.pack("!BBHI", 6, 0, (off << 3) | (1 if more else 0), ident)
+                ip = struct.pack("!IHBB", 6 << 28, len(fh) + len(data), 44, 64) + sa + da
+                s.sendto(ip + fh + data, (dst, 0))
+            else:
+                fo = off | (0x2000 if more else 0)
+                ip = struct.pack("!BBHHHBBH", 0x45, 0, 20 + len(data), ident, fo, 64, 6, 0) + sa + da
+                s.sendto(ip + data, (dst, 0))
+"#;
+
+/// Sends hand-made TCP segments from `src` to `dst`:`port`, each as two fragments that split
+/// the TCP header (see [`FRAGMENTS_PY`]).
+pub fn send_fragmented_segments(
+    h: &Harness,
+    ns: &Netns,
+    src: IpAddr,
+    dst: IpAddr,
+    port: u16,
+    count: u32,
+    flags: &[u8],
+) {
+    let path = script(h, "fragments.py", FRAGMENTS_PY);
+    let mut args = vec![
+        "python3".to_string(),
+        path,
+        src.to_string(),
+        dst.to_string(),
+        port.to_string(),
+        count.to_string(),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ns.run(&args);
+}
+
+/// Announces that this host owns addresses: `announce.py IFNAME V4 GW4 V6`. Sends gratuitous
+/// ARP (request and reply with sender = target = V4), an ARP request for GW4 with sender V4,
+/// and unsolicited neighbour advertisements (override flag) for V6 to all nodes, all with the
+/// interface's own MAC address.
+const ANNOUNCE_PY: &str = r#"
+import socket, struct, sys
+
+ifname, v4, gw4, v6 = sys.argv[1:5]
+p = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+p.bind((ifname, 0))
+mac = p.getsockname()[4]
+bcast = b"\xff" * 6
+ip4 = socket.inet_aton(v4)
+def arp(op, spa, tha, tpa):
+    return (bcast + mac + b"\x08\x06" + struct.pack("!HHBBH", 1, 0x0800, 6, 4, op)
+            + mac + spa + tha + tpa)
+for _ in range(3):
+    p.send(arp(1, ip4, b"\0" * 6, ip4))
+    p.send(arp(2, ip4, bcast, ip4))
+    p.send(arp(1, ip4, b"\0" * 6, socket.inet_aton(gw4)))
+
+ip6 = socket.inet_pton(socket.AF_INET6, v6)
+icmp = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+icmp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+icmp.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, 255)
+icmp.bind((v6, 0))
+# type 136, code 0, checksum (the kernel fills it in), flags: override; target; TLLA option.
+na = struct.pack("!BBHI", 136, 0, 0, 0x20000000) + ip6 + b"\x02\x01" + mac
+idx = socket.if_nametoindex(ifname)
+for _ in range(3):
+    icmp.sendto(na, ("ff02::1", 0, 0, idx))
+"#;
+
+/// One HTTP/1.0 GET over a kernel TCP socket that carries IP options or IPv6 extension headers
+/// on every segment: `exthdr_get.py DST PORT KIND...` with KIND one of `ipopts` (record route),
+/// `hopopts`, `dstopts` (each a PadN option). Prints `BODY <body>`,
+/// `REFUSED`, `TIMEOUT` or `ERROR <text>`.
+const EXTHDR_GET_PY: &str = r#"
+import socket, sys
+
+dst, port, kinds = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
+s = socket.socket(fam, socket.SOCK_STREAM)
+padn = bytes([0, 0, 1, 4, 0, 0, 0, 0])
+for k in kinds:
+    if k == "ipopts":
+        s.setsockopt(socket.IPPROTO_IP, socket.IP_OPTIONS, bytes([7, 7, 4, 0, 0, 0, 0, 0]))
+    else:
+        opt = {"hopopts": socket.IPV6_HOPOPTS, "dstopts": socket.IPV6_DSTOPTS}[k]
+        s.setsockopt(socket.IPPROTO_IPV6, opt, padn)
+s.settimeout(5)
+try:
+    s.connect((dst, port))
+    s.sendall(b"GET / HTTP/1.0\r\nHost: metadata\r\n\r\n")
+    data = b""
+    while True:
+        more = s.recv(4096)
+        if not more:
+            break
+        data += more
+    head, _, body = data.partition(b"\r\n\r\n")
+    if head.startswith(b"HTTP/1."):
+        print("BODY", body.decode("latin-1").strip())
+    else:
+        print("ERROR not an HTTP response:", repr(data))
+except (ConnectionRefusedError, ConnectionResetError):
+    print("REFUSED")
+except socket.timeout:
+    print("TIMEOUT")
+except OSError as e:
+    print("ERROR", e)
+"#;
+
+/// HTTP GET from inside `ns` with IP options / IPv6 extension headers `kinds` on every segment
+/// (see [`EXTHDR_GET_PY`]).
+pub fn http_get_with_headers(h: &Harness, ns: &Netns, dst: SocketAddr, kinds: &[&str]) -> Outcome {
+    let path = script(h, "exthdr_get.py", EXTHDR_GET_PY);
+    let ip = dst.ip().to_string();
+    let port = dst.port().to_string();
+    let mut args = vec!["python3", path.as_str(), ip.as_str(), port.as_str()];
+    args.extend_from_slice(kinds);
+    let out = ns.run(&args);
+    let line = out.trim();
+    if let Some(b) = line.strip_prefix("BODY") {
+        Outcome::Body(b.trim().to_string())
+    } else if line == "REFUSED" {
+        Outcome::Refused
+    } else if line == "TIMEOUT" {
+        Outcome::TimedOut
+    } else {
+        Outcome::Error(line.to_string())
+    }
+}
+
+/// Lines of `after` that are not in `before` (`+`) and the reverse (`-`): a short description
+/// of how a ruleset changed.
+pub fn line_diff(before: &str, after: &str) -> String {
+    let b: Vec<&str> = before.lines().map(str::trim).collect();
+    let a: Vec<&str> = after.lines().map(str::trim).collect();
+    let mut out = Vec::new();
+    for l in &a {
+        if !b.contains(l) {
+            out.push(format!("+ {l}"));
+        }
+    }
+    for l in &b {
+        if !a.contains(l) {
+            out.push(format!("- {l}"));
+        }
+    }
+    out.join("\n")
+}
+
+/// A transparent TCP relay, as a node-level egress proxy runs behind a REDIRECT rule:
+/// `relay.py PORT` listens on PORT (IPv4 and IPv6), reads each connection's original destination
+/// (SO_ORIGINAL_DST) and relays the bytes to it, connecting from this host.
+const RELAY_PY: &str = r#"
+import socket, struct, sys, threading
+
+port = int(sys.argv[1])
+SO_ORIGINAL_DST = 80
+
+def pipe(a, b):
+    try:
+        while True:
+            d = a.recv(65536)
+            if not d:
+                break
+            b.sendall(d)
+    except OSError:
+        pass
+    try:
+        b.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+def handle(c, v6):
+    try:
+        if v6:
+            raw = c.getsockopt(socket.IPPROTO_IPV6, SO_ORIGINAL_DST, 28)
+            dst = (socket.inet_ntop(socket.AF_INET6, raw[8:24]), struct.unpack("!H", raw[2:4])[0])
+        else:
+            raw = c.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+            dst = (socket.inet_ntoa(raw[4:8]), struct.unpack("!H", raw[2:4])[0])
+        u = socket.create_connection(dst, timeout=5)
+        u.settimeout(None)
+    except OSError:
+        c.close()
+        return
+    t = threading.Thread(target=pipe, args=(u, c), daemon=True)
+    t.start()
+    pipe(c, u)
+    t.join()
+    c.close()
+    u.close()
+
+def listen(fam, addr):
+    s = socket.socket(fam, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if fam == socket.AF_INET6:
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    s.bind((addr, port))
+    s.listen(128)
+    while True:
+        c, _ = s.accept()
+        threading.Thread(target=handle, args=(c, fam == socket.AF_INET6), daemon=True).start()
+
+ts = [threading.Thread(target=listen, args=a, daemon=True)
+      for a in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::"))]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+"#;
+
+/// Starts the transparent relay of [`RELAY_PY`] on `port` of `ns`.
+pub fn start_transparent_relay(h: &Harness, ns: &Netns, port: u16) -> Server {
+    let path = script(h, "relay.py", RELAY_PY);
+    let label = format!("relay-{port}");
+    let pid = h.spawn(ns, &label, &["python3", "-u", &path, &port.to_string()]);
+    wait_listening(ns, "tcp", port, 2);
+    Server {
+        label,
+        pids: vec![pid],
+    }
+}
+
+/// Writes one of the helper scripts into the test's directory; returns its path.
+fn script(h: &Harness, name: &str, text: &str) -> String {
+    let path = h.dir().join(name);
+    if !path.exists() {
+        fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+    path.to_str().expect("utf-8 path").to_string()
+}
+
+/// Replaces the world's cloud HTTP server (which listens on every address of the cloud) with
+/// the real metadata server: port 80 of 169.254.169.254 and fd00:ec2::254 only, body [`REAL`],
+/// keep-alive capable. Another address of the cloud (10.20.0.2, fd00:c1::2) answers nothing.
+pub fn start_real_metadata(w: &mut World) {
+    require_tools(&["python3"]);
+    w.h.stop(&w.cloud_http);
+    let path = script(&w.h, "real_metadata.py", REAL_SERVER_PY);
+    let label = "real-metadata";
+    let pid = w.h.spawn(
+        &w.cloud,
+        label,
+        &[
+            "python3",
+            "-u",
+            &path,
+            REAL,
+            &HTTP_PORT.to_string(),
+            &META4.to_string(),
+            &META6.to_string(),
+        ],
+    );
+    wait_listening(&w.cloud, "tcp", HTTP_PORT, 2);
+    let listeners = w
+        .cloud
+        .run(&["ss", "-Hltn", &format!("sport = :{HTTP_PORT}")]);
+    assert!(
+        !listeners.contains("*:80") && !listeners.contains("0.0.0.0:80"),
+        "the real metadata server must not listen on a wildcard address:\n{listeners}"
+    );
+    w.cloud_http = Server {
+        label: label.to_string(),
+        pids: vec![pid],
+    };
+}
+
+/// The world with the real metadata server of [`start_real_metadata`].
+pub fn real_world(test: &str) -> World {
+    let mut w = World::new(test);
+    start_real_metadata(&mut w);
+    w
+}
+
+/// True if the real metadata server answered.
+pub fn is_real(o: &Outcome) -> bool {
+    match o {
+        Outcome::Body(b) => b.contains(REAL),
+        Outcome::Error(e) => e.contains(REAL),
+        _ => false,
+    }
+}
+
+/// Sends hand-made TCP segments from `src` (an address of `ns`) to `dst`:`port`, each flag
+/// combination `count` times.
+pub fn send_segments(
+    h: &Harness,
+    ns: &Netns,
+    src: IpAddr,
+    dst: IpAddr,
+    port: u16,
+    count: u32,
+    flags: &[u8],
+) {
+    let path = script(h, "segments.py", SEGMENTS_PY);
+    let mut args = vec![
+        "python3".to_string(),
+        path,
+        src.to_string(),
+        dst.to_string(),
+        port.to_string(),
+        count.to_string(),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    ns.run(&args);
+}
+
+/// Announces from inside `ns` (interface `ifname`) that it owns `v4` and `v6` (gratuitous ARP,
+/// ARP for `gw4` with sender `v4`, unsolicited NA with the override flag).
+pub fn announce(h: &Harness, ns: &Netns, ifname: &str, v4: IpAddr, gw4: IpAddr, v6: IpAddr) {
+    let path = script(h, "announce.py", ANNOUNCE_PY);
+    ns.run(&[
+        "python3",
+        &path,
+        ifname,
+        &v4.to_string(),
+        &gw4.to_string(),
+        &v6.to_string(),
+    ]);
+}
+
+/// Named packet counters in table `inet ngcount` of a namespace, counting at the earliest
+/// prerouting priority what arrives there.
+pub struct Counters {
+    ns: Netns,
+}
+
+impl Counters {
+    /// `rules`: (counter name, match expression), e.g. `("pod4", "ip saddr 10.244.0.2 tcp dport 80")`.
+    pub fn install(h: &Harness, ns: &Netns, rules: &[(&str, String)]) -> Counters {
+        let mut text = String::from("table inet ngcount {\n");
+        for (name, _) in rules {
+            text.push_str(&format!("  counter {name} {{ }}\n"));
+        }
+        text.push_str(
+            "  chain pre {\n    type filter hook prerouting priority -500; policy accept;\n",
+        );
+        for (name, m) in rules {
+            text.push_str(&format!("    {m} counter name \"{name}\"\n"));
+        }
+        text.push_str("  }\n}\n");
+        let path = h.dir().join(format!("counters-{}.nft", ns.name));
+        fs::write(&path, &text).expect("write counters");
+        ns.run(&["nft", "-f", path.to_str().expect("utf-8 path")]);
+        Counters { ns: ns.clone() }
+    }
+
+    /// Packets counted so far by counter `name`.
+    pub fn packets(&self, name: &str) -> u64 {
+        let out = self
+            .ns
+            .run(&["nft", "-j", "list", "counter", "inet", "ngcount", name]);
+        let v: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("nft -j list counter: not JSON ({e}): {out}"));
+        v["nftables"]
+            .as_array()
+            .and_then(|a| a.iter().find_map(|o| o["counter"]["packets"].as_u64()))
+            .unwrap_or_else(|| panic!("no packet count for counter {name} in {out}"))
+    }
+}
+
+/// One HTTP/1.1 keep-alive connection opened from inside a namespace. The socket stays in the
+/// namespace it was created in; requests are made from the calling thread.
+pub struct KeepAlive {
+    pub target: SocketAddr,
+    pub local: SocketAddr,
+    stream: TcpStream,
+}
+
+impl KeepAlive {
+    pub fn open(ns: &Netns, target: SocketAddr) -> io::Result<KeepAlive> {
+        let stream = in_netns(ns, move || TcpStream::connect_timeout(&target, IO_TIMEOUT))?;
+        stream.set_read_timeout(Some(IO_TIMEOUT))?;
+        stream.set_write_timeout(Some(IO_TIMEOUT))?;
+        let local = stream.local_addr()?;
+        Ok(KeepAlive {
+            target,
+            local,
+            stream,
+        })
+    }
+
+    /// One request on this connection; the answer's body (trimmed), or what went wrong.
+    pub fn get(&mut self) -> Outcome {
+        let go = |s: &mut TcpStream, target: SocketAddr| -> io::Result<Outcome> {
+            write!(
+                s,
+                "GET / HTTP/1.1\r\nHost: {target}\r\nConnection: keep-alive\r\n\r\n"
+            )?;
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let head_end = loop {
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+                let n = s.read(&mut chunk)?;
+                if n == 0 {
+                    return Ok(Outcome::Error("closed by the peer".into()));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.trim()
+                        .eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse::<usize>().ok())?
+                })
+                .unwrap_or(0);
+            while buf.len() < head_end + len {
+                let n = s.read(&mut chunk)?;
+                if n == 0 {
+                    break;
+                }
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let end = buf.len().min(head_end + len);
+            Ok(Outcome::Body(
+                String::from_utf8_lossy(&buf[head_end..end])
+                    .trim()
+                    .to_string(),
+            ))
+        };
+        let target = self.target;
+        go(&mut self.stream, target).unwrap_or_else(|e| match e.kind() {
+            io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionReset => Outcome::Refused,
+            io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => Outcome::TimedOut,
+            _ => Outcome::Error(e.to_string()),
+        })
+    }
+}
+
+/// natguard's stdin for one invocation of network `net`: its entry `entry` as libcni injects it
+/// (name, cniVersion, prevResult).
+pub fn natguard_conf(entry: &Value, net: &str, version: &str, prev: Option<&Value>) -> Value {
+    let mut c = entry.clone();
+    c["name"] = json!(net);
+    c["cniVersion"] = json!(version);
+    if let Some(p) = prev {
+        c["prevResult"] = p.clone();
+    }
+    c
+}
+
+/// Runs natguard alone (`verb`) for `att` in the node namespace, with `conf` as stdin.
+pub fn natguard_verb(
+    chain: &Chain,
+    verb: &str,
+    conf: &Value,
+    att: &Attachment,
+) -> CniResult<Option<Value>> {
+    chain.invoke("natguard", verb, conf, Some(att), None)
+}
+
+/// Several findings of one test, reported together so a failure shows everything that went
+/// wrong, not only the first thing.
+#[derive(Default)]
+pub struct Findings {
+    list: Vec<String>,
+}
+
+impl Findings {
+    pub fn new() -> Findings {
+        Findings::default()
+    }
+
+    /// Records `msg` unless `ok`.
+    pub fn check(&mut self, ok: bool, msg: impl FnOnce() -> String) {
+        if !ok {
+            let m = msg();
+            eprintln!("finding: {m}");
+            self.list.push(m);
+        }
+    }
+
+    /// Records a finding if the real metadata server answered `what`.
+    pub fn not_real(&mut self, got: &Outcome, what: &str) {
+        self.check(!is_real(got), || {
+            format!("REAL answered {what} (got {got:?})")
+        });
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Panics with every finding, if there is any.
+    #[track_caller]
+    pub fn finish(self, test: &str) {
+        assert!(
+            self.list.is_empty(),
+            "{test}: {} finding(s):\n  - {}",
+            self.list.len(),
+            self.list.join("\n  - ")
+        );
+    }
+}

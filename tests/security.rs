@@ -1,0 +1,1169 @@
+//! Attacks on natguard's promise: from its first packet, a pod that is not exempt never talks to
+//! the real instance-metadata API, on either family.
+//!
+//! Every test runs the real binary after Debian's reference plugins in namespaces of its own
+//! (`common::World`), with the real metadata server of `common::attack` listening only on
+//! 169.254.169.254:80 and [fd00:ec2::254]:80 and answering "REAL". A test fails when REAL
+//! answers an attacker (a reset, a timeout or the proxy's answer are all fine), or when an ADD
+//! that must be refused is accepted. Each one also checks a positive control (an exempt pod
+//! reaching REAL, the proxy answering, the pod reaching another host), so that it cannot pass
+//! because the network is broken. Multi-part tests collect every finding and report them
+//! together. Needs root; never skips; nothing is asserted about time.
+
+mod common;
+
+use common::attack::*;
+use common::*;
+use serde_json::{json, Value};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+/// Upper bound for waiting on packet counters (a bound for failure reports, not an assertion on
+/// speed).
+const COUNTER_WAIT: Duration = Duration::from_secs(20);
+
+const EXEMPT_NS: &str = "kube-system";
+
+fn metas() -> [SocketAddr; 2] {
+    [sa(META4, HTTP_PORT), sa(META6, HTTP_PORT)]
+}
+
+/// natguard with `kube-system` exempt and `patch` merged in.
+fn exempt_cfg(w: &World, patch: Value) -> Value {
+    let mut c = w.natguard(json!({ "metadata": { "exemptNamespaces": [EXEMPT_NS] } }));
+    merge(&mut c, &patch);
+    c
+}
+
+/// The gateways of the pod's result (IPv4, IPv6).
+fn gateways(pod: &Pod) -> (IpAddr, IpAddr) {
+    let mut g4 = None;
+    let mut g6 = None;
+    for ip in pod.result["ips"].as_array().cloned().unwrap_or_default() {
+        if let Some(g) = ip["gateway"].as_str() {
+            let g: IpAddr = g.parse().expect("gateway");
+            if g.is_ipv4() {
+                g4.get_or_insert(g);
+            } else {
+                g6.get_or_insert(g);
+            }
+        }
+    }
+    (
+        g4.unwrap_or_else(|| panic!("no IPv4 gateway in {}", pod.result)),
+        g6.unwrap_or_else(|| panic!("no IPv6 gateway in {}", pod.result)),
+    )
+}
+
+/// Hard control: the pod gets `want` from both metadata addresses.
+fn control_metadata(pod: &Pod, want: &str, what: &str) {
+    for t in metas() {
+        assert_eq!(
+            http_get(&pod.ns, t),
+            body(want),
+            "control ({what}): pod {} -> http://{t}/ should be answered by {want}",
+            pod.att.container_id
+        );
+    }
+}
+
+/// Hard control: the pod reaches the remote host inside nonMasqueradeCIDRs on both families.
+fn control_network(pod: &Pod, what: &str) {
+    for (remote, me) in [(REMOTE_IN4, pod.v4), (REMOTE_IN6, pod.v6)] {
+        assert_eq!(
+            tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+            Ok(me),
+            "control ({what}): pod {} should reach {remote} with its own address",
+            pod.att.container_id
+        );
+    }
+}
+
+/// A MAC address of interface `ifname` in `ns`.
+fn mac_of(ns: &Netns, ifname: &str) -> String {
+    let out = ns.ip(&format!("-j link show {ifname}"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j link");
+    v[0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no MAC address for {ifname}: {out}"))
+        .to_string()
+}
+
+/// Runs an nft script (several lines) in `ns`.
+fn nft_script(w: &World, ns: &Netns, name: &str, text: &str) {
+    let path = w.dir().join(format!("{name}.nft"));
+    std::fs::write(&path, text).expect("write nft script");
+    ns.run(&["nft", "-f", path.to_str().expect("utf-8 path")]);
+}
+
+/// A prevResult (1.1.0) with the given addresses on one pod interface in `sandbox`.
+fn prev_result(addrs: &[&str], sandbox: &str) -> Value {
+    json!({
+        "cniVersion": "1.1.0",
+        "interfaces": [
+            { "name": "vethsec0" },
+            { "name": "eth0", "sandbox": sandbox }
+        ],
+        "ips": addrs.iter().map(|a| json!({ "address": a, "interface": 1 })).collect::<Vec<_>>(),
+        "dns": {}
+    })
+}
+
+/// The error text of a CNI error (msg and details).
+fn error_text(e: &CniError) -> String {
+    format!("{} {}", e.msg, e.details)
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Address theft
+// ---------------------------------------------------------------------------------------------
+
+/// The thief takes the exempt pod's addresses (and, with `steal_mac`, its MAC address), makes the
+/// node's neighbour entries point at itself, and talks to the metadata addresses from them.
+fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
+    let exempt = w.add_pod(chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(chain, "thief", "default");
+    control_metadata(&exempt, REAL, "exempt pod before the theft");
+    control_metadata(&thief, "proxy", "the thief before the theft");
+
+    let (gw4, gw6) = gateways(&thief);
+    if steal_mac {
+        let mac = mac_of(&exempt.ns, "eth0");
+        thief.ns.ip(&format!("link set eth0 address {mac}"));
+    }
+    thief.ns.addr("eth0", &format!("{}/32", exempt.v4));
+    thief.ns.addr("eth0", &format!("{}/128", exempt.v6));
+    thief.ns.ip(&format!(
+        "route replace {META4}/32 via {gw4} src {}",
+        exempt.v4
+    ));
+    thief.ns.ip(&format!(
+        "-6 route replace {META6}/128 via {gw6} src {}",
+        exempt.v6
+    ));
+    thief.ns.ip("neigh flush all");
+    announce(&w.h, &thief.ns, "eth0", exempt.v4, gw4, exempt.v6);
+
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&thief.ns, t);
+        f.not_real(
+            &got,
+            &format!("the default/ thief sending from the exempt pod's addresses -> http://{t}/"),
+        );
+    }
+    // The exempt pod keeps its exemption and its replies.
+    for t in metas() {
+        let got = http_get(&exempt.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after the theft the exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    f
+}
+
+#[test]
+fn address_theft_on_a_bridge_never_reaches_real_metadata() {
+    let w = real_world("sec-theft-br");
+    let chain = w.chain(w.list("theft", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    address_theft(&w, &chain, false).finish("address theft on a bridge");
+}
+
+/// Beyond the address: the thief also takes the exempt pod's MAC address, so a filter that ties
+/// an address to a MAC address is not enough on a bridge.
+#[test]
+fn address_and_mac_theft_on_a_bridge_never_reaches_real_metadata() {
+    let w = real_world("sec-theft-mac");
+    let chain = w.chain(w.list("theftmac", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    address_theft(&w, &chain, true).finish("address and MAC theft on a bridge");
+}
+
+/// The same on Debian's `ptp` plugin: a routed veth per pod, no bridge.
+#[test]
+fn address_theft_on_ptp_never_reaches_real_metadata() {
+    let w = real_world("sec-theft-ptp");
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-ptp"),
+            "ranges": [
+                [{ "subnet": "10.244.7.0/24" }],
+                [{ "subnet": "fd00:10:244:7::/64" }]
+            ],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let list = json!({
+        "cniVersion": "1.0.0",
+        "name": "theftptp",
+        "plugins": [ptp, exempt_cfg(&w, json!({}))]
+    });
+    let chain = w.chain(list);
+    address_theft(&w, &chain, false).finish("address theft on ptp");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Another component's DNAT to the metadata server
+// ---------------------------------------------------------------------------------------------
+
+const CLUSTER4: &str = "10.96.0.50";
+const CLUSTER6: &str = "fd00:96::50";
+
+/// Another component's rules, installed in the node before the pods; `targets` are what the
+/// pods connect to. The exempt pod reaching REAL through them is the control.
+fn foreign_dnat(test: &str, setup: impl FnOnce(&World), targets: [SocketAddr; 2]) {
+    let w = real_world(test);
+    setup(&w);
+    let chain = w.chain(w.list("fdnat", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    for t in targets {
+        assert_eq!(
+            http_get(&sys.ns, t),
+            body(REAL),
+            "control: the exempt pod -> http://{t}/ should reach REAL through the other component's DNAT"
+        );
+    }
+    control_network(&pod, "default pod");
+    let mut f = Findings::new();
+    for t in targets {
+        let got = http_get(&pod.ns, t);
+        f.not_real(&got, &format!("the default pod -> http://{t}/"));
+    }
+    f.finish(test);
+}
+
+fn cluster_targets() -> [SocketAddr; 2] {
+    [
+        sa(CLUSTER4.parse().unwrap(), 80),
+        sa(CLUSTER6.parse().unwrap(), 80),
+    ]
+}
+
+#[test]
+fn clusterip_dnat_of_iptables_nft_never_reaches_real_metadata() {
+    foreign_dnat(
+        "sec-dnat-ipt-nft",
+        |w| {
+            w.on_node(&format!("iptables-nft -t nat -A PREROUTING -d {CLUSTER4} -p tcp --dport 80 -j DNAT --to-destination {META4}:80"));
+            w.on_node(&format!("ip6tables-nft -t nat -A PREROUTING -d {CLUSTER6} -p tcp --dport 80 -j DNAT --to-destination [{META6}]:80"));
+        },
+        cluster_targets(),
+    );
+}
+
+#[test]
+fn clusterip_dnat_of_iptables_legacy_never_reaches_real_metadata() {
+    foreign_dnat(
+        "sec-dnat-ipt-legacy",
+        |w| {
+            w.on_node(&format!("iptables-legacy -t nat -A PREROUTING -d {CLUSTER4} -p tcp --dport 80 -j DNAT --to-destination {META4}:80"));
+            w.on_node(&format!("ip6tables-legacy -t nat -A PREROUTING -d {CLUSTER6} -p tcp --dport 80 -j DNAT --to-destination [{META6}]:80"));
+        },
+        cluster_targets(),
+    );
+}
+
+#[test]
+fn clusterip_dnat_of_a_native_nft_table_never_reaches_real_metadata() {
+    foreign_dnat(
+        "sec-dnat-nft",
+        |w| {
+            nft_script(
+                w,
+                &w.node,
+                "svc",
+                &format!(
+                    "table ip svc {{\n  chain pre {{\n    type nat hook prerouting priority dstnat; policy accept;\n    ip daddr {CLUSTER4} tcp dport 80 dnat to {META4}:80\n  }}\n}}\n\
+                     table ip6 svc {{\n  chain pre {{\n    type nat hook prerouting priority dstnat; policy accept;\n    ip6 daddr {CLUSTER6} tcp dport 80 dnat to [{META6}]:80\n  }}\n}}\n"
+                ),
+            );
+        },
+        cluster_targets(),
+    );
+}
+
+/// Beyond the list: a component that DNATs the metadata address to itself (a no-op DNAT, as
+/// agents that "pin" the metadata endpoint do) in a nat chain that runs before natguard's. The
+/// first NAT binding of a connection wins, so natguard's DNAT to the proxy never happens.
+#[test]
+fn earlier_identity_dnat_of_the_metadata_address_never_reaches_real_metadata() {
+    foreign_dnat(
+        "sec-dnat-identity",
+        |w| {
+            nft_script(
+                w,
+                &w.node,
+                "pin",
+                &format!(
+                    "table ip pin {{\n  chain pre {{\n    type nat hook prerouting priority dstnat - 50; policy accept;\n    ip daddr {META4} tcp dport 80 dnat to {META4}:80\n  }}\n}}\n\
+                     table ip6 pin {{\n  chain pre {{\n    type nat hook prerouting priority dstnat - 50; policy accept;\n    ip6 daddr {META6} tcp dport 80 dnat to [{META6}]:80\n  }}\n}}\n"
+                ),
+            );
+        },
+        metas(),
+    );
+}
+
+/// Beyond the list: another component writes packet and conntrack marks on everything (all bits
+/// set, then all cleared) at several points of prerouting and forward, before and after where a
+/// metadata policy would run. A policy that relies on marks must not lose to a component that
+/// owns them (kube-proxy, Calico and Cilium all write mark bits).
+#[test]
+fn foreign_marks_never_expose_real_metadata() {
+    let w = real_world("sec-marks");
+    let chain = w.chain(w.list("marks", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    let mut f = Findings::new();
+    for value in ["0xffffffff", "0x00000000"] {
+        let mut text = String::from("table inet marker {\n");
+        for (i, (hook, prio)) in [
+            ("prerouting", "-400"),
+            ("prerouting", "-300"),
+            ("prerouting", "-150"),
+            ("prerouting", "-105"),
+            ("prerouting", "-95"),
+            ("prerouting", "0"),
+            ("forward", "-200"),
+            ("forward", "-5"),
+            ("input", "-200"),
+        ]
+        .iter()
+        .enumerate()
+        {
+            text.push_str(&format!(
+                "  chain c{i} {{\n    type filter hook {hook} priority {prio}; policy accept;\n    meta mark set {value}\n    ct mark set {value}\n  }}\n"
+            ));
+        }
+        text.push_str("}\n");
+        nft_script(&w, &w.node, "marker", &text);
+        control_metadata(&sys, REAL, &format!("exempt pod, marks {value}"));
+        control_network(&pod, &format!("default pod, marks {value}"));
+        for t in metas() {
+            let got = http_get(&pod.ns, t);
+            f.not_real(
+                &got,
+                &format!("the default pod with foreign marks {value} -> http://{t}/"),
+            );
+        }
+        w.on_node("nft delete table inet marker");
+    }
+    f.finish("foreign marks");
+}
+
+/// Beyond the list: a node-level transparent egress proxy (a nat chain that runs before
+/// natguard's REDIRECTs the pods' port-80 TCP to a local relay, which connects to each
+/// connection's original destination). The first NAT binding wins, so natguard's DNAT never
+/// happens and the relay fetches from REAL on the pod's behalf.
+#[test]
+fn transparent_egress_proxy_on_the_node_never_relays_to_real_metadata() {
+    let w = real_world("sec-tproxy");
+    start_transparent_relay(&w.h, &w.node, 15001);
+    nft_script(
+        &w,
+        &w.node,
+        "egress",
+        &format!(
+            "table ip egress {{\n  chain pre {{\n    type nat hook prerouting priority dstnat - 20; policy accept;\n    ip saddr {} tcp dport 80 redirect to :15001\n  }}\n}}\n\
+             table ip6 egress {{\n  chain pre {{\n    type nat hook prerouting priority dstnat - 20; policy accept;\n    ip6 saddr {} tcp dport 80 redirect to :15001\n  }}\n}}\n",
+            pod_subnet4(0),
+            pod_subnet6(0)
+        ),
+    );
+    let chain = w.chain(w.list("egress", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&sys, REAL, "exempt pod through the egress proxy");
+    control_network(&pod, "default pod");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.not_real(
+            &got,
+            &format!("the default pod through the node's egress proxy -> http://{t}/"),
+        );
+    }
+    f.finish("transparent egress proxy");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Untracked traffic
+// ---------------------------------------------------------------------------------------------
+
+/// (a) Another component exempts the pod network from connection tracking (`setup`, run in the
+/// node before the pods exist).
+fn notrack(test: &str, setup: impl FnOnce(&World)) {
+    let w = real_world(test);
+    setup(&w);
+    let chain = w.chain(w.list("notrack", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&sys, REAL, "exempt pod, untracked");
+    control_network(&pod, "default pod, untracked");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.not_real(&got, &format!("the untracked default pod -> http://{t}/"));
+    }
+    f.finish(test);
+}
+
+#[test]
+fn notrack_for_pod_sources_in_a_raw_priority_nft_chain_never_reaches_real_metadata() {
+    notrack("sec-notrack-nft", |w| {
+        nft_script(
+            w,
+            &w.node,
+            "raw0",
+            &format!(
+                "table ip raw0 {{\n  chain pre {{\n    type filter hook prerouting priority raw; policy accept;\n    ip saddr {} notrack\n  }}\n}}\n\
+                 table ip6 raw0 {{\n  chain pre {{\n    type filter hook prerouting priority raw; policy accept;\n    ip6 saddr {} notrack\n  }}\n}}\n",
+                pod_subnet4(0),
+                pod_subnet6(0)
+            ),
+        );
+    });
+}
+
+/// The same NOTRACK from iptables-legacy's raw table.
+#[test]
+fn notrack_for_pod_sources_in_iptables_legacy_raw_never_reaches_real_metadata() {
+    notrack("sec-notrack-legacy", |w| {
+        w.on_node(&format!(
+            "iptables-legacy -t raw -A PREROUTING -s {} -j CT --notrack",
+            pod_subnet4(0)
+        ));
+        w.on_node(&format!(
+            "ip6tables-legacy -t raw -A PREROUTING -s {} -j CT --notrack",
+            pod_subnet6(0)
+        ));
+    });
+}
+
+/// (b) With `nf_conntrack_tcp_loose=0` in the node, a flow whose conntrack entry natguard
+/// deleted is no longer tracked at all: a keep-alive connection opened before natguard's ADD
+/// must not keep talking to REAL afterwards.
+#[test]
+fn keepalive_from_before_add_with_tcp_loose_off_never_reaches_real_metadata() {
+    let w = real_world("sec-loose");
+    w.node.sysctl("net.netfilter.nf_conntrack_tcp_loose", "0");
+    // A conntrack user on the node, as on any node with kube-proxy (it matches nothing here).
+    w.on_node("iptables-nft -t nat -A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE");
+    w.on_node("ip6tables-nft -t nat -A POSTROUTING -m mark --mark 0x4000/0x4000 -j MASQUERADE");
+
+    // The primary plugin attaches the pod; natguard's ADD comes later.
+    let ng = w.natguard(json!({}));
+    let plain = w.chain(w.list("loose", "1.1.0", 0, None));
+    let pod = w.add_pod(&plain, "pod", "default");
+    let mut conns: Vec<KeepAlive> = metas()
+        .into_iter()
+        .map(|t| KeepAlive::open(&pod.ns, t).unwrap_or_else(|e| panic!("connect to {t}: {e}")))
+        .collect();
+    for c in conns.iter_mut() {
+        for _ in 0..2 {
+            let got = c.get();
+            assert_eq!(
+                got,
+                body(REAL),
+                "control: before natguard, {} -> {} is answered by REAL over one connection",
+                c.local,
+                c.target
+            );
+        }
+    }
+
+    let full = w.chain(w.list("loose", "1.1.0", 0, Some(ng.clone())));
+    let conf = natguard_conf(&ng, "loose", "1.1.0", Some(&pod.result));
+    natguard_verb(&full, "ADD", &conf, &pod.att).unwrap_or_else(|e| panic!("natguard ADD: {e}"));
+
+    let mut f = Findings::new();
+    for c in conns.iter_mut() {
+        for i in 1..=5 {
+            let got = c.get();
+            f.not_real(
+                &got,
+                &format!(
+                    "request {i} after natguard's ADD on the keep-alive connection {} -> {}",
+                    c.local, c.target
+                ),
+            );
+            if !matches!(got, Outcome::Body(_)) {
+                break;
+            }
+        }
+    }
+    // Control: a new connection is intercepted.
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.check(got == body("proxy"), || {
+            format!("control: a new connection {t} after ADD got {got:?}, not the proxy")
+        });
+    }
+    f.finish("keep-alive across ADD with tcp_loose=0");
+}
+
+/// (c) Segments with flag combinations that connection tracking does not track (SYN+FIN, FIN,
+/// NULL, Xmas), a bare ACK and a SYN, from a default pod to both metadata addresses: nothing from
+/// the pod may arrive at the metadata host. SYNs from the same pod to another address of the
+/// cloud are the control that the sender and the counters work.
+#[test]
+fn crafted_tcp_segments_never_reach_the_metadata_host() {
+    let w = real_world("sec-segments");
+    let chain = w.chain(w.list("segs", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "default pod");
+    let cloud4 = "10.20.0.2";
+    let cloud6 = "fd00:c1::2";
+    let combos: [(&str, u8); 6] = [
+        ("synfin", 0x03),
+        ("fin", 0x01),
+        ("null", 0x00),
+        ("xmas", 0x29),
+        ("ack", 0x10),
+        ("syn", 0x02),
+    ];
+    let mut rules: Vec<(String, String)> = Vec::new();
+    for (name, flags) in combos {
+        rules.push((
+            format!("m4{name}"),
+            format!(
+                "ip saddr {} ip daddr {META4} tcp dport 80 tcp flags == {flags:#04x}",
+                pod.v4
+            ),
+        ));
+        rules.push((
+            format!("m6{name}"),
+            format!(
+                "ip6 saddr {} ip6 daddr {META6} tcp dport 80 tcp flags == {flags:#04x}",
+                pod.v6
+            ),
+        ));
+    }
+    rules.push((
+        "ctl4".into(),
+        format!("ip saddr {} ip daddr {cloud4} tcp dport 80", pod.v4),
+    ));
+    rules.push((
+        "ctl6".into(),
+        format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", pod.v6),
+    ));
+    let refs: Vec<(&str, String)> = rules.iter().map(|(n, m)| (n.as_str(), m.clone())).collect();
+    let counters = Counters::install(&w.h, &w.cloud, &refs);
+
+    let flags: Vec<u8> = combos.iter().map(|(_, f)| *f).collect();
+    const EACH: u32 = 3;
+    send_segments(&w.h, &pod.ns, pod.v4, META4, 80, EACH, &flags);
+    send_segments(&w.h, &pod.ns, pod.v6, META6, 80, EACH, &flags);
+    // The control goes last: once it has arrived, so has everything sent before it.
+    send_segments(
+        &w.h,
+        &pod.ns,
+        pod.v4,
+        cloud4.parse().unwrap(),
+        80,
+        EACH,
+        &[0x02],
+    );
+    send_segments(
+        &w.h,
+        &pod.ns,
+        pod.v6,
+        cloud6.parse().unwrap(),
+        80,
+        EACH,
+        &[0x02],
+    );
+    let start = Instant::now();
+    while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
+        assert!(
+            start.elapsed() < COUNTER_WAIT,
+            "control: the SYNs from the pod to {cloud4}:80 / [{cloud6}]:80 never all arrived at the cloud ({} / {} of {EACH})",
+            counters.packets("ctl4"),
+            counters.packets("ctl6")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut f = Findings::new();
+    for (name, flags) in combos {
+        for fam in ["4", "6"] {
+            let n = counters.packets(&format!("m{fam}{name}"));
+            f.check(n == 0, || {
+                format!(
+                    "{n} of {EACH} {name} segment(s) (flags {flags:#04x}) from the default pod reached the IPv{fam} metadata host"
+                )
+            });
+        }
+    }
+    f.finish("crafted TCP segments");
+}
+
+/// Beyond the list: the same kinds of segments (a SYN included), each split into two fragments
+/// so that the first carries only the ports and the sequence number and the second the flags.
+/// Nothing from the pod may arrive at the metadata host (counted per packet, before any
+/// reassembly there); the same fragmented SYNs to another address of the cloud are the control.
+/// An IPv6 first fragment without the whole TCP header is not reassembled by the node's
+/// connection tracking but passed on as it is, untracked, so even a SYN crosses the node.
+#[test]
+fn fragmented_tcp_segments_never_reach_the_metadata_host() {
+    let w = real_world("sec-fragments");
+    let chain = w.chain(w.list("frags", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "default pod");
+    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
+    let cloud6: IpAddr = "fd00:c1::2".parse().unwrap();
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            ("meta4", format!("ip saddr {} ip daddr {META4}", pod.v4)),
+            ("meta6", format!("ip6 saddr {} ip6 daddr {META6}", pod.v6)),
+            ("ctl4", format!("ip saddr {} ip daddr {cloud4}", pod.v4)),
+            ("ctl6", format!("ip6 saddr {} ip6 daddr {cloud6}", pod.v6)),
+        ],
+    );
+    // SYN, SYN+FIN, FIN, NULL, Xmas, bare ACK.
+    let flags = [0x02, 0x03, 0x01, 0x00, 0x29, 0x10];
+    const EACH: u32 = 2;
+    send_fragmented_segments(&w.h, &pod.ns, pod.v4, META4, 80, EACH, &flags);
+    send_fragmented_segments(&w.h, &pod.ns, pod.v6, META6, 80, EACH, &flags);
+    send_fragmented_segments(&w.h, &pod.ns, pod.v4, cloud4, 80, EACH, &[0x02]);
+    send_fragmented_segments(&w.h, &pod.ns, pod.v6, cloud6, 80, EACH, &[0x02]);
+    let start = Instant::now();
+    while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
+        assert!(
+            start.elapsed() < COUNTER_WAIT,
+            "control: the fragmented SYNs from the pod to {cloud4} / {cloud6} never arrived at the cloud ({} / {} packets)",
+            counters.packets("ctl4"),
+            counters.packets("ctl6")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let mut f = Findings::new();
+    for (name, meta) in [("meta4", META4), ("meta6", META6)] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!("{n} packet(s) of the default pod's fragmented segments reached the metadata host {meta}")
+        });
+    }
+    f.finish("fragmented TCP segments");
+}
+
+/// Beyond the list: IP options and IPv6 extension headers (hop-by-hop, destination options, both)
+/// on every segment of a kernel TCP connection. The exempt pod with the same headers reaching
+/// REAL (and the headers counted at the cloud) is the control that they cross the network.
+#[test]
+fn ip_options_and_ipv6_extension_headers_never_reach_real_metadata() {
+    let w = real_world("sec-exthdr");
+    let chain = w.chain(w.list("exthdr", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    let cases: [(SocketAddr, &[&str]); 4] = [
+        (sa(META4, 80), &["ipopts"]),
+        (sa(META6, 80), &["hopopts"]),
+        (sa(META6, 80), &["dstopts"]),
+        (sa(META6, 80), &["hopopts", "dstopts"]),
+    ];
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            ("seenrr", format!("ip saddr {} ip option rr exists", sys.v4)),
+            ("seenhbh", format!("ip6 saddr {} exthdr hbh exists", sys.v6)),
+            ("seendst", format!("ip6 saddr {} exthdr dst exists", sys.v6)),
+        ],
+    );
+    for (t, kinds) in cases {
+        let got = http_get_with_headers(&w.h, &sys.ns, t, kinds);
+        assert_eq!(
+            got,
+            body(REAL),
+            "control: the exempt pod -> http://{t}/ with {kinds:?} should reach REAL"
+        );
+    }
+    for name in ["seenrr", "seenhbh", "seendst"] {
+        assert!(
+            counters.packets(name) > 0,
+            "control: no segment of the exempt pod with the {name} header arrived at the cloud"
+        );
+    }
+    let mut f = Findings::new();
+    for (t, kinds) in cases {
+        let got = http_get_with_headers(&w.h, &pod.ns, t, kinds);
+        f.not_real(
+            &got,
+            &format!("the default pod -> http://{t}/ with {kinds:?}"),
+        );
+    }
+    f.finish("IP options and IPv6 extension headers");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Stale exemption
+// ---------------------------------------------------------------------------------------------
+
+/// An exempt pod's netns vanishes without a DEL (the node crashed); a default pod gets the same
+/// addresses. In deny mode, the default pod must not inherit the exemption, and its CHECK passes.
+#[test]
+fn stale_exemption_of_a_vanished_pod_is_not_inherited() {
+    let w = real_world("sec-stale");
+    let bridge = json!({
+        "type": "bridge",
+        "bridge": "cni0",
+        "isGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "static",
+            "addresses": [
+                { "address": "10.244.0.77/24", "gateway": "10.244.0.1" },
+                { "address": "fd00:10:244::77/64", "gateway": "fd00:10:244::1" }
+            ],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let ng = exempt_cfg(&w, json!({ "metadata": { "mode": "deny" } }));
+    let chain = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "stale",
+        "plugins": [bridge, ng]
+    }));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    control_metadata(&sys, REAL, "exempt pod in deny mode");
+    // The node crashes: the netns is gone, no DEL ever ran.
+    w.h.delete_netns(&sys.ns);
+
+    let web = w.add_pod(&chain, "web", "default");
+    assert_eq!(
+        web.ips(),
+        sys.ips(),
+        "the static IPAM should give the same addresses"
+    );
+    control_network(&web, "the new default pod");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&web.ns, t);
+        f.not_real(
+            &got,
+            &format!("the default pod that reused a vanished exempt pod's address -> http://{t}/"),
+        );
+    }
+    if let Err(e) = chain.check(&web.att) {
+        f.check(false, || format!("CHECK of the default pod failed: {e}"));
+    }
+    f.finish("stale exemption");
+}
+
+/// Beyond the list: the same stale exemption, used by a pod that is already running. An exempt
+/// pod's netns vanishes without a DEL; no new pod gets its address, but a running default pod on
+/// the same bridge puts the address on its own interface (nobody else answers for it now).
+#[test]
+fn stale_exemption_of_a_vanished_pod_is_not_usable_by_a_neighbour() {
+    let w = real_world("sec-stale-steal");
+    let chain = w.chain(w.list(
+        "stalesteal",
+        "1.1.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "metadata": { "mode": "deny" } }))),
+    ));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&chain, "thief", "default");
+    control_metadata(&sys, REAL, "exempt pod in deny mode");
+    for t in metas() {
+        assert_eq!(
+            http_get(&thief.ns, t),
+            Outcome::Refused,
+            "control: the default pod -> http://{t}/ is refused in deny mode"
+        );
+    }
+    w.h.delete_netns(&sys.ns);
+
+    let (gw4, gw6) = gateways(&thief);
+    thief.ns.addr("eth0", &format!("{}/32", sys.v4));
+    thief.ns.addr("eth0", &format!("{}/128", sys.v6));
+    thief.ns.ip(&format!(
+        "route replace {META4}/32 via {gw4} src {}",
+        sys.v4
+    ));
+    thief.ns.ip(&format!(
+        "-6 route replace {META6}/128 via {gw6} src {}",
+        sys.v6
+    ));
+    thief.ns.ip("neigh flush all");
+    announce(&w.h, &thief.ns, "eth0", sys.v4, gw4, sys.v6);
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&thief.ns, t);
+        f.not_real(
+            &got,
+            &format!(
+                "the default pod sending from a vanished exempt pod's addresses -> http://{t}/"
+            ),
+        );
+    }
+    // Control: a new exempt pod still reaches REAL.
+    let sys2 = w.add_pod(&chain, "sys2", EXEMPT_NS);
+    for t in metas() {
+        let got = http_get(&sys2.ns, t);
+        f.check(got == body(REAL), || {
+            format!("control: a new exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    f.finish("stale exemption used by a neighbour");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Two networks; prevResult prefixes
+// ---------------------------------------------------------------------------------------------
+
+/// A bridge + host-local entry with explicit ranges.
+fn bridge_entry(w: &World, name: &str, bridge: &str, v4: Value, v6: Value) -> Value {
+    json!({
+        "type": "bridge",
+        "bridge": bridge,
+        "isGateway": true,
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join(format!("ipam-{name}")),
+            "ranges": [[v4], [v6]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    })
+}
+
+/// Network A's pods are in 10.250.0.0/23 and fd00:250::/56 (its ranges stop short of B's), network
+/// B's in 10.250.1.0/24 and fd00:250:0:1::/64, inside A's prefixes; B exempts kube-system. B's exempt pod keeps reaching REAL after A adds a pod.
+#[test]
+fn overlapping_network_does_not_take_another_networks_exemption() {
+    let w = real_world("sec-overlap");
+    let a = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "neta",
+        "plugins": [
+            bridge_entry(&w, "neta", "cnia", json!({
+                "subnet": "10.250.0.0/23",
+                "rangeStart": "10.250.0.2",
+                "rangeEnd": "10.250.0.254",
+                "gateway": "10.250.0.1"
+            }), json!({
+                "subnet": "fd00:250::/56",
+                "rangeStart": "fd00:250::2",
+                "rangeEnd": "fd00:250::fe",
+                "gateway": "fd00:250::1"
+            })),
+            w.natguard(json!({}))
+        ]
+    }));
+    let b = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "netb",
+        "plugins": [
+            bridge_entry(&w, "netb", "cnib", json!({ "subnet": "10.250.1.0/24" }),
+                json!({ "subnet": "fd00:250:0:1::/64" })),
+            exempt_cfg(&w, json!({}))
+        ]
+    }));
+    let sysb = w.add_pod(&b, "sysb", EXEMPT_NS);
+    control_metadata(&sysb, REAL, "B's exempt pod before A has pods");
+    let poda = w.add_pod(&a, "poda", "default");
+    control_metadata(&poda, "proxy", "A's default pod");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&sysb.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after A's ADD, B's exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    f.finish("overlapping networks");
+}
+
+/// A prevResult address with prefix /0 is refused (code 7, naming the field and the value) and
+/// changes nothing: a `mode: "off"` network's pod keeps reaching the metadata server.
+#[test]
+fn prefix_zero_prev_result_is_refused_and_leaves_other_networks_alone() {
+    let w = real_world("sec-prefix0");
+    let off = w.chain(w.list(
+        "netoff",
+        "1.1.0",
+        3,
+        Some(w.natguard(json!({ "metadata": { "mode": "off" } }))),
+    ));
+    let offpod = w.add_pod(&off, "offpod", "default");
+    control_metadata(&offpod, REAL, "the off network's pod");
+    let ng = w.natguard(json!({}));
+    let a = w.chain(w.list("neta", "1.1.0", 0, Some(ng.clone())));
+    let before = nft_ruleset(&w.node);
+
+    let mut f = Findings::new();
+    let victim = w.h.netns("zero");
+    let att = Attachment::new("cid-zero", &victim).k8s("default", "zero");
+    let prev = prev_result(&["10.250.0.5/0"], &victim.path());
+    let conf = natguard_conf(&ng, "neta", "1.1.0", Some(&prev));
+    match natguard_verb(&a, "ADD", &conf, &att) {
+        Ok(r) => f.check(false, || {
+            format!("ADD with prevResult address 10.250.0.5/0 was accepted: {r:?}")
+        }),
+        Err(e) => {
+            let text = error_text(&e);
+            f.check(
+                e.code == Some(7)
+                    && text.contains("prevResult.ips[0].address")
+                    && text.contains("10.250.0.5/0"),
+                || format!("ADD with 10.250.0.5/0: expected code 7 naming prevResult.ips[0].address and the value: {e}"),
+            );
+        }
+    }
+    for t in metas() {
+        let got = http_get(&offpod.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after the /0 ADD, the off network's pod -> http://{t}/ got {got:?}, not REAL as before")
+        });
+    }
+    let after = nft_ruleset(&w.node);
+    f.check(after == before, || {
+        format!(
+            "the /0 ADD changed the node's ruleset:\n{}",
+            line_diff(&before, &after)
+        )
+    });
+    f.finish("prefix /0");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Network names whose shortened names collide
+// ---------------------------------------------------------------------------------------------
+
+// Two 43-byte network names with the same first 31 bytes and the same low 32 bits of FNV-1a-64
+// over the whole name (0x0a4bcb9d). Found offline by a birthday search: random 12-character
+// [a-z0-9] suffixes after the fixed 31-byte prefix until two hashes' low 32 bits matched (about
+// 68,000 tries, under a second).
+const COLLIDE_P: &str = "sec-collision-network-name-01239y8frewcf636";
+const COLLIDE_O: &str = "sec-collision-network-name-01234yi4z8atpi3y";
+
+/// Network P (proxy) has a pod; network O (mode off), whose long name shortens like P's, ADDs a
+/// pod. O's ADD may succeed with objects of its own, or be refused (code 7) naming both
+/// networks; either way P's pod never reaches REAL.
+#[test]
+fn colliding_long_network_names_never_expose_real_metadata() {
+    assert_eq!(COLLIDE_P.len(), 43);
+    assert_eq!(COLLIDE_O.len(), 43);
+    assert_eq!(COLLIDE_P[..31], COLLIDE_O[..31]);
+    let w = real_world("sec-collide");
+    let p = w.chain(w.list(COLLIDE_P, "1.1.0", 0, Some(w.natguard(json!({})))));
+    let o = w.chain(w.list(
+        COLLIDE_O,
+        "1.1.0",
+        1,
+        Some(w.natguard(json!({ "metadata": { "mode": "off" } }))),
+    ));
+    let ppod = w.add_pod(&p, "ppod", "default");
+    control_metadata(&ppod, "proxy", "P's pod before O's ADD");
+    let mut f = Findings::new();
+    match w.try_add_pod(&o, "opod", "default") {
+        Ok(opod) => {
+            // O is off: its pod reaches REAL (the control that REAL is reachable).
+            for t in metas() {
+                let got = http_get(&opod.ns, t);
+                f.check(got == body(REAL), || {
+                    format!("O (mode off) pod -> http://{t}/ got {got:?}, not REAL")
+                });
+            }
+        }
+        Err(e) => {
+            let text = error_text(&e);
+            f.check(
+                e.code == Some(7) && text.contains(COLLIDE_P) && text.contains(COLLIDE_O),
+                || format!("O's ADD was refused, but not with code 7 naming both networks: {e}"),
+            );
+        }
+    }
+    for t in metas() {
+        let got = http_get(&ppod.ns, t);
+        f.not_real(&got, &format!("P's pod after O's ADD -> http://{t}/"));
+    }
+    f.finish("colliding network names");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Many owners of one address
+// ---------------------------------------------------------------------------------------------
+
+/// Eight attachments (distinct container IDs, a live netns each) share one address; the seven
+/// newest are deleted. The oldest, still running, keeps its policy: CHECK passes and its
+/// metadata traffic is still sent to the proxy. An ADD refused with a clear error because the
+/// address has too many owners is acceptable; silently dropping a live owner is not.
+#[test]
+fn oldest_of_eight_owners_of_one_address_keeps_its_policy() {
+    let w = real_world("sec-owners");
+    let ng = w.natguard(json!({}));
+    let chain = w.chain(w.list("owners", "1.1.0", 0, Some(ng.clone())));
+    let oldest = w.add_pod(&chain, "oldest", "default");
+    control_metadata(&oldest, "proxy", "the oldest owner");
+
+    let mut f = Findings::new();
+    let mut newer = Vec::new();
+    for i in 1..8 {
+        let ns = w.h.netns(&format!("own{i}"));
+        let att = Attachment::new(&format!("cid-own{i}"), &ns).k8s("default", &format!("own{i}"));
+        let mut prev = oldest.result.clone();
+        for iface in prev["interfaces"].as_array_mut().expect("interfaces") {
+            if iface.get("sandbox").is_some() {
+                iface["sandbox"] = json!(ns.path());
+            }
+        }
+        let conf = natguard_conf(&ng, "owners", "1.1.0", Some(&prev));
+        match natguard_verb(&chain, "ADD", &conf, &att) {
+            Ok(_) => {}
+            Err(e) => {
+                let text = error_text(&e);
+                f.check(
+                    e.code.is_some()
+                        && !text.trim().is_empty()
+                        && (text.contains(&oldest.v4.to_string())
+                            || text.contains(&oldest.v6.to_string())),
+                    || format!("ADD of owner {i} failed without naming the address: {e}"),
+                );
+            }
+        }
+        newer.push((ns, att, conf));
+    }
+    for (_, att, conf) in newer.iter().rev() {
+        if let Err(e) = natguard_verb(&chain, "DEL", conf, att) {
+            f.check(false, || format!("DEL of {}: {e}", att.container_id));
+        }
+    }
+    if let Err(e) = chain.check(&oldest.att) {
+        f.check(false, || {
+            format!("CHECK of the oldest owner after the seven newer were deleted: {e}")
+        });
+    }
+    for t in metas() {
+        let got = http_get(&oldest.ns, t);
+        f.not_real(&got, &format!("the oldest owner -> http://{t}/"));
+        f.check(got == body("proxy"), || {
+            format!(
+                "the oldest owner -> http://{t}/ got {got:?}, not the proxy: it lost its policy"
+            )
+        });
+    }
+    f.finish("eight owners");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Addresses that are not a pod's
+// ---------------------------------------------------------------------------------------------
+
+/// ADD is refused (code 7, naming the field and the value, kernel unchanged) for prevResult
+/// addresses no pod can have, and for proxy and metadata addresses that would undo the policy.
+/// An IPv4 link-local pod address (as AWS VPC CNI's egress plugin assigns) stays accepted.
+#[test]
+fn addresses_that_are_not_a_pods_are_refused() {
+    let w = World::new("sec-addrs");
+    let ng = w.natguard(json!({}));
+    let chain = w.chain(w.list("addrs", "1.1.0", 0, Some(ng.clone())));
+    // A real pod first: the table exists and the bridge carries the gateway address.
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "a real pod");
+    let sandbox = w.h.netns("syn");
+    let mut f = Findings::new();
+    let mut n = 0;
+    let mut refused =
+        |f: &mut Findings, entry: &Value, addrs: &[&str], field: &str, value: &str| {
+            n += 1;
+            let att = Attachment::new(&format!("cid-bad{n}"), &sandbox).k8s("default", "bad");
+            let prev = prev_result(addrs, &sandbox.path());
+            let conf = natguard_conf(entry, "addrs", "1.1.0", Some(&prev));
+            let before = nft_ruleset(&w.node);
+            let what = format!("ADD with prevResult addresses {addrs:?}");
+            match natguard_verb(&chain, "ADD", &conf, &att) {
+                Ok(_) => f.check(false, || {
+                    format!("{what}: accepted; expected code 7 naming {field} and {value}")
+                }),
+                Err(e) => {
+                    let text = error_text(&e);
+                    f.check(
+                        e.code == Some(7) && text.contains(field) && text.contains(value),
+                        || format!("{what}: expected code 7 naming {field} and {value}: {e}"),
+                    );
+                }
+            }
+            let after = nft_ruleset(&w.node);
+            f.check(after == before, || {
+                format!(
+                    "{what}: the node's ruleset changed:\n{}",
+                    line_diff(&before, &after)
+                )
+            });
+            if after != before {
+                // Undo what the accepted ADD installed, so the next case starts from the same state.
+                let _ = natguard_verb(&chain, "DEL", &conf, &att);
+            }
+        };
+    let good = "10.244.0.200/24";
+    let bad = [
+        "0.0.0.0/24",
+        "127.0.0.1/8",
+        "224.0.0.1/24",
+        "255.255.255.255/32",
+        "169.254.169.254/16",
+        "fd00:ec2::254/64",
+        "::ffff:10.251.0.9/128",
+        "::1/128",
+        "ff02::1/64",
+        "10.244.0.201/0",
+        "fd00:10:244::201/0",
+        // The node's own addresses: its primary address and the bridge's gateway address.
+        "11.0.0.1/24",
+        "2001:db8:bb::1/64",
+        "10.244.0.1/24",
+    ];
+    for b in bad {
+        let value = if b.ends_with("/0") {
+            b
+        } else {
+            b.split('/').next().unwrap()
+        };
+        refused(&mut f, &ng, &[good, b], "prevResult.ips[1].address", value);
+    }
+    // Configs that would undo the policy.
+    let cfgs: [(Value, &str, &str); 3] = [
+        (
+            json!({ "metadata": { "proxyIPv4": "169.254.169.254" } }),
+            "metadata.proxyIPv4",
+            "169.254.169.254",
+        ),
+        (
+            json!({ "metadata": { "proxyIPv4": "10.244.0.9" } }),
+            "metadata.proxyIPv4",
+            "10.244.0.9",
+        ),
+        (
+            json!({ "metadata": { "addresses": ["::ffff:169.254.169.254"] } }),
+            "metadata.addresses",
+            "::ffff:169.254.169.254",
+        ),
+    ];
+    for (patch, field, value) in cfgs {
+        let mut entry = ng.clone();
+        merge(&mut entry, &patch);
+        refused(&mut f, &entry, &["10.244.0.202/24"], field, value);
+    }
+
+    // Accepted: an IPv4 link-local pod address.
+    let att = Attachment::new("cid-ll", &sandbox).k8s("default", "ll");
+    let prev = prev_result(&["169.254.172.5/22"], &sandbox.path());
+    let conf = natguard_conf(&ng, "addrs", "1.1.0", Some(&prev));
+    match natguard_verb(&chain, "ADD", &conf, &att) {
+        Ok(_) => {
+            let _ = natguard_verb(&chain, "DEL", &conf, &att);
+        }
+        Err(e) => f.check(false, || {
+            format!("ADD with the link-local pod address 169.254.172.5/22 was refused: {e}")
+        }),
+    }
+    f.finish("addresses that are not a pod's");
+}
