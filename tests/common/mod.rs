@@ -635,7 +635,7 @@ pub fn nft_table(ns: &Netns) -> Option<String> {
 
 /// `nft list ruleset` in `ns`.
 pub fn nft_ruleset(ns: &Netns) -> String {
-    ns.run(&["nft", "list", "ruleset"])
+    ns.run(&["nft", "-s", "list", "ruleset"])
 }
 
 /// `conntrack -L <filter...>` in `ns`: the entry lines.
