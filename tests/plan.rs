@@ -410,15 +410,15 @@ fn deny_and_off_have_no_dnat() {
         both(),
     );
     assert_eq!(deny.rules_of(ChainKind::Dnat).count(), 0);
-    // Two resets per family in each filter chain: from the pods' interfaces, from intercepted
-    // sources.
+    // Four resets per family in each filter chain: from the pods' interfaces and from
+    // intercepted sources, each judged on the final destination and on the original one.
     let resets = |c: ChainKind| {
         deny.rules_of(c)
             .filter(|r| r.action == Action::RejectTcpReset)
             .count()
     };
-    assert_eq!(resets(ChainKind::Forward), 4);
-    assert_eq!(resets(ChainKind::Input), 4);
+    assert_eq!(resets(ChainKind::Forward), 8);
+    assert_eq!(resets(ChainKind::Input), 8);
     assert!(deny.warnings.is_empty());
     let off = plan_of(
         r#"{"cniVersion":"1.0.0","name":"n","metadata":{"mode":"off"}}"#,

@@ -64,6 +64,9 @@ impl Fake {
                                 (Elem::Port(p), _) => {
                                     set.elems.insert(Key::Port(*p), None);
                                 }
+                                (Elem::AddrPort(a, p), _) => {
+                                    set.elems.insert(Key::AddrPort(*a, *p), None);
+                                }
                                 (Elem::Addr(a), true) => {
                                     let v = crate::addr::ip_to_u128(*a);
                                     set.ranges.push((v, v));

@@ -158,6 +158,10 @@ pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
             ((TYPE_IFNAME << TYPE_BITS) | t, IFNAME_LEN + len)
         }
         SetKind::MetaPorts => (TYPE_INET_SERVICE, 2),
+        SetKind::ProxyTarget(f) => {
+            let (t, len) = addr_type(f);
+            ((t << TYPE_BITS) | TYPE_INET_SERVICE, len + 4)
+        }
         SetKind::Pods | SetKind::Attach | SetKind::Ifaces => (TYPE_IFNAME, IFNAME_LEN),
     }
 }
@@ -342,7 +346,16 @@ pub(crate) fn key_bytes(k: &Key) -> Vec<u8> {
             k.extend_from_slice(&ip_bytes(a));
             k
         }
+        Key::AddrPort(a, p) => addr_port_bytes(a, *p),
     }
+}
+
+/// An address . port key: the port takes a whole 32-bit register, zero-padded.
+fn addr_port_bytes(a: &IpAddr, p: u16) -> Vec<u8> {
+    let mut k = ip_bytes(a);
+    k.extend_from_slice(&p.to_be_bytes());
+    k.extend_from_slice(&[0, 0]);
+    k
 }
 
 /// A key read back, decoded for its set's kind; `None` for bytes of another shape.
@@ -367,6 +380,10 @@ pub(crate) fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
         SetKind::Allow(_) | SetKind::GuardPort(_) => {
             let (i, a) = b.split_at_checked(IFNAME_LEN as usize)?;
             Key::IfAddr(name(i)?, addr(a)?)
+        }
+        SetKind::ProxyTarget(_) => {
+            let (a, p) = b.split_at_checked(b.len().checked_sub(4)?)?;
+            Key::AddrPort(addr(a)?, u16::from_be_bytes([p[0], p[1]]))
         }
         _ => Key::Addr(addr(b)?),
     })
@@ -397,6 +414,7 @@ pub fn elem_data(e: &Elem, interval: bool) -> Vec<ElemData> {
     };
     match e {
         Elem::Port(p) => vec![plain(p.to_be_bytes().to_vec())],
+        Elem::AddrPort(a, p) => vec![plain(addr_port_bytes(a, *p))],
         Elem::Addr(a) if !interval => vec![plain(ip_bytes(a))],
         Elem::Addr(a) => {
             let f = Family::of(a);
@@ -560,6 +578,15 @@ impl Exprs<'_> {
         });
     }
 
+    /// A conntrack field of the original direction.
+    fn ct_original(&mut self, key: u32, dreg: u32) {
+        self.expr("ct", |b| {
+            b.attr_u32_be(1, dreg); // NFTA_CT_DREG
+            b.attr_u32_be(2, key); // NFTA_CT_KEY
+            b.attr_u8(3, 0); // NFTA_CT_DIRECTION: IP_CT_DIR_ORIGINAL
+        });
+    }
+
     fn bitwise_and(&mut self, reg: u32, mask: &[u8]) {
         let zero = vec![0u8; mask.len()];
         self.expr("bitwise", |b| {
@@ -719,6 +746,34 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.meta(NFT_META_MARK, NFT_REG_1);
             x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
             x.cmp_eq(NFT_REG_1, &mark.to_ne_bytes());
+        }
+        // ct original ip daddr @set → [ ct load dst_ip => reg 1, dir original ] [ lookup ]
+        Match::CtOrigDaddrIn(f, s) => {
+            const NFT_CT_DST_IP: u32 = 20;
+            const NFT_CT_DST_IP6: u32 = 22;
+            let key = match f {
+                Family::V4 => NFT_CT_DST_IP,
+                Family::V6 => NFT_CT_DST_IP6,
+            };
+            x.ct_original(key, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // meta l4proto tcp ct original proto-dst @set → [ meta load l4proto ] [ cmp eq 6 ]
+        //   [ ct load proto_dst => reg 1, dir original ] [ lookup ]
+        Match::CtOrigTcpDportIn(s) => {
+            const NFT_CT_PROTO_DST: u32 = 12;
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
+            x.ct_original(NFT_CT_PROTO_DST, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // ip daddr . tcp dport != @set → [ payload load daddr => reg32 0 ]
+        //   [ payload load 2b @ transport + 2 => reg32 1 (4 for IPv6) ] [ lookup reg32 0, inverted ]
+        Match::NotToIn(f, s) => {
+            let (_, (off, len)) = addr_offsets(*f);
+            x.payload(BASE_NETWORK, off, len, NFT_REG32_00);
+            x.payload(BASE_TRANSPORT, 2, 2, NFT_REG32_00 + len / 4);
+            x.lookup(&set(s), NFT_REG32_00, true);
         }
         // limit rate N/second burst B packets → [ limit rate N/second burst B type packets ]
         Match::Limit { per_second, burst } => {

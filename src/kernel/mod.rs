@@ -233,6 +233,7 @@ fn describe(key: &Key) -> String {
         Key::Owner(o) => format!("pod {}", o.hex()),
         Key::Iface(i) => format!("interface {i}"),
         Key::IfAddr(i, a) => format!("{i} . {a}"),
+        Key::AddrPort(a, p) => format!("{a} . {p}"),
     }
 }
 

@@ -175,6 +175,9 @@ pub enum SetKind {
     CountProxied(Family),
     /// Every pod address, each element with a counter: metadata attempts reset, per pod.
     CountReset(Family),
+    /// natguard's own DNAT target (proxy address . port), so a connection another component
+    /// redirected elsewhere is told from one natguard sent to the proxy.
+    ProxyTarget(Family),
 }
 
 impl SetKind {
@@ -193,6 +196,7 @@ impl SetKind {
             SetKind::GuardPort(f) => format!("xport{}", f.suffix()),
             SetKind::CountProxied(f) => format!("cntp{}", f.suffix()),
             SetKind::CountReset(f) => format!("cntr{}", f.suffix()),
+            SetKind::ProxyTarget(f) => format!("pxy{}", f.suffix()),
         }
     }
     /// Sets whose every element carries a counter (where the kernel supports it).
@@ -220,6 +224,8 @@ impl SetKind {
             | SetKind::CountReset(f) => addr(f),
             SetKind::Allow(Family::V4) | SetKind::GuardPort(Family::V4) => "ifname . ipv4_addr",
             SetKind::Allow(Family::V6) | SetKind::GuardPort(Family::V6) => "ifname . ipv6_addr",
+            SetKind::ProxyTarget(Family::V4) => "ipv4_addr . inet_service",
+            SetKind::ProxyTarget(Family::V6) => "ipv6_addr . inet_service",
             SetKind::MetaPorts => "inet_service",
             SetKind::Pods | SetKind::Attach | SetKind::Ifaces => "ifname",
         }
@@ -231,7 +237,7 @@ impl SetKind {
     pub fn is_per_pod(self) -> bool {
         !matches!(
             self,
-            SetKind::NoMasq(_) | SetKind::MetaDst(_) | SetKind::MetaPorts
+            SetKind::NoMasq(_) | SetKind::MetaDst(_) | SetKind::MetaPorts | SetKind::ProxyTarget(_)
         )
     }
     /// Per-pod sets whose elements name their owners in their comment.
@@ -247,7 +253,7 @@ impl SetKind {
                 | SetKind::CountReset(_)
         )
     }
-    pub const ALL: [SetKind; 22] = [
+    pub const ALL: [SetKind; 24] = [
         SetKind::Pods,
         SetKind::Attach,
         SetKind::Ifaces,
@@ -270,6 +276,8 @@ impl SetKind {
         SetKind::CountProxied(Family::V6),
         SetKind::CountReset(Family::V4),
         SetKind::CountReset(Family::V6),
+        SetKind::ProxyTarget(Family::V4),
+        SetKind::ProxyTarget(Family::V6),
     ];
 }
 
@@ -351,6 +359,12 @@ pub enum Match {
         per_second: u64,
         burst: u32,
     },
+    /// `ct original ip daddr @set`: where the connection was first headed, before any NAT.
+    CtOrigDaddrIn(Family, SetKind),
+    /// `meta l4proto tcp ct original proto-dst @set`
+    CtOrigTcpDportIn(SetKind),
+    /// `ip daddr . tcp dport != @set`: not natguard's own DNAT target.
+    NotToIn(Family, SetKind),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -439,6 +453,8 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Elem {
     Addr(IpAddr),
+    /// An address and a port (a concatenation).
+    AddrPort(IpAddr, u16),
     /// An inclusive address range of one family.
     Range(Family, u128, u128),
     Port(u16),
@@ -453,7 +469,7 @@ impl Elem {
                 Some((v, v))
             }
             Elem::Range(_, s, e) => Some((*s, *e)),
-            Elem::Port(_) => None,
+            Elem::Port(_) | Elem::AddrPort(..) => None,
         }
     }
     /// The key of a plain-set element.
@@ -461,6 +477,7 @@ impl Elem {
         match self {
             Elem::Addr(a) => Some(Key::Addr(*a)),
             Elem::Port(p) => Some(Key::Port(*p)),
+            Elem::AddrPort(a, p) => Some(Key::AddrPort(*a, *p)),
             Elem::Range(..) => None,
         }
     }
@@ -480,6 +497,8 @@ pub enum Key {
     Iface(IfName),
     /// An interface and an address (`NET-allow4/6`, `NET-xport4/6`).
     IfAddr(IfName, IpAddr),
+    /// An address and a port (`NET-pxy4/6`).
+    AddrPort(IpAddr, u16),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -675,42 +694,65 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         // intercepted owner is in `meta`, so it is never exempt: the strictest owner wins.
         // Each reset is preceded by a rule that counts it per pod and, with `logDenied`, by a
         // rate-limited log rule.
+        //
+        // The same is judged on where the connection was first headed, before any NAT: another
+        // component's DNAT or REDIRECT of a metadata connection to anything but natguard's
+        // proxy (a relay that would fetch from the real API for the pod) is reset too.
+        let proxy_target: Option<(IpAddr, u16)> = (md.mode == MetadataMode::Proxy)
+            .then(|| match f {
+                Family::V4 => node.proxy_v4.map(IpAddr::V4),
+                Family::V6 => node.proxy_v6.map(IpAddr::V6),
+            })
+            .flatten()
+            .map(|p| (p, md.proxy_port));
+        let mut first_headed = vec![
+            Match::NfProto(f),
+            Match::CtOrigDaddrIn(f, SetKind::MetaDst(f)),
+            Match::CtOrigTcpDportIn(SetKind::MetaPorts),
+        ];
+        if proxy_target.is_some() {
+            first_headed.push(Match::NotToIn(f, SetKind::ProxyTarget(f)));
+        }
+        let sources = [
+            vec![
+                Match::IifIn(SetKind::Ifaces),
+                Match::IifSaddrNotIn(f, SetKind::Allow(f)),
+            ],
+            vec![Match::SaddrIn(f, SetKind::Meta(f))],
+        ];
         for chain in [ChainKind::Forward, ChainKind::Input] {
-            let denied = [
-                from(vec![
-                    Match::IifIn(SetKind::Ifaces),
-                    Match::IifSaddrNotIn(f, SetKind::Allow(f)),
-                ]),
-                from(vec![Match::SaddrIn(f, SetKind::Meta(f))]),
-            ];
-            for matches in denied {
-                let mut per_pod = matches.clone();
-                per_pod.push(Match::SaddrIn(f, SetKind::CountReset(f)));
-                rules.push(Rule {
-                    chain,
-                    matches: per_pod,
-                    action: Action::Continue,
-                    count: None,
-                });
-                if md.log_denied {
-                    let mut logged = matches.clone();
-                    logged.push(Match::Limit {
-                        per_second: LOG_PER_SECOND,
-                        burst: LOG_BURST,
-                    });
+            for dest in [from(Vec::new()), first_headed.clone()] {
+                for src in &sources {
+                    let mut matches = dest.clone();
+                    matches.extend(src.iter().cloned());
+                    let mut per_pod = matches.clone();
+                    per_pod.push(Match::SaddrIn(f, SetKind::CountReset(f)));
                     rules.push(Rule {
                         chain,
-                        matches: logged,
-                        action: Action::Log { prefix: LOG_PREFIX },
-                        count: Some(Count::Logged(f)),
+                        matches: per_pod,
+                        action: Action::Continue,
+                        count: None,
+                    });
+                    if md.log_denied {
+                        let mut logged = matches.clone();
+                        logged.push(Match::Limit {
+                            per_second: LOG_PER_SECOND,
+                            burst: LOG_BURST,
+                        });
+                        rules.push(Rule {
+                            chain,
+                            matches: logged,
+                            action: Action::Log { prefix: LOG_PREFIX },
+                            count: Some(Count::Logged(f)),
+                        });
+                    }
+                    rules.push(Rule {
+                        chain,
+                        matches,
+                        action: Action::RejectTcpReset,
+                        count: Some(Count::Reset(f)),
                     });
                 }
-                rules.push(Rule {
-                    chain,
-                    matches,
-                    action: Action::RejectTcpReset,
-                    count: Some(Count::Reset(f)),
-                });
             }
         }
         // On a bridge the IP layer sees the bridge, not the port: there, a frame that claims an
@@ -806,6 +848,18 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 } else {
                     Vec::new()
                 }),
+                SetKind::ProxyTarget(f) => {
+                    let proxy = match f {
+                        Family::V4 => node.proxy_v4.map(IpAddr::V4),
+                        Family::V6 => node.proxy_v6.map(IpAddr::V6),
+                    };
+                    Some(
+                        proxy
+                            .filter(|_| md.mode == MetadataMode::Proxy)
+                            .map(|p| vec![Elem::AddrPort(p, md.proxy_port)])
+                            .unwrap_or_default(),
+                    )
+                }
                 _ => None,
             };
             SetSpec {

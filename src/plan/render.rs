@@ -26,6 +26,9 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::Limit { per_second, burst } => {
             format!("limit rate {per_second}/second burst {burst} packets")
         }
+        Match::CtOrigDaddrIn(f, s) => format!("ct original {} daddr @{}", f.nft(), set(s)),
+        Match::CtOrigTcpDportIn(s) => format!("meta l4proto tcp ct original proto-dst @{}", set(s)),
+        Match::NotToIn(f, s) => format!("{} daddr . tcp dport != @{}", f.nft(), set(s)),
     }
 }
 
@@ -67,6 +70,7 @@ pub fn render_rule(r: &Rule, names: &NetNames) -> String {
 pub fn render_elem(e: &Elem) -> String {
     match e {
         Elem::Addr(a) => a.to_string(),
+        Elem::AddrPort(a, p) => format!("{a} . {p}"),
         Elem::Port(p) => p.to_string(),
         Elem::Range(f, s, e) => {
             // Print as a prefix when the range is one.
@@ -165,6 +169,7 @@ pub fn render_key(k: &Key) -> String {
         Key::Owner(o) => format!("\"{}\"", o.hex()),
         Key::Iface(i) => format!("\"{i}\""),
         Key::IfAddr(i, a) => format!("\"{i}\" . {a}"),
+        Key::AddrPort(a, p) => format!("{a} . {p}"),
     }
 }
 
