@@ -2,8 +2,9 @@
 //!
 //! Input is the JSON a runtime writes on stdin: the CNI keys (`cniVersion`, `name`, `type`,
 //! `prevResult`, `runtimeConfig`, `cni.dev/valid-attachments`, …) plus natguard's own sections
-//! `metadata`, `masquerade`, `conntrack` and `logFile`. Every natguard field is optional and has
-//! the default documented in the README. Unknown keys inside natguard's sections are rejected,
+//! `metadata`, `masquerade`, `conntrack` and the log fields `logFile`, `logLevel` and
+//! `logFileMaxSize`. Every natguard field is optional and has the default documented in the
+//! README. Unknown keys inside natguard's sections are rejected,
 //! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
 //! gets masqueraded. Unknown top-level keys belong to the runtime and are ignored.
 //!
@@ -154,6 +155,10 @@ pub struct Config {
     pub masquerade: Masquerade,
     pub conntrack: Conntrack,
     pub log_file: Option<PathBuf>,
+    /// `logLevel`: the lowest level written to `logFile`.
+    pub log_level: crate::log::Level,
+    /// `logFileMaxSize`: bytes after which `logFile` is rotated to `logFile.1`.
+    pub log_file_max_size: u64,
 }
 
 pub const DEFAULT_NON_MASQUERADE_CIDRS: &[&str] = &[
@@ -197,6 +202,8 @@ impl Default for Config {
             },
             conntrack: Conntrack { flush_on_add: true },
             log_file: None,
+            log_level: crate::log::DEFAULT_LEVEL,
+            log_file_max_size: crate::log::DEFAULT_MAX_SIZE,
         }
     }
 }
@@ -355,6 +362,29 @@ pub fn parse_plugin_config(v: &Value) -> Result<Config> {
             }
             c.log_file = Some(PathBuf::from(s));
         }
+    }
+    if let Some(l) = obj.get("logLevel") {
+        c.log_level = l
+            .as_str()
+            .and_then(crate::log::Level::from_name)
+            .ok_or_else(|| {
+                cfg_err(format!(
+                    "logLevel: {} is not one of error, warn, info, debug",
+                    show(l)
+                ))
+            })?;
+    }
+    if let Some(m) = obj.get("logFileMaxSize") {
+        use crate::log::{MAX_MAX_SIZE, MIN_MAX_SIZE};
+        c.log_file_max_size = m
+            .as_u64()
+            .filter(|n| (MIN_MAX_SIZE..=MAX_MAX_SIZE).contains(n))
+            .ok_or_else(|| {
+                cfg_err(format!(
+                    "logFileMaxSize: {} is not a valid size (an integer number of bytes from {MIN_MAX_SIZE} to {MAX_MAX_SIZE})",
+                    show(m)
+                ))
+            })?;
     }
     Ok(c)
 }
@@ -672,6 +702,8 @@ pub fn netconf_for_del(bytes: &[u8]) -> Result<NetConf> {
         "masquerade",
         "conntrack",
         "logFile",
+        "logLevel",
+        "logFileMaxSize",
         "cni.dev/valid-attachments",
     ] {
         obj.remove(k);
@@ -729,6 +761,8 @@ mod tests {
         assert!(c.masquerade.random_fully && c.masquerade.enabled);
         assert!(c.conntrack.flush_on_add);
         assert_eq!(c.log_file, None);
+        assert_eq!(c.log_level, crate::log::Level::Warn);
+        assert_eq!(c.log_file_max_size, 10_485_760);
     }
 
     #[test]
@@ -780,6 +814,27 @@ mod tests {
                 "unknown field",
             ),
             (json!({"logFile":"relative.log"}), "logFile", "relative.log"),
+            (
+                json!({"logLevel":"verbose"}),
+                "logLevel: \"verbose\" is not one of error, warn, info, debug",
+                "verbose",
+            ),
+            (json!({"logLevel":"WARN"}), "logLevel", "WARN"),
+            (json!({"logLevel":2}), "logLevel", "2"),
+            (json!({"logFileMaxSize":0}), "logFileMaxSize", "0"),
+            (json!({"logFileMaxSize":-1}), "logFileMaxSize", "-1"),
+            (
+                json!({"logFileMaxSize":"4096"}),
+                "logFileMaxSize",
+                "\"4096\"",
+            ),
+            (json!({"logFileMaxSize":4096.5}), "logFileMaxSize", "4096.5"),
+            (json!({"logFileMaxSize":4095}), "logFileMaxSize", "4095"),
+            (
+                json!({"logFileMaxSize":1073741825u64}),
+                "logFileMaxSize",
+                "1073741825",
+            ),
             (
                 json!({"metadata":{"proxyPort":0}}),
                 "metadata.proxyPort",

@@ -50,6 +50,10 @@ pub enum Error {
     CheckFailed(String),
     #[error("{0}")]
     NotReady(String),
+    /// Something stayed busy past a bounded wait (the node-wide lock); the same request may
+    /// succeed later.
+    #[error("{0}")]
+    TryAgain(String),
     #[error("{0}")]
     Command(String),
 }
@@ -99,6 +103,7 @@ impl Error {
             Error::Netlink { .. } | Error::Protocol(_) => code::KERNEL,
             Error::CheckFailed(_) => code::CHECK_FAILED,
             Error::NotReady(_) => code::NOT_READY,
+            Error::TryAgain(_) => code::TRY_AGAIN,
             Error::Command(_) => code::COMMAND,
         }
     }
@@ -120,6 +125,7 @@ impl Error {
             Error::Protocol(m) => Error::Protocol(format!("{ctx}: {m}")),
             Error::CheckFailed(m) => Error::CheckFailed(format!("{ctx}: {m}")),
             Error::NotReady(m) => Error::NotReady(format!("{ctx}: {m}")),
+            Error::TryAgain(m) => Error::TryAgain(format!("{ctx}: {m}")),
             Error::Command(m) => Error::Command(format!("{ctx}: {m}")),
             e @ Error::IncompatibleVersion(_) => e,
         }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod conntrack;
 pub mod error;
 pub mod install;
+pub mod lock;
 pub mod log;
 pub mod netlink;
 pub mod nft;

@@ -1,63 +1,404 @@
-//! Logging: warnings to stderr, everything to `logFile` when one is configured. Never to stdout: stdout carries the CNI
-//! reply.
+//! Logging: warnings and errors to stderr, and lines up to `logLevel` to `logFile` when one is
+//! configured. Never to stdout: stdout carries the CNI reply.
 //!
-//! The log file is opened with O_NOFOLLOW and O_APPEND, so a symlink planted at its path is
-//! refused instead of followed, and concurrent invocations append whole lines.
+//! A verb never waits for its log:
+//! - `logFile` is opened with `O_NONBLOCK | O_NOFOLLOW | O_APPEND | O_CLOEXEC` and used only if
+//!   `fstat` says it is a regular file. A FIFO without a reader fails the open at once instead
+//!   of blocking it, a symlink planted at the path is refused instead of followed, and a FIFO
+//!   with a reader, a socket, a device or a directory is refused after the open. Each gives one
+//!   warning on stderr; the verb goes on with stderr only.
+//! - Lines are filtered by [`Level`]: the file gets the configured level and above (default
+//!   `warn`), stderr always gets `warn` and `error` (runtimes copy a plugin's stderr into their
+//!   own logs, so only what needs attention goes there).
+//!
+//! Rotation keeps the file under `logFileMaxSize` with one older file, `PATH.1`. Invocations
+//! sharing the file take an flock on the log file itself around each line: under it a writer
+//! checks that its descriptor is still the file at PATH (another invocation may have rotated
+//! it; then it reopens PATH and starts over), and when the line would take the file past the
+//! cap it renames PATH to PATH.1 and starts over on a new PATH. So exactly one of the writers
+//! that meet the cap rotates, every line lands in PATH or PATH.1, and a file exceeds the cap
+//! only by a single line longer than the cap itself. The flock wait is bounded ([`LOG_LOCK_WAIT`]);
+//! past it, the line is written without the lock and without rotating (one note on stderr),
+//! and the rest of the invocation no longer waits for the log lock.
 
-use std::fs::{File, OpenOptions};
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-static LOG_FILE: Mutex<Option<File>> = Mutex::new(None);
-static CONTEXT: Mutex<String> = Mutex::new(String::new());
+/// How much a line matters; a configured level writes that level and the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Error,
+    Warn,
+    Info,
+    Debug,
+}
 
-/// Opens the log file; a failure is reported on stderr and logging goes on there.
-pub fn set_file(path: &Path) {
-    let f = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path);
-    match f {
-        Ok(f) => *LOG_FILE.lock().unwrap_or_else(|e| e.into_inner()) = Some(f),
-        Err(e) => eprintln!("natguard: cannot open logFile {}: {e}", path.display()),
+impl Level {
+    pub const ALL: [Level; 4] = [Level::Error, Level::Warn, Level::Info, Level::Debug];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Error => "error",
+            Level::Warn => "warn",
+            Level::Info => "info",
+            Level::Debug => "debug",
+        }
     }
+
+    /// The level named exactly `s` ("error", "warn", "info", "debug").
+    pub fn from_name(s: &str) -> Option<Level> {
+        Level::ALL.into_iter().find(|l| l.as_str() == s)
+    }
+}
+
+/// `logLevel` when the config names none.
+pub const DEFAULT_LEVEL: Level = Level::Warn;
+/// `logFileMaxSize` when the config names none: 10 MiB.
+pub const DEFAULT_MAX_SIZE: u64 = 10 << 20;
+/// Smallest `logFileMaxSize`: a page, a few dozen lines.
+pub const MIN_MAX_SIZE: u64 = 4096;
+/// Largest `logFileMaxSize`: 1 GiB.
+pub const MAX_MAX_SIZE: u64 = 1 << 30;
+/// Longest wait for the log file's flock, once per invocation.
+pub const LOG_LOCK_WAIT: Duration = Duration::from_millis(100);
+/// Attempts at one line before it is written wherever the descriptor points: each rotation
+/// or reopen after someone else's rotation costs one.
+const LINE_ATTEMPTS: usize = 8;
+
+/// The log file of this invocation.
+struct Sink {
+    path: PathBuf,
+    /// `None` once the file became unusable; lines then go to stderr only.
+    file: Option<File>,
+    max_size: u64,
+    /// The log lock stayed busy past [`LOG_LOCK_WAIT`] once: later lines do not wait for it.
+    lock_gave_up: bool,
+    /// PATH could not be renamed to PATH.1 once: noted on stderr, not again.
+    rotate_failed: bool,
+}
+
+struct State {
+    level: Level,
+    context: String,
+    sink: Option<Sink>,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    level: DEFAULT_LEVEL,
+    context: String::new(),
+    sink: None,
+});
+
+fn state() -> std::sync::MutexGuard<'static, State> {
+    STATE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Applies the config's log settings: `logFile` (if any), `logLevel`, `logFileMaxSize`. A log
+/// file that cannot be used is reported on stderr and logging goes on there.
+pub fn configure(file: Option<&Path>, level: Level, max_size: u64) {
+    let sink = file.and_then(|path| match open_regular(path) {
+        Ok(f) => Some(Sink {
+            path: path.to_path_buf(),
+            file: Some(f),
+            max_size,
+            lock_gave_up: false,
+            rotate_failed: false,
+        }),
+        Err(why) => {
+            note(&format!("logFile {} is not used: {why}", path.display()));
+            None
+        }
+    });
+    let mut st = state();
+    st.level = level;
+    st.sink = sink;
 }
 
 /// Prefix for every line of this invocation, e.g. "ADD net1 abc123 eth0".
 pub fn set_context(ctx: String) {
-    *CONTEXT.lock().unwrap_or_else(|e| e.into_inner()) = ctx;
+    state().context = ctx;
 }
 
-pub fn write(level: &str, msg: &str) {
-    let ctx = CONTEXT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+/// Writes one line at `level`: to stderr if it is a warning or an error, to the log file if the
+/// configured level includes it.
+pub fn log(level: Level, msg: &str) {
+    let mut st = state();
+    let to_stderr = level <= Level::Warn;
+    let to_file = level <= st.level && st.sink.is_some();
+    if !to_stderr && !to_file {
+        return;
+    }
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     let line = format!(
-        "{}.{:03} natguard[{}] {level} {ctx}: {msg}\n",
+        "{}.{:03} natguard[{}] {} {}: {msg}\n",
         now.as_secs(),
         now.subsec_millis(),
-        std::process::id()
+        std::process::id(),
+        level.as_str(),
+        st.context
     );
-    // Runtimes copy a plugin's stderr into their own logs: only what needs attention goes there.
-    if level != "info" {
+    if to_stderr {
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
-    if let Some(f) = LOG_FILE.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
-        let _ = f.write_all(line.as_bytes());
+    if to_file {
+        if let Some(sink) = st.sink.as_mut() {
+            sink.append(line.as_bytes());
+        }
     }
+}
+
+/// [`log`] with the level by name, for callers outside the macros (main's error line). An
+/// unknown name is logged as an error.
+pub fn write(level: &str, msg: &str) {
+    log(Level::from_name(level).unwrap_or(Level::Error), msg);
+}
+
+/// A note about the log itself: stderr only, with no context (there may be none yet).
+fn note(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "natguard: {msg}");
+}
+
+/// Opens a log file without blocking or following a symlink; only a regular file is returned.
+fn open_regular(path: &Path) -> Result<File, String> {
+    let f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| match e.raw_os_error() {
+            Some(libc::ELOOP) => "it is a symbolic link, which is not followed".to_string(),
+            Some(libc::EISDIR) => "it is a directory, not a regular file".to_string(),
+            // O_NONBLOCK turns "a FIFO nobody reads" into ENXIO (and a socket gives it too).
+            Some(libc::ENXIO) => format!("it is a FIFO without a reader or a socket ({e})"),
+            _ => e.to_string(),
+        })?;
+    let kind = f.metadata().map_err(|e| e.to_string())?.file_type();
+    if kind.is_file() {
+        Ok(f)
+    } else {
+        Err(format!(
+            "it is {}, not a regular file",
+            crate::lock::describe(kind)
+        ))
+    }
+}
+
+/// `PATH.1`.
+fn rotated_path(path: &Path) -> PathBuf {
+    let mut s = OsString::from(path.as_os_str());
+    s.push(".1");
+    PathBuf::from(s)
+}
+
+/// Whether `f` is still the file at `path`, and its size.
+enum Current {
+    Yes(u64),
+    /// Someone rotated or removed it: reopen `path`.
+    Stale,
+}
+
+fn current(f: &File, path: &Path) -> Current {
+    let (Ok(mine), Ok(there)) = (f.metadata(), std::fs::symlink_metadata(path)) else {
+        return Current::Stale;
+    };
+    if mine.dev() == there.dev() && mine.ino() == there.ino() {
+        Current::Yes(mine.len())
+    } else {
+        Current::Stale
+    }
+}
+
+/// Takes the flock on `f`, waiting at most [`LOG_LOCK_WAIT`], and only until the wait ran out
+/// once in this invocation (`gave_up`).
+fn lock_briefly(f: &File, gave_up: &mut bool, path: &Path) -> bool {
+    let start = Instant::now();
+    let mut pause = Duration::from_micros(50);
+    loop {
+        match f.try_lock() {
+            Ok(()) => return true,
+            Err(TryLockError::WouldBlock) if !*gave_up => {}
+            Err(_) => return false,
+        }
+        if start.elapsed() >= LOG_LOCK_WAIT {
+            *gave_up = true;
+            note(&format!(
+                "logFile {}: its lock stayed busy for {} ms; writing without it (and without rotating)",
+                path.display(),
+                LOG_LOCK_WAIT.as_millis()
+            ));
+            return false;
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(2));
+    }
+}
+
+impl Sink {
+    fn append(&mut self, line: &[u8]) {
+        for _ in 0..LINE_ATTEMPTS {
+            let Some(f) = self.file.take() else { return };
+            let locked = lock_briefly(&f, &mut self.lock_gave_up, &self.path);
+            match current(&f, &self.path) {
+                Current::Stale => {
+                    // Closing the descriptor releases its lock.
+                    drop(f);
+                    self.reopen();
+                }
+                Current::Yes(size) => {
+                    let full = size > 0 && size + line.len() as u64 > self.max_size;
+                    if full && locked && !self.rotate_failed {
+                        // Only the holder of the lock on the file at PATH rotates, and it lets
+                        // go only after the rename: the writers waiting for that lock then find
+                        // their descriptor stale and reopen PATH.
+                        self.rotate();
+                        drop(f);
+                        self.reopen();
+                        continue;
+                    }
+                    let _ = (&f).write_all(line);
+                    if locked {
+                        let _ = f.unlock();
+                    }
+                    self.file = Some(f);
+                    return;
+                }
+            }
+        }
+        // Rotations kept racing this line: append it where the descriptor points.
+        if let Some(mut f) = self.file.as_ref() {
+            let _ = f.write_all(line);
+        }
+    }
+
+    fn rotate(&mut self) {
+        let to = rotated_path(&self.path);
+        if let Err(e) = std::fs::rename(&self.path, &to) {
+            self.rotate_failed = true;
+            note(&format!(
+                "logFile {}: cannot rotate to {}: {e}; the file grows past logFileMaxSize",
+                self.path.display(),
+                to.display()
+            ));
+        }
+    }
+
+    fn reopen(&mut self) {
+        match open_regular(&self.path) {
+            Ok(f) => self.file = Some(f),
+            Err(why) => {
+                note(&format!(
+                    "logFile {} is no longer used: {why}",
+                    self.path.display()
+                ));
+                self.file = None;
+            }
+        }
+    }
+}
+
+#[macro_export]
+macro_rules! debug {
+    ($($t:tt)*) => { $crate::log::log($crate::log::Level::Debug, &format!($($t)*)) };
 }
 
 #[macro_export]
 macro_rules! info {
-    ($($t:tt)*) => { $crate::log::write("info", &format!($($t)*)) };
+    ($($t:tt)*) => { $crate::log::log($crate::log::Level::Info, &format!($($t)*)) };
 }
 
 #[macro_export]
 macro_rules! warn {
-    ($($t:tt)*) => { $crate::log::write("warn", &format!($($t)*)) };
+    ($($t:tt)*) => { $crate::log::log($crate::log::Level::Warn, &format!($($t)*)) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("ng-log-unit-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn sink(path: &Path, max_size: u64) -> Sink {
+        Sink {
+            path: path.to_path_buf(),
+            file: Some(open_regular(path).unwrap()),
+            max_size,
+            lock_gave_up: false,
+            rotate_failed: false,
+        }
+    }
+
+    #[test]
+    fn levels_are_ordered_and_named() {
+        for l in Level::ALL {
+            assert_eq!(Level::from_name(l.as_str()), Some(l));
+        }
+        assert!(Level::Error < Level::Warn && Level::Warn < Level::Info);
+        assert!(Level::Info < Level::Debug);
+        assert_eq!(Level::from_name("WARN"), None);
+        assert_eq!(Level::from_name("verbose"), None);
+    }
+
+    /// Two writers sharing the file, as two invocations do: one rotation at the cap, and the
+    /// other writer follows the new file instead of appending to the rotated one.
+    #[test]
+    fn rotation_moves_the_full_file_and_writers_follow() {
+        let d = scratch("rotate");
+        let path = d.join("n.log");
+        let mut a = sink(&path, 100);
+        let mut b = sink(&path, 100);
+        let line = |c: char| format!("{}\n", c.to_string().repeat(39));
+        a.append(line('a').as_bytes());
+        b.append(line('b').as_bytes());
+        // 80 bytes: the next line would take the file past 100.
+        b.append(line('c').as_bytes());
+        a.append(line('d').as_bytes());
+        let old = std::fs::read_to_string(rotated_path(&path)).unwrap();
+        let new = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(old, line('a') + &line('b'));
+        assert_eq!(new, line('c') + &line('d'));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_line_longer_than_the_cap_is_written_whole_into_an_empty_file() {
+        let d = scratch("long");
+        let path = d.join("n.log");
+        let mut s = sink(&path, 10);
+        s.append(b"0123456789abcdef\n");
+        s.append(b"x\n");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "x\n");
+        assert_eq!(
+            std::fs::read_to_string(rotated_path(&path)).unwrap(),
+            "0123456789abcdef\n"
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_busy_log_lock_delays_one_line_only_and_loses_none() {
+        let d = scratch("busy");
+        let path = d.join("n.log");
+        let mut s = sink(&path, 1 << 20);
+        let holder = File::open(&path).unwrap();
+        holder.lock().unwrap();
+        s.append(b"one\n");
+        s.append(b"two\n");
+        assert!(s.lock_gave_up);
+        drop(holder);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }

@@ -16,31 +16,13 @@ use crate::plan::{self, Family, NetNames, OwnerKey, PodRef, SetKind, SharedPlan}
 use crate::{info, warn};
 use serde_json::Value;
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 
-pub const RUN_DIR: &str = "/run/natguard";
+pub use crate::lock::{Lock, RUN_DIR};
 
-/// Holds natguard's node-wide lock while alive.
-pub struct Lock(#[allow(dead_code)] File);
-
+/// natguard's node-wide lock for ADD and GC (bounded wait; see `crate::lock`).
 pub fn lock() -> Result<Lock> {
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(RUN_DIR);
-    let path = format!("{RUN_DIR}/lock");
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open lock file {path}"), e))?;
-    f.lock().map_err(|e| Error::io(format!("lock {path}"), e))?;
-    Ok(Lock(f))
+    crate::lock::acquire()
 }
 
 /// The reply of a successful invocation, if it prints one.
@@ -74,9 +56,11 @@ pub fn run(
         }
         Err(e) => return Err(e),
     };
-    if let Some(path) = &conf.natguard.log_file {
-        crate::log::set_file(path);
-    }
+    crate::log::configure(
+        conf.natguard.log_file.as_deref(),
+        conf.natguard.log_level,
+        conf.natguard.log_file_max_size,
+    );
     crate::log::set_context(format!(
         "{} {} {} {}",
         command.as_str(),
@@ -377,7 +361,8 @@ pub fn remove_owner(
     owner: OwnerKey,
     addrs: &mut Vec<IpAddr>,
 ) -> Result<usize> {
-    let _lock = lock()?;
+    // DEL only: goes on without an unusable lock (a failed DEL leaks the primary plugin's IP).
+    let _lock = crate::lock::acquire_for_del()?;
     let pods_set = names.set(SetKind::Pods);
     let key = encode::owner_key_bytes(&owner.hex());
     let mut tx = Tx::new(sock);
