@@ -444,8 +444,8 @@ enum Unusable {
 }
 
 /// A lock path that cannot be used at all: DEL warns, goes on without the lock and removes the
-/// pod's entries (so the runtime goes on to the primary plugin's DEL); ADD fails with a clear
-/// code-5 error and installs nothing.
+/// pod's entries (so the runtime goes on to the primary plugin's DEL); ADD and GC fail with a
+/// clear code-5 error and change nothing.
 #[test]
 fn unusable_lock_lets_del_remove_the_pod_and_fails_add_with_code_5() {
     let (h, ns) = setup("lk-unusable");
@@ -496,6 +496,11 @@ fn unusable_lock_lets_del_remove_the_pod_and_fails_add_with_code_5() {
         let a = add(&ns, &bad, &cfg, &p);
         a.fails_with(5, &["/run/natguard/lock", "cannot be used", needle]);
         assert_removed(&ns, &p, &format!("ADD with the lock path a {case:?}"));
+        // GC, which would remove every entry here (no valid attachment), refuses as well.
+        add(&ns, &good, &cfg, &p).ok();
+        gc(&ns, &bad, &cfg).fails_with(5, &["/run/natguard/lock", "cannot be used", needle]);
+        assert_installed(&ns, &p, &format!("GC with the lock path a {case:?}"));
+        del(&ns, &good, &cfg, &p).ok();
 
         // Nothing at the lock path was replaced or followed.
         let kind = fs::symlink_metadata(&lock).map(|m| m.file_type());
