@@ -4,9 +4,9 @@
 //! `prevResult`, `runtimeConfig`, `cni.dev/valid-attachments`, …) plus natguard's own sections
 //! `metadata`, `masquerade`, `conntrack` and the log fields `logFile`, `logLevel` and
 //! `logFileMaxSize`. Every natguard field is optional and has the default documented in the
-//! README. Unknown keys inside natguard's sections are rejected,
-//! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
-//! gets masqueraded. Unknown top-level keys belong to the runtime and are ignored.
+//! README. Unknown keys inside natguard's sections are rejected, because a misspelt
+//! `nonMasqueradeCidrs` silently falling back to defaults would change who gets masqueraded.
+//! Unknown top-level keys belong to the runtime and are ignored.
 //!
 //! Errors name the field path and the offending value; downstream code never re-validates.
 
