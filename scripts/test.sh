@@ -2,8 +2,8 @@
 # scripts/test.sh: installs what the tests need on a Debian 12 machine and runs every test layer:
 #   1. cargo fmt --check
 #   2. cargo clippy --all-targets -- -D warnings
-#   3. cargo test (unit tests, config/protocol/plan tests without root, and the root integration
-#      tests in network namespaces: tests/datapath.rs, ...)
+#   3. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
+#      root integration tests in network namespaces: tests/datapath.rs, ...)
 #   4. the end-to-end layers in scripts/e2e/ (real runtimes: libcni, ctr, CRI, podman, image)
 # Must run as root (network namespaces). Nothing in the root network namespace is changed.
 # Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
@@ -59,21 +59,27 @@ say "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings || FAILED+=("cargo clippy")
 
 # ---- 3. cargo test (every Rust test layer, root tests included) --------------------------------
-say "cargo test"
+# --no-fail-fast: a failing test binary does not keep the later ones from running; cargo still
+# exits non-zero if any of them failed.
+say "cargo test --no-fail-fast"
 log=$(mktemp /tmp/ng-cargo-test.XXXXXX)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test 2>&1 | tee "$log"
+cargo test --no-fail-fast 2>&1 | tee "$log"
 cargo_status=${PIPESTATUS[0]}
 set -e
 
 say "cargo test summary"
-# One line per test binary: its name and cargo's "test result:" line.
+# One line per test binary: its name and cargo's "test result:" line, or a note when a binary
+# ended without one (it crashed or was killed); then cargo's list of failed targets, if any.
 awk '
-  /^ *Running / { name = ($2 == "unittests") ? "unit tests " $3 : $2; next }
-  /^ *Doc-tests / { name = "doc-tests " $2; next }
-  /^test result:/ { printf "%-45s %s\n", name, $0; n++ }
-  END { if (n == 0) print "(no test results: the build failed)" }
+  function flush() { if (name != "" && !seen) printf "%-45s %s\n", name, "(no test result: the binary crashed or was killed)" }
+  /^ *Running / { flush(); name = ($2 == "unittests") ? "unit tests " $3 : $2; seen = 0; next }
+  /^ *Doc-tests / { flush(); name = "doc-tests " $2; seen = 0; next }
+  /^test result:/ { printf "%-45s %s\n", name, $0; n++; seen = 1 }
+  /^error: [0-9]+ targets? failed:/ { failed = 1 }
+  failed && /^ +`/ { sub(/^ +/, ""); print "failed target: " $0 }
+  END { flush(); if (n == 0) print "(no test results: the build failed)" }
 ' "$log"
 [ "$cargo_status" -eq 0 ] || FAILED+=("cargo test")
 

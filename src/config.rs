@@ -1,8 +1,9 @@
 //! natguard's configuration: the plugin's entry in a conflist, parsed strictly once.
 //!
 //! This module parses natguard's own sections of the network configuration (`metadata`,
-//! `masquerade`, `conntrack`, `logFile`); the CNI keys around them are [`crate::cni::netconf`]'s.
-//! Every natguard field is optional and has the default documented in the README. Unknown keys inside natguard's sections are rejected,
+//! `masquerade`, `conntrack`, and the log fields `logFile`, `logLevel`, `logFileMaxSize`); the
+//! CNI keys around them are [`crate::cni::netconf`]'s. Every natguard field is optional and has
+//! the default documented in the README. Unknown keys inside natguard's sections are rejected,
 //! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
 //! gets masqueraded.
 //!
@@ -91,6 +92,10 @@ pub struct Config {
     pub masquerade: Masquerade,
     pub conntrack: Conntrack,
     pub log_file: Option<PathBuf>,
+    /// `logLevel`: the lowest level written to `logFile`.
+    pub log_level: crate::log::Level,
+    /// `logFileMaxSize`: bytes after which `logFile` is rotated to `logFile.1`.
+    pub log_file_max_size: u64,
 }
 
 pub const DEFAULT_NON_MASQUERADE_CIDRS: &[&str] = &[
@@ -135,6 +140,8 @@ impl Default for Config {
             },
             conntrack: Conntrack { flush_on_add: true },
             log_file: None,
+            log_level: crate::log::DEFAULT_LEVEL,
+            log_file_max_size: crate::log::DEFAULT_MAX_SIZE,
         }
     }
 }
@@ -274,6 +281,29 @@ pub fn parse_plugin_config(v: &Value) -> Result<Config> {
             }
             c.log_file = Some(PathBuf::from(s));
         }
+    }
+    if let Some(l) = obj.get("logLevel") {
+        c.log_level = l
+            .as_str()
+            .and_then(crate::log::Level::from_name)
+            .ok_or_else(|| {
+                cfg_err(format!(
+                    "logLevel: {} is not one of error, warn, info, debug",
+                    show(l)
+                ))
+            })?;
+    }
+    if let Some(m) = obj.get("logFileMaxSize") {
+        use crate::log::{MAX_MAX_SIZE, MIN_MAX_SIZE};
+        c.log_file_max_size = m
+            .as_u64()
+            .filter(|n| (MIN_MAX_SIZE..=MAX_MAX_SIZE).contains(n))
+            .ok_or_else(|| {
+                cfg_err(format!(
+                    "logFileMaxSize: {} is not a valid size (an integer number of bytes from {MIN_MAX_SIZE} to {MAX_MAX_SIZE})",
+                    show(m)
+                ))
+            })?;
     }
     Ok(c)
 }
@@ -516,6 +546,8 @@ mod tests {
         assert!(c.masquerade.random_fully && c.masquerade.enabled);
         assert!(c.conntrack.flush_on_add);
         assert_eq!(c.log_file, None);
+        assert_eq!(c.log_level, crate::log::Level::Warn);
+        assert_eq!(c.log_file_max_size, 10_485_760);
     }
 
     #[test]
@@ -567,6 +599,27 @@ mod tests {
                 "unknown field",
             ),
             (json!({"logFile":"relative.log"}), "logFile", "relative.log"),
+            (
+                json!({"logLevel":"verbose"}),
+                "logLevel: \"verbose\" is not one of error, warn, info, debug",
+                "verbose",
+            ),
+            (json!({"logLevel":"WARN"}), "logLevel", "WARN"),
+            (json!({"logLevel":2}), "logLevel", "2"),
+            (json!({"logFileMaxSize":0}), "logFileMaxSize", "0"),
+            (json!({"logFileMaxSize":-1}), "logFileMaxSize", "-1"),
+            (
+                json!({"logFileMaxSize":"4096"}),
+                "logFileMaxSize",
+                "\"4096\"",
+            ),
+            (json!({"logFileMaxSize":4096.5}), "logFileMaxSize", "4096.5"),
+            (json!({"logFileMaxSize":4095}), "logFileMaxSize", "4095"),
+            (
+                json!({"logFileMaxSize":1073741825u64}),
+                "logFileMaxSize",
+                "1073741825",
+            ),
             (
                 json!({"metadata":{"proxyPort":0}}),
                 "metadata.proxyPort",

@@ -50,7 +50,8 @@ pub enum Error {
     CheckFailed(String),
     #[error("{0}")]
     NotReady(String),
-    /// A state that a later attempt may not meet (another invocation's work, stale entries).
+    /// Something stayed busy past a bounded wait (the node-wide lock); the same request may
+    /// succeed later.
     #[error("{0}")]
     TryAgain(String),
     #[error("{0}")]

@@ -23,6 +23,7 @@ pub mod cni;
 pub mod config;
 pub mod error;
 pub mod kernel;
+pub mod lock;
 pub mod log;
 pub mod node;
 pub mod plan;

@@ -54,9 +54,11 @@ pub fn run(
         }
         Err(e) => return Err(e),
     };
-    if let Some(path) = &conf.natguard.log_file {
-        crate::log::set_file(path);
-    }
+    crate::log::configure(
+        conf.natguard.log_file.as_deref(),
+        conf.natguard.log_level,
+        conf.natguard.log_file_max_size,
+    );
     crate::log::set_context(format!(
         "{} {} {} {}",
         command.as_str(),

@@ -1663,6 +1663,8 @@ fn log_file_symlink_is_not_followed_and_args_reach_no_shell() {
     for (i, log) in [&link, &dangling, &plain].iter().enumerate() {
         let mut cfg = cfg_a();
         cfg["logFile"] = json!(log);
+        // The ADD lines checked below are info lines; the default level writes warnings only.
+        cfg["logLevel"] = json!("info");
         let mut p = SynPod::new("l", i as u32 + 1, 0);
         p.name = format!("$(touch${{IFS}}{m})`touch${{IFS}}{m}`");
         for verb in ["ADD", "CHECK", "DEL"] {

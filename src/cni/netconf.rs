@@ -155,6 +155,8 @@ pub fn netconf_for_del(bytes: &[u8]) -> Result<NetConf> {
         "masquerade",
         "conntrack",
         "logFile",
+        "logLevel",
+        "logFileMaxSize",
         "cni.dev/valid-attachments",
     ] {
         obj.remove(k);

@@ -26,37 +26,13 @@ mod view;
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::{FlushReport, Path};
 use crate::kernel::{Batch, Kernel, Op, SetRef};
+use crate::lock::Lock;
 use crate::plan::{
     self, Family, HostSide, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan,
     TableFamily,
 };
 use std::collections::{HashMap, HashSet};
-use std::fs::{File, OpenOptions};
 use std::net::IpAddr;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-
-pub(crate) const RUN_DIR: &str = "/run/natguard";
-
-/// Holds natguard's node-wide lock while alive.
-pub(crate) struct Lock(#[allow(dead_code)] File);
-
-fn lock() -> Result<Lock> {
-    let _ = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(RUN_DIR);
-    let path = format!("{RUN_DIR}/lock");
-    let f = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|e| Error::io(format!("open lock file {path}"), e))?;
-    f.lock().map_err(|e| Error::io(format!("lock {path}"), e))?;
-    Ok(Lock(f))
-}
 
 /// How a store serialises its read-modify-writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,9 +142,20 @@ impl<K: Kernel> Store<K> {
         self
     }
 
+    /// The node-wide lock, waited for at most [`crate::lock::WAIT`] (then code 11).
     fn lock(&self) -> Result<Option<Lock>> {
         match self.locking {
-            Locking::Node => lock().map(Some),
+            Locking::Node => crate::lock::acquire().map(Some),
+            #[cfg(test)]
+            Locking::Unlocked => Ok(None),
+        }
+    }
+
+    /// DEL's lock: when the lock file cannot be used at all, DEL goes on without it (logged),
+    /// because a failed chained DEL would leak the primary plugin's IP and veth.
+    fn lock_for_del(&self) -> Result<Option<Lock>> {
+        match self.locking {
+            Locking::Node => crate::lock::acquire_for_del(),
             #[cfg(test)]
             Locking::Unlocked => Ok(None),
         }
@@ -297,7 +284,7 @@ impl<K: Kernel> Store<K> {
         owner: OwnerKey,
         addrs: &mut Vec<IpAddr>,
     ) -> Result<usize> {
-        let _lock = self.lock()?;
+        let _lock = self.lock_for_del()?;
         let mut v = view::View::new(&mut self.k);
         let recorded = remove_attachment(&mut v, names, owner, addrs)?;
         for a in recorded {

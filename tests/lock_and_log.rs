@@ -1,0 +1,964 @@
+//! Root tests of the node-wide lock and of the log: a held lock fails a verb with code 11 after
+//! a bounded wait, an unusable lock lets DEL go on and fails ADD with code 5, a log file that
+//! is not a regular file never blocks a verb, `logLevel` filters the file, and rotation at
+//! `logFileMaxSize` loses no line and keeps both files within the cap under parallel
+//! invocations.
+//!
+//! The lock is node-wide and other tests run in parallel on the same machine, so no test here
+//! touches the real `/run/natguard`. Every natguard invocation runs in a mount namespace of its
+//! own (unshared between fork and exec, with private propagation) in which a directory of the
+//! test is bind-mounted on `/run/natguard`, read-only for the read-only cases. The test holds
+//! that directory's lock, or turns it into a directory, a symlink or a FIFO, without anyone
+//! else seeing it. Each invocation also runs in the test's network namespace, with the CNI
+//! environment and a synthetic prevResult, as in tests/hardening.rs.
+//!
+//! No assertion is on time: the bounds below only keep a hanging invocation from hanging the
+//! test. Needs root; never skips.
+
+mod common;
+
+use common::*;
+use natguard::plan::OwnerKey;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::fmt;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// The network every test here uses.
+const NET: &str = "lknet";
+/// Where natguard keeps its lock; replaced by a private bind mount in every invocation.
+const RUN_DIR: &str = "/run/natguard";
+/// Upper bound for one invocation: natguard's lock wait (10 s) and then some. A bound against a
+/// hang (today's code blocks forever on a held lock or a FIFO), not a speed assertion.
+const INVOCATION_BOUND: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// Running natguard in the test's netns with a private /run/natguard
+// ---------------------------------------------------------------------------------------------
+
+/// What one invocation of natguard did.
+struct Inv {
+    what: String,
+    exit: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl fmt::Display for Inv {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} -> exit {:?}\nstdout: {}\nstderr: {}",
+            self.what,
+            self.exit,
+            self.stdout.trim(),
+            self.stderr.trim()
+        )
+    }
+}
+
+impl Inv {
+    fn ok(self) -> Inv {
+        assert_eq!(self.exit, Some(0), "expected success: {self}");
+        self
+    }
+
+    /// Asserts a CNI error with `code` whose msg/details mention every one of `needles`.
+    fn fails_with(&self, code: u64, needles: &[&str]) {
+        assert_eq!(self.exit, Some(1), "expected exit 1 (a CNI error): {self}");
+        let r: Value = serde_json::from_str(self.stdout.trim())
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self}"));
+        assert_eq!(
+            r["code"].as_u64(),
+            Some(code),
+            "wrong CNI error code: {self}"
+        );
+        let text = format!(
+            "{} {}",
+            r["msg"].as_str().unwrap_or(""),
+            r["details"].as_str().unwrap_or("")
+        );
+        for n in needles {
+            assert!(
+                text.contains(n),
+                "the error message should name {n:?}: {self}"
+            );
+        }
+    }
+}
+
+/// The directory bind-mounted on /run/natguard for an invocation.
+#[derive(Clone)]
+struct RunDir {
+    dir: PathBuf,
+    read_only: bool,
+}
+
+impl RunDir {
+    /// A fresh, empty, writable directory `<test dir>/<name>`.
+    fn new(h: &Harness, name: &str) -> RunDir {
+        let dir = h.dir().join(name);
+        fs::create_dir_all(&dir).unwrap();
+        RunDir {
+            dir,
+            read_only: false,
+        }
+    }
+
+    fn read_only(mut self) -> RunDir {
+        self.read_only = true;
+        self
+    }
+
+    /// The file natguard sees as /run/natguard/lock.
+    fn lock_path(&self) -> PathBuf {
+        self.dir.join("lock")
+    }
+}
+
+/// Runs natguard with exactly `env` and `stdin` in `ns`, with `run` mounted on /run/natguard
+/// in a mount namespace of the child's own (the test process never moves).
+fn exec(ns: &Netns, run: &RunDir, env: &[(String, String)], stdin: &[u8]) -> Inv {
+    let nsfile = File::open(ns.path()).unwrap_or_else(|e| panic!("open {}: {e}", ns.path()));
+    let fd = nsfile.as_raw_fd();
+    let src = CString::new(run.dir.as_os_str().as_bytes()).unwrap();
+    let target = CString::new(RUN_DIR).unwrap();
+    let read_only = run.read_only;
+    let mut cmd = Command::new(natguard_bin());
+    cmd.env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: only async-signal-safe syscalls (setns, unshare, mount) run between fork and
+    // exec, on C strings built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            let check = |rc: libc::c_int| {
+                if rc == 0 {
+                    Ok(())
+                } else {
+                    Err(io::Error::last_os_error())
+                }
+            };
+            check(libc::setns(fd, libc::CLONE_NEWNET))?;
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            // Private propagation first: the bind mount below must not reach the host.
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                src.as_ptr(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            ))?;
+            if read_only {
+                check(libc::mount(
+                    std::ptr::null(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
+                    std::ptr::null(),
+                ))?;
+            }
+            Ok(())
+        });
+    }
+    let what = format!(
+        "natguard [{}] in {} with {} on {RUN_DIR}{} <<< {}",
+        env.iter()
+            .filter(|(k, _)| k != "CNI_PATH")
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        ns.name,
+        run.dir.display(),
+        if read_only { " (read-only)" } else { "" },
+        String::from_utf8_lossy(stdin)
+            .chars()
+            .take(300)
+            .collect::<String>()
+    );
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    drop(nsfile);
+    {
+        let mut input = child.stdin.take().expect("stdin");
+        let _ = input.write_all(stdin);
+    }
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for natguard") {
+            break s;
+        }
+        if start.elapsed() > INVOCATION_BOUND {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("natguard did not return within {INVOCATION_BOUND:?} (it hangs): {what}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    Inv {
+        what,
+        exit: status.code(),
+        stdout,
+        stderr,
+    }
+}
+
+/// Starts every job at once (behind a barrier) and returns their results in order.
+fn parallel<T: Send>(jobs: Vec<Box<dyn FnOnce() -> T + Send + '_>>) -> Vec<T> {
+    let barrier = Barrier::new(jobs.len());
+    std::thread::scope(|s| {
+        let handles: Vec<_> = jobs
+            .into_iter()
+            .map(|job| {
+                let b = &barrier;
+                s.spawn(move || {
+                    b.wait();
+                    job()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Synthetic pods and configs
+// ---------------------------------------------------------------------------------------------
+
+/// A pod as natguard sees it: a container ID (short enough to appear whole in log lines), eth0
+/// and a dual-stack address.
+struct Pod {
+    cid: String,
+    v4: String,
+    v6: String,
+}
+
+impl Pod {
+    fn new(tag: &str, i: u32) -> Pod {
+        Pod {
+            cid: format!("{tag}{i:04}"),
+            v4: format!("10.77.{}.{}", i / 200, i % 200 + 10),
+            v6: format!("fd00:77::{:x}", i + 16),
+        }
+    }
+
+    fn owner(&self) -> String {
+        OwnerKey::new(NET, &self.cid, "eth0").hex()
+    }
+
+    fn result(&self) -> Value {
+        json!({
+            "cniVersion": "1.1.0",
+            "interfaces": [
+                { "name": format!("veth{}", self.cid) },
+                { "name": "eth0", "sandbox": self.netns() }
+            ],
+            "ips": [
+                { "address": format!("{}/16", self.v4), "interface": 1 },
+                { "address": format!("{}/64", self.v6), "interface": 1 }
+            ],
+            "dns": {}
+        })
+    }
+
+    /// The pod's netns path as a runtime passes it; natguard never needs it to exist.
+    fn netns(&self) -> String {
+        format!("/run/netns/ng-gone-{}", self.cid)
+    }
+
+    fn env(&self, verb: &str) -> Vec<(String, String)> {
+        vec![
+            ("CNI_COMMAND".into(), verb.into()),
+            ("CNI_PATH".into(), "/opt/cni/bin".into()),
+            ("CNI_NETNS".into(), self.netns()),
+            ("CNI_CONTAINERID".into(), self.cid.clone()),
+            ("CNI_IFNAME".into(), "eth0".into()),
+            (
+                "CNI_ARGS".into(),
+                format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{}", self.cid),
+            ),
+        ]
+    }
+}
+
+/// Proxy mode with fixed proxy addresses (no route lookups, so no warning).
+fn cfg() -> Value {
+    json!({
+        "type": "natguard",
+        "metadata": { "mode": "proxy", "proxyIPv4": "10.0.0.1", "proxyIPv6": "fd00::1" },
+        "masquerade": { "nonMasqueradeCIDRs": non_masq() }
+    })
+}
+
+fn with(mut c: Value, key: &str, v: Value) -> Value {
+    c[key] = v;
+    c
+}
+
+fn stdin_of(cfg: &Value, prev: Option<Value>) -> Vec<u8> {
+    let mut c = cfg.clone();
+    c["cniVersion"] = json!("1.1.0");
+    c["name"] = json!(NET);
+    if let Some(p) = prev {
+        c["prevResult"] = p;
+    }
+    serde_json::to_vec(&c).unwrap()
+}
+
+fn add(ns: &Netns, run: &RunDir, cfg: &Value, p: &Pod) -> Inv {
+    exec(ns, run, &p.env("ADD"), &stdin_of(cfg, Some(p.result())))
+}
+
+fn del(ns: &Netns, run: &RunDir, cfg: &Value, p: &Pod) -> Inv {
+    exec(ns, run, &p.env("DEL"), &stdin_of(cfg, Some(p.result())))
+}
+
+fn check(ns: &Netns, run: &RunDir, cfg: &Value, p: &Pod) -> Inv {
+    exec(ns, run, &p.env("CHECK"), &stdin_of(cfg, Some(p.result())))
+}
+
+fn gc(ns: &Netns, run: &RunDir, cfg: &Value) -> Inv {
+    let env = vec![
+        ("CNI_COMMAND".to_string(), "GC".to_string()),
+        ("CNI_PATH".to_string(), "/opt/cni/bin".to_string()),
+    ];
+    let c = with(cfg.clone(), "cni.dev/valid-attachments", json!([]));
+    exec(ns, run, &env, &stdin_of(&c, None))
+}
+
+/// Whether the kernel has any of the pod's entries (`nft list table inet natguard`).
+fn has_entries(ns: &Netns, p: &Pod) -> bool {
+    let t = nft_table(ns).unwrap_or_default();
+    mentions(&t, &p.v4) || mentions(&t, &p.v6) || t.contains(&p.owner())
+}
+
+fn assert_installed(ns: &Netns, p: &Pod, when: &str) {
+    let t = nft_table(ns).unwrap_or_default();
+    assert!(
+        mentions(&t, &p.v4) && mentions(&t, &p.v6) && t.contains(&p.owner()),
+        "{when}: {}'s entries are missing:\n{t}",
+        p.cid
+    );
+}
+
+fn assert_removed(ns: &Netns, p: &Pod, when: &str) {
+    assert!(
+        !has_entries(ns, p),
+        "{when}: {}'s entries are still there:\n{}",
+        p.cid,
+        nft_table(ns).unwrap_or_default()
+    );
+}
+
+/// A harness, its netns, and the host's /run/natguard as a mount point for the private bind
+/// mounts (natguard creates the same directory on its first run; nothing is put in it).
+fn setup(test: &str) -> (Harness, Netns) {
+    let h = Harness::new(test);
+    require_tools(&["nft"]);
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(RUN_DIR)
+        .unwrap_or_else(|e| panic!("create {RUN_DIR}: {e}"));
+    let ns = h.netns("node");
+    (h, ns)
+}
+
+fn mkfifo(path: &Path) {
+    let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    let rc = unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+    assert_eq!(
+        rc,
+        0,
+        "mkfifo {}: {}",
+        path.display(),
+        io::Error::last_os_error()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node-wide lock
+// ---------------------------------------------------------------------------------------------
+
+/// A lock held by another process: ADD and DEL both give up after natguard's bounded wait
+/// with code 11 and a message naming the lock and saying it is busy, change nothing, and both
+/// work once the holder lets go.
+#[test]
+fn held_lock_fails_add_and_del_with_code_11_until_released() {
+    let (h, ns) = setup("lk-busy");
+    let run = RunDir::new(&h, "run");
+    let cfg = cfg();
+    let p = Pod::new("busy", 1);
+
+    let holder = File::create(run.lock_path()).unwrap();
+    holder.lock().expect("the test takes the private lock");
+    let needles = ["/run/natguard/lock", "busy", "10 s"];
+    add(&ns, &run, &cfg, &p).fails_with(11, &needles);
+    assert_removed(&ns, &p, "ADD under a held lock");
+    del(&ns, &run, &cfg, &p).fails_with(11, &needles);
+    drop(holder);
+
+    add(&ns, &run, &cfg, &p).ok();
+    assert_installed(&ns, &p, "ADD after the release");
+    del(&ns, &run, &cfg, &p).ok();
+    assert_removed(&ns, &p, "DEL after the release");
+}
+
+/// What can be at /run/natguard/lock that cannot be locked.
+#[derive(Clone, Copy, Debug)]
+enum Unusable {
+    Directory,
+    Symlink,
+    Fifo,
+    /// /run/natguard is read-only and has no lock file.
+    ReadOnly,
+}
+
+/// A lock path that cannot be used at all: DEL warns, goes on without the lock and removes the
+/// pod's entries (so the runtime goes on to the primary plugin's DEL); ADD and GC fail with a
+/// clear code-5 error and change nothing.
+#[test]
+fn unusable_lock_lets_del_remove_the_pod_and_fails_add_with_code_5() {
+    let (h, ns) = setup("lk-unusable");
+    let good = RunDir::new(&h, "run-good");
+    let cfg = cfg();
+    let cases = [
+        Unusable::Directory,
+        Unusable::Symlink,
+        Unusable::Fifo,
+        Unusable::ReadOnly,
+    ];
+    for (i, case) in cases.into_iter().enumerate() {
+        let p = Pod::new("unus", i as u32 + 1);
+        add(&ns, &good, &cfg, &p).ok();
+        assert_installed(&ns, &p, "ADD with a working lock");
+
+        let mut bad = RunDir::new(&h, &format!("run-{case:?}"));
+        let target = h.dir().join(format!("symlink-target-{case:?}"));
+        let lock = bad.lock_path();
+        let needle = match case {
+            Unusable::Directory => {
+                fs::create_dir(&lock).unwrap();
+                fs::write(lock.join("keep"), "keep\n").unwrap();
+                "directory"
+            }
+            Unusable::Symlink => {
+                fs::write(&target, "").unwrap();
+                std::os::unix::fs::symlink(&target, &lock).unwrap();
+                "symbolic link"
+            }
+            Unusable::Fifo => {
+                mkfifo(&lock);
+                "FIFO"
+            }
+            Unusable::ReadOnly => {
+                bad = bad.read_only();
+                "Read-only"
+            }
+        };
+
+        let d = del(&ns, &bad, &cfg, &p).ok();
+        assert!(
+            d.stderr.contains("/run/natguard/lock") && d.stderr.contains("without"),
+            "{case:?}: DEL should warn that it goes on without the lock: {d}"
+        );
+        assert_removed(&ns, &p, &format!("DEL with the lock path a {case:?}"));
+
+        let a = add(&ns, &bad, &cfg, &p);
+        a.fails_with(5, &["/run/natguard/lock", "cannot be used", needle]);
+        assert_removed(&ns, &p, &format!("ADD with the lock path a {case:?}"));
+        // GC, which would remove every entry here (no valid attachment), refuses as well.
+        add(&ns, &good, &cfg, &p).ok();
+        gc(&ns, &bad, &cfg).fails_with(5, &["/run/natguard/lock", "cannot be used", needle]);
+        assert_installed(&ns, &p, &format!("GC with the lock path a {case:?}"));
+        del(&ns, &good, &cfg, &p).ok();
+
+        // Nothing at the lock path was replaced or followed.
+        let kind = fs::symlink_metadata(&lock).map(|m| m.file_type());
+        match case {
+            Unusable::Directory => assert!(kind.unwrap().is_dir()),
+            Unusable::Symlink => {
+                assert!(kind.unwrap().is_symlink());
+                let f = File::open(&target).unwrap();
+                f.try_lock()
+                    .expect("the symlink's target is not locked by anyone");
+            }
+            Unusable::Fifo => assert!(std::os::unix::fs::FileTypeExt::is_fifo(&kind.unwrap())),
+            Unusable::ReadOnly => assert!(kind.is_err(), "nothing was created: {kind:?}"),
+        }
+    }
+}
+
+/// flock needs no write access: in a read-only /run/natguard that already holds the lock file,
+/// the lock still works (ADD and DEL succeed, and a holder still makes them wait and fail).
+#[test]
+fn read_only_run_dir_with_an_existing_lock_file_still_locks() {
+    let (h, ns) = setup("lk-ro");
+    let run = RunDir::new(&h, "run");
+    File::create(run.lock_path()).unwrap();
+    let ro = run.clone().read_only();
+    let cfg = cfg();
+    let p = Pod::new("ro", 1);
+
+    add(&ns, &ro, &cfg, &p).ok();
+    assert_installed(&ns, &p, "ADD in a read-only /run/natguard");
+    let holder = File::open(run.lock_path()).unwrap();
+    holder.lock().unwrap();
+    del(&ns, &ro, &cfg, &p).fails_with(11, &["/run/natguard/lock", "busy"]);
+    drop(holder);
+    del(&ns, &ro, &cfg, &p).ok();
+    assert_removed(&ns, &p, "DEL in a read-only /run/natguard");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The log file
+// ---------------------------------------------------------------------------------------------
+
+/// A `logFile` that is not a regular file never blocks and is never written through: a FIFO
+/// nobody reads (today's open(2) blocks on it forever), a FIFO with a reader, a symlink, a
+/// directory, a socket and a character device each give a warning on stderr, and ADD, CHECK
+/// and DEL go on and succeed.
+#[test]
+fn log_file_that_is_not_a_regular_file_warns_and_never_blocks() {
+    let (h, ns) = setup("log-kinds");
+    let run = RunDir::new(&h, "run");
+    let dir = h.dir();
+    let fifo = dir.join("fifo.log");
+    mkfifo(&fifo);
+    let read_fifo = dir.join("read-fifo.log");
+    mkfifo(&read_fifo);
+    // SAFETY: a valid NUL-terminated path; the descriptor is owned below.
+    let reader = unsafe {
+        let c = CString::new(read_fifo.as_os_str().as_bytes()).unwrap();
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_NONBLOCK | libc::O_CLOEXEC,
+        )
+    };
+    assert!(reader >= 0, "open the FIFO's read end");
+    // SAFETY: `reader` is a descriptor this test just opened and owns.
+    let mut reader = unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(reader) };
+    let target = dir.join("precious");
+    fs::write(&target, "precious\n").unwrap();
+    let link = dir.join("link.log");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    let directory = dir.join("dir.log");
+    fs::create_dir(&directory).unwrap();
+    let socket = dir.join("socket.log");
+    let _listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    let device = PathBuf::from("/dev/null");
+
+    for (i, path) in [&fifo, &read_fifo, &link, &directory, &socket, &device]
+        .into_iter()
+        .enumerate()
+    {
+        let c = with(cfg(), "logFile", json!(path));
+        let c = with(c, "logLevel", json!("debug"));
+        let p = Pod::new("kind", i as u32 + 1);
+        for verb in ["ADD", "CHECK", "DEL"] {
+            let inv = exec(&ns, &run, &p.env(verb), &stdin_of(&c, Some(p.result()))).ok();
+            let warning = format!("logFile {} is not used", path.display());
+            assert!(
+                inv.stderr.contains(&warning),
+                "{verb} with logFile {}: no warning on stderr: {inv}",
+                path.display()
+            );
+        }
+        assert_removed(&ns, &p, "DEL");
+    }
+    let mut got = Vec::new();
+    let _ = reader.read_to_end(&mut got);
+    assert!(
+        got.is_empty(),
+        "natguard wrote to a FIFO: {:?}",
+        String::from_utf8_lossy(&got)
+    );
+    assert_eq!(fs::read_to_string(&target).unwrap(), "precious\n");
+    assert!(fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(fs::read_dir(&directory).unwrap().count(), 0);
+}
+
+/// The level of each line in a log file (the third field: "TIME natguard[PID] LEVEL ...").
+fn levels_in(text: &str) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for l in text.lines() {
+        let level = l.split_whitespace().nth(2).unwrap_or("").to_string();
+        *m.entry(level).or_insert(0) += 1;
+    }
+    m
+}
+
+/// `logLevel` decides what reaches the file: error and warn by default, info lines only at
+/// "info" and "debug", debug lines only at "debug". stderr gets warnings and errors whatever
+/// the level, and never info or debug lines; stdout only the CNI reply.
+#[test]
+fn log_level_filters_the_file_and_stderr_keeps_warnings() {
+    let (h, ns) = setup("log-level");
+    let run = RunDir::new(&h, "run");
+    let cases: [(Option<&str>, &[&str]); 5] = [
+        (None, &["error", "warn"]),
+        (Some("error"), &["error"]),
+        (Some("warn"), &["error", "warn"]),
+        (Some("info"), &["error", "warn", "info"]),
+        (Some("debug"), &["error", "warn", "info", "debug"]),
+    ];
+    for (i, (level, expected)) in cases.into_iter().enumerate() {
+        let log = h
+            .dir()
+            .join(format!("level-{}.log", level.unwrap_or("default")));
+        // "auto" with no route in the namespace: a warning at every ADD.
+        let mut c = with(cfg(), "logFile", json!(log));
+        c["metadata"]["proxyIPv6"] = json!("auto");
+        if let Some(l) = level {
+            c = with(c, "logLevel", json!(l));
+        }
+        let p = Pod::new("lvl", 2 * i as u32 + 1);
+        let absent = Pod::new("lvl", 2 * i as u32 + 2);
+        let a = add(&ns, &run, &c, &p).ok();
+        // CHECK of a pod that was never added: an error line.
+        let k = check(&ns, &run, &c, &absent);
+        assert_eq!(k.exit, Some(1), "{k}");
+        let d = del(&ns, &run, &c, &p).ok();
+        for inv in [&a, &k, &d] {
+            let stderr_levels = levels_in(&inv.stderr);
+            assert!(
+                !stderr_levels.contains_key("info") && !stderr_levels.contains_key("debug"),
+                "stderr got lines below warn: {inv}"
+            );
+            assert!(
+                inv.stdout.is_empty() || serde_json::from_str::<Value>(inv.stdout.trim()).is_ok(),
+                "stdout carries more than the reply: {inv}"
+            );
+        }
+        assert!(
+            a.stderr.contains(" warn "),
+            "ADD's warning is on stderr: {a}"
+        );
+        assert!(
+            k.stderr.contains(" error "),
+            "CHECK's error is on stderr: {k}"
+        );
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let got: Vec<String> = levels_in(&text).into_keys().collect();
+        let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
+        want.sort();
+        assert_eq!(got, want, "logLevel {level:?}: levels in the file\n{text}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotation
+// ---------------------------------------------------------------------------------------------
+
+/// The largest sizes PATH and PATH.1 ever had while a run went on, and the smallest PATH.1.
+#[derive(Debug, Default, Clone, Copy)]
+struct Sizes {
+    max_log: u64,
+    max_rotated: u64,
+    min_rotated: Option<u64>,
+}
+
+/// Polls the sizes of `log` and `rotated` until `stop`.
+fn sample_sizes(log: &Path, rotated: &Path, stop: &AtomicBool) -> Sizes {
+    let mut s = Sizes::default();
+    loop {
+        let done = stop.load(Ordering::SeqCst);
+        if let Ok(m) = fs::symlink_metadata(log) {
+            s.max_log = s.max_log.max(m.len());
+        }
+        if let Ok(m) = fs::symlink_metadata(rotated) {
+            s.max_rotated = s.max_rotated.max(m.len());
+            s.min_rotated = Some(s.min_rotated.map_or(m.len(), |x| x.min(m.len())));
+        }
+        if done {
+            return s;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// What one ADD writes at "debug" level in steady state (shared objects in place), from a
+/// sequential ADD with a log of its own.
+struct Reference {
+    /// The kind of each line, in order (see [`kind`]).
+    kinds: Vec<String>,
+    /// Bytes of all its lines.
+    bytes: usize,
+    /// Bytes of its longest line.
+    longest: usize,
+}
+
+/// A line's level and the first word of its message: "debug lock", "info installed", ...
+fn kind(line: &str) -> String {
+    let level = line.split_whitespace().nth(2).unwrap_or("");
+    let first = line
+        .split_once(": ")
+        .and_then(|(_, m)| m.split(' ').next())
+        .unwrap_or("");
+    format!("{level} {first}")
+}
+
+fn reference(ns: &Netns, run: &RunDir, h: &Harness, c: &Value) -> Reference {
+    let log = h.dir().join("reference.log");
+    let c = with(c.clone(), "logFile", json!(log));
+    add(ns, run, &c, &Pod::new("refr", 1)).ok();
+    let before = fs::read_to_string(&log).unwrap_or_default().lines().count();
+    add(ns, run, &c, &Pod::new("refr", 2)).ok();
+    let text = fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().skip(before).collect();
+    assert!(
+        lines.iter().any(|l| kind(l).starts_with("debug ")),
+        "a debug-level ADD writes debug lines:\n{text}"
+    );
+    Reference {
+        kinds: lines.iter().map(|l| kind(l)).collect(),
+        bytes: lines.iter().map(|l| l.len() + 1).sum(),
+        longest: lines.iter().map(|l| l.len() + 1).max().unwrap(),
+    }
+}
+
+/// Runs 32 ADDs at once with `c` (which names the log), sampling both files' sizes meanwhile.
+fn parallel_adds(ns: &Netns, run: &RunDir, c: &Value, log: &Path, tag: &str) -> (Vec<Pod>, Sizes) {
+    let pods: Vec<Pod> = (1..=32).map(|i| Pod::new(tag, i)).collect();
+    let rotated = PathBuf::from(format!("{}.1", log.display()));
+    let stop = AtomicBool::new(false);
+    let sizes = std::thread::scope(|s| {
+        let sampler = s.spawn(|| sample_sizes(log, &rotated, &stop));
+        let jobs: Vec<Box<dyn FnOnce() -> Inv + Send + '_>> = pods
+            .iter()
+            .map(|p| Box::new(move || add(ns, run, c, p)) as Box<dyn FnOnce() -> Inv + Send>)
+            .collect();
+        for inv in parallel(jobs) {
+            inv.ok();
+        }
+        stop.store(true, Ordering::SeqCst);
+        sampler.join().unwrap()
+    });
+    (pods, sizes)
+}
+
+/// The lines of `text` that invocation `p` wrote (its container ID is in each line's context).
+fn lines_of<'a>(text: &'a str, p: &Pod) -> Vec<&'a str> {
+    let token = format!(" {NET} {} eth0: ", p.cid);
+    text.lines().filter(|l| l.contains(&token)).collect()
+}
+
+fn assert_whole_lines(text: &str, what: &str) {
+    assert!(
+        text.is_empty() || text.ends_with('\n'),
+        "{what} ends in a partial line"
+    );
+    for l in text.lines() {
+        let ok =
+            l.split(' ').next().is_some_and(|t| {
+                !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+            }) && l.contains(" natguard[")
+                && l.matches(" natguard[").count() == 1;
+        assert!(ok, "{what} has a torn or interleaved line: {l:?}");
+    }
+}
+
+/// 32 ADDs at once meet the cap together: exactly one of them rotates. PATH.1 then holds the
+/// file as it was at the cap, nothing else, and PATH every line of every ADD; neither file is
+/// ever more than one line over the cap.
+#[test]
+fn log_rotation_at_the_cap_keeps_every_line_of_32_parallel_adds() {
+    let (h, ns) = setup("log-rot-cap");
+    let run = RunDir::new(&h, "run");
+    let c = with(cfg(), "logLevel", json!("debug"));
+    let r = reference(&ns, &run, &h, &c);
+    let (per_add, longest) = (r.kinds.len(), r.longest);
+    // Room for all 32 ADDs in one file, whatever the pids' lengths.
+    let cap = (32 * (r.bytes + 8 * per_add)).max(4096) as u64;
+    let log = h.dir().join("cap.log");
+    let rotated = PathBuf::from(format!("{}.1", log.display()));
+    // A file 10 bytes short of the cap: the first line of any ADD takes it over.
+    let mut filler = String::new();
+    let mut n = 0;
+    while filler.len() as u64 + 128 <= cap - 10 {
+        filler.push_str(&format!(
+            "{:<63}\n",
+            format!("0.000 natguard[0] info filler {n}")
+        ));
+        n += 1;
+    }
+    let width = (cap - 10) as usize - filler.len() - 1;
+    filler.push_str(&format!("{:<width$}\n", "0.000 natguard[0] info last"));
+    assert_eq!(filler.len() as u64, cap - 10);
+    fs::write(&log, &filler).unwrap();
+
+    let c = with(with(c, "logFile", json!(log)), "logFileMaxSize", json!(cap));
+    let (pods, sizes) = parallel_adds(&ns, &run, &c, &log, "rcap");
+
+    let old = fs::read_to_string(&rotated).unwrap_or_default();
+    let new = fs::read_to_string(&log).unwrap();
+    eprintln!(
+        "cap {cap}, {per_add} lines per ADD (longest {longest} bytes), PATH {} bytes, PATH.1 {} bytes, sampled {sizes:?}",
+        new.len(),
+        old.len()
+    );
+    assert_eq!(
+        old, filler,
+        "PATH.1 is not exactly the file as it was at the cap"
+    );
+    assert_whole_lines(&new, "PATH");
+    for p in &pods {
+        assert_eq!(
+            lines_of(&new, p).len(),
+            per_add,
+            "{} wrote {per_add} lines; PATH has these:\n{}",
+            p.cid,
+            lines_of(&new, p).join("\n")
+        );
+    }
+    assert_eq!(
+        new.lines().count(),
+        32 * per_add,
+        "PATH holds more than the 32 ADDs:\n{new}"
+    );
+    let bound = cap + longest as u64;
+    assert!(
+        sizes.max_log <= bound && sizes.max_rotated <= bound,
+        "a file went more than one line over the cap of {cap}: {sizes:?}"
+    );
+}
+
+/// With a 4096-byte cap, 32 ADDs at once rotate several times. Both files stay within one line
+/// of the cap at every moment; PATH.1, whenever it exists, is a file that was full (a rotation
+/// of a file that was not full would have thrown lines away); every line is whole; and what
+/// is left of each ADD is the end of what it wrote (rotation only ever drops the oldest
+/// lines).
+#[test]
+fn log_rotation_under_32_parallel_adds_keeps_both_files_within_the_cap() {
+    let (h, ns) = setup("log-rot-4k");
+    let run = RunDir::new(&h, "run");
+    let c = with(cfg(), "logLevel", json!("debug"));
+    let r = reference(&ns, &run, &h, &c);
+    let (per_add, longest) = (r.kinds.len(), r.longest);
+    let cap: u64 = 4096;
+    assert!(
+        32 * r.bytes > 2 * cap as usize,
+        "32 ADDs of {} bytes would not rotate several times",
+        r.bytes
+    );
+    let log = h.dir().join("4k.log");
+    let rotated = PathBuf::from(format!("{}.1", log.display()));
+    let c = with(with(c, "logFile", json!(log)), "logFileMaxSize", json!(cap));
+    let (pods, sizes) = parallel_adds(&ns, &run, &c, &log, "r4k");
+
+    let old = fs::read_to_string(&rotated).expect("PATH.1 exists after rotations");
+    let new = fs::read_to_string(&log).unwrap();
+    eprintln!(
+        "cap {cap}, {per_add} lines per ADD (longest {longest} bytes), PATH {} bytes, PATH.1 {} bytes, sampled {sizes:?}",
+        new.len(),
+        old.len()
+    );
+    let bound = cap + longest as u64;
+    assert!(
+        sizes.max_log <= bound && sizes.max_rotated <= bound,
+        "a file went more than one line over the cap of {cap}: {sizes:?}"
+    );
+    let full = cap - longest as u64;
+    assert!(
+        sizes.min_rotated.is_some_and(|m| m > full) && old.len() as u64 > full,
+        "PATH.1 was once a file that had not reached the cap ({} bytes at the end): {sizes:?}",
+        old.len()
+    );
+    assert_whole_lines(&old, "PATH.1");
+    assert_whole_lines(&new, "PATH");
+    let both = format!("{old}{new}");
+    let mut kept_total = 0;
+    for p in &pods {
+        let kept: Vec<String> = lines_of(&both, p).into_iter().map(kind).collect();
+        kept_total += kept.len();
+        assert!(
+            kept.len() <= per_add && kept[..] == r.kinds[per_add - kept.len()..],
+            "{}: the lines left are not the end of what an ADD writes ({:?}): {kept:?}\nPATH.1:\n{old}\nPATH:\n{new}",
+            p.cid,
+            r.kinds
+        );
+    }
+    assert_eq!(
+        kept_total,
+        both.lines().count(),
+        "lines of no ADD in the files"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Config errors
+// ---------------------------------------------------------------------------------------------
+
+/// Unknown `logLevel` and `logFileMaxSize` values are refused with code 7, naming the field and
+/// the value, by ADD, CHECK and GC, before anything is installed. DEL goes on (as with any
+/// config error in natguard's fields) and removes the pod.
+#[test]
+fn bad_log_level_and_max_size_are_refused_with_code_7() {
+    let (h, ns) = setup("log-badcfg");
+    let run = RunDir::new(&h, "run");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "logLevel",
+            json!("verbose"),
+            r#"logLevel: "verbose" is not one of error, warn, info, debug"#,
+        ),
+        ("logLevel", json!("WARN"), r#""WARN""#),
+        ("logLevel", json!(""), r#""""#),
+        ("logLevel", json!(3), "3"),
+        ("logLevel", json!(null), "null"),
+        (
+            "logFileMaxSize",
+            json!(0),
+            "logFileMaxSize: 0 is not a valid size",
+        ),
+        ("logFileMaxSize", json!(-1), "-1"),
+        ("logFileMaxSize", json!("4096"), r#""4096""#),
+        ("logFileMaxSize", json!(4096.5), "4096.5"),
+        ("logFileMaxSize", json!(1), "1 is not"),
+        ("logFileMaxSize", json!(1u64 << 40), "1099511627776"),
+    ];
+    for (i, (field, value, needle)) in cases.into_iter().enumerate() {
+        let c = with(cfg(), field, value.clone());
+        let p = Pod::new("bad", i as u32 + 1);
+        add(&ns, &run, &c, &p).fails_with(7, &[field, needle]);
+        assert_removed(&ns, &p, &format!("ADD with {field}: {value}"));
+        check(&ns, &run, &c, &p).fails_with(7, &[field, needle]);
+        gc(&ns, &run, &c).fails_with(7, &[field, needle]);
+
+        add(&ns, &run, &cfg(), &p).ok();
+        del(&ns, &run, &c, &p).ok();
+        assert_removed(&ns, &p, &format!("DEL with {field}: {value}"));
+    }
+}
