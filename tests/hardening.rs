@@ -276,6 +276,8 @@ struct SynPod {
     v6: IpAddr,
     /// Its network namespace no longer exists (the pod vanished without a DEL).
     vanished: bool,
+    /// ADDed under a config in `proxy` mode ([`cfg_a`]); `false` for `deny` ([`cfg_b`]).
+    proxied: bool,
 }
 
 impl SynPod {
@@ -300,7 +302,14 @@ impl SynPod {
             )),
             v6: IpAddr::V6(Ipv6Addr::new(0xfd00, 1, gen as u16, 0, 0, 0, 0, i as u16)),
             vanished: false,
+            proxied: true,
         }
+    }
+
+    /// Marks the pod as ADDed under [`cfg_b`] (`deny` mode) rather than [`cfg_a`].
+    fn denied(mut self, deny: bool) -> SynPod {
+        self.proxied = !deny;
+        self
     }
 
     fn vanished(mut self) -> SynPod {
@@ -637,19 +646,41 @@ fn state(ns: &Netns) -> Option<State> {
                 .or_default()
                 .push((
                     r["comment"].as_str().unwrap_or("").to_string(),
-                    r["expr"].to_string(),
+                    without_counter_values(&r["expr"]).to_string(),
                 ));
         }
     }
     Some(st)
 }
 
+/// A rule's expressions with every counter's values left out: traffic changes them, the policy
+/// is the same.
+fn without_counter_values(expr: &Value) -> Value {
+    match expr {
+        Value::Array(a) => Value::Array(a.iter().map(without_counter_values).collect()),
+        Value::Object(o) => Value::Object(
+            o.iter()
+                .map(|(k, v)| {
+                    let v = if k == "counter" {
+                        Value::Null
+                    } else {
+                        without_counter_values(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
 fn must_state(ns: &Netns) -> State {
     state(ns).unwrap_or_else(|| panic!("no table inet natguard in {}", ns.name))
 }
 
-const POD_SETS: [&str; 9] = [
-    "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "allow4", "allow6",
+const POD_SETS: [&str; 13] = [
+    "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "allow4", "allow6", "cntp4", "cntp6",
+    "cntr4", "cntr6",
 ];
 
 fn set_name(suffix: &str) -> String {
@@ -688,6 +719,15 @@ fn expected_pod_sets(live: &[SynPod]) -> BTreeMap<String, BTreeMap<String, Optio
             m.get_mut(&set_name(&format!("masq{f}")))
                 .unwrap()
                 .insert(a.to_string(), o.clone());
+            // Per-pod counters: resets for every pod, proxied connections for intercepted ones.
+            m.get_mut(&set_name(&format!("cntr{f}")))
+                .unwrap()
+                .insert(a.to_string(), o.clone());
+            if !p.exempt() && p.proxied {
+                m.get_mut(&set_name(&format!("cntp{f}")))
+                    .unwrap()
+                    .insert(a.to_string(), o.clone());
+            }
         }
     }
     for (i, n) in ifaces {
@@ -748,12 +788,12 @@ fn shared_of(st: &State) -> Shared {
     }
 }
 
-/// The fingerprints in the rule comments ("natguard NET <fingerprint>").
+/// The fingerprints in the rule comments ("natguard NET <fingerprint> [counter]").
 fn fingerprints(st: &State) -> BTreeSet<String> {
     st.rules
         .values()
         .flatten()
-        .map(|(c, _)| c.rsplit(' ').next().unwrap_or("").to_string())
+        .map(|(c, _)| c.split(' ').nth(2).unwrap_or("").to_string())
         .collect()
 }
 
@@ -899,7 +939,9 @@ fn adds_racing_a_config_change_converge_to_one_config() {
     assert_ne!(count(&ref_a), count(&ref_b), "rule counts must differ");
     let mut seen = BTreeSet::new();
     for round in 0..4u32 {
-        let pods: Vec<SynPod> = (0..64).map(|i| SynPod::new("r", i, round)).collect();
+        let pods: Vec<SynPod> = (0..64)
+            .map(|i| SynPod::new("r", i, round).denied(i % 2 == 1))
+            .collect();
         let mut jobs: Vec<Box<dyn FnOnce() -> Inv + Send + '_>> = Vec::new();
         let mut order: Vec<usize> = (0..pods.len()).collect();
         rng.shuffle(&mut order);
