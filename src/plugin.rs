@@ -84,9 +84,16 @@ pub fn run(
         cni::truncate(&env.container_id, 12),
         env.ifname
     ));
+    // The conntrack path is forced from the environment for tests; the library never reads it.
+    let ct_path =
+        crate::conntrack::Path::from_override(env_get(crate::conntrack::PATH_ENV).as_deref())
+            .unwrap_or_else(|e| {
+                warn!("{e}; using the automatic conntrack path");
+                crate::conntrack::Path::Auto
+            });
     match command {
-        Command::Add => cmd_add(&env, &conf).map(Some),
-        Command::Del => cmd_del(&env, &conf).map(|_| None),
+        Command::Add => cmd_add(&env, &conf, ct_path).map(Some),
+        Command::Del => cmd_del(&env, &conf, ct_path).map(|_| None),
         Command::Check => {
             if !conf.cni_version.supports_check() {
                 return Err(Error::IncompatibleVersion(format!(
@@ -143,7 +150,7 @@ fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
     Ok(())
 }
 
-fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
+fn cmd_add(env: &Env, conf: &NetConf, ct_path: crate::conntrack::Path) -> Result<Value> {
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         Error::InvalidConfig(
             "prevResult: missing; natguard is a chained plugin and must follow a primary plugin (bridge, ptp, Calico, ...) in a conflist".into(),
@@ -177,7 +184,7 @@ fn cmd_add(env: &Env, conf: &NetConf) -> Result<Value> {
             .join(",")
     );
     if cfg.conntrack.flush_on_add && !addrs.is_empty() {
-        flush_conntrack(&mut sock, &addrs, "ADD");
+        flush_conntrack(&mut sock, &addrs, "ADD", ct_path);
     }
     drop(sock);
     Ok(cni::passthrough(prev, conf.cni_version))
@@ -322,8 +329,13 @@ fn release_addrs(
 
 /// Deletes the addresses' conntrack entries on the invocation's own netfilter socket; a failure
 /// is logged, never returned.
-fn flush_conntrack(sock: &mut NfSocket, addrs: &[IpAddr], verb: &str) {
-    match crate::conntrack::flush_addresses_on(sock, addrs, crate::conntrack::Path::Auto) {
+fn flush_conntrack(
+    sock: &mut NfSocket,
+    addrs: &[IpAddr],
+    verb: &str,
+    path: crate::conntrack::Path,
+) {
+    match crate::conntrack::flush_addresses_on(sock, addrs, path) {
         Ok(r) => info!(
             "conntrack: deleted {} entries in {} kernel walks ({})",
             r.deleted, r.walks, r.path
@@ -332,7 +344,7 @@ fn flush_conntrack(sock: &mut NfSocket, addrs: &[IpAddr], verb: &str) {
     }
 }
 
-fn cmd_del(env: &Env, conf: &NetConf) -> Result<()> {
+fn cmd_del(env: &Env, conf: &NetConf, ct_path: crate::conntrack::Path) -> Result<()> {
     let names = NetNames::new(&conf.name);
     let owner = OwnerKey::new(&conf.name, &env.container_id, &env.ifname);
     // prevResult is optional on DEL (0.3.x lists send none); when present and usable it adds
@@ -363,7 +375,7 @@ fn cmd_del(env: &Env, conf: &NetConf) -> Result<()> {
     };
     info!("removed {} entries of {}", released, owner.hex());
     if let (Some(sock), false) = (sock.as_mut(), addrs.is_empty()) {
-        flush_conntrack(sock, &addrs, "DEL");
+        flush_conntrack(sock, &addrs, "DEL", ct_path);
     }
     drop(sock);
     Ok(())

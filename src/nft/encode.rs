@@ -5,6 +5,11 @@
 //! packet bytes is in packet order (addresses, ports); data compared against host fields
 //! (`meta mark`, `ct status`) is in host order. Registers: the 16-byte NFT_REG_1 holds any address,
 //! NFT_REG_2 the DNAT port.
+//!
+//! Batch messages do not ask for an ACK: the kernel reports their errors anyway, and
+//! [`Tx::commit`](super::Tx::commit) asks for one acknowledgement, on the last message (see
+//! `netlink`). Element lists are split over several messages of the batch ([`set_elems`]),
+//! because one message's list is a single attribute with a 16-bit length.
 
 use crate::netlink::*;
 use crate::plan::{Action, Elem, Family, Match, NetNames, Rule, SetKind, TABLE};
@@ -117,7 +122,7 @@ pub fn begin(b: &mut MsgBuf, msg: u16, flags: u16) -> u32 {
 }
 
 pub fn new_table(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_NEWTABLE, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, NFT_MSG_NEWTABLE, NLM_F_CREATE);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.attr_u32_be(NFTA_TABLE_FLAGS, 0);
     b.end();
@@ -125,14 +130,14 @@ pub fn new_table(b: &mut MsgBuf) -> u32 {
 }
 
 pub fn del_table(b: &mut MsgBuf) -> u32 {
-    let s = begin(b, NFT_MSG_DELTABLE, NLM_F_ACK);
+    let s = begin(b, NFT_MSG_DELTABLE, 0);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.end();
     s
 }
 
 pub fn new_chain(b: &mut MsgBuf, name: &str, ty: &str, hook: u32, prio: i32) -> u32 {
-    let s = begin(b, NFT_MSG_NEWCHAIN, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
     b.attr_str(NFTA_CHAIN_NAME, name);
     let h = b.nest_begin(NFTA_CHAIN_HOOK);
@@ -147,7 +152,7 @@ pub fn new_chain(b: &mut MsgBuf, name: &str, ty: &str, hook: u32, prio: i32) -> 
 
 /// Deletes every rule of a chain (a DELRULE without a handle).
 pub fn flush_chain(b: &mut MsgBuf, chain: &str) -> u32 {
-    let s = begin(b, NFT_MSG_DELRULE, NLM_F_ACK);
+    let s = begin(b, NFT_MSG_DELRULE, 0);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     b.end();
@@ -156,7 +161,7 @@ pub fn flush_chain(b: &mut MsgBuf, chain: &str) -> u32 {
 
 pub fn new_set(b: &mut MsgBuf, name: &str, kind: SetKind, id: u32) -> u32 {
     let (key_type, key_len) = kind.key_type();
-    let s = begin(b, NFT_MSG_NEWSET, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, NFT_MSG_NEWSET, NLM_F_CREATE);
     b.attr_str(NFTA_SET_TABLE, TABLE);
     b.attr_str(NFTA_SET_NAME, name);
     b.attr_u32_be(
@@ -184,7 +189,7 @@ pub fn new_set(b: &mut MsgBuf, name: &str, kind: SetKind, id: u32) -> u32 {
 
 /// Flushes a set: a DELSETELEM without elements.
 pub fn flush_set(b: &mut MsgBuf, set: &str) -> u32 {
-    let s = begin(b, NFT_MSG_DELSETELEM, NLM_F_ACK);
+    let s = begin(b, NFT_MSG_DELSETELEM, 0);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     b.end();
@@ -254,9 +259,52 @@ pub fn elem_data(e: &Elem, interval: bool) -> Vec<ElemData> {
     }
 }
 
-/// One NEWSETELEM or DELSETELEM message carrying `elems`.
-pub fn set_elems(b: &mut MsgBuf, msg: u16, flags: u16, set: &str, elems: &[ElemData]) -> u32 {
-    let s = begin(b, msg, flags | NLM_F_ACK);
+/// The most bytes of elements one NEWSETELEM or DELSETELEM message carries. All of a message's
+/// elements sit in one nested NFTA_SET_ELEM_LIST_ELEMENTS attribute, whose length is 16 bits:
+/// a longer list would wrap it. 16 KiB (some 600 interval elements) stays well clear of that.
+pub const MAX_ELEMS_BYTES: usize = 16 << 10;
+
+/// The encoded size of one element inside NFTA_SET_ELEM_LIST_ELEMENTS.
+fn elem_size(e: &ElemData) -> usize {
+    let key = 4 + 4 + e.key.len().next_multiple_of(4);
+    let flags = if e.flags != 0 { 8 } else { 0 };
+    let comment = e
+        .comment
+        .as_ref()
+        .map_or(0, |c| (4 + udata_comment(c).len()).next_multiple_of(4));
+    4 + key + flags + comment
+}
+
+/// NEWSETELEM or DELSETELEM messages carrying `elems`, as many as [`MAX_ELEMS_BYTES`] needs,
+/// in order; returns their sequence numbers. An interval's end element stays in the message
+/// of its start. Every message belongs to the same batch, so the split changes nothing about
+/// atomicity.
+pub fn set_elems(b: &mut MsgBuf, msg: u16, flags: u16, set: &str, elems: &[ElemData]) -> Vec<u32> {
+    let mut seqs = Vec::new();
+    let mut rest = elems;
+    loop {
+        let mut bytes = 0;
+        let mut n = 0;
+        while n < rest.len() {
+            let sz = elem_size(&rest[n]);
+            let keeps_pair = rest[n].flags & NFT_SET_ELEM_INTERVAL_END != 0;
+            if n > 0 && bytes + sz > MAX_ELEMS_BYTES && !keeps_pair {
+                break;
+            }
+            bytes += sz;
+            n += 1;
+        }
+        let (chunk, tail) = rest.split_at(n);
+        seqs.push(set_elems_one(b, msg, flags, set, chunk));
+        rest = tail;
+        if rest.is_empty() {
+            return seqs;
+        }
+    }
+}
+
+fn set_elems_one(b: &mut MsgBuf, msg: u16, flags: u16, set: &str, elems: &[ElemData]) -> u32 {
+    let s = begin(b, msg, flags);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     let list = b.nest_begin(NFTA_SET_ELEM_LIST_ELEMENTS);
@@ -545,7 +593,7 @@ fn lower_action(x: &mut Exprs<'_>, a: &Action) {
 
 /// One NEWRULE appended to `chain`, commented with the plan's fingerprint.
 pub fn new_rule(b: &mut MsgBuf, chain: &str, rule: &Rule, names: &NetNames, comment: &str) -> u32 {
-    let s = begin(b, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK);
+    let s = begin(b, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);
@@ -560,4 +608,77 @@ pub fn new_rule(b: &mut MsgBuf, chain: &str, rule: &Rule, names: &NetNames, comm
     b.attr(NFTA_RULE_USERDATA, &udata_comment(comment));
     b.end();
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elements(m: &crate::netlink::Msg) -> Vec<(Vec<u8>, u32)> {
+        let list = m.nf_attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS).unwrap();
+        list.nested()
+            .map(|el| {
+                let a = el.nested();
+                let key = a.get(NFTA_SET_ELEM_KEY).unwrap().nested();
+                let flags = a
+                    .get(NFTA_SET_ELEM_FLAGS)
+                    .and_then(|f| f.u32_be())
+                    .unwrap_or(0);
+                (key.get(NFTA_DATA_VALUE).unwrap().payload.to_vec(), flags)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn long_element_lists_are_split_and_keep_interval_pairs() {
+        // 5,000 non-adjacent /32s: 10,000 interval elements, far past one 16-bit nla_len.
+        let data: Vec<ElemData> = (0..5000u128)
+            .flat_map(|i| {
+                elem_data(
+                    &Elem::Range(Family::V4, 0x0a00_0000 + 2 * i, 0x0a00_0000 + 2 * i),
+                    true,
+                )
+            })
+            .collect();
+        assert_eq!(data.len(), 10_000);
+        let mut b = MsgBuf::new(1);
+        let seqs = set_elems(&mut b, NFT_MSG_NEWSETELEM, 0, "n-nets4", &data);
+        assert!(seqs.len() > 1 && !b.is_oversized());
+        let msgs = crate::netlink::parse_msgs(b.as_bytes());
+        assert_eq!(msgs.len(), seqs.len());
+        let mut all = Vec::new();
+        for m in &msgs {
+            let list = m.nf_attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS).unwrap();
+            assert!(list.payload.len() <= MAX_ELEMS_BYTES + 64);
+            let els = elements(m);
+            // A message never starts with an interval's end.
+            assert_eq!(els[0].1 & NFT_SET_ELEM_INTERVAL_END, 0);
+            all.extend(els);
+        }
+        let want: Vec<(Vec<u8>, u32)> = data.iter().map(|d| (d.key.clone(), d.flags)).collect();
+        assert_eq!(all, want, "every element once, in order");
+    }
+
+    #[test]
+    fn batch_messages_ask_for_no_ack() {
+        let mut b = MsgBuf::new(1);
+        new_table(&mut b);
+        flush_set(&mut b, "s");
+        set_elems(
+            &mut b,
+            NFT_MSG_DELSETELEM,
+            0,
+            "s",
+            &[ElemData {
+                key: vec![1, 2, 3, 4],
+                flags: 0,
+                comment: Some("c".into()),
+            }],
+        );
+        assert_eq!(b.acked_seqs().count(), 0);
+        assert_eq!(b.ack_last(), Some(3));
+        assert_eq!(b.acked_seqs().collect::<Vec<_>>(), vec![3]);
+        let last = crate::netlink::parse_msgs(b.as_bytes()).pop().unwrap();
+        assert_ne!(last.flags & NLM_F_ACK, 0);
+    }
 }

@@ -1,7 +1,10 @@
 //! natguard's nf_tables state: one batch per invocation, and the reads CHECK, DEL and GC need.
 //!
 //! Writing: [`Tx`] collects messages between BATCH_BEGIN and BATCH_END; `commit` sends them in
-//! one `sendmsg` and checks every ACK, so a transaction lands whole or not at all. Idempotency
+//! one `sendmsg` and reads the outcome from the kernel's replies (one ACK on the last message,
+//! an error for any message that fails; see `netlink`), so a transaction lands whole or not at
+//! all, and its outcome is never guessed. A set's elements may span several messages of the
+//! batch (`encode::set_elems`). Idempotency
 //! lives in the batch: "make sure element E exists with comment C" is add, delete, add; "make
 //! sure E is absent" is add, delete. Neither needs to know the current state, and neither can
 //! fail with EEXIST or ENOENT.
@@ -12,7 +15,7 @@
 pub mod encode;
 
 use crate::error::{Error, Result};
-use crate::netlink::{Msg, MsgBuf, NfSocket};
+use crate::netlink::{BatchError, Msg, MsgBuf, NfSocket};
 use crate::plan::{OwnerKey, SharedPlan};
 use encode::*;
 use std::net::IpAddr;
@@ -135,14 +138,15 @@ impl Tx {
                 .flat_map(|e| elem_data(e, set.kind.is_interval()))
                 .collect();
             if !data.is_empty() {
-                let s = set_elems(
+                for s in set_elems(
                     &mut self.buf,
                     NFT_MSG_NEWSETELEM,
                     NLM_F_CREATE_,
                     &set.name,
                     &data,
-                );
-                self.note(s, format!("fill set {}", set.name));
+                ) {
+                    self.note(s, format!("fill set {}", set.name));
+                }
             }
         }
     }
@@ -154,17 +158,20 @@ impl Tx {
             flags: 0,
             comment: None,
         }];
-        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &bare);
-        self.note(s, format!("add {what} to {set}"));
-        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
-        self.note(s, format!("replace {what} in {set}"));
+        for s in set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &bare) {
+            self.note(s, format!("add {what} to {set}"));
+        }
+        for s in set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare) {
+            self.note(s, format!("replace {what} in {set}"));
+        }
         let full = [ElemData {
             key,
             flags: 0,
             comment: Some(comment),
         }];
-        let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &full);
-        self.note(s, format!("add {what} to {set}"));
+        for s in set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &full) {
+            self.note(s, format!("add {what} to {set}"));
+        }
     }
 
     /// Deletes an element known to exist (read under the lock in this invocation).
@@ -174,8 +181,9 @@ impl Tx {
             flags: 0,
             comment: None,
         }];
-        let s = set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare);
-        self.note(s, format!("remove {what} from {set}"));
+        for s in set_elems(&mut self.buf, NFT_MSG_DELSETELEM, 0, set, &bare) {
+            self.note(s, format!("remove {what} from {set}"));
+        }
     }
 
     /// Sets the owner list of an address element: deletes it when no owner is left.
@@ -214,8 +222,9 @@ impl Tx {
             .flat_map(|&(a, b)| elem_data(&crate::plan::Elem::Range(f, a, b), true))
             .collect();
         if !data.is_empty() {
-            let s = set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &data);
-            self.note(s, format!("fill set {set}"));
+            for s in set_elems(&mut self.buf, NFT_MSG_NEWSETELEM, NLM_F_CREATE_, set, &data) {
+                self.note(s, format!("fill set {set}"));
+            }
         }
     }
 
@@ -233,11 +242,18 @@ impl Tx {
         self.what.len()
     }
 
-    /// Sends the batch and checks every ACK; retries the whole batch on "try again" errnos.
+    /// Sends the batch and reads its outcome (see `netlink`): the last message asks for the
+    /// one ACK that proves the commit, and every failing message is reported anyway.
+    ///
+    /// The batch is resent only when the kernel rejected it with a "try again" errno, which
+    /// means nothing of it was applied. When its outcome is unknown (replies lost, no reply in
+    /// time) it is never resent: the verb fails with code 11 and the runtime's retry starts
+    /// again from the kernel's state.
     pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
         if self.what.is_empty() {
             return Ok(());
         }
+        self.buf.ack_last();
         end_batch(&mut self.buf);
         let what = |seq: u32| -> String {
             self.what
@@ -248,12 +264,15 @@ impl Tx {
         };
         let mut attempt = 0;
         loop {
-            match sock.transact(&self.buf, &what) {
-                Err(e) if e.is_transient() && attempt < crate::netlink::TRANSIENT_RETRIES => {
+            match sock.transact_batch(&self.buf, &what) {
+                Ok(()) => return Ok(()),
+                Err(BatchError::Rejected(e))
+                    if e.is_transient() && attempt < crate::netlink::TRANSIENT_RETRIES =>
+                {
                     attempt += 1;
                     crate::netlink::backoff(attempt);
                 }
-                r => return r,
+                Err(BatchError::Rejected(e)) | Err(BatchError::Unknown(e)) => return Err(e),
             }
         }
     }
