@@ -19,8 +19,14 @@
 //!   by the per-message replies. Errors that stop the batch before its messages are processed
 //!   (`ERESTART` for a stale generation id, `ENOMEM`, `EOPNOTSUPP`) are answered on the
 //!   BATCH_BEGIN sequence number alone.
-//! * `NLM_F_ACK` on BATCH_END is answered on 6.18 (an ACK queued after the commit), but older
-//!   kernels ignore it, so natguard does not rely on it.
+//! * `NLM_F_ACK` on BATCH_BEGIN or BATCH_END is answered on 6.18, but older kernels ignore
+//!   it, so natguard does not rely on it.
+//! * A batch that is malformed as a whole (a second BATCH_BEGIN inside it) is dropped without
+//!   any reply: only a deadline ends that wait.
+//!
+//! `tests/batches.rs` checks on the running kernel that errors come without `NLM_F_ACK`, that
+//! one error aborts the whole batch, that the last message's ACK ends a committed one, and the
+//! silent drop; the BATCH_BEGIN replies are read from nfnetlink's source (`nfnetlink_rcv_batch`).
 //!
 //! So a batch asks for ONE acknowledgement, on its last real message ([`MsgBuf::ack_last`]):
 //! that ACK with no error before it proves the batch was committed; an error proves it was
@@ -38,8 +44,10 @@
 //! * Every wait for a reply is a `poll` bounded by [`REPLY_TIMEOUT`]. On expiry the request
 //!   fails with `EAGAIN` ("try again", CNI code 11) and a message saying no reply came; it is
 //!   never repeated, so a verb is bounded by a few seconds, lock included.
-//! * A batch is resent only when the kernel rejected it as a whole with a "try again" errno
-//!   ([`BatchError::Rejected`]), or when `sendmsg` itself failed (nothing was delivered). After
+//! * A batch is resent only when the kernel rejected it with a "try again" errno (`EBUSY`,
+//!   `ERESTART`, ...; [`BatchError::Rejected`]: nothing of it was applied, so sending it again
+//!   is harmless), or when `sendmsg` itself failed (the kernel never saw it), at most
+//!   [`TRANSIENT_RETRIES`] times. After
 //!   an `ENOBUFS` overflow or a timeout nobody knows whether it was committed
 //!   ([`BatchError::Unknown`]): the verb fails with code 11 and the runtime's retry re-reads the
 //!   kernel's state, which is safe because every verb is idempotent. Reads (GET, dumps) are
@@ -218,6 +226,15 @@ impl MsgBuf {
     pub fn seqs(&self) -> &[(u32, bool)] {
         &self.seqs
     }
+
+    /// Whether `seq` is the sequence number of one of this buffer's messages (they are
+    /// consecutive), in constant time however many messages a batch has.
+    pub fn has_seq(&self, seq: u32) -> bool {
+        match self.seqs.first() {
+            Some(&(first, _)) => (seq.wrapping_sub(first) as usize) < self.seqs.len(),
+            None => false,
+        }
+    }
 }
 
 /// One attribute: its type (flags masked off) and payload.
@@ -384,6 +401,15 @@ pub struct NfSocket {
     rcvbuf: Option<usize>,
 }
 
+// Sockets dropped after `defer_release`, for `release_deferred`.
+static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
+
+/// From now on, dropped sockets are kept open for [`release_deferred`].
+pub fn defer_release() {
+    DEFER_RELEASE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
 /// Releasing a netfilter netlink socket waits until the kernel has freed every committed
 /// nf_tables transaction of the namespace (`nft_rcv_nl_event` flushes the destroy work, which
 /// waits for an RCU grace period: 7 to 9 ms here), even though the transaction took effect at
@@ -398,18 +424,12 @@ pub struct NfSocket {
 /// No process is created (nothing for a subreaper to reap, nothing a pid limit can refuse) and
 /// no other descriptor is kept: only the netlink sockets are registered. Where io_uring is not
 /// available (`kernel.io_uring_disabled`, a seccomp profile), the sockets are closed here and
-/// the invocation pays the wait.
-static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
-
-/// From now on, dropped sockets are kept open for [`release_deferred`].
-pub fn defer_release() {
-    DEFER_RELEASE.store(true, std::sync::atomic::Ordering::SeqCst);
-}
-
-/// Releases the sockets kept by [`defer_release`]; see [`DEFER_RELEASE`]. Call it last, after
-/// the reply is written. Returns whether the kernel took them over (false: they were closed
-/// here, or there were none).
+/// the invocation pays the wait. The worker's release holds nf_tables' commit mutex while it
+/// waits, so a commit in the same namespace during that grace period waits for its end, as it
+/// would behind a release in this process; nothing else is affected.
+///
+/// Call it last, after the reply is written. Returns whether the kernel took the sockets over
+/// (false: they were closed here, or there were none).
 pub fn release_deferred() -> bool {
     let fds = std::mem::take(&mut *DEFERRED_FDS.lock().unwrap_or_else(|e| e.into_inner()));
     if fds.is_empty() {
@@ -684,7 +704,7 @@ impl NfSocket {
     /// first non-zero error, naming the message's `what`. An overflow fails with `ENOBUFS`, no
     /// reply in time with [`TIMEOUT_ERRNO`].
     pub fn transact(&mut self, buf: &MsgBuf, what: &dyn Fn(u32) -> String) -> Result<()> {
-        let mine = |seq: u32| buf.seqs().iter().any(|s| s.0 == seq);
+        let mine = |seq: u32| buf.has_seq(seq);
         let mut pending: Vec<u32> = buf.acked_seqs().collect();
         self.make_recv_room(buf.message_count());
         self.send(buf)?;
@@ -735,14 +755,13 @@ impl NfSocket {
         buf: &MsgBuf,
         what: &dyn Fn(u32) -> String,
     ) -> std::result::Result<(), BatchError> {
-        let seqs = buf.seqs();
-        let begin_seq = seqs.first().map(|s| s.0);
+        let begin_seq = buf.seqs().first().map(|s| s.0);
         let Some(last) = buf.acked_seqs().last() else {
             return Err(BatchError::Rejected(Error::Protocol(
                 "internal error: an nf_tables batch without an acknowledged message".into(),
             )));
         };
-        let mine = |seq: u32| seqs.iter().any(|s| s.0 == seq);
+        let mine = |seq: u32| buf.has_seq(seq);
         self.make_recv_room(buf.message_count());
         // A failed sendmsg delivered nothing.
         self.send(buf).map_err(BatchError::Rejected)?;
@@ -947,6 +966,14 @@ mod tests {
         assert_eq!(inner.get(1).unwrap().u32_be(), Some(0xdead_beef));
         assert_eq!(inner.get(2).unwrap().payload, &[9]);
         assert_eq!(b.acked_seqs().collect::<Vec<_>>(), vec![7]);
+        assert!(b.has_seq(7) && !b.has_seq(8) && !b.has_seq(6));
+        // Sequence numbers wrap.
+        let mut w = MsgBuf::new(u32::MAX);
+        w.begin(0x0a00, 0, 1, 0);
+        w.end();
+        w.begin(0x0a00, 0, 1, 0);
+        w.end();
+        assert!(w.has_seq(u32::MAX) && w.has_seq(0) && !w.has_seq(1));
     }
 
     #[test]

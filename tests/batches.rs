@@ -153,7 +153,11 @@ impl Pod {
     fn new(tag: &str, i: u32) -> Pod {
         Pod {
             cid: format!("{tag}{i:05}"),
-            k8s_ns: if i % 5 == 0 { "kube-system" } else { "default" },
+            k8s_ns: if i.is_multiple_of(5) {
+                "kube-system"
+            } else {
+                "default"
+            },
             v4: IpAddr::V4(Ipv4Addr::new(
                 10,
                 64 + (i >> 16) as u8,
