@@ -5,7 +5,8 @@
 //! * A subreaper that reaps only its own children (conmon's model) is a small Python helper:
 //!   `prctl(PR_SET_CHILD_SUBREAPER)`, run natguard, wait for that pid only, then list its own
 //!   children in /proc. Anything natguard left behind would be reparented to it.
-//! * An inherited pipe (fd 6, no CLOEXEC) must read end-of-file as soon as natguard is reaped.
+//! * An inherited pipe (fd 6, no CLOEXEC) must read end-of-file as soon as natguard is reaped
+//!   (checked from a Python helper too, a process with no other thread that could hold a copy).
 //! * A pids cgroup at its limit (created for the test and removed after; cgroup v2 when the
 //!   pids controller is there, else the v1 pids hierarchy) must not cost the pod its IPv6
 //!   conntrack cleanup.
@@ -22,19 +23,10 @@ use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const NET: &str = "pnet";
 const BOUND: Duration = Duration::from_secs(120);
-
-/// Held while a test has a descriptor open that a concurrently spawned process could inherit
-/// between fork and exec.
-static SPAWN: Mutex<()> = Mutex::new(());
-
-fn spawn_lock() -> std::sync::MutexGuard<'static, ()> {
-    SPAWN.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn config(prev: Option<Value>) -> Vec<u8> {
     let mut c = json!({
@@ -78,14 +70,12 @@ struct Ran {
 }
 
 /// Starts natguard in `ns` with `env` and `stdin`; `setup` runs in the child before exec
-/// (after it joined `ns`), `spawned` in this process right after the spawn. Waits for that
-/// pid only, within [`BOUND`].
+/// (after it joined `ns`). Waits for that pid only, within [`BOUND`].
 fn run_natguard(
     ns: &Netns,
     env: &[(String, String)],
     stdin: &[u8],
     setup: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
-    spawned: impl FnOnce(),
 ) -> Ran {
     let nsfile = File::open(ns.path()).unwrap();
     let fd = nsfile.as_raw_fd();
@@ -107,7 +97,6 @@ fn run_natguard(
         });
     }
     let mut child = cmd.spawn().expect("start natguard");
-    spawned();
     drop(nsfile);
     child.stdin.take().unwrap().write_all(stdin).unwrap();
     let start = Instant::now();
@@ -170,30 +159,21 @@ print(json.dumps({"codes": codes, "children": children}))
 fn under_a_subreaper_that_reaps_only_its_children_nothing_is_left() {
     let h = Harness::new("proc-reaper");
     let ns = h.netns("node");
-    let mut calls = Vec::new();
+    let mut all = Vec::new();
     for i in 0..10 {
-        let cid = format!("reap{i}");
         let prev = prev_result(&format!("10.64.0.{}", i + 2), &format!("fd00:7::{}", i + 2));
-        for verb in ["ADD", "DEL"] {
-            let env: serde_json::Map<String, Value> = cni_env(verb, &cid)
-                .into_iter()
-                .map(|(k, v)| (k, Value::from(v)))
-                .collect();
-            let stdin = String::from_utf8(config(Some(prev.clone()))).unwrap();
-            calls.push(json!([env, stdin]));
+        if let Value::Array(c) = calls(&["ADD", "DEL"], &format!("reap{i}"), &prev) {
+            all.extend(c);
         }
     }
-    let out = {
-        let _g = spawn_lock();
-        output(
-            Command::new("python3")
-                .arg("-c")
-                .arg(SUBREAPER)
-                .arg(natguard_bin())
-                .arg(ns.path())
-                .arg(Value::from(calls).to_string()),
-        )
-    };
+    let out = output(
+        Command::new("python3")
+            .arg("-c")
+            .arg(SUBREAPER)
+            .arg(natguard_bin())
+            .arg(ns.path())
+            .arg(Value::from(all).to_string()),
+    );
     assert!(
         out.status.success(),
         "subreaper helper failed: {}",
@@ -210,53 +190,75 @@ fn under_a_subreaper_that_reaps_only_its_children_nothing_is_left() {
     );
 }
 
+/// The runtime's side of an inherited descriptor, in a process of its own (no other thread
+/// can fork a copy of the pipe): a pipe's write end as fd 6 without CLOEXEC, natguard started
+/// and waited for, the parent's copy closed, then one non-blocking read of the read end.
+/// Prints, per invocation, natguard's exit code and what that read returned.
+const FD_HELPER: &str = r#"
+import ctypes, errno, json, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[2], os.O_RDONLY)
+if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+    sys.exit("setns: errno %d" % ctypes.get_errno())
+os.close(fd)
+out = []
+for env, stdin in json.loads(sys.argv[3]):
+    r, w = os.pipe()
+    os.dup2(w, 6)  # inheritable, unlike os.pipe()'s own descriptors
+    os.close(w)
+    p = subprocess.Popen([sys.argv[1]], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(6,))
+    os.close(6)
+    so, se = p.communicate(stdin.encode())  # natguard has exited and been reaped
+    os.set_blocking(r, False)
+    try:
+        seen = "eof" if os.read(r, 16) == b"" else "data"
+    except BlockingIOError:
+        seen = "still open"
+    os.close(r)
+    out.append([p.returncode, seen, so.decode(), se.decode()])
+print(json.dumps(out))
+"#;
+
+/// The invocations of `verbs` for one pod, as the helpers' JSON argument.
+fn calls(verbs: &[&str], cid: &str, prev: &Value) -> Value {
+    let stdin = String::from_utf8(config(Some(prev.clone()))).unwrap();
+    verbs
+        .iter()
+        .map(|verb| {
+            let env: serde_json::Map<String, Value> = cni_env(verb, cid)
+                .into_iter()
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect();
+            json!([env, stdin])
+        })
+        .collect()
+}
+
 #[test]
 fn an_inherited_descriptor_reaches_eof_when_natguard_exits() {
     let h = Harness::new("proc-fds");
     let ns = h.netns("node");
     let prev = prev_result("10.64.0.9", "fd00:7::9");
-    for verb in ["ADD", "DEL"] {
-        let mut fds = [0; 2];
-        let guard = spawn_lock();
-        // SAFETY: pipe2 into a two-element array.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        let (r, w) = (fds[0], fds[1]);
-        // The runtime's descriptor: fd 6, inherited across exec (dup2 clears CLOEXEC).
-        let setup = move || {
-            // SAFETY: dup2 of a descriptor this process owns.
-            if unsafe { libc::dup2(w, 6) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        };
-        // Once natguard is started, this process's write end goes: from then on natguard's
-        // fd 6 (and whatever it hands it to) is the only one.
-        let spawned = move || {
-            // SAFETY: our copy of the write end, closed once.
-            unsafe { libc::close(w) };
-            drop(guard);
-        };
-        let ran = run_natguard(
-            &ns,
-            &cni_env(verb, "fds"),
-            &config(Some(prev.clone())),
-            setup,
-            spawned,
-        );
-        assert_eq!(ran.code, Some(0), "{verb}: {} {}", ran.stdout, ran.stderr);
-        // natguard has been reaped: the pipe must be at end-of-file now, not merely later.
-        // SAFETY: fcntl, read and close on our own read end.
-        let (n, err) = unsafe {
-            libc::fcntl(r, libc::F_SETFL, libc::O_NONBLOCK);
-            let mut b = [0u8; 16];
-            let n = libc::read(r, b.as_mut_ptr() as *mut libc::c_void, b.len());
-            let err = std::io::Error::last_os_error();
-            libc::close(r);
-            (n, err)
-        };
+    let out = output(
+        Command::new("python3")
+            .arg("-c")
+            .arg(FD_HELPER)
+            .arg(natguard_bin())
+            .arg(ns.path())
+            .arg(calls(&["ADD", "DEL", "ADD", "DEL"], "fds", &prev).to_string()),
+    );
+    assert!(
+        out.status.success(),
+        "fd helper failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("helper output");
+    for (i, c) in r.as_array().unwrap().iter().enumerate() {
+        assert_eq!(c[0], 0, "invocation {i} failed: {c}");
         assert_eq!(
-            n, 0,
-            "{verb}: fd 6 is still open somewhere after natguard exited (read: {n}, {err})"
+            c[1], "eof",
+            "invocation {i}: fd 6 was still open after natguard exited and was reaped: {c}"
         );
     }
 }
@@ -295,6 +297,15 @@ impl PidsCgroup {
 
     fn procs(&self) -> PathBuf {
         self.dir.join("cgroup.procs")
+    }
+
+    /// How many forks the limit refused (`max` in `pids.events`).
+    fn refusals(&self) -> u64 {
+        let ev = fs::read_to_string(self.dir.join("pids.events")).expect("read pids.events");
+        ev.lines()
+            .find_map(|l| l.strip_prefix("max "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("pids.events has a max line")
     }
 }
 
@@ -418,17 +429,20 @@ fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
         }
         Ok(())
     };
-    let ran = {
-        let _g = spawn_lock();
-        run_natguard(
-            &ns,
-            &cni_env("ADD", "pids"),
-            &config(Some(prev_result(pod4, pod6))),
-            join_cgroup,
-            || {},
-        )
-    };
+    let ran = run_natguard(
+        &ns,
+        &cni_env("ADD", "pids"),
+        &config(Some(prev_result(pod4, pod6))),
+        join_cgroup,
+    );
+    // The limit did bite: natguard tried to start a thread (the IPv6 walk) and was refused.
+    let refused = cg.refusals();
     drop(cg);
+    assert!(
+        refused > 0,
+        "the pids limit refused nothing; the test did not test anything (stderr: {})",
+        ran.stderr
+    );
     match ran.code {
         Some(0) => {
             let left = conntrack_list(&ns, &[]);
