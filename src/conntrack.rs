@@ -218,7 +218,6 @@ impl Path {
 /// Requests the kernel refused during one flush, so each is asked at most once per call.
 #[derive(Debug, Default)]
 struct Refused {
-    filtered_delete: AtomicBool,
     filtered_dump: AtomicBool,
 }
 
@@ -287,7 +286,7 @@ pub fn flush_addresses_on(
         let h6 = want6
             .as_ref()
             .map(|w| (w, spawn_walk(s, w, "natguard-ct6")));
-        let r4 = filtered_delete_all(sock, &wants4, path == Path::Auto, &refused);
+        let r4 = filtered_delete_all(sock, &wants4, path == Path::Auto);
         (r4, h6.map(|(w, h)| finish_walk(h, sock, w)))
     });
     let done = r4?;
@@ -594,12 +593,7 @@ fn entry_count(sock: &mut NfSocket) -> Result<u64> {
 
 /// Filtered deletes of IPv4 wants, one walk each, in order. Returns how many were done; stops
 /// (when `may_fall_back`) at the first one the kernel refuses, leaving the rest to a fallback.
-fn filtered_delete_all(
-    sock: &mut NfSocket,
-    wants: &[Want],
-    may_fall_back: bool,
-    refused: &Refused,
-) -> Result<usize> {
+fn filtered_delete_all(sock: &mut NfSocket, wants: &[Want], may_fall_back: bool) -> Result<usize> {
     for (done, want) in wants.iter().enumerate() {
         if !matches!(want, Want::Source4 { .. }) {
             // The IPv6 address match is inverted: a filtered delete would flush the rest.
@@ -617,7 +611,6 @@ fn filtered_delete_all(
         match r {
             Ok(()) => {}
             Err(e) if may_fall_back && is_refusal(&e) => {
-                refused.filtered_delete.store(true, Ordering::Relaxed);
                 return Ok(done);
             }
             Err(e) => return Err(e),
