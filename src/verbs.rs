@@ -22,10 +22,6 @@ use std::net::IpAddr;
 /// The reply of a successful invocation, if it prints one.
 pub type Reply = Option<Value>;
 
-/// Environment switch that forces a conntrack path (`filtered`, `fallback` or `full`); read
-/// here, at the edge, and passed down.
-pub const CONNTRACK_PATH_ENV: &str = "NATGUARD_CONNTRACK_PATH";
-
 /// Runs one CNI invocation. `stdin` is the raw network configuration.
 pub fn run(
     command: Command,
@@ -92,16 +88,7 @@ pub fn run(
 }
 
 fn conntrack_path(env_get: &dyn Fn(&str) -> Option<String>) -> Result<Path> {
-    match env_get(CONNTRACK_PATH_ENV).as_deref() {
-        None | Some("") | Some("auto") => Ok(Path::Auto),
-        Some("filtered") => Ok(Path::Filtered),
-        Some("fallback") => Ok(Path::Fallback),
-        Some("full") => Ok(Path::FullDump),
-        Some(other) => Err(Error::InvalidEnv(format!(
-            "{CONNTRACK_PATH_ENV}: {:?} is not one of auto, filtered, fallback, full",
-            cni::truncate(other, 32)
-        ))),
-    }
+    Path::from_override(env_get(crate::kernel::conntrack::PATH_ENV).as_deref())
 }
 
 fn require_1_1(v: CniVersion, verb: &str) -> Result<()> {

@@ -24,8 +24,13 @@
 //!    with the table, so it is only the last resort (or forced).
 //!
 //! [`Path::Auto`] tries 1, and falls back to 2 and then 3 when the kernel refuses a request
-//! (`EOPNOTSUPP`/`EINVAL`). The refusal is remembered for the rest of the process. Every path
+//! (`EOPNOTSUPP`/`EINVAL`). The refusal is remembered for the rest of that call. Every path
 //! first reads the namespace's entry count (no walk): an empty table needs no walk at all.
+//!
+//! The path is the caller's choice, a parameter of every flush: this module reads no
+//! environment and keeps no process-wide state. The binary maps `NATGUARD_CONNTRACK_PATH`
+//! ([`PATH_ENV`], for tests) to a [`Path`] with [`Path::from_override`] where it reads the
+//! invocation.
 //!
 //! The two kinds of walk do not cost the same. The flush walk skips empty buckets and costs
 //! about 0.3-0.5 µs per entry in the whole host's table (all namespaces share it). The dump walk
@@ -44,6 +49,8 @@
 //! family (the family filter works) that covers every IPv6 address and both directions, matched
 //! here and deleted by exact tuple; it runs on its own thread, alongside the IPv4 walks. A
 //! dual-stack pod therefore costs three walks: two filtered IPv4 deletes and one IPv6 dump.
+//! When no thread can be started (a pids cgroup at its limit: `EAGAIN`), a walk runs on the
+//! caller's thread after the others instead: slower, never skipped.
 //! Filters on protocol, ports and status are not affected and are still used for IPv6.
 //!
 //! # Kernel behaviour this relies on (checked on 6.18)
@@ -78,21 +85,21 @@
 //!   deleted in its place.
 
 use super::netlink::{
-    backoff, Attrs, Msg, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLA_F_NESTED, NLM_F_ACK,
-    NLM_F_DUMP, TRANSIENT_RETRIES,
+    backoff, is_retryable, Attrs, Msg, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLA_F_NESTED,
+    NLM_F_ACK, NLM_F_DUMP, TRANSIENT_RETRIES,
 };
 use crate::error::{Error, Result};
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Environment switch that forces a path where the caller asked for [`Path::Auto`]:
-/// `filtered`, `fallback` or `full`.
+/// The environment variable the binary reads to force a path (`filtered`, `fallback` or
+/// `full`); see [`Path::from_override`]. The library never reads it.
 pub const PATH_ENV: &str = "NATGUARD_CONNTRACK_PATH";
 
 /// How the entries are found and deleted; see the module documentation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Path {
-    /// Filtered delete, falling back when the kernel refuses it. [`PATH_ENV`] overrides it.
+    /// Filtered delete, falling back when the kernel refuses it.
     Auto,
     /// Filtered delete only; a refusal is an error. (IPv6 addresses still go through the IPv6
     /// family dump.)
@@ -193,9 +200,26 @@ const fn ct_msg(msg: u16) -> u16 {
     ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | msg
 }
 
-// Requests this kernel refused, so a process that flushes many pods (adopt) asks once.
-static FILTERED_DELETE_REFUSED: AtomicBool = AtomicBool::new(false);
-static FILTERED_DUMP_REFUSED: AtomicBool = AtomicBool::new(false);
+impl Path {
+    /// The path a [`PATH_ENV`] value asks for: unset, empty or `auto` is [`Path::Auto`].
+    pub fn from_override(value: Option<&str>) -> Result<Path> {
+        match value.map(str::trim) {
+            None | Some("") | Some("auto") => Ok(Path::Auto),
+            Some("filtered") => Ok(Path::Filtered),
+            Some("fallback") => Ok(Path::Fallback),
+            Some("full") => Ok(Path::FullDump),
+            Some(other) => Err(Error::InvalidEnv(format!(
+                "{PATH_ENV}={other:?}: expected filtered, fallback or full"
+            ))),
+        }
+    }
+}
+
+/// Requests the kernel refused during one flush, so each is asked at most once per call.
+#[derive(Debug, Default)]
+struct Refused {
+    filtered_dump: AtomicBool,
+}
 
 /// Deletes every entry whose original source is one of `addrs` and every entry whose reply
 /// source is one of them, in both families, in the calling thread's network namespace.
@@ -216,7 +240,7 @@ pub fn flush_addresses_on(
     addrs: &[IpAddr],
     path: Path,
 ) -> Result<FlushReport> {
-    let path = resolve_path(path, std::env::var(PATH_ENV).ok().as_deref())?;
+    let refused = Refused::default();
     let addrs = normalize(addrs);
     let wants4: Vec<Want> = addrs
         .iter()
@@ -248,12 +272,7 @@ pub fn flush_addresses_on(
             return Ok(report);
         }
         Path::Fallback => {
-            let ran = dump_delete(sock, &all, &mut report)?;
-            report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
-            return Ok(report);
-        }
-        Path::Auto if FILTERED_DELETE_REFUSED.load(Ordering::Relaxed) => {
-            let ran = dump_delete(sock, &all, &mut report)?;
+            let ran = dump_delete(sock, &all, &mut report, &refused)?;
             report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
             return Ok(report);
         }
@@ -261,11 +280,14 @@ pub fn flush_addresses_on(
     }
 
     // IPv4 by filtered deletes on this thread; meanwhile the IPv6 family dump on its own thread
-    // and socket, so that its transfer overlaps the IPv4 walks.
+    // and socket, so that its transfer overlaps the IPv4 walks (or after them, on this thread,
+    // when no thread can be started).
     let (r4, r6) = std::thread::scope(|s| {
-        let h6 = want6.as_ref().map(|w| spawn_walk(s, w, "natguard-ct6"));
+        let h6 = want6
+            .as_ref()
+            .map(|w| (w, spawn_walk(s, w, "natguard-ct6")));
         let r4 = filtered_delete_all(sock, &wants4, path == Path::Auto);
-        (r4, h6.map(join_walk))
+        (r4, h6.map(|(w, h)| finish_walk(h, sock, w)))
     });
     let done = r4?;
     report.walks += done as u32;
@@ -286,7 +308,7 @@ pub fn flush_addresses_on(
             walks: 0,
             path: "",
         };
-        ran = dump_delete(sock, &wants4[done..], &mut sub)?;
+        ran = dump_delete(sock, &wants4[done..], &mut sub, &refused)?;
         report.walks += sub.walks;
         exact += sub.deleted;
     }
@@ -324,7 +346,19 @@ pub fn flush_undnatted_flows_on(
     dsts: &[IpAddr],
     dports: &[u16],
 ) -> Result<FlushReport> {
-    let path = resolve_path(Path::Auto, std::env::var(PATH_ENV).ok().as_deref())?;
+    flush_undnatted_flows_with(sock, srcs, dsts, dports, Path::Auto)
+}
+
+/// [`flush_undnatted_flows_on`] along a chosen path: [`Path::FullDump`] makes it one unfiltered
+/// dump; any other path is a filtered dump (there is no filtered delete for this).
+pub fn flush_undnatted_flows_with(
+    sock: &mut NfSocket,
+    srcs: &[IpAddr],
+    dsts: &[IpAddr],
+    dports: &[u16],
+    path: Path,
+) -> Result<FlushReport> {
+    let refused = Refused::default();
     let srcs = normalize(srcs);
     let dsts = normalize(dsts);
     let mut dports = dports.to_vec();
@@ -373,7 +407,7 @@ pub fn flush_undnatted_flows_on(
         full_dump_delete(sock, &wants, &mut report)?;
         Ran::Full
     } else {
-        dump_delete(sock, &wants, &mut report)?
+        dump_delete(sock, &wants, &mut report, &refused)?
     };
     report.path = if ran == Ran::Full {
         PATH_FULL
@@ -399,22 +433,6 @@ pub fn probe_on(sock: &mut NfSocket) -> Result<()> {
 pub fn count_entries() -> Result<u64> {
     let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
     entry_count(&mut sock)
-}
-
-/// `Auto` is replaced by the path named in [`PATH_ENV`], if any.
-fn resolve_path(path: Path, env: Option<&str>) -> Result<Path> {
-    if path != Path::Auto {
-        return Ok(path);
-    }
-    match env.map(str::trim) {
-        None | Some("") | Some("auto") => Ok(Path::Auto),
-        Some("filtered") => Ok(Path::Filtered),
-        Some("fallback") => Ok(Path::Fallback),
-        Some("full") => Ok(Path::FullDump),
-        Some(other) => Err(Error::InvalidEnv(format!(
-            "{PATH_ENV}={other:?}: expected filtered, fallback or full"
-        ))),
-    }
 }
 
 /// IPv4-mapped IPv6 addresses become IPv4 (conntrack tracks those flows as IPv4); duplicates go.
@@ -542,7 +560,7 @@ fn retry<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
     let mut attempt = 0;
     loop {
         match op() {
-            Err(e) if e.is_transient() && attempt < TRANSIENT_RETRIES => {
+            Err(e) if is_retryable(&e) && attempt < TRANSIENT_RETRIES => {
                 attempt += 1;
                 backoff(attempt);
             }
@@ -593,7 +611,6 @@ fn filtered_delete_all(sock: &mut NfSocket, wants: &[Want], may_fall_back: bool)
         match r {
             Ok(()) => {}
             Err(e) if may_fall_back && is_refusal(&e) => {
-                FILTERED_DELETE_REFUSED.store(true, Ordering::Relaxed);
                 return Ok(done);
             }
             Err(e) => return Err(e),
@@ -619,19 +636,26 @@ fn spawn_walk<'scope>(
         })
 }
 
-fn join_walk(h: Walk<'_>) -> Result<u64> {
+/// The result of a walk started by [`spawn_walk`]; if no thread could be started, the walk
+/// runs here, on the caller's socket.
+fn finish_walk(h: Walk<'_>, sock: &mut NfSocket, want: &Want) -> Result<u64> {
     match h {
         Ok(h) => h
             .join()
             .unwrap_or_else(|_| Err(Error::Protocol("conntrack: walk thread panicked".into()))),
-        Err(e) => Err(Error::io("conntrack: start a walk thread", e)),
+        Err(_) => dump_delete_one(sock, want),
     }
 }
 
 /// Filtered dumps plus exact deletes, one thread and socket per walk, concurrently. Falls back
 /// to one full dump if the kernel refuses filtered dumps. Returns which path ran.
-fn dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) -> Result<Ran> {
-    if FILTERED_DUMP_REFUSED.load(Ordering::Relaxed) {
+fn dump_delete(
+    sock: &mut NfSocket,
+    wants: &[Want],
+    report: &mut FlushReport,
+    refused: &Refused,
+) -> Result<Ran> {
+    if refused.filtered_dump.load(Ordering::Relaxed) {
         full_dump_delete(sock, wants, report)?;
         return Ok(Ran::Full);
     }
@@ -639,14 +663,17 @@ fn dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) ->
         [] => Vec::new(),
         [want] => vec![dump_delete_one(sock, want)],
         _ => std::thread::scope(|s| {
-            let walks: Vec<Walk> = wants
+            let walks: Vec<(&Want, Walk)> = wants
                 .iter()
-                .map(|w| spawn_walk(s, w, "natguard-ct"))
+                .map(|w| (w, spawn_walk(s, w, "natguard-ct")))
                 .collect();
-            walks.into_iter().map(join_walk).collect()
+            walks
+                .into_iter()
+                .map(|(w, h)| finish_walk(h, sock, w))
+                .collect()
         }),
     };
-    let mut refused = false;
+    let mut was_refused = false;
     let mut first_err = None;
     for r in results {
         match r {
@@ -654,7 +681,7 @@ fn dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) ->
                 report.walks += 1;
                 report.deleted += n;
             }
-            Err(e) if is_refusal(&e) => refused = true,
+            Err(e) if is_refusal(&e) => was_refused = true,
             Err(e) => {
                 first_err.get_or_insert(e);
             }
@@ -663,8 +690,8 @@ fn dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) ->
     if let Some(e) = first_err {
         return Err(e);
     }
-    if refused {
-        FILTERED_DUMP_REFUSED.store(true, Ordering::Relaxed);
+    if was_refused {
+        refused.filtered_dump.store(true, Ordering::Relaxed);
         // Wants whose dump did run are matched again and find nothing left.
         full_dump_delete(sock, wants, report)?;
         return Ok(Ran::Full);
@@ -843,27 +870,22 @@ mod tests {
     use crate::kernel::netlink::parse_msgs;
 
     #[test]
-    fn env_overrides_only_auto() {
-        assert_eq!(resolve_path(Path::Auto, None).unwrap(), Path::Auto);
-        assert_eq!(resolve_path(Path::Auto, Some("")).unwrap(), Path::Auto);
+    fn override_values_name_a_path() {
+        assert_eq!(Path::from_override(None).unwrap(), Path::Auto);
+        assert_eq!(Path::from_override(Some("")).unwrap(), Path::Auto);
+        assert_eq!(Path::from_override(Some("auto")).unwrap(), Path::Auto);
         assert_eq!(
-            resolve_path(Path::Auto, Some("filtered")).unwrap(),
+            Path::from_override(Some("filtered")).unwrap(),
             Path::Filtered
         );
         assert_eq!(
-            resolve_path(Path::Auto, Some("fallback")).unwrap(),
+            Path::from_override(Some("fallback")).unwrap(),
             Path::Fallback
         );
-        assert_eq!(
-            resolve_path(Path::Auto, Some("full")).unwrap(),
-            Path::FullDump
-        );
-        assert_eq!(
-            resolve_path(Path::Fallback, Some("full")).unwrap(),
-            Path::Fallback
-        );
-        let e = resolve_path(Path::Auto, Some("fast")).unwrap_err();
+        assert_eq!(Path::from_override(Some("full")).unwrap(), Path::FullDump);
+        let e = Path::from_override(Some("fast")).unwrap_err();
         assert_eq!(e.code(), crate::error::code::INVALID_ENV);
+        assert!(e.to_string().contains(PATH_ENV));
     }
 
     #[test]

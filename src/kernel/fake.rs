@@ -211,6 +211,7 @@ impl Kernel for Fake {
         srcs: &[IpAddr],
         _dsts: &[IpAddr],
         _dports: &[u16],
+        _path: Path,
     ) -> Result<FlushReport> {
         self.flushed.push(srcs.to_vec());
         Ok(FlushReport {

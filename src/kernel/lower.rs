@@ -3,8 +3,13 @@
 //! Each builder appends one message to a batch. Values follow the kernel ABI: attribute
 //! integers are big-endian (`NLA_U32` with `ntohl` in nf_tables_api.c); data compared against
 //! packet bytes is in packet order (addresses, ports); data compared against host fields
-//! (`meta mark`, `ct status`) is in host order. Registers: the 16-byte NFT_REG_1 holds any address,
-//! NFT_REG_2 the DNAT port.
+//! (`meta mark`) is in host order. Registers: the 16-byte NFT_REG_1 holds any single address,
+//! NFT_REG_2 the DNAT port; a concatenated key fills the 32-bit registers from NFT_REG32_00 on.
+//!
+//! Batch messages do not ask for an ACK: the kernel reports their errors anyway, and
+//! [`Tx::commit`](super::nft::Tx::commit) asks for one acknowledgement, on the last message (see
+//! `netlink`). Element lists are split over several messages of the batch ([`set_elems`]),
+//! because one message's list is a single attribute with a 16-bit length.
 
 use super::netlink::*;
 use crate::plan::{
@@ -217,7 +222,7 @@ pub fn begin(b: &mut MsgBuf, t: TableFamily, msg: u16, flags: u16) -> u32 {
 }
 
 pub fn new_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
-    let s = begin(b, t, NFT_MSG_NEWTABLE, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_NEWTABLE, NLM_F_CREATE);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.attr_u32_be(NFTA_TABLE_FLAGS, 0);
     b.end();
@@ -225,7 +230,7 @@ pub fn new_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
 }
 
 pub fn del_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
-    let s = begin(b, t, NFT_MSG_DELTABLE, NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_DELTABLE, 0);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
     b.end();
     s
@@ -239,7 +244,7 @@ pub fn new_chain(
     hook: u32,
     prio: i32,
 ) -> u32 {
-    let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
     b.attr_str(NFTA_CHAIN_NAME, name);
     let h = b.nest_begin(NFTA_CHAIN_HOOK);
@@ -254,7 +259,7 @@ pub fn new_chain(
 
 /// Deletes every rule of a chain (a DELRULE without a handle).
 pub fn flush_chain(b: &mut MsgBuf, t: TableFamily, chain: &str) -> u32 {
-    let s = begin(b, t, NFT_MSG_DELRULE, NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_DELRULE, 0);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     b.end();
@@ -272,7 +277,7 @@ pub fn new_set(
     counters: bool,
 ) -> u32 {
     let (key_type, key_len) = set_key_type(kind);
-    let s = begin(b, t, NFT_MSG_NEWSET, NLM_F_CREATE | NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_NEWSET, NLM_F_CREATE);
     b.attr_str(NFTA_SET_TABLE, TABLE);
     b.attr_str(NFTA_SET_NAME, name);
     b.attr_u32_be(
@@ -313,7 +318,7 @@ pub fn new_set(
 
 /// Flushes a set: a DELSETELEM without elements.
 pub fn flush_set(b: &mut MsgBuf, t: TableFamily, set: &str) -> u32 {
-    let s = begin(b, t, NFT_MSG_DELSETELEM, NLM_F_ACK);
+    let s = begin(b, t, NFT_MSG_DELSETELEM, 0);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     b.end();
@@ -335,7 +340,7 @@ pub fn owner_key_bytes(hex: &str) -> Vec<u8> {
 }
 
 /// The bytes of a set key.
-pub(crate) fn key_bytes(k: &Key) -> Vec<u8> {
+pub fn key_bytes(k: &Key) -> Vec<u8> {
     match k {
         Key::Addr(a) => ip_bytes(a),
         Key::Port(p) => p.to_be_bytes().to_vec(),
@@ -359,7 +364,7 @@ fn addr_port_bytes(a: &IpAddr, p: u16) -> Vec<u8> {
 }
 
 /// A key read back, decoded for its set's kind; `None` for bytes of another shape.
-pub(crate) fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
+pub fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
     let addr = |b: &[u8]| -> Option<IpAddr> {
         match b.len() {
             4 => Some(IpAddr::from(<[u8; 4]>::try_from(b).ok()?)),
@@ -439,7 +444,26 @@ pub fn elem_data(e: &Elem, interval: bool) -> Vec<ElemData> {
     }
 }
 
-/// One NEWSETELEM or DELSETELEM message carrying `elems`.
+/// The most bytes of elements one NEWSETELEM or DELSETELEM message carries. All of a message's
+/// elements sit in one nested NFTA_SET_ELEM_LIST_ELEMENTS attribute, whose length is 16 bits:
+/// a longer list would wrap it. 16 KiB (some 600 interval elements) stays well clear of that.
+pub const MAX_ELEMS_BYTES: usize = 16 << 10;
+
+/// The encoded size of one element inside NFTA_SET_ELEM_LIST_ELEMENTS.
+fn elem_size(e: &ElemData) -> usize {
+    let key = 4 + 4 + e.key.len().next_multiple_of(4);
+    let flags = if e.flags != 0 { 8 } else { 0 };
+    let comment = e
+        .comment
+        .as_ref()
+        .map_or(0, |c| (4 + udata_comment(c).len()).next_multiple_of(4));
+    4 + key + flags + comment
+}
+
+/// NEWSETELEM or DELSETELEM messages carrying `elems`, as many as [`MAX_ELEMS_BYTES`] needs,
+/// in order; returns their sequence numbers. An interval's end element stays in the message
+/// of its start. Every message belongs to the same batch, so the split changes nothing about
+/// atomicity.
 pub fn set_elems(
     b: &mut MsgBuf,
     t: TableFamily,
@@ -447,8 +471,39 @@ pub fn set_elems(
     flags: u16,
     set: &str,
     elems: &[ElemData],
+) -> Vec<u32> {
+    let mut seqs = Vec::new();
+    let mut rest = elems;
+    loop {
+        let mut bytes = 0;
+        let mut n = 0;
+        while n < rest.len() {
+            let sz = elem_size(&rest[n]);
+            let keeps_pair = rest[n].flags & NFT_SET_ELEM_INTERVAL_END != 0;
+            if n > 0 && bytes + sz > MAX_ELEMS_BYTES && !keeps_pair {
+                break;
+            }
+            bytes += sz;
+            n += 1;
+        }
+        let (chunk, tail) = rest.split_at(n);
+        seqs.push(set_elems_one(b, t, msg, flags, set, chunk));
+        rest = tail;
+        if rest.is_empty() {
+            return seqs;
+        }
+    }
+}
+
+fn set_elems_one(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    msg: u16,
+    flags: u16,
+    set: &str,
+    elems: &[ElemData],
 ) -> u32 {
-    let s = begin(b, t, msg, flags | NLM_F_ACK);
+    let s = begin(b, t, msg, flags);
     b.attr_str(NFTA_SET_ELEM_LIST_TABLE, TABLE);
     b.attr_str(NFTA_SET_ELEM_LIST_SET, set);
     let list = b.nest_begin(NFTA_SET_ELEM_LIST_ELEMENTS);
@@ -854,12 +909,7 @@ pub fn new_rule(
     names: &NetNames,
     comment: &str,
 ) -> u32 {
-    let s = begin(
-        b,
-        t,
-        NFT_MSG_NEWRULE,
-        NLM_F_CREATE | NLM_F_APPEND | NLM_F_ACK,
-    );
+    let s = begin(b, t, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);
@@ -877,4 +927,87 @@ pub fn new_rule(
     b.attr(NFTA_RULE_USERDATA, &udata_comment(comment));
     b.end();
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn elements(m: &super::super::netlink::Msg) -> Vec<(Vec<u8>, u32)> {
+        let list = m.nf_attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS).unwrap();
+        list.nested()
+            .map(|el| {
+                let a = el.nested();
+                let key = a.get(NFTA_SET_ELEM_KEY).unwrap().nested();
+                let flags = a
+                    .get(NFTA_SET_ELEM_FLAGS)
+                    .and_then(|f| f.u32_be())
+                    .unwrap_or(0);
+                (key.get(NFTA_DATA_VALUE).unwrap().payload.to_vec(), flags)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn long_element_lists_are_split_and_keep_interval_pairs() {
+        // 5,000 non-adjacent /32s: 10,000 interval elements, far past one 16-bit nla_len.
+        let data: Vec<ElemData> = (0..5000u128)
+            .flat_map(|i| {
+                elem_data(
+                    &Elem::Range(Family::V4, 0x0a00_0000 + 2 * i, 0x0a00_0000 + 2 * i),
+                    true,
+                )
+            })
+            .collect();
+        assert_eq!(data.len(), 10_000);
+        let mut b = MsgBuf::new(1);
+        let seqs = set_elems(
+            &mut b,
+            TableFamily::Inet,
+            NFT_MSG_NEWSETELEM,
+            0,
+            "n-nomasq4",
+            &data,
+        );
+        assert!(seqs.len() > 1 && !b.is_oversized());
+        let msgs = super::super::netlink::parse_msgs(b.as_bytes());
+        assert_eq!(msgs.len(), seqs.len());
+        let mut all = Vec::new();
+        for m in &msgs {
+            let list = m.nf_attrs().get(NFTA_SET_ELEM_LIST_ELEMENTS).unwrap();
+            assert!(list.payload.len() <= MAX_ELEMS_BYTES + 64);
+            let els = elements(m);
+            // A message never starts with an interval's end.
+            assert_eq!(els[0].1 & NFT_SET_ELEM_INTERVAL_END, 0);
+            all.extend(els);
+        }
+        let want: Vec<(Vec<u8>, u32)> = data.iter().map(|d| (d.key.clone(), d.flags)).collect();
+        assert_eq!(all, want, "every element once, in order");
+    }
+
+    #[test]
+    fn batch_messages_ask_for_no_ack() {
+        let mut b = MsgBuf::new(1);
+        new_table(&mut b, TableFamily::Inet);
+        flush_set(&mut b, TableFamily::Inet, "s");
+        set_elems(
+            &mut b,
+            TableFamily::Inet,
+            NFT_MSG_DELSETELEM,
+            0,
+            "s",
+            &[ElemData {
+                key: vec![1, 2, 3, 4],
+                flags: 0,
+                comment: Some("c".into()),
+            }],
+        );
+        assert_eq!(b.acked_seqs().count(), 0);
+        assert_eq!(b.ack_last(), Some(3));
+        assert_eq!(b.acked_seqs().collect::<Vec<_>>(), vec![3]);
+        let last = super::super::netlink::parse_msgs(b.as_bytes())
+            .pop()
+            .unwrap();
+        assert_ne!(last.flags & NLM_F_ACK, 0);
+    }
 }

@@ -7,7 +7,8 @@
 //! - [`conntrack`]: ctnetlink deletes of a pod's flows.
 //! - `link`: rtnetlink facts about an interface (bridge, bridge port).
 //!
-//! The store above reaches all of it through the narrow [`Kernel`] trait: typed keys and
+//! `lower` and `nft` are public only so root tests can check nfnetlink's reply semantics on
+//! hand-built batches; the store above reaches all of it through the narrow [`Kernel`] trait: typed keys and
 //! operations in, typed records out, no bytes. [`Netfilter`] is the real implementation; the
 //! store's unit tests use a recording fake of the same trait, so the owner-list logic is tested
 //! without root.
@@ -16,9 +17,9 @@ pub mod conntrack;
 #[cfg(test)]
 pub(crate) mod fake;
 pub(crate) mod link;
-pub(crate) mod lower;
+pub mod lower;
 pub mod netlink;
-pub(crate) mod nft;
+pub mod nft;
 
 use crate::error::{Error, Result};
 use crate::plan::{Key, SetKind, SharedPlan, TableFamily};
@@ -104,6 +105,7 @@ pub(crate) trait Kernel {
         srcs: &[IpAddr],
         dsts: &[IpAddr],
         dports: &[u16],
+        path: conntrack::Path,
     ) -> Result<FlushReport>;
 }
 
@@ -221,8 +223,9 @@ impl Kernel for Netfilter {
         srcs: &[IpAddr],
         dsts: &[IpAddr],
         dports: &[u16],
+        path: conntrack::Path,
     ) -> Result<FlushReport> {
-        conntrack::flush_undnatted_flows_on(&mut self.sock, srcs, dsts, dports)
+        conntrack::flush_undnatted_flows_with(&mut self.sock, srcs, dsts, dports, path)
     }
 }
 

@@ -1,11 +1,57 @@
 //! A small synchronous netfilter netlink client: message building, attribute parsing, and a
-//! socket that sends a whole batch at once and checks every ACK against its sequence number.
+//! socket that sends a whole batch at once and reads back exactly the replies it asked for.
 //!
 //! natguard lives for milliseconds, so there is no async runtime and no per-object round trip:
 //! callers build all messages into one [`MsgBuf`], send it with one `sendmsg`, and read back the
 //! replies. Messages are laid out by hand (`nlmsghdr` + `nfgenmsg` + attributes) because the
 //! crates that model nf_tables either bind GPL C libraries or cannot express NAT, masquerade and
 //! reject expressions; the layout is small and fixed by the kernel ABI.
+//!
+//! # What the kernel answers (nfnetlink, checked on 6.18)
+//!
+//! * nfnetlink runs a batch synchronously inside `sendmsg`: when `sendmsg` returns, every reply
+//!   the batch will ever produce is already queued on the socket (or was dropped, see below).
+//! * Inside a batch, a message gets a reply when it carries `NLM_F_ACK` **or fails**: errors are
+//!   reported without `NLM_F_ACK`. The replies are queued in message order after the commit
+//!   (or the abort), so the reply to the last `NLM_F_ACK` message is the last one of the batch.
+//! * Any error reply means the kernel aborted the whole batch: nothing of it was applied. A
+//!   commit that fails is answered with an error on the BATCH_BEGIN sequence number, followed
+//!   by the per-message replies. Errors that stop the batch before its messages are processed
+//!   (`ERESTART` for a stale generation id, `ENOMEM`, `EOPNOTSUPP`) are answered on the
+//!   BATCH_BEGIN sequence number alone.
+//! * `NLM_F_ACK` on BATCH_BEGIN or BATCH_END is answered on 6.18, but older kernels ignore
+//!   it, so natguard does not rely on it.
+//! * A batch that is malformed as a whole (a second BATCH_BEGIN inside it) is dropped without
+//!   any reply: only a deadline ends that wait.
+//!
+//! `tests/batches.rs` checks on the running kernel that errors come without `NLM_F_ACK`, that
+//! one error aborts the whole batch, that the last message's ACK ends a committed one, and the
+//! silent drop; the BATCH_BEGIN replies are read from nfnetlink's source (`nfnetlink_rcv_batch`).
+//!
+//! So a batch asks for ONE acknowledgement, on its last real message ([`MsgBuf::ack_last`]):
+//! that ACK with no error before it proves the batch was committed; an error proves it was
+//! not. Asking for an ACK per message, as this client once did, makes the replies of a large
+//! batch (a GC of many pods) overflow the receive buffer.
+//!
+//! # Buffers, deadlines, retries
+//!
+//! * Send: netlink refuses a `sendmsg` longer than the socket's send buffer (`EMSGSIZE`); the
+//!   buffer is grown to the batch with `SO_SNDBUFFORCE` (same `CAP_NET_ADMIN` that nf_tables
+//!   writes need), `SO_SNDBUF` as a fallback.
+//! * Receive: the buffer is grown with the number of messages that could fail (about 1 KiB of
+//!   socket memory per error reply, capped at [`MAX_RCVBUF`]). If it still overflows, the kernel
+//!   drops replies and the next `recvmsg` fails with `ENOBUFS`.
+//! * Every wait for a reply is a `poll` bounded by [`REPLY_TIMEOUT`]. On expiry the request
+//!   fails with `EAGAIN` ("try again", CNI code 11) and a message saying no reply came; it is
+//!   never repeated, so a verb is bounded by a few seconds, lock included.
+//! * A batch is resent only when the kernel rejected it with a "try again" errno (`EBUSY`,
+//!   `ERESTART`, ...; [`BatchError::Rejected`]: nothing of it was applied, so sending it again
+//!   is harmless), or when `sendmsg` itself failed (the kernel never saw it), at most
+//!   [`TRANSIENT_RETRIES`] times. After
+//!   an `ENOBUFS` overflow or a timeout nobody knows whether it was committed
+//!   ([`BatchError::Unknown`]): the verb fails with code 11 and the runtime's retry re-reads the
+//!   kernel's state, which is safe because every verb is idempotent. Reads (GET, dumps) are
+//!   retried on `ENOBUFS` and `EBUSY`, but not after a timeout.
 
 use crate::error::{Error, Result};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
@@ -44,9 +90,13 @@ const fn align4(n: usize) -> usize {
 pub struct MsgBuf {
     buf: Vec<u8>,
     msg_start: Option<usize>,
+    /// Where the last message that was begun starts, for [`MsgBuf::ack_last`].
+    last_start: Option<usize>,
     next_seq: u32,
     /// (seq, wants_ack) of each message, in order.
     seqs: Vec<(u32, bool)>,
+    /// An attribute or nest grew past the 16-bit `nla_len`: the buffer must not be sent.
+    oversized: bool,
 }
 
 impl MsgBuf {
@@ -54,8 +104,10 @@ impl MsgBuf {
         MsgBuf {
             buf: Vec::with_capacity(4096),
             msg_start: None,
+            last_start: None,
             next_seq: first_seq,
             seqs: Vec::new(),
+            oversized: false,
         }
     }
 
@@ -65,6 +117,7 @@ impl MsgBuf {
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
         self.msg_start = Some(self.buf.len());
+        self.last_start = Some(self.buf.len());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // length, patched in end()
         self.buf.extend_from_slice(&msg_type.to_ne_bytes());
         self.buf
@@ -78,6 +131,23 @@ impl MsgBuf {
         seq
     }
 
+    /// Adds `NLM_F_ACK` to the last message begun, and returns its sequence number. A batch
+    /// asks for this one acknowledgement only (see the module documentation).
+    pub fn ack_last(&mut self) -> Option<u32> {
+        let start = self.last_start?;
+        let at = start + 6;
+        let flags = u16::from_ne_bytes([self.buf[at], self.buf[at + 1]]) | NLM_F_ACK;
+        self.buf[at..at + 2].copy_from_slice(&flags.to_ne_bytes());
+        let last = self.seqs.last_mut()?;
+        last.1 = true;
+        Some(last.0)
+    }
+
+    /// Bytes in the buffer so far.
+    pub fn len(&self) -> usize {
+        self.buf.len()
+    }
+
     pub fn end(&mut self) {
         let start = self.msg_start.take().expect("no netlink message begun");
         let len = (self.buf.len() - start) as u32;
@@ -86,6 +156,7 @@ impl MsgBuf {
 
     pub fn attr(&mut self, ty: u16, payload: &[u8]) {
         let len = 4 + payload.len();
+        self.oversized |= len > u16::MAX as usize;
         self.buf.extend_from_slice(&(len as u16).to_ne_bytes());
         self.buf.extend_from_slice(&ty.to_ne_bytes());
         self.buf.extend_from_slice(payload);
@@ -126,8 +197,14 @@ impl MsgBuf {
     }
 
     pub fn nest_end(&mut self, pos: usize) {
-        let len = (self.buf.len() - pos) as u16;
-        self.buf[pos..pos + 2].copy_from_slice(&len.to_ne_bytes());
+        let len = self.buf.len() - pos;
+        self.oversized |= len > u16::MAX as usize;
+        self.buf[pos..pos + 2].copy_from_slice(&(len as u16).to_ne_bytes());
+    }
+
+    /// Whether an attribute outgrew its 16-bit length, which would corrupt the message.
+    pub fn is_oversized(&self) -> bool {
+        self.oversized
     }
 
     pub fn as_bytes(&self) -> &[u8] {
@@ -148,6 +225,15 @@ impl MsgBuf {
 
     pub fn seqs(&self) -> &[(u32, bool)] {
         &self.seqs
+    }
+
+    /// Whether `seq` is the sequence number of one of this buffer's messages (they are
+    /// consecutive), in constant time however many messages a batch has.
+    pub fn has_seq(&self, seq: u32) -> bool {
+        match self.seqs.first() {
+            Some(&(first, _)) => (seq.wrapping_sub(first) as usize) < self.seqs.len(),
+            None => false,
+        }
     }
 }
 
@@ -261,18 +347,61 @@ pub fn parse_msgs(mut buf: &[u8]) -> Vec<Msg> {
 /// How many times a request that failed with a "try again" errno is resent.
 pub const TRANSIENT_RETRIES: usize = 5;
 
+/// The longest wait for the next reply of a request or batch. The kernel queues a batch's
+/// replies before `sendmsg` returns and produces each part of a dump within the `recvmsg` that
+/// asks for it, so a healthy exchange never comes near this; it bounds a verb (and the time it
+/// holds natguard's lock) when a reply is lost or never sent.
+pub const REPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The errno of a reply that did not come within [`REPLY_TIMEOUT`]: "try again" (code 11).
+/// nfnetlink replays `EAGAIN` internally and never answers with it, so it cannot be confused
+/// with a kernel reply.
+pub const TIMEOUT_ERRNO: i32 = libc::EAGAIN;
+
+/// Socket memory budgeted per reply that may come back (an error with its extended ACK).
+const REPLY_BUDGET: usize = 1024;
+
+/// The largest receive buffer natguard asks for. A batch whose error replies would need more
+/// still ends correctly: its first reply is an error, which proves the batch was aborted.
+pub const MAX_RCVBUF: usize = 8 << 20;
+
+/// Whether a failed read or ctnetlink request may be sent again: a "try again" errno from the
+/// kernel or an overflow, but not a timeout (waiting again would only double the wait).
+pub fn is_retryable(e: &Error) -> bool {
+    e.is_transient() && e.errno() != Some(TIMEOUT_ERRNO)
+}
+
+/// Why an nf_tables batch did not succeed.
+#[derive(Debug)]
+pub enum BatchError {
+    /// Nothing of the batch was applied: the kernel answered with an error, or `sendmsg`
+    /// failed and the kernel never saw it. Resending is safe (worth it for a "try again" errno).
+    Rejected(Error),
+    /// The batch may or may not have been committed: replies were lost (`ENOBUFS`) or none came
+    /// in time. It must not be resent.
+    Unknown(Error),
+}
+
+/// One wait for replies.
+enum Received {
+    Msgs(Vec<Msg>),
+    /// The receive buffer overflowed: the kernel dropped replies (`ENOBUFS`).
+    Overflow,
+    TimedOut,
+}
+
 /// A netfilter netlink socket in the network namespace of the calling thread.
 pub struct NfSocket {
     sock: std::mem::ManuallyDrop<Socket>,
     seq: u32,
     recv_buf: Vec<u8>,
+    reply_timeout: std::time::Duration,
+    /// The kernel's `sk_sndbuf` and `sk_rcvbuf`, once read.
+    sndbuf: Option<usize>,
+    rcvbuf: Option<usize>,
 }
 
-/// Releasing a netfilter netlink socket waits until the kernel has freed every committed
-/// nf_tables transaction (`nft_rcv_nl_event` flushes the destroy work, an RCU grace period:
-/// 7 to 9 ms here), even though the transaction took effect at commit. A CNI invocation has
-/// nothing left to do by then, so [`defer_release`] lets its sockets outlive the reply: they
-/// are handed to a short-lived child that closes them 100 ms later, once the kernel is done.
+// Sockets dropped after `defer_release`, for `release_deferred`.
 static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
 
@@ -281,39 +410,70 @@ pub fn defer_release() {
     DEFER_RELEASE.store(true, std::sync::atomic::Ordering::SeqCst);
 }
 
-/// Releases the sockets kept by [`defer_release`] in a detached child, so this process can exit
-/// at once. Call it last, after the reply is written: the child closes stdin, stdout and
-/// stderr first, so the runtime reading them sees end-of-file when this process exits.
-pub fn release_deferred() {
+/// Releasing a netfilter netlink socket waits until the kernel has freed every committed
+/// nf_tables transaction of the namespace (`nft_rcv_nl_event` flushes the destroy work, which
+/// waits for an RCU grace period: 7 to 9 ms here), even though the transaction took effect at
+/// commit. A CNI invocation has nothing left to do by then, so [`defer_release`] keeps its
+/// sockets open until [`release_deferred`], which hands them to the kernel instead of closing
+/// them in this process.
+///
+/// The hand-over registers the sockets in an io_uring instance and closes everything: the
+/// ring's teardown runs on a kernel worker (`io_ring_exit_work`), which drops the registered
+/// files there, and a file released by a kernel thread is closed by the delayed-fput worker.
+/// So the socket release, and its wait, happen in kernel workers after this process is gone.
+/// No process is created (nothing for a subreaper to reap, nothing a pid limit can refuse) and
+/// no other descriptor is kept: only the netlink sockets are registered. Where io_uring is not
+/// available (`kernel.io_uring_disabled`, a seccomp profile), the sockets are closed here and
+/// the invocation pays the wait. The worker's release holds nf_tables' commit mutex while it
+/// waits, so a commit in the same namespace during that grace period waits for its end, as it
+/// would behind a release in this process; nothing else is affected.
+///
+/// Call it last, after the reply is written. Returns whether the kernel took the sockets over
+/// (false: they were closed here, or there were none).
+pub fn release_deferred() -> bool {
     let fds = std::mem::take(&mut *DEFERRED_FDS.lock().unwrap_or_else(|e| e.into_inner()));
     if fds.is_empty() {
-        return;
+        return false;
     }
-    // SAFETY: the process is single-threaded here (conntrack worker threads have been joined);
-    // the child only calls async-signal-safe functions (close, setsid, nanosleep, _exit).
-    unsafe {
-        let pid = libc::fork();
-        if pid == 0 {
-            libc::close(0);
-            libc::close(1);
-            libc::close(2);
-            libc::setsid();
-            // The kernel frees the transaction one RCU grace period after the commit. Released
-            // after that, the sockets cost nothing; released before, their release would hold
-            // nf_tables' commit mutex while it waits, stalling the next invocation's commit.
-            let pause = libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 100_000_000,
-            };
-            libc::nanosleep(&pause, std::ptr::null_mut());
-            libc::_exit(0); // exiting releases the sockets; nobody waits for this child
-        }
-        // Parent (or a failed fork): our references go; with a child holding them this is
-        // not the last one, so no wait.
-        for fd in fds {
-            libc::close(fd);
-        }
+    let handed = hand_to_kernel(&fds);
+    for fd in fds {
+        // SAFETY: each fd was a socket of ours, kept open by Drop for exactly this close.
+        unsafe { libc::close(fd) };
     }
+    handed
+}
+
+/// Registers `fds` as fixed files of a new io_uring and closes the ring: the ring's teardown,
+/// on a kernel worker, drops the last references. False if the kernel refused either step.
+fn hand_to_kernel(fds: &[std::os::fd::RawFd]) -> bool {
+    const IORING_REGISTER_FILES: libc::c_long = 2;
+    // struct io_uring_params (120 bytes), zeroed: no flags, the kernel fills in the rest.
+    let mut params = [0u32; 30];
+    // SAFETY: io_uring_setup writes into a buffer of the size of struct io_uring_params.
+    let ring = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_setup,
+            1 as libc::c_long,
+            params.as_mut_ptr(),
+        )
+    };
+    if ring < 0 {
+        return false;
+    }
+    let ring = ring as libc::c_int;
+    // SAFETY: `fds` is a valid array of `fds.len()` descriptors for the duration of the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_io_uring_register,
+            ring as libc::c_long,
+            IORING_REGISTER_FILES,
+            fds.as_ptr(),
+            fds.len() as libc::c_long,
+        )
+    };
+    // SAFETY: the ring fd was created above and is closed once.
+    unsafe { libc::close(ring) };
+    r == 0
 }
 
 impl Drop for NfSocket {
@@ -331,6 +491,35 @@ impl Drop for NfSocket {
     }
 }
 
+fn sockopt_int(fd: libc::c_int, opt: libc::c_int) -> Option<usize> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt into a c_int of the given size.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            opt,
+            &mut v as *mut _ as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    (r == 0 && v >= 0).then_some(v as usize)
+}
+
+fn set_sockopt_int(fd: libc::c_int, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {
+    // SAFETY: plain setsockopt on a socket we own, with a c_int option value.
+    unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            opt,
+            &v as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        ) == 0
+    }
+}
+
 impl NfSocket {
     pub fn open() -> Result<Self> {
         let mut sock = Socket::new(NETLINK_NETFILTER)
@@ -338,18 +527,9 @@ impl NfSocket {
         sock.bind_auto()
             .map_err(|e| Error::io("bind netfilter netlink socket", e))?;
         // Errors carry the kernel's extended ACK text, and not the whole request back.
-        let one: libc::c_int = 1;
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         for opt in [libc::NETLINK_EXT_ACK, libc::NETLINK_CAP_ACK] {
-            // SAFETY: plain setsockopt on a socket we own, with a c_int option value.
-            unsafe {
-                libc::setsockopt(
-                    std::os::fd::AsRawFd::as_raw_fd(&sock),
-                    libc::SOL_NETLINK,
-                    opt,
-                    &one as *const _ as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-                );
-            }
+            set_sockopt_int(fd, libc::SOL_NETLINK, opt, 1);
         }
         let seq = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -359,7 +539,19 @@ impl NfSocket {
             sock: std::mem::ManuallyDrop::new(sock),
             seq,
             recv_buf: vec![0u8; 1 << 16],
+            reply_timeout: REPLY_TIMEOUT,
+            sndbuf: None,
+            rcvbuf: None,
         })
+    }
+
+    /// Replaces [`REPLY_TIMEOUT`] for this socket (tests of the deadline itself).
+    pub fn set_reply_timeout(&mut self, t: std::time::Duration) {
+        self.reply_timeout = t;
+    }
+
+    fn fd(&self) -> libc::c_int {
+        std::os::fd::AsRawFd::as_raw_fd(&*self.sock)
     }
 
     /// A fresh buffer whose sequence numbers continue this socket's.
@@ -369,7 +561,65 @@ impl NfSocket {
         b
     }
 
-    fn send(&self, buf: &MsgBuf) -> Result<()> {
+    /// Grows the send buffer so that `len` bytes go out in one `sendmsg`: netlink refuses a
+    /// message longer than `sk_sndbuf - 32` with `EMSGSIZE`.
+    fn make_send_room(&mut self, len: usize) -> Result<()> {
+        let need = len + 64;
+        let fd = self.fd();
+        let have = match self.sndbuf {
+            Some(h) => h,
+            None => sockopt_int(fd, libc::SO_SNDBUF).unwrap_or(0),
+        };
+        self.sndbuf = Some(have);
+        if have >= need {
+            return Ok(());
+        }
+        // The kernel doubles the value it is given.
+        let ask = need.div_ceil(2).min(i32::MAX as usize) as libc::c_int;
+        if !set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, ask) {
+            set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, ask);
+        }
+        let got = sockopt_int(fd, libc::SO_SNDBUF).unwrap_or(have);
+        self.sndbuf = Some(got);
+        if got < need {
+            return Err(Error::netlink(
+                format!(
+                    "send a {len}-byte netlink request: the socket send buffer is {got} bytes and may not grow (SO_SNDBUFFORCE needs CAP_NET_ADMIN)"
+                ),
+                libc::EMSGSIZE,
+            ));
+        }
+        Ok(())
+    }
+
+    /// Grows the receive buffer for `replies` possible replies (best effort, see [`MAX_RCVBUF`]).
+    fn make_recv_room(&mut self, replies: usize) {
+        let want = replies.saturating_mul(REPLY_BUDGET).min(MAX_RCVBUF);
+        let fd = self.fd();
+        let have = match self.rcvbuf {
+            Some(h) => h,
+            None if want <= 128 * REPLY_BUDGET => return, // far below every default
+            None => sockopt_int(fd, libc::SO_RCVBUF).unwrap_or(0),
+        };
+        self.rcvbuf = Some(have);
+        if have >= want {
+            return;
+        }
+        let ask = want.div_ceil(2) as libc::c_int;
+        if !set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, ask) {
+            set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, ask);
+        }
+        self.rcvbuf = Some(sockopt_int(fd, libc::SO_RCVBUF).unwrap_or(have));
+    }
+
+    fn send(&mut self, buf: &MsgBuf) -> Result<()> {
+        if buf.is_oversized() {
+            // Builders split what could grow; reaching this is a bug, never a kernel refusal.
+            return Err(Error::Protocol(
+                "internal error: a netlink attribute longer than 65,535 bytes was built".into(),
+            ));
+        }
+        self.make_send_room(buf.len())?;
         let kernel = SocketAddr::new(0, 0);
         let n =
             self.sock
@@ -387,47 +637,107 @@ impl NfSocket {
         Ok(())
     }
 
-    fn recv(&mut self) -> Result<Vec<Msg>> {
+    /// Waits up to `timeout` for replies and reads one datagram's worth.
+    fn recv_within(&mut self, timeout: std::time::Duration) -> Result<Received> {
+        let deadline = std::time::Instant::now() + timeout;
         loop {
-            match self.sock.recv(&mut &mut self.recv_buf[..], 0) {
-                Ok(n) => return Ok(parse_msgs(&self.recv_buf[..n])),
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) => {
-                    return Err(match e.raw_os_error() {
-                        Some(errno) => Error::netlink("receive netlink reply", errno),
-                        None => Error::io("receive netlink reply", e),
-                    })
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let mut pfd = libc::pollfd {
+                fd: self.fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
+            // SAFETY: one valid pollfd.
+            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
                 }
+                return Err(Error::io("wait for a netlink reply", e));
+            }
+            if r == 0 {
+                return Ok(Received::TimedOut);
+            }
+            // SAFETY: recv into our own buffer of the given length.
+            let n = unsafe {
+                libc::recv(
+                    self.fd(),
+                    self.recv_buf.as_mut_ptr() as *mut libc::c_void,
+                    self.recv_buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
+            if n >= 0 {
+                let n = n as usize;
+                if n > self.recv_buf.len() {
+                    return Err(Error::Protocol(format!(
+                        "a {n}-byte netlink reply is larger than the {}-byte receive buffer",
+                        self.recv_buf.len()
+                    )));
+                }
+                return Ok(Received::Msgs(parse_msgs(&self.recv_buf[..n])));
+            }
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) | Some(libc::EAGAIN) => continue,
+                Some(libc::ENOBUFS) => return Ok(Received::Overflow),
+                Some(errno) => return Err(Error::netlink("receive netlink reply", errno)),
+                None => return Err(Error::io("receive netlink reply", e)),
             }
         }
     }
 
-    /// Sends every message of `buf` in one write and waits for the ACK of each message that
-    /// asked for one. Fails with the first non-zero error, naming the message's `what`.
-    ///
-    /// Netfilter processes a batch synchronously and answers each ACK-flagged message, so the
-    /// ACK of the last such message ends the exchange.
+    fn timed_out(&self, what: &str) -> Error {
+        Error::netlink(
+            format!(
+                "{what}: no reply from the kernel within {} s",
+                self.reply_timeout.as_secs_f32()
+            ),
+            TIMEOUT_ERRNO,
+        )
+    }
+
+    /// Sends independent (non-batch) messages in one write, and waits for the reply of each
+    /// message that asked for an ACK; an error of any message is reported too. Fails with the
+    /// first non-zero error, naming the message's `what`. An overflow fails with `ENOBUFS`, no
+    /// reply in time with [`TIMEOUT_ERRNO`].
     pub fn transact(&mut self, buf: &MsgBuf, what: &dyn Fn(u32) -> String) -> Result<()> {
-        self.send(buf)?;
+        let mine = |seq: u32| buf.has_seq(seq);
         let mut pending: Vec<u32> = buf.acked_seqs().collect();
+        self.make_recv_room(buf.message_count());
+        self.send(buf)?;
         let mut first_err: Option<Error> = None;
         while !pending.is_empty() {
-            for m in self.recv()? {
-                if let Some(code) = m.error_code() {
-                    if let Some(i) = pending.iter().position(|&s| s == m.seq) {
-                        pending.remove(i);
+            let label = what(pending[0]);
+            match self.recv_within(self.reply_timeout)? {
+                Received::Msgs(msgs) => {
+                    for m in msgs {
+                        let Some(code) = m.error_code() else { continue };
+                        if !mine(m.seq) {
+                            continue;
+                        }
+                        pending.retain(|&s| s != m.seq);
                         if code != 0 && first_err.is_none() {
-                            let text = ext_ack_msg(&m);
-                            let mut w = what(m.seq);
-                            if let Some(t) = text {
-                                w = format!("{w} ({t})");
-                            }
-                            first_err = Some(Error::netlink(w, -code));
+                            first_err = Some(reply_error(&m, what(m.seq), code));
                         }
                     }
                 }
+                Received::Overflow => {
+                    return Err(first_err.unwrap_or_else(|| {
+                        Error::netlink(
+                            format!("{label}: replies lost (receive buffer overflow)"),
+                            libc::ENOBUFS,
+                        )
+                    }))
+                }
+                Received::TimedOut => {
+                    return Err(first_err.unwrap_or_else(|| self.timed_out(&label)))
+                }
             }
-            // A failed batch is aborted as a whole; the kernel may not answer the rest.
+            // The kernel answers within sendmsg: once an error is in, what is not queued yet
+            // will not come.
             if first_err.is_some() && self.nothing_queued() {
                 break;
             }
@@ -438,9 +748,79 @@ impl NfSocket {
         }
     }
 
+    /// Sends an nf_tables batch (BATCH_BEGIN ... BATCH_END, built with [`MsgBuf::ack_last`] on
+    /// its last real message) and reads its replies; see the module documentation.
+    pub fn transact_batch(
+        &mut self,
+        buf: &MsgBuf,
+        what: &dyn Fn(u32) -> String,
+    ) -> std::result::Result<(), BatchError> {
+        let begin_seq = buf.seqs().first().map(|s| s.0);
+        let Some(last) = buf.acked_seqs().last() else {
+            return Err(BatchError::Rejected(Error::Protocol(
+                "internal error: an nf_tables batch without an acknowledged message".into(),
+            )));
+        };
+        let mine = |seq: u32| buf.has_seq(seq);
+        self.make_recv_room(buf.message_count());
+        // A failed sendmsg delivered nothing.
+        self.send(buf).map_err(BatchError::Rejected)?;
+        let mut first_err: Option<Error> = None;
+        let mut done = false;
+        while !done {
+            match self.recv_within(self.reply_timeout) {
+                Err(e) => return Err(BatchError::Unknown(e)),
+                Ok(Received::Msgs(msgs)) => {
+                    for m in msgs {
+                        let Some(code) = m.error_code() else { continue };
+                        if !mine(m.seq) {
+                            continue;
+                        }
+                        if code != 0 && first_err.is_none() {
+                            let w = if Some(m.seq) == begin_seq {
+                                "nftables transaction".to_string()
+                            } else {
+                                what(m.seq)
+                            };
+                            first_err = Some(reply_error(&m, w, code));
+                        }
+                        done |= m.seq == last;
+                    }
+                    // An error on BATCH_BEGIN may be all there is (see the module
+                    // documentation); everything the batch produced is queued by now.
+                    if !done && first_err.is_some() && self.nothing_queued() {
+                        done = true;
+                    }
+                }
+                // Any error reply proves the batch was aborted, lost replies or not.
+                Ok(Received::Overflow) if first_err.is_some() => done = true,
+                Ok(Received::TimedOut) if first_err.is_some() => done = true,
+                Ok(Received::Overflow) => {
+                    return Err(BatchError::Unknown(Error::netlink(
+                        format!(
+                            "nftables transaction of {} messages: its replies were lost (receive buffer overflow), so whether it was applied is unknown; it was not resent",
+                            buf.message_count()
+                        ),
+                        libc::ENOBUFS,
+                    )))
+                }
+                Ok(Received::TimedOut) => {
+                    return Err(BatchError::Unknown(self.timed_out(&format!(
+                        "nftables transaction of {} messages (whether it was applied is unknown; it was not resent)",
+                        buf.message_count()
+                    ))))
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(BatchError::Rejected(e)),
+            None => Ok(()),
+        }
+    }
+
     fn nothing_queued(&self) -> bool {
         let mut pfd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&*self.sock),
+            fd: self.fd(),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -450,7 +830,8 @@ impl NfSocket {
     }
 
     /// Sends one request (a GET, with or without NLM_F_DUMP) and collects the reply messages
-    /// until NLMSG_DONE, or the single reply of a non-dump GET.
+    /// until NLMSG_DONE, or the single reply of a non-dump GET. Each reply is awaited at most
+    /// the reply timeout; an overflow fails with `ENOBUFS`.
     pub fn request(&mut self, buf: &MsgBuf, what: &str) -> Result<Vec<Msg>> {
         let seq = buf.seqs().first().map(|s| s.0).unwrap_or(0);
         // Some single replies (ctnetlink stats) carry NLM_F_MULTI without a closing DONE:
@@ -464,7 +845,17 @@ impl NfSocket {
         let mut out = Vec::new();
         let mut interrupted = false;
         loop {
-            for m in self.recv()? {
+            let msgs = match self.recv_within(self.reply_timeout)? {
+                Received::Msgs(m) => m,
+                Received::Overflow => {
+                    return Err(Error::netlink(
+                        format!("{what}: replies lost (receive buffer overflow)"),
+                        libc::ENOBUFS,
+                    ))
+                }
+                Received::TimedOut => return Err(self.timed_out(what)),
+            };
+            for m in msgs {
                 if m.seq != seq {
                     continue;
                 }
@@ -484,11 +875,7 @@ impl NfSocket {
                         if code == 0 {
                             return Ok(out);
                         }
-                        let mut w = what.to_string();
-                        if let Some(t) = ext_ack_msg(&m) {
-                            w = format!("{w} ({t})");
-                        }
-                        return Err(Error::netlink(w, -code));
+                        return Err(reply_error(&m, what.to_string(), code));
                     }
                     _ => {
                         let more = dump && m.flags & NLM_F_MULTI != 0;
@@ -503,14 +890,14 @@ impl NfSocket {
     }
 
     /// Like [`NfSocket::request`], retried on "try again" errnos (EBUSY, ENOBUFS, EINTR for an
-    /// interrupted dump) a bounded number of times.
+    /// interrupted dump) a bounded number of times; never after a timeout.
     pub fn request_retry(&mut self, build: &dyn Fn(&mut MsgBuf), what: &str) -> Result<Vec<Msg>> {
         let mut attempt = 0;
         loop {
             let mut b = self.msgbuf();
             build(&mut b);
             match self.request(&b, what) {
-                Err(e) if e.is_transient() && attempt < TRANSIENT_RETRIES => {
+                Err(e) if is_retryable(&e) && attempt < TRANSIENT_RETRIES => {
                     attempt += 1;
                     backoff(attempt);
                 }
@@ -518,6 +905,15 @@ impl NfSocket {
             }
         }
     }
+}
+
+/// The error a NLMSG_ERROR reply carries, with the kernel's extended ACK text if any.
+fn reply_error(m: &Msg, what: String, code: i32) -> Error {
+    let w = match ext_ack_msg(m) {
+        Some(t) => format!("{what} ({t})"),
+        None => what,
+    };
+    Error::netlink(w, -code)
 }
 
 /// A short, growing pause between retries of a transient failure.
@@ -570,6 +966,32 @@ mod tests {
         assert_eq!(inner.get(1).unwrap().u32_be(), Some(0xdead_beef));
         assert_eq!(inner.get(2).unwrap().payload, &[9]);
         assert_eq!(b.acked_seqs().collect::<Vec<_>>(), vec![7]);
+        assert!(b.has_seq(7) && !b.has_seq(8) && !b.has_seq(6));
+        // Sequence numbers wrap.
+        let mut w = MsgBuf::new(u32::MAX);
+        w.begin(0x0a00, 0, 1, 0);
+        w.end();
+        w.begin(0x0a00, 0, 1, 0);
+        w.end();
+        assert!(w.has_seq(u32::MAX) && w.has_seq(0) && !w.has_seq(1));
+    }
+
+    #[test]
+    fn an_attribute_past_16_bits_marks_the_buffer() {
+        let mut b = MsgBuf::new(1);
+        b.begin(0x0a0c, 0, 1, 0);
+        let n = b.nest_begin(3);
+        for _ in 0..5000 {
+            b.attr(1, &[0u8; 16]);
+        }
+        b.nest_end(n);
+        b.end();
+        assert!(b.is_oversized());
+        let mut ok = MsgBuf::new(1);
+        ok.begin(0x0a0c, 0, 1, 0);
+        ok.attr(1, &[0u8; 60_000]);
+        ok.end();
+        assert!(!ok.is_oversized());
     }
 
     #[test]

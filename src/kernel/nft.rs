@@ -1,16 +1,18 @@
 //! natguard's nf_tables state: one batch per invocation, and the reads CHECK, DEL and GC need.
 //!
 //! Writing: [`Tx`] collects messages between BATCH_BEGIN and BATCH_END; `commit` sends them in
-//! one `sendmsg` and checks every ACK, so a transaction lands whole or not at all. Idempotency
-//! lives in the batch: "make sure element E exists with comment C" is add, delete, add; "make
-//! sure E is absent" is add, delete. Neither needs to know the current state, and neither can
-//! fail with EEXIST or ENOENT.
+//! one `sendmsg` and reads the outcome from the kernel's replies (one ACK on the last message,
+//! an error for any message that fails; see `netlink`), so a transaction lands whole or not at
+//! all, and its outcome is never guessed. A set's elements may span several messages of the
+//! batch (`lower::set_elems`). Idempotency lives in the batch: "make sure element E exists with
+//! comment C" is add, delete, add; "make sure E is absent" is add, delete. Neither needs to
+//! know the current state, and neither can fail with EEXIST or ENOENT.
 //!
 //! Reading: single-element GETs (the kernel looks the key up, so cost does not depend on the
-//! number of pods), and dumps of one set or one chain's rules for CHECK, GC and `status`.
+//! number of pods), and dumps of one set or one table's rules for CHECK, GC and `status`.
 
 use super::lower::*;
-use super::netlink::{Msg, MsgBuf, NfSocket};
+use super::netlink::{BatchError, Msg, MsgBuf, NfSocket};
 use crate::error::{Error, Result};
 use crate::plan::{SharedPlan, TableFamily};
 
@@ -164,15 +166,16 @@ impl Tx {
                 .flat_map(|e| elem_data(e, set.kind.is_interval()))
                 .collect();
             if !data.is_empty() {
-                let s = set_elems(
+                for s in set_elems(
                     &mut self.buf,
                     t,
                     NFT_MSG_NEWSETELEM,
                     NLM_F_CREATE_,
                     &set.name,
                     &data,
-                );
-                self.note(s, format!("fill set {}", set.name));
+                ) {
+                    self.note(s, format!("fill set {}", set.name));
+                }
             }
         }
     }
@@ -191,31 +194,34 @@ impl Tx {
             flags: 0,
             comment: None,
         }];
-        let s = set_elems(
+        for s in set_elems(
             &mut self.buf,
             t,
             NFT_MSG_NEWSETELEM,
             NLM_F_CREATE_,
             set,
             &bare,
-        );
-        self.note(s, format!("add {what} to {set}"));
-        let s = set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare);
-        self.note(s, format!("replace {what} in {set}"));
+        ) {
+            self.note(s, format!("add {what} to {set}"));
+        }
+        for s in set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare) {
+            self.note(s, format!("replace {what} in {set}"));
+        }
         let full = [ElemData {
             key,
             flags: 0,
             comment: Some(comment),
         }];
-        let s = set_elems(
+        for s in set_elems(
             &mut self.buf,
             t,
             NFT_MSG_NEWSETELEM,
             NLM_F_CREATE_,
             set,
             &full,
-        );
-        self.note(s, format!("add {what} to {set}"));
+        ) {
+            self.note(s, format!("add {what} to {set}"));
+        }
     }
 
     /// Deletes an element known to exist (read under the lock in this invocation).
@@ -225,8 +231,9 @@ impl Tx {
             flags: 0,
             comment: None,
         }];
-        let s = set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare);
-        self.note(s, format!("remove {what} from {set}"));
+        for s in set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare) {
+            self.note(s, format!("remove {what} from {set}"));
+        }
     }
 
     pub fn delete_table(&mut self, t: TableFamily) {
@@ -237,11 +244,13 @@ impl Tx {
         );
     }
 
-    /// Sends the batch and checks every ACK; retries the whole batch on "try again" errnos.
+    /// Sends the batch and reads its outcome; resends it only when the kernel rejected it
+    /// whole with a "try again" errno.
     pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
         if self.what.is_empty() {
             return Ok(());
         }
+        self.buf.ack_last();
         end_batch(&mut self.buf);
         let what = |seq: u32| -> String {
             self.what
@@ -250,14 +259,19 @@ impl Tx {
                 .map(|(_, w)| w.clone())
                 .unwrap_or_else(|| "nftables transaction".into())
         };
+        // Only a batch the kernel rejected as a whole is sent again: one whose replies were
+        // lost may have been committed, and is never resent.
         let mut attempt = 0;
         loop {
-            match sock.transact(&self.buf, &what) {
-                Err(e) if e.is_transient() && attempt < super::netlink::TRANSIENT_RETRIES => {
+            match sock.transact_batch(&self.buf, &what) {
+                Ok(()) => return Ok(()),
+                Err(BatchError::Rejected(e))
+                    if e.is_transient() && attempt < super::netlink::TRANSIENT_RETRIES =>
+                {
                     attempt += 1;
                     super::netlink::backoff(attempt);
                 }
-                r => return r,
+                Err(BatchError::Rejected(e)) | Err(BatchError::Unknown(e)) => return Err(e),
             }
         }
     }

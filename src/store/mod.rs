@@ -395,8 +395,9 @@ impl<K: Kernel> Store<K> {
         srcs: &[IpAddr],
         dsts: &[IpAddr],
         dports: &[u16],
+        path: Path,
     ) -> Result<FlushReport> {
-        self.k.flush_undnatted(srcs, dsts, dports)
+        self.k.flush_undnatted(srcs, dsts, dports, path)
     }
 }
 

@@ -270,6 +270,11 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
 pub fn run(opts: &Options) -> Result<Report> {
     let networks = natguard_networks(&opts.netconf_dir)?;
     let mut report = Report::default();
+    let ct_path = crate::kernel::conntrack::Path::from_override(
+        std::env::var(crate::kernel::conntrack::PATH_ENV)
+            .ok()
+            .as_deref(),
+    )?;
     let mut store = store::open()?;
     let mut files: Vec<PathBuf> = match std::fs::read_dir(&opts.cache_dir) {
         Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
@@ -315,7 +320,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     }
     if !opts.reconcile {
         for (srcs, dsts, ports) in flows {
-            match store.flush_undnatted(&srcs, &dsts, &ports) {
+            match store.flush_undnatted(&srcs, &dsts, &ports, ct_path) {
                 Ok(r) => report.conntrack_deleted += r.deleted,
                 Err(e) => report.conntrack_error = Some(e.to_string()),
             }

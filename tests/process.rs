@@ -1,0 +1,472 @@
+//! Root tests of natguard as a process, seen from the runtime that started it: nothing it
+//! started outlives it, no descriptor it inherited stays open after it exits, and a pid limit
+//! does not make it skip work.
+//!
+//! * A subreaper that reaps only its own children (conmon's model) is a small Python helper:
+//!   `prctl(PR_SET_CHILD_SUBREAPER)`, run natguard, wait for that pid only, then list its own
+//!   children in /proc. Anything natguard left behind would be reparented to it.
+//! * An inherited pipe (fd 6, no CLOEXEC) must read end-of-file as soon as natguard is reaped
+//!   (checked from a Python helper too, a process with no other thread that could hold a copy).
+//! * A pids cgroup at its limit (created for the test and removed after; cgroup v2 when the
+//!   pids controller is there, else the v1 pids hierarchy) must not cost the pod its IPv6
+//!   conntrack cleanup.
+//!
+//! Each test runs natguard in a network namespace of its own. Needs root; never skips.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::io::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NET: &str = "pnet";
+const BOUND: Duration = Duration::from_secs(120);
+
+fn config(prev: Option<Value>) -> Vec<u8> {
+    let mut c = json!({
+        "cniVersion": "1.1.0",
+        "name": NET,
+        "type": "natguard",
+        "metadata": { "proxyIPv4": "10.0.0.1", "proxyIPv6": "fd00::1" }
+    });
+    if let Some(p) = prev {
+        c["prevResult"] = p;
+    }
+    serde_json::to_vec(&c).unwrap()
+}
+
+fn prev_result(v4: &str, v6: &str) -> Value {
+    json!({
+        "cniVersion": "1.1.0",
+        "interfaces": [{ "name": "eth0", "sandbox": "/run/netns/gone" }],
+        "ips": [
+            { "address": format!("{v4}/16"), "interface": 0 },
+            { "address": format!("{v6}/64"), "interface": 0 }
+        ]
+    })
+}
+
+fn cni_env(verb: &str, cid: &str) -> Vec<(String, String)> {
+    vec![
+        ("CNI_COMMAND".into(), verb.into()),
+        ("CNI_CONTAINERID".into(), cid.into()),
+        ("CNI_IFNAME".into(), "eth0".into()),
+        ("CNI_NETNS".into(), "/run/netns/gone".into()),
+        ("CNI_PATH".into(), "/opt/cni/bin".into()),
+    ]
+}
+
+/// Exit code and stdout of one invocation.
+struct Ran {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+/// Starts natguard in `ns` with `env` and `stdin`; `setup` runs in the child before exec
+/// (after it joined `ns`). Waits for that pid only, within [`BOUND`].
+fn run_natguard(
+    ns: &Netns,
+    env: &[(String, String)],
+    stdin: &[u8],
+    setup: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
+) -> Ran {
+    let nsfile = File::open(ns.path()).unwrap();
+    let fd = nsfile.as_raw_fd();
+    let mut setup = setup;
+    let mut cmd = Command::new(natguard_bin());
+    cmd.env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setns and the caller's setup (async-signal-safe syscalls only) run between fork
+    // and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            setup()
+        });
+    }
+    let mut child = cmd.spawn().expect("start natguard");
+    drop(nsfile);
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > BOUND {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("natguard did not return within {BOUND:?}");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    Ran {
+        code: status.code(),
+        stdout,
+        stderr,
+    }
+}
+
+/// The subreaper: sets PR_SET_CHILD_SUBREAPER, joins the namespace, runs each invocation
+/// (argv JSON: [[env, stdin], ...]), waiting for natguard's own pid only, and prints the exit
+/// codes and then its own children (pid, state) once any leftover had time to exit.
+const SUBREAPER: &str = r#"
+import ctypes, json, os, subprocess, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+    sys.exit("prctl: errno %d" % ctypes.get_errno())
+fd = os.open(sys.argv[2], os.O_RDONLY)
+if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+    sys.exit("setns: errno %d" % ctypes.get_errno())
+codes = []
+for env, stdin in json.loads(sys.argv[3]):
+    p = subprocess.Popen([sys.argv[1]], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = p.communicate(stdin.encode())  # waitpid(p.pid) only
+    codes.append([p.returncode, out.decode(), err.decode()])
+time.sleep(0.3)  # a leftover child would have exited by now: a zombie nobody reaps
+me = str(os.getpid())
+children = []
+for d in os.listdir("/proc"):
+    if not d.isdigit():
+        continue
+    try:
+        stat = open("/proc/%s/stat" % d).read()
+    except OSError:
+        continue
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[1] == me:
+        children.append([int(d), fields[0]])
+print(json.dumps({"codes": codes, "children": children}))
+"#;
+
+#[test]
+fn under_a_subreaper_that_reaps_only_its_children_nothing_is_left() {
+    let h = Harness::new("proc-reaper");
+    let ns = h.netns("node");
+    let mut all = Vec::new();
+    for i in 0..10 {
+        let prev = prev_result(&format!("10.64.0.{}", i + 2), &format!("fd00:7::{}", i + 2));
+        if let Value::Array(c) = calls(&["ADD", "DEL"], &format!("reap{i}"), &prev) {
+            all.extend(c);
+        }
+    }
+    let out = output(
+        Command::new("python3")
+            .arg("-c")
+            .arg(SUBREAPER)
+            .arg(natguard_bin())
+            .arg(ns.path())
+            .arg(Value::from(all).to_string()),
+    );
+    assert!(
+        out.status.success(),
+        "subreaper helper failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("helper output");
+    for c in r["codes"].as_array().unwrap() {
+        assert_eq!(c[0], 0, "natguard failed under the subreaper: {c}");
+    }
+    assert_eq!(
+        r["children"],
+        json!([]),
+        "processes natguard left behind (reparented to the subreaper, never reaped)"
+    );
+}
+
+/// The runtime's side of an inherited descriptor, in a process of its own (no other thread
+/// can fork a copy of the pipe): a pipe's write end as fd 6 without CLOEXEC, natguard started
+/// and waited for, the parent's copy closed, then one non-blocking read of the read end.
+/// Prints, per invocation, natguard's exit code and what that read returned.
+const FD_HELPER: &str = r#"
+import ctypes, errno, json, os, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(sys.argv[2], os.O_RDONLY)
+if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+    sys.exit("setns: errno %d" % ctypes.get_errno())
+os.close(fd)
+out = []
+for env, stdin in json.loads(sys.argv[3]):
+    r, w = os.pipe()
+    os.dup2(w, 6)  # inheritable, unlike os.pipe()'s own descriptors
+    os.close(w)
+    p = subprocess.Popen([sys.argv[1]], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(6,))
+    os.close(6)
+    so, se = p.communicate(stdin.encode())  # natguard has exited and been reaped
+    os.set_blocking(r, False)
+    try:
+        seen = "eof" if os.read(r, 16) == b"" else "data"
+    except BlockingIOError:
+        seen = "still open"
+    os.close(r)
+    out.append([p.returncode, seen, so.decode(), se.decode()])
+print(json.dumps(out))
+"#;
+
+/// The invocations of `verbs` for one pod, as the helpers' JSON argument.
+fn calls(verbs: &[&str], cid: &str, prev: &Value) -> Value {
+    let stdin = String::from_utf8(config(Some(prev.clone()))).unwrap();
+    verbs
+        .iter()
+        .map(|verb| {
+            let env: serde_json::Map<String, Value> = cni_env(verb, cid)
+                .into_iter()
+                .map(|(k, v)| (k, Value::from(v)))
+                .collect();
+            json!([env, stdin])
+        })
+        .collect()
+}
+
+#[test]
+fn an_inherited_descriptor_reaches_eof_when_natguard_exits() {
+    let h = Harness::new("proc-fds");
+    let ns = h.netns("node");
+    let prev = prev_result("10.64.0.9", "fd00:7::9");
+    let out = output(
+        Command::new("python3")
+            .arg("-c")
+            .arg(FD_HELPER)
+            .arg(natguard_bin())
+            .arg(ns.path())
+            .arg(calls(&["ADD", "DEL", "ADD", "DEL"], "fds", &prev).to_string()),
+    );
+    assert!(
+        out.status.success(),
+        "fd helper failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: Value = serde_json::from_slice(&out.stdout).expect("helper output");
+    for (i, c) in r.as_array().unwrap().iter().enumerate() {
+        assert_eq!(c[0], 0, "invocation {i} failed: {c}");
+        assert_eq!(
+            c[1], "eof",
+            "invocation {i}: fd 6 was still open after natguard exited and was reaped: {c}"
+        );
+    }
+}
+
+/// A pids cgroup made for one test, removed when dropped.
+struct PidsCgroup {
+    dir: PathBuf,
+}
+
+impl PidsCgroup {
+    /// A child of the first hierarchy with the pids controller: the cgroup v2 root (when the
+    /// controller is enabled for its children), else the v1 `pids` hierarchy.
+    fn new(name: &str, max: u32) -> PidsCgroup {
+        let v2_roots = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
+        let v2 = v2_roots.iter().find(|r| {
+            fs::read_to_string(format!("{r}/cgroup.subtree_control"))
+                .is_ok_and(|s| s.split_whitespace().any(|c| c == "pids"))
+        });
+        let parent = match v2 {
+            Some(r) => PathBuf::from(r),
+            None => {
+                let v1 = Path::new("/sys/fs/cgroup/pids");
+                assert!(
+                    v1.join("cgroup.procs").exists(),
+                    "no pids controller: neither a cgroup v2 root delegating pids nor a v1 pids hierarchy"
+                );
+                v1.to_path_buf()
+            }
+        };
+        let dir = parent.join(format!("ng-test-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir(&dir);
+        fs::create_dir(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
+        fs::write(dir.join("pids.max"), max.to_string()).expect("set pids.max");
+        PidsCgroup { dir }
+    }
+
+    fn procs(&self) -> PathBuf {
+        self.dir.join("cgroup.procs")
+    }
+
+    /// How many forks the limit refused (`max` in `pids.events`).
+    fn refusals(&self) -> u64 {
+        let ev = fs::read_to_string(self.dir.join("pids.events")).expect("read pids.events");
+        ev.lines()
+            .find_map(|l| l.strip_prefix("max "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("pids.events has a max line")
+    }
+}
+
+impl Drop for PidsCgroup {
+    fn drop(&mut self) {
+        // The processes in it have exited; wait briefly for the kernel to let go of them.
+        for _ in 0..200 {
+            if fs::remove_dir(&self.dir).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        eprintln!("could not remove {}", self.dir.display());
+    }
+}
+
+fn ct_insert(ns: &Netns, args: &[&str]) {
+    let out = output(ns.cmd("conntrack").args(["-I", "-t", "3600"]).args(args));
+    assert!(
+        out.status.success(),
+        "conntrack -I {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// With the pids limit reached natguard can start no thread, so the IPv6 conntrack walk, which
+/// normally runs on a thread of its own, runs inline. Either the pod's IPv6 entries are gone
+/// or ADD says why not; it must not succeed having silently skipped them.
+#[test]
+fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
+    require_tools(&["conntrack"]);
+    let h = Harness::new("proc-pids");
+    let ns = h.netns("node");
+    let (pod4, pod6) = ("10.64.0.33", "fd00:7::33");
+    // The pod's flows, both directions and families, and unrelated ones that must stay.
+    let pod_flows: [&[&str]; 4] = [
+        &[
+            "-p",
+            "tcp",
+            "-s",
+            pod6,
+            "-d",
+            "fd00:99::1",
+            "--sport",
+            "40000",
+            "--dport",
+            "443",
+            "--state",
+            "ESTABLISHED",
+        ],
+        &[
+            "-p",
+            "tcp",
+            "-s",
+            "fd00:99::1",
+            "-d",
+            pod6,
+            "--sport",
+            "40001",
+            "--dport",
+            "22",
+            "--state",
+            "ESTABLISHED",
+        ],
+        &[
+            "-p", "udp", "-s", pod4, "-d", "11.0.0.1", "--sport", "40000", "--dport", "53",
+        ],
+        &[
+            "-p", "udp", "-s", "11.0.0.1", "-d", pod4, "--sport", "40001", "--dport", "53",
+        ],
+    ];
+    let others: [&[&str]; 2] = [
+        &[
+            "-p",
+            "tcp",
+            "-s",
+            "fd00:7::34",
+            "-d",
+            "fd00:99::1",
+            "--sport",
+            "40000",
+            "--dport",
+            "443",
+            "--state",
+            "ESTABLISHED",
+        ],
+        &[
+            "-p",
+            "udp",
+            "-s",
+            "10.64.0.34",
+            "-d",
+            "11.0.0.1",
+            "--sport",
+            "40000",
+            "--dport",
+            "53",
+        ],
+    ];
+    for f in pod_flows.iter().chain(others.iter()) {
+        ct_insert(&ns, f);
+    }
+    assert_eq!(conntrack_count(&ns, &[]), 6);
+
+    let cg = PidsCgroup::new("pids", 1);
+    // Pre-built so the child only does open/write/close before exec.
+    let procs = std::ffi::CString::new(cg.procs().as_os_str().as_encoded_bytes()).unwrap();
+    let join_cgroup = move || {
+        // SAFETY: open/write/close on a path prepared before the fork.
+        unsafe {
+            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let ok = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) == 1;
+            let err = std::io::Error::last_os_error();
+            libc::close(fd);
+            if !ok {
+                return Err(err);
+            }
+        }
+        Ok(())
+    };
+    let ran = run_natguard(
+        &ns,
+        &cni_env("ADD", "pids"),
+        &config(Some(prev_result(pod4, pod6))),
+        join_cgroup,
+    );
+    // The limit did bite: natguard tried to start a thread (the IPv6 walk) and was refused.
+    let refused = cg.refusals();
+    drop(cg);
+    assert!(
+        refused > 0,
+        "the pids limit refused nothing; the test did not test anything (stderr: {})",
+        ran.stderr
+    );
+    match ran.code {
+        Some(0) => {
+            let left = conntrack_list(&ns, &[]);
+            assert_eq!(
+                left.len(),
+                2,
+                "ADD succeeded but left pod entries: {left:#?}\nstderr: {}",
+                ran.stderr
+            );
+            for l in &left {
+                assert!(
+                    !mentions(l, pod4) && !mentions(l, pod6),
+                    "pod entry left: {l}\nstderr: {}",
+                    ran.stderr
+                );
+            }
+        }
+        _ => {
+            let r: Value = serde_json::from_str(ran.stdout.trim()).expect("a CNI error");
+            assert!(
+                r["msg"].as_str().is_some_and(|m| m.contains("conntrack")),
+                "ADD failed without saying the conntrack cleanup could not run: {}",
+                ran.stdout
+            );
+        }
+    }
+}
