@@ -617,9 +617,13 @@ pub fn udp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
 // Kernel state readers (the nft and conntrack CLIs are fine in tests)
 // ---------------------------------------------------------------------------------------------
 
-/// `nft list table inet natguard` in `ns`; `None` when the table does not exist.
+/// `nft -s list table inet natguard` in `ns` (the policy, without the counters' values, which
+/// traffic changes); `None` when the table does not exist.
 pub fn nft_table(ns: &Netns) -> Option<String> {
-    let out = output(ns.cmd("nft").args(["list", "table", "inet", "natguard"]));
+    let out = output(
+        ns.cmd("nft")
+            .args(["-s", "list", "table", "inet", "natguard"]),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
         Some(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -633,7 +637,7 @@ pub fn nft_table(ns: &Netns) -> Option<String> {
     }
 }
 
-/// `nft list ruleset` in `ns`.
+/// `nft -s list ruleset` in `ns` (without counter values).
 pub fn nft_ruleset(ns: &Netns) -> String {
     ns.run(&["nft", "-s", "list", "ruleset"])
 }

@@ -1,0 +1,188 @@
+//! Unit tests of the conntrack module: messages, filters, parsing, labels.
+
+use super::*;
+use crate::kernel::netlink::{parse_msgs, Attrs};
+
+#[test]
+fn override_values_name_a_path() {
+    assert_eq!(Path::from_override(None).unwrap(), Path::Auto);
+    assert_eq!(Path::from_override(Some("")).unwrap(), Path::Auto);
+    assert_eq!(Path::from_override(Some("auto")).unwrap(), Path::Auto);
+    assert_eq!(
+        Path::from_override(Some("filtered")).unwrap(),
+        Path::Filtered
+    );
+    assert_eq!(
+        Path::from_override(Some("fallback")).unwrap(),
+        Path::Fallback
+    );
+    assert_eq!(Path::from_override(Some("full")).unwrap(), Path::FullDump);
+    let e = Path::from_override(Some("fast")).unwrap_err();
+    assert_eq!(e.code(), crate::error::code::INVALID_ENV);
+    assert!(e.to_string().contains(PATH_ENV));
+}
+
+#[test]
+fn normalize_maps_v4_in_v6_and_dedups() {
+    let a: Vec<IpAddr> = ["::ffff:10.0.0.1", "10.0.0.1", "fd00::1"]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+    assert_eq!(
+        normalize(&a),
+        vec![
+            "10.0.0.1".parse::<IpAddr>().unwrap(),
+            "fd00::1".parse().unwrap()
+        ]
+    );
+}
+
+fn put_addr(b: &mut MsgBuf, a: IpAddr, src: bool) {
+    match a {
+        IpAddr::V4(v4) => b.attr(
+            if src { CTA_IP_V4_SRC } else { CTA_IP_V4_DST },
+            &v4.octets(),
+        ),
+        IpAddr::V6(v6) => b.attr(
+            if src { CTA_IP_V6_SRC } else { CTA_IP_V6_DST },
+            &v6.octets(),
+        ),
+    }
+}
+
+fn tuple_attr(b: &mut MsgBuf, ty: u16, src: IpAddr, dst: IpAddr, sport: u16, dport: u16) {
+    let t = b.nest_begin(ty);
+    let ip = b.nest_begin(CTA_TUPLE_IP);
+    put_addr(b, src, true);
+    put_addr(b, dst, false);
+    b.nest_end(ip);
+    let p = b.nest_begin(CTA_TUPLE_PROTO);
+    b.attr_u8(CTA_PROTO_NUM, IPPROTO_TCP);
+    b.attr_u16_be(CTA_PROTO_SRC_PORT, sport);
+    b.attr_u16_be(CTA_PROTO_DST_PORT, dport);
+    b.nest_end(p);
+    b.nest_end(t);
+}
+
+#[test]
+fn parses_and_matches_entries() {
+    let pod: IpAddr = "10.1.0.5".parse().unwrap();
+    let meta: IpAddr = "169.254.169.254".parse().unwrap();
+    let proxy: IpAddr = "10.1.0.1".parse().unwrap();
+    let mut b = MsgBuf::new(1);
+    // Not DNATed: the reply comes from the metadata address itself.
+    b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+    tuple_attr(&mut b, CTA_TUPLE_ORIG, pod, meta, 40000, 80);
+    tuple_attr(&mut b, CTA_TUPLE_REPLY, meta, pod, 80, 40000);
+    b.attr_u32_be(CTA_ID, 7);
+    b.end();
+    // DNATed to the proxy.
+    b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+    tuple_attr(&mut b, CTA_TUPLE_ORIG, pod, meta, 40001, 80);
+    tuple_attr(&mut b, CTA_TUPLE_REPLY, proxy, pod, 8181, 40001);
+    b.end();
+    let msgs = parse_msgs(b.as_bytes());
+    let plain = Entry::parse(&msgs[0]).unwrap();
+    let dnat = Entry::parse(&msgs[1]).unwrap();
+    assert_eq!(plain.id, Some(7));
+    assert_eq!(plain.orig.dport, Some(80));
+    let srcs = [pod];
+    let dsts = [meta];
+    let undnatted = Want::Undnatted {
+        family: AF_INET,
+        dsts: &dsts,
+        srcs: &srcs,
+        dports: &[80],
+    };
+    assert!(undnatted.matches(&plain));
+    assert!(!undnatted.matches(&dnat));
+    let other_port = Want::Undnatted {
+        family: AF_INET,
+        dsts: &dsts,
+        srcs: &srcs,
+        dports: &[443],
+    };
+    assert!(!other_port.matches(&plain));
+    let by_reply = Want::Source4 {
+        addr: "10.1.0.1".parse().unwrap(),
+        dir: Dir::Reply,
+    };
+    assert!(by_reply.matches(&dnat) && !by_reply.matches(&plain));
+    let by_orig = Want::Source4 {
+        addr: "10.1.0.5".parse().unwrap(),
+        dir: Dir::Orig,
+    };
+    assert!(by_orig.matches(&plain) && by_orig.matches(&dnat));
+    let v6 = ["fd00::5".parse().unwrap()];
+    assert!(!Want::Sources6 { addrs: &v6 }.matches(&plain));
+}
+
+#[test]
+fn malformed_entries_are_errors_not_panics() {
+    let mut b = MsgBuf::new(1);
+    b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+    let t = b.nest_begin(CTA_TUPLE_ORIG);
+    let ip = b.nest_begin(CTA_TUPLE_IP);
+    b.attr(CTA_IP_V4_SRC, &[10, 0, 0]); // short address
+    b.nest_end(ip);
+    b.nest_end(t);
+    b.end();
+    b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, 99, 0);
+    b.end();
+    b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET6, 0);
+    b.attr(CTA_TUPLE_ORIG | NLA_F_NESTED, &[0xff, 0xff, 1, 0]);
+    b.end();
+    for m in parse_msgs(b.as_bytes()) {
+        assert!(matches!(Entry::parse(&m), Err(Error::Protocol(_))));
+    }
+}
+
+fn filter_of(want: Want) -> Vec<u8> {
+    let mut b = MsgBuf::new(1);
+    b.begin(ct_msg(IPCTNL_MSG_CT_DELETE), NLM_F_ACK, want.family(), 0);
+    want.write_filter(&mut b);
+    b.end();
+    parse_msgs(b.as_bytes())[0].body.clone()
+}
+
+fn tuple_ips(body: &[u8]) -> Vec<u16> {
+    let attrs = Attrs::new(&body[4..]);
+    [CTA_TUPLE_ORIG, CTA_TUPLE_REPLY]
+        .into_iter()
+        .filter_map(|t| attrs.get(t))
+        .filter_map(|t| t.nested().get(CTA_TUPLE_IP))
+        .flat_map(|ip| ip.nested().map(|a| a.ty).collect::<Vec<_>>())
+        .collect()
+}
+
+#[test]
+fn filters_name_no_full_tuple_and_no_ipv6_address() {
+    // A kernel without filtered flush reads CTA_TUPLE_* as an exact tuple; with only a
+    // source address it must refuse rather than delete one entry.
+    for dir in [Dir::Orig, Dir::Reply] {
+        let body = filter_of(Want::Source4 {
+            addr: "10.1.0.5".parse().unwrap(),
+            dir,
+        });
+        assert_eq!(tuple_ips(&body), vec![CTA_IP_V4_SRC]);
+        assert!(Attrs::new(&body[4..]).get(CTA_FILTER).is_some());
+    }
+    // The kernel's IPv6 address match is inverted: never send an IPv6 address.
+    let v6 = ["fd00::5".parse().unwrap()];
+    assert!(tuple_ips(&filter_of(Want::Sources6 { addrs: &v6 })).is_empty());
+    let srcs = ["fd00::7".parse().unwrap()];
+    let six = Want::Undnatted {
+        family: AF_INET6,
+        dsts: &v6,
+        srcs: &srcs,
+        dports: &[80],
+    };
+    assert!(tuple_ips(&filter_of(six)).is_empty());
+}
+
+#[test]
+fn labels() {
+    assert_eq!(label(Ran::Filtered, true, Path::Auto), "filtered+ipv6-dump");
+    assert_eq!(label(Ran::Nothing, false, Path::Fallback), "dump+delete");
+    assert_eq!(label(Ran::Full, true, Path::Auto), "full-dump");
+}

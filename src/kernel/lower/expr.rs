@@ -1,0 +1,345 @@
+//! Rule expressions: each plan match and action as the nf_tables expressions that implement
+//! it, with the nft syntax it corresponds to written above each arm.
+
+use super::*;
+
+struct Exprs<'a> {
+    b: &'a mut MsgBuf,
+}
+
+impl Exprs<'_> {
+    fn expr(&mut self, name: &str, body: impl FnOnce(&mut MsgBuf)) {
+        let el = self.b.nest_begin(NFTA_LIST_ELEM);
+        self.b.attr_str(NFTA_EXPR_NAME, name);
+        let d = self.b.nest_begin(NFTA_EXPR_DATA);
+        body(self.b);
+        self.b.nest_end(d);
+        self.b.nest_end(el);
+    }
+
+    fn data(b: &mut MsgBuf, ty: u16, value: &[u8]) {
+        let n = b.nest_begin(ty);
+        b.attr(NFTA_DATA_VALUE, value);
+        b.nest_end(n);
+    }
+
+    /// payload load: base (1 network, 2 transport), offset, len → reg
+    fn payload(&mut self, base: u32, offset: u32, len: u32, dreg: u32) {
+        self.expr("payload", |b| {
+            b.attr_u32_be(1, dreg); // NFTA_PAYLOAD_DREG
+            b.attr_u32_be(2, base); // NFTA_PAYLOAD_BASE
+            b.attr_u32_be(3, offset); // NFTA_PAYLOAD_OFFSET
+            b.attr_u32_be(4, len); // NFTA_PAYLOAD_LEN
+        });
+    }
+
+    fn meta(&mut self, key: u32, dreg: u32) {
+        self.expr("meta", |b| {
+            b.attr_u32_be(1, dreg); // NFTA_META_DREG
+            b.attr_u32_be(2, key); // NFTA_META_KEY
+        });
+    }
+
+    fn cmp_eq(&mut self, sreg: u32, value: &[u8]) {
+        self.expr("cmp", |b| {
+            b.attr_u32_be(1, sreg); // NFTA_CMP_SREG
+            b.attr_u32_be(2, 0); // NFTA_CMP_OP: NFT_CMP_EQ
+            Self::data(b, 3, value); // NFTA_CMP_DATA
+        });
+    }
+
+    /// A conntrack field of the original direction.
+    fn ct_original(&mut self, key: u32, dreg: u32) {
+        self.expr("ct", |b| {
+            b.attr_u32_be(1, dreg); // NFTA_CT_DREG
+            b.attr_u32_be(2, key); // NFTA_CT_KEY
+            b.attr_u8(3, 0); // NFTA_CT_DIRECTION: IP_CT_DIR_ORIGINAL
+        });
+    }
+
+    fn bitwise_and(&mut self, reg: u32, mask: &[u8]) {
+        let zero = vec![0u8; mask.len()];
+        self.expr("bitwise", |b| {
+            b.attr_u32_be(1, reg); // NFTA_BITWISE_SREG
+            b.attr_u32_be(2, reg); // NFTA_BITWISE_DREG
+            b.attr_u32_be(3, mask.len() as u32); // NFTA_BITWISE_LEN
+            Self::data(b, 4, mask); // NFTA_BITWISE_MASK
+            Self::data(b, 5, &zero); // NFTA_BITWISE_XOR
+        });
+    }
+
+    fn lookup(&mut self, set: &str, sreg: u32, invert: bool) {
+        self.expr("lookup", |b| {
+            b.attr_str(1, set); // NFTA_LOOKUP_SET
+            b.attr_u32_be(2, sreg); // NFTA_LOOKUP_SREG
+            if invert {
+                b.attr_u32_be(5, 1); // NFTA_LOOKUP_FLAGS: NFT_LOOKUP_F_INV
+            }
+        });
+    }
+
+    fn immediate_data(&mut self, dreg: u32, value: &[u8]) {
+        self.expr("immediate", |b| {
+            b.attr_u32_be(1, dreg); // NFTA_IMMEDIATE_DREG
+            Self::data(b, 2, value); // NFTA_IMMEDIATE_DATA
+        });
+    }
+
+    fn verdict(&mut self, code: i32) {
+        self.expr("immediate", |b| {
+            b.attr_u32_be(1, NFT_REG_VERDICT);
+            let d = b.nest_begin(2); // NFTA_IMMEDIATE_DATA
+            let v = b.nest_begin(NFTA_DATA_VERDICT);
+            b.attr_u32_be(NFTA_VERDICT_CODE, code as u32);
+            b.nest_end(v);
+            b.nest_end(d);
+        });
+    }
+}
+
+pub(super) fn nfproto(f: Family) -> u8 {
+    match f {
+        Family::V4 => NFPROTO_IPV4,
+        Family::V6 => NFPROTO_IPV6,
+    }
+}
+
+/// (offset, len) of the source and destination address in the network header.
+pub(super) fn addr_offsets(f: Family) -> ((u32, u32), (u32, u32)) {
+    match f {
+        Family::V4 => ((12, 4), (16, 4)),
+        Family::V6 => ((8, 16), (24, 16)),
+    }
+}
+
+/// `meta` keys (`enum nft_meta_keys`).
+const NFT_META_MARK: u32 = 3;
+const NFT_META_IIFNAME: u32 = 6;
+const NFT_META_NFPROTO: u32 = 15;
+const NFT_META_L4PROTO: u32 = 16;
+/// `payload` bases (`enum nft_payload_bases`).
+const BASE_LL: u32 = 0;
+const BASE_NETWORK: u32 = 1;
+const BASE_TRANSPORT: u32 = 2;
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IPV6: u16 = 0x86dd;
+/// Offset of the ethertype in an Ethernet header.
+const ETHER_TYPE_OFFSET: u32 = 12;
+/// Offset of the sender protocol address in an ARP packet for IPv4 over Ethernet.
+const ARP_SPA_OFFSET: u32 = 14;
+const ICMPV6_ND_NEIGHBOR_ADVERT: u8 = 136;
+/// Offset of the target address in a neighbour advertisement.
+const ND_TARGET_OFFSET: u32 = 8;
+
+/// `meta iifname . <field> <op> @set`: the interface name fills NFT_REG32_00..03 and the
+/// field follows at NFT_REG32_04, the layout of a concatenated key.
+fn iif_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str, invert: bool) {
+    let (base, off, len) = field;
+    x.meta(NFT_META_IIFNAME, NFT_REG32_00);
+    x.payload(base, off, len, NFT_REG32_04);
+    x.lookup(set, NFT_REG32_00, invert);
+}
+
+fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
+    let set = |k: &SetKind| names.set(*k);
+    match m {
+        // meta nfproto ipv4 → [ meta load nfproto => reg 1 ] [ cmp eq reg 1 0x02 ]
+        Match::NfProto(f) => {
+            x.meta(NFT_META_NFPROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[nfproto(*f)]);
+        }
+        // ether type ip → [ payload load 2b @ link header + 12 => reg 1 ] [ cmp eq 0x0800 ]
+        Match::EtherType(p) => {
+            let ty = match p {
+                EtherProto::Ip(Family::V4) => ETH_P_IP,
+                EtherProto::Ip(Family::V6) => ETH_P_IPV6,
+                EtherProto::Arp => ETH_P_ARP,
+            };
+            x.payload(BASE_LL, ETHER_TYPE_OFFSET, 2, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &ty.to_be_bytes());
+        }
+        // ip saddr @set → [ payload load 4b @ network + 12 => reg 1 ] [ lookup reg 1 set ]
+        Match::SaddrIn(f, s) => {
+            let ((off, len), _) = addr_offsets(*f);
+            x.payload(BASE_NETWORK, off, len, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        Match::DaddrIn(f, s) => {
+            let (_, (off, len)) = addr_offsets(*f);
+            x.payload(BASE_NETWORK, off, len, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // tcp dport @set → [ meta load l4proto ] [ cmp eq 6 ] [ payload load 2b @ transport + 2 ] [ lookup ]
+        Match::TcpDportIn(s) => {
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
+            x.payload(BASE_TRANSPORT, 2, 2, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // iifname @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set ]
+        Match::IifIn(s) => {
+            x.meta(NFT_META_IIFNAME, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // iifname . ip saddr != @set → [ meta load iifname => reg32 0 ]
+        //   [ payload load 4b @ network + 12 => reg32 4 ] [ lookup reg32 0 set, inverted ]
+        Match::IifSaddrNotIn(f, s) => {
+            let ((off, len), _) = addr_offsets(*f);
+            iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), true);
+        }
+        // arp saddr ip @set → [ payload load 4b @ network + 14 => reg 1 ] [ lookup ]
+        Match::ArpSpaIn(s) => {
+            x.payload(BASE_NETWORK, ARP_SPA_OFFSET, 4, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        Match::IifArpSpaNotIn(s) => {
+            iif_concat_lookup(x, (BASE_NETWORK, ARP_SPA_OFFSET, 4), &set(s), true);
+        }
+        // icmpv6 type nd-neighbor-advert → [ meta load l4proto ] [ cmp eq 58 ]
+        //   [ payload load 1b @ transport + 0 ] [ cmp eq 136 ]
+        Match::NeighborAdvert => {
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_ICMPV6 as u8]);
+            x.payload(BASE_TRANSPORT, 0, 1, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[ICMPV6_ND_NEIGHBOR_ADVERT]);
+        }
+        Match::NdTargetIn(s) => {
+            x.payload(BASE_TRANSPORT, ND_TARGET_OFFSET, 16, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        Match::IifNdTargetNotIn(s) => {
+            iif_concat_lookup(x, (BASE_TRANSPORT, ND_TARGET_OFFSET, 16), &set(s), true);
+        }
+        // meta mark & M == M → [ meta load mark ] [ bitwise & M ] [ cmp eq M ] (host order)
+        Match::MarkHas(mark) => {
+            x.meta(NFT_META_MARK, NFT_REG_1);
+            x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
+            x.cmp_eq(NFT_REG_1, &mark.to_ne_bytes());
+        }
+        // ct original ip daddr @set → [ ct load dst_ip => reg 1, dir original ] [ lookup ]
+        Match::CtOrigDaddrIn(f, s) => {
+            const NFT_CT_DST_IP: u32 = 20;
+            const NFT_CT_DST_IP6: u32 = 22;
+            let key = match f {
+                Family::V4 => NFT_CT_DST_IP,
+                Family::V6 => NFT_CT_DST_IP6,
+            };
+            x.ct_original(key, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // meta l4proto tcp ct original proto-dst @set → [ meta load l4proto ] [ cmp eq 6 ]
+        //   [ ct load proto_dst => reg 1, dir original ] [ lookup ]
+        Match::CtOrigTcpDportIn(s) => {
+            const NFT_CT_PROTO_DST: u32 = 12;
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
+            x.ct_original(NFT_CT_PROTO_DST, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // ip daddr . tcp dport != @set → [ payload load daddr => reg32 0 ]
+        //   [ payload load 2b @ transport + 2 => reg32 1 (4 for IPv6) ] [ lookup reg32 0, inverted ]
+        Match::NotToIn(f, s) => {
+            let (_, (off, len)) = addr_offsets(*f);
+            x.payload(BASE_NETWORK, off, len, NFT_REG32_00);
+            x.payload(BASE_TRANSPORT, 2, 2, NFT_REG32_00 + len / 4);
+            x.lookup(&set(s), NFT_REG32_00, true);
+        }
+        // limit rate N/second burst B packets → [ limit rate N/second burst B type packets ]
+        Match::Limit { per_second, burst } => {
+            x.expr("limit", |b| {
+                b.attr_u64_be(1, *per_second); // NFTA_LIMIT_RATE
+                b.attr_u64_be(2, 1); // NFTA_LIMIT_UNIT: seconds
+                b.attr_u32_be(3, *burst); // NFTA_LIMIT_BURST
+                b.attr_u32_be(4, 0); // NFTA_LIMIT_TYPE: NFT_LIMIT_PKTS
+            });
+        }
+    }
+}
+
+fn lower_action(x: &mut Exprs<'_>, a: &Action) {
+    match a {
+        // dnat ip to A:P → [ immediate reg 1 A ] [ immediate reg 2 P ] [ nat dnat ip addr reg 1 proto reg 2 ]
+        Action::DnatTo(ip, port) => {
+            x.immediate_data(NFT_REG_1, &ip_bytes(ip));
+            x.immediate_data(NFT_REG_2, &port.to_be_bytes());
+            let fam = nfproto(Family::of(ip));
+            x.expr("nat", |b| {
+                b.attr_u32_be(1, 1); // NFTA_NAT_TYPE: NFT_NAT_DNAT
+                b.attr_u32_be(2, fam as u32); // NFTA_NAT_FAMILY
+                b.attr_u32_be(3, NFT_REG_1); // NFTA_NAT_REG_ADDR_MIN
+                b.attr_u32_be(5, NFT_REG_2); // NFTA_NAT_REG_PROTO_MIN
+            });
+        }
+        // snat ip to ip saddr → [ payload load saddr => reg 1 ] [ nat snat ip addr reg 1 ]
+        Action::SnatToSaddr(f) => {
+            let ((off, len), _) = addr_offsets(*f);
+            x.payload(1, off, len, NFT_REG_1);
+            let fam = nfproto(*f);
+            x.expr("nat", |b| {
+                b.attr_u32_be(1, 0); // NFT_NAT_SNAT
+                b.attr_u32_be(2, fam as u32);
+                b.attr_u32_be(3, NFT_REG_1);
+            });
+        }
+        Action::Masquerade { random_fully } => {
+            const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 1 << 4;
+            let flags = if *random_fully {
+                NF_NAT_RANGE_PROTO_RANDOM_FULLY
+            } else {
+                0
+            };
+            x.expr("masq", |b| {
+                if flags != 0 {
+                    b.attr_u32_be(1, flags); // NFTA_MASQ_FLAGS
+                }
+            });
+        }
+        Action::RejectTcpReset => {
+            x.expr("reject", |b| {
+                b.attr_u32_be(1, 1); // NFTA_REJECT_TYPE: NFT_REJECT_TCP_RST
+                b.attr_u8(2, 0); // NFTA_REJECT_ICMP_CODE
+            });
+        }
+        Action::Drop => x.verdict(NF_DROP),
+        Action::Return => x.verdict(NFT_RETURN),
+        // log prefix "…" level warn → [ log prefix … level 4 ] (to the kernel log)
+        Action::Log { prefix } => {
+            const LOGLEVEL_WARNING: u32 = 4;
+            x.expr("log", |b| {
+                b.attr_str(2, prefix); // NFTA_LOG_PREFIX
+                b.attr_u32_be(5, LOGLEVEL_WARNING); // NFTA_LOG_LEVEL
+            });
+        }
+        Action::Continue => {}
+    }
+}
+
+/// One NEWRULE appended to `chain`, commented with the plan's fingerprint.
+pub fn new_rule(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    chain: &str,
+    rule: &Rule,
+    names: &NetNames,
+    comment: &str,
+) -> u32 {
+    let s = begin(b, t, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
+    b.attr_str(NFTA_RULE_TABLE, TABLE);
+    b.attr_str(NFTA_RULE_CHAIN, chain);
+    let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);
+    {
+        let mut x = Exprs { b };
+        for m in &rule.matches {
+            lower_match(&mut x, m, names);
+        }
+        if rule.count.is_some() {
+            x.expr("counter", |_| {});
+        }
+        lower_action(&mut x, &rule.action);
+    }
+    b.nest_end(list);
+    b.attr(NFTA_RULE_USERDATA, &udata_comment(comment));
+    b.end();
+    s
+}
