@@ -92,7 +92,13 @@ pub fn own_addresses() -> Vec<IpAddr> {
 /// Where a pod's packets enter the node, from the host-side interface names of its
 /// prevResult: a port of a bridge gives (bridge, port); an interface that is not a port is the
 /// routed veth itself. An interface the kernel does not know is taken as routed, as reported.
-pub fn host_side(names: &[String]) -> Option<HostSide> {
+/// A primary plugin that reports no host-side interface gets the interface the node's route to
+/// the pod's first address leaves by.
+pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
+    if names.is_empty() {
+        let oif = addrs.iter().find_map(|a| link::route_oif(*a).ok().flatten())?;
+        return host_side(&[oif], &[]);
+    }
     let (mut port, mut routed, mut bridge, mut unknown) = (None, None, None, None);
     for name in names {
         let Some(n) = IfName::new(name) else { continue };

@@ -144,7 +144,7 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     }
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let host = crate::node::host_side(&cni::prev_result::host_interfaces(prev));
+    let host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,
