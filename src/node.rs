@@ -96,7 +96,9 @@ pub fn own_addresses() -> Vec<IpAddr> {
 /// the pod's first address leaves by.
 pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
     if names.is_empty() {
-        let oif = addrs.iter().find_map(|a| link::route_oif(*a).ok().flatten())?;
+        let oif = addrs
+            .iter()
+            .find_map(|a| link::route_oif(*a).ok().flatten())?;
         return host_side(&[oif], &[]);
     }
     let (mut port, mut routed, mut bridge, mut unknown) = (None, None, None, None);

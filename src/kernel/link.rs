@@ -35,8 +35,7 @@ pub struct Link {
 
 /// Sends one rtnetlink request (`body` after the header) and returns the reply messages.
 fn ask(msg_type: u16, body: &[u8], what: &str) -> Result<Vec<super::netlink::Msg>> {
-    let mut sock =
-        Socket::new(NETLINK_ROUTE).map_err(|e| Error::io("open rtnetlink socket", e))?;
+    let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| Error::io("open rtnetlink socket", e))?;
     sock.bind_auto()
         .map_err(|e| Error::io("bind rtnetlink socket", e))?;
     set_recv_timeout(&sock, REPLY_DEADLINE);

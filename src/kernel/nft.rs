@@ -97,12 +97,28 @@ pub struct Tx {
 
 impl Tx {
     pub fn new(sock: &mut NfSocket) -> Self {
-        let mut buf = sock.msgbuf();
+        Self::on(sock.msgbuf())
+    }
+
+    fn on(mut buf: MsgBuf) -> Self {
         begin_batch(&mut buf);
         Tx {
             buf,
             what: Vec::new(),
         }
+    }
+
+    /// The batch as it would be sent (for golden tests of the encoding).
+    #[cfg(test)]
+    pub(crate) fn encoded(mut self) -> Vec<u8> {
+        self.buf.ack_last();
+        end_batch(&mut self.buf);
+        self.buf.as_bytes().to_vec()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test() -> Self {
+        Self::on(MsgBuf::new(1))
     }
 
     fn note(&mut self, seq: u32, what: impl Into<String>) {
