@@ -455,7 +455,9 @@ def natguard_conf(pod, flush, log_file=None):
         "prevResult": pod.prev_result(),
     }
     if log_file:
+        # The conntrack report is an info line.
         c["logFile"] = log_file
+        c["logLevel"] = "info"
     return json.dumps(c).encode()
 
 
