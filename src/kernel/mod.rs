@@ -230,14 +230,7 @@ impl Kernel for Netfilter {
 }
 
 fn describe(key: &Key) -> String {
-    match key {
-        Key::Addr(a) => a.to_string(),
-        Key::Port(p) => p.to_string(),
-        Key::Owner(o) => format!("pod {}", o.hex()),
-        Key::Iface(i) => format!("interface {i}"),
-        Key::IfAddr(i, a) => format!("{i} . {a}"),
-        Key::AddrPort(a, p) => format!("{a} . {p}"),
-    }
+    crate::plan::render_key(key)
 }
 
 /// An element read back, with its key decoded for the set's kind; `None` for a key of another

@@ -35,15 +35,19 @@ pub struct RuleRead {
 
 /// The packet count of the first `counter` expression in a list of expressions.
 fn counter_in(exprs: super::netlink::Attrs<'_>) -> Option<u64> {
-    exprs.filter(|e| e.ty == NFTA_LIST_ELEM).find_map(|e| {
-        let e = e.nested();
-        (e.get(NFTA_EXPR_NAME)?.str() == "counter")
-            .then(|| e.get(NFTA_EXPR_DATA))
-            .flatten()?
-            .nested()
-            .get(NFTA_COUNTER_PACKETS)?
-            .u64_be()
-    })
+    exprs
+        .filter(|e| e.ty == NFTA_LIST_ELEM)
+        .find_map(|e| counter_of(e.nested()))
+}
+
+/// The packet count of one expression, when it is a `counter`.
+fn counter_of(expr: super::netlink::Attrs<'_>) -> Option<u64> {
+    (expr.get(NFTA_EXPR_NAME)?.str() == "counter")
+        .then(|| expr.get(NFTA_EXPR_DATA))
+        .flatten()?
+        .nested()
+        .get(NFTA_COUNTER_PACKETS)?
+        .u64_be()
 }
 
 fn parse_elems(m: &Msg) -> Vec<ElemRead> {
@@ -69,15 +73,7 @@ fn parse_elems(m: &Msg) -> Vec<ElemRead> {
         let packets = attrs
             .get(NFTA_SET_ELEM_EXPRESSIONS)
             .and_then(|l| counter_in(l.nested()))
-            .or_else(|| {
-                let e = attrs.get(NFTA_SET_ELEM_EXPR)?.nested();
-                (e.get(NFTA_EXPR_NAME)?.str() == "counter")
-                    .then(|| e.get(NFTA_EXPR_DATA))
-                    .flatten()?
-                    .nested()
-                    .get(NFTA_COUNTER_PACKETS)?
-                    .u64_be()
-            });
+            .or_else(|| counter_of(attrs.get(NFTA_SET_ELEM_EXPR)?.nested()));
         out.push(ElemRead {
             key,
             flags,

@@ -143,6 +143,20 @@ impl ChainKind {
     }
 }
 
+/// What a set's keys are made of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyShape {
+    /// An address of the family.
+    Addr(Family),
+    /// An interface name, then an address of the family.
+    IfAddr(Family),
+    /// An address of the family, then a port.
+    AddrPort(Family),
+    Port,
+    /// A 16-byte name (an interface, or an owner key in its hex form).
+    Name,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetKind {
     /// Pod addresses whose metadata traffic is intercepted (pods not in an exempt namespace).
@@ -210,11 +224,9 @@ impl SetKind {
             _ => TableFamily::Inet,
         }
     }
-    pub fn type_name(self) -> &'static str {
-        let addr = |f: Family| match f {
-            Family::V4 => "ipv4_addr",
-            Family::V6 => "ipv6_addr",
-        };
+    /// What a key of this set is made of: the one place the plan says it, for the lowering
+    /// (datatype ids, key lengths) and the rendering (nft type names) alike.
+    pub fn key_shape(self) -> KeyShape {
         match self {
             SetKind::Meta(f)
             | SetKind::Masq(f)
@@ -222,13 +234,23 @@ impl SetKind {
             | SetKind::MetaDst(f)
             | SetKind::GuardAddr(f)
             | SetKind::CountProxied(f)
-            | SetKind::CountReset(f) => addr(f),
-            SetKind::Allow(Family::V4) | SetKind::GuardPort(Family::V4) => "ifname . ipv4_addr",
-            SetKind::Allow(Family::V6) | SetKind::GuardPort(Family::V6) => "ifname . ipv6_addr",
-            SetKind::ProxyTarget(Family::V4) => "ipv4_addr . inet_service",
-            SetKind::ProxyTarget(Family::V6) => "ipv6_addr . inet_service",
-            SetKind::MetaPorts => "inet_service",
-            SetKind::Pods | SetKind::Attach | SetKind::Ifaces => "ifname",
+            | SetKind::CountReset(f) => KeyShape::Addr(f),
+            SetKind::Allow(f) | SetKind::GuardPort(f) => KeyShape::IfAddr(f),
+            SetKind::ProxyTarget(f) => KeyShape::AddrPort(f),
+            SetKind::MetaPorts => KeyShape::Port,
+            SetKind::Pods | SetKind::Attach | SetKind::Ifaces => KeyShape::Name,
+        }
+    }
+    pub fn type_name(self) -> &'static str {
+        match self.key_shape() {
+            KeyShape::Addr(Family::V4) => "ipv4_addr",
+            KeyShape::Addr(Family::V6) => "ipv6_addr",
+            KeyShape::IfAddr(Family::V4) => "ifname . ipv4_addr",
+            KeyShape::IfAddr(Family::V6) => "ifname . ipv6_addr",
+            KeyShape::AddrPort(Family::V4) => "ipv4_addr . inet_service",
+            KeyShape::AddrPort(Family::V6) => "ipv6_addr . inet_service",
+            KeyShape::Port => "inet_service",
+            KeyShape::Name => "ifname",
         }
     }
     pub fn is_interval(self) -> bool {

@@ -13,8 +13,8 @@
 
 use super::netlink::*;
 use crate::plan::{
-    Action, ChainKind, Elem, EtherProto, Family, Key, Match, NetNames, Rule, SetKind, TableFamily,
-    TABLE,
+    Action, ChainKind, Elem, EtherProto, Family, Key, KeyShape, Match, NetNames, Rule, SetKind,
+    TableFamily, TABLE,
 };
 use std::net::IpAddr;
 
@@ -150,24 +150,18 @@ fn addr_type(f: Family) -> (u32, u32) {
 
 /// nft datatype id and key length in bytes of a set kind.
 pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
-    match kind {
-        SetKind::Meta(f)
-        | SetKind::Masq(f)
-        | SetKind::NoMasq(f)
-        | SetKind::MetaDst(f)
-        | SetKind::GuardAddr(f)
-        | SetKind::CountProxied(f)
-        | SetKind::CountReset(f) => addr_type(f),
-        SetKind::Allow(f) | SetKind::GuardPort(f) => {
+    match kind.key_shape() {
+        KeyShape::Addr(f) => addr_type(f),
+        KeyShape::IfAddr(f) => {
             let (t, len) = addr_type(f);
             ((TYPE_IFNAME << TYPE_BITS) | t, IFNAME_LEN + len)
         }
-        SetKind::MetaPorts => (TYPE_INET_SERVICE, 2),
-        SetKind::ProxyTarget(f) => {
+        KeyShape::AddrPort(f) => {
             let (t, len) = addr_type(f);
             ((t << TYPE_BITS) | TYPE_INET_SERVICE, len + 4)
         }
-        SetKind::Pods | SetKind::Attach | SetKind::Ifaces => (TYPE_IFNAME, IFNAME_LEN),
+        KeyShape::Port => (TYPE_INET_SERVICE, 2),
+        KeyShape::Name => (TYPE_IFNAME, IFNAME_LEN),
     }
 }
 
