@@ -155,11 +155,11 @@ fn converge_batch_matches_its_golden_annotation() {
     let mut tx = super::super::nft::Tx::for_test();
     tx.converge_shared(&plan, true);
     let got = annotate(&tx.encoded());
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/converge.batch");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden-batch/converge.txt");
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(path, &got).unwrap();
     }
-    let want = std::fs::read_to_string(path).expect("tests/golden/converge.batch");
+    let want = std::fs::read_to_string(path).expect("tests/golden-batch/converge.txt");
     assert!(
         got == want,
         "the encoded converge batch differs from {path}; after an intended change rerun with UPDATE_GOLDEN=1 and review the diff"
