@@ -679,8 +679,8 @@ fn must_state(ns: &Netns) -> State {
 }
 
 const POD_SETS: [&str; 13] = [
-    "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "allow4", "allow6", "cntp4", "cntp6",
-    "cntr4", "cntr6",
+    "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "exempt4", "exempt6", "cntp4",
+    "cntp6", "cntr4", "cntr6",
 ];
 
 fn set_name(suffix: &str) -> String {
@@ -707,7 +707,7 @@ fn expected_pod_sets(live: &[SynPod]) -> BTreeMap<String, BTreeMap<String, Optio
             // Exempt addresses are keyed by the pod's host interface and the address.
             let (owned, key) = if p.exempt() {
                 (
-                    "allow",
+                    "exempt",
                     json!({ "concat": [p.host_iface(), a.to_string()] }).to_string(),
                 )
             } else {

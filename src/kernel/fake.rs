@@ -92,6 +92,11 @@ impl Fake {
                     return Err(enoent(format!("remove {key:?} from {}", set.name)));
                 }
             }
+            Op::DeleteSet(_, name) => {
+                if self.sets.remove(name).is_none() {
+                    return Err(enoent(format!("delete set {name}")));
+                }
+            }
             Op::DeleteTable(t) => {
                 if self.tables.remove(t).is_none() {
                     return Err(enoent("delete table".into()));

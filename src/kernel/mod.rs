@@ -60,6 +60,8 @@ pub(crate) enum Op {
     },
     /// Delete an element known to exist (read under the lock in this invocation).
     Del { set: SetRef, key: Key },
+    /// Delete a set that nothing refers to any more (after the converge flushed its chains).
+    DeleteSet(TableFamily, String),
     /// Delete one of natguard's tables.
     DeleteTable(TableFamily),
 }
@@ -142,6 +144,7 @@ impl Netfilter {
                     lower::key_bytes(key),
                     &describe(key),
                 ),
+                Op::DeleteSet(t, name) => tx.delete_set(*t, name),
                 Op::DeleteTable(t) => tx.delete_table(*t),
             }
         }

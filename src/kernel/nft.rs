@@ -248,6 +248,14 @@ impl Tx {
         }
     }
 
+    pub fn delete_set(&mut self, t: TableFamily, name: &str) {
+        let s = del_set(&mut self.buf, t, name);
+        self.note(
+            s,
+            format!("delete set {} {} {name}", t.nft(), crate::plan::TABLE),
+        );
+    }
+
     pub fn delete_table(&mut self, t: TableFamily) {
         let s = del_table(&mut self.buf, t);
         self.note(

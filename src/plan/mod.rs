@@ -10,7 +10,7 @@
 //! network's pods share (chains, rules, the CIDR and metadata sets) is written when it differs
 //! from the plan; what a pod owns is only set elements, each naming its owners ([`record`]):
 //! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) or
-//!   `NET-allow4/6` (exempt), each element listing every attachment that owns it, so
+//!   `NET-exempt4/6` (exempt, keyed by interface and address), each element listing every attachment that owns it, so
 //!   "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone;
 //! - one element in `NET-pods`, keyed by the attachment's [`OwnerKey`], whose comment records the
 //!   pod's addresses: DEL and GC find everything a pod owns from that key alone.
@@ -143,6 +143,11 @@ impl ChainKind {
     }
 }
 
+/// Suffixes of sets that earlier versions of natguard created and this one no longer uses (or
+/// uses under another name with another key type): a converge deletes them, after flushing
+/// the chains whose old rules referred to them, so an upgraded node keeps only what is used.
+pub const LEGACY_SET_SUFFIXES: [&str; 4] = ["nets4", "nets6", "allow4", "allow6"];
+
 /// What a set's keys are made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KeyShape {
@@ -205,7 +210,7 @@ impl SetKind {
             SetKind::MetaPorts => "mports".into(),
             SetKind::Pods => "pods".into(),
             SetKind::Attach => "att".into(),
-            SetKind::Allow(f) => format!("allow{}", f.suffix()),
+            SetKind::Allow(f) => format!("exempt{}", f.suffix()),
             SetKind::Ifaces => "ifs".into(),
             SetKind::GuardAddr(f) => format!("xaddr{}", f.suffix()),
             SetKind::GuardPort(f) => format!("xport{}", f.suffix()),
@@ -518,7 +523,7 @@ pub enum Key {
     Owner(OwnerKey),
     /// An interface (the `NET-ifs` set).
     Iface(IfName),
-    /// An interface and an address (`NET-allow4/6`, `NET-xport4/6`).
+    /// An interface and an address (`NET-exempt4/6`, `NET-xport4/6`).
     IfAddr(IfName, IpAddr),
     /// An address and a port (`NET-pxy4/6`).
     AddrPort(IpAddr, u16),

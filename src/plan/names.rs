@@ -44,7 +44,11 @@ impl NetNames {
         format!("{}-{}", self.prefix, c.suffix())
     }
     pub fn set(&self, s: SetKind) -> String {
-        format!("{}-{}", self.prefix, s.suffix())
+        format!("{}{}", self.prefix_of_sets(), s.suffix())
+    }
+    /// What every set name of the network starts with.
+    pub fn prefix_of_sets(&self) -> String {
+        format!("{}-", self.prefix)
     }
     /// The network a natguard chain name belongs to (for `status`), by its `-dnat` suffix.
     pub fn network_of_chain(name: &str) -> Option<&str> {

@@ -215,6 +215,14 @@ impl<K: Kernel> Store<K> {
         let mut batch = Batch::default();
         if converge {
             batch.push(Op::Converge(Box::new(shared.clone())));
+            let existing: HashSet<String> =
+                self.k.set_names(TableFamily::Inet)?.into_iter().collect();
+            for suffix in plan::LEGACY_SET_SUFFIXES {
+                let name = format!("{}{suffix}", names.prefix_of_sets());
+                if existing.contains(&name) {
+                    batch.push(Op::DeleteSet(TableFamily::Inet, name));
+                }
+            }
         }
         let netns_exists = self.netns_exists;
         let mut v = view::View::new(&mut self.k);

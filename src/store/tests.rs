@@ -392,3 +392,38 @@ fn delete_all_removes_both_tables_once() {
     assert!(s.kernel().sets.is_empty());
     s.delete_all().unwrap();
 }
+
+#[test]
+fn an_upgrade_deletes_the_sets_earlier_versions_left() {
+    let cfg = Config::default();
+    let mut s = store();
+    s.kernel().tables.insert(TableFamily::Inet, 0);
+    for legacy in ["net1-nets4", "net1-allow4", "other-nets4"] {
+        s.kernel().sets.insert(
+            legacy.into(),
+            crate::kernel::fake::FakeSet {
+                kind: Some(SetKind::Meta(Family::V4)),
+                ..Default::default()
+            },
+        );
+    }
+    s.apply_pod(&shared(&cfg), &pod(&cfg, "a", "default", &["10.1.0.5"]))
+        .unwrap();
+    let names: Vec<&String> = s.kernel().sets.keys().collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| *n == "net1-nets4" || *n == "net1-allow4"),
+        "{names:?}"
+    );
+    assert!(
+        names.iter().any(|n| *n == "other-nets4"),
+        "another network's set is not ours"
+    );
+    // A converge with nothing left over deletes nothing.
+    s.kernel().tables.insert(TableFamily::Inet, 1);
+    s.apply_pod(&shared(&cfg), &pod(&cfg, "b", "default", &["10.1.0.6"]))
+        .unwrap();
+    let last = s.kernel().commits.last().unwrap();
+    assert!(!last.ops.iter().any(|o| matches!(o, Op::DeleteSet(..))));
+}

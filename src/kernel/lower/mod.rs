@@ -32,6 +32,7 @@ pub const NFT_MSG_GETRULE: u16 = 7;
 pub const NFT_MSG_DELRULE: u16 = 8;
 pub const NFT_MSG_NEWSET: u16 = 9;
 pub const NFT_MSG_GETSET: u16 = 10;
+pub const NFT_MSG_DELSET: u16 = 11;
 pub const NFT_MSG_NEWSETELEM: u16 = 12;
 pub const NFT_MSG_GETSETELEM: u16 = 13;
 pub const NFT_MSG_DELSETELEM: u16 = 14;
@@ -306,6 +307,14 @@ pub fn new_set(
         b.nest_end(d);
         b.nest_end(e);
     }
+    b.end();
+    s
+}
+
+pub fn del_set(b: &mut MsgBuf, t: TableFamily, set: &str) -> u32 {
+    let s = begin(b, t, NFT_MSG_DELSET, 0);
+    b.attr_str(NFTA_SET_TABLE, TABLE);
+    b.attr_str(NFTA_SET_NAME, set);
     b.end();
     s
 }

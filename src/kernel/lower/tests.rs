@@ -155,7 +155,10 @@ fn converge_batch_matches_its_golden_annotation() {
     let mut tx = super::super::nft::Tx::for_test();
     tx.converge_shared(&plan, true);
     let got = annotate(&tx.encoded());
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden-batch/converge.txt");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden-batch/converge.txt"
+    );
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(path, &got).unwrap();
     }
