@@ -20,15 +20,13 @@
 //! name cannot forge a line), the metrics escape label values as the exposition format requires,
 //! and the JSON is escaped by serde.
 
-use crate::plan::Family;
+use crate::plan::{Family, LOG_PREFIX};
 use serde_json::{json, Value};
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::IpAddr;
 
-/// The prefix of the kernel log lines for denied metadata attempts (`metadata.logDenied`).
-pub(crate) const LOG_PREFIX: &str = "natguard denied ";
 /// The `version` of the `status --json` document; bumped only when a key changes meaning or goes.
 pub(crate) const JSON_VERSION: u64 = 1;
 /// Container IDs are shown by their first 12 characters, as `docker ps` and `crictl ps` do.
@@ -53,6 +51,12 @@ pub(crate) struct NetworkReport {
     pub mode: String,
     pub fingerprint: String,
     pub log_denied: bool,
+    /// The metadata destinations and ports the rules match (empty in mode off).
+    pub metadata_addresses: Vec<IpAddr>,
+    pub metadata_ports: Vec<u16>,
+    /// Host-side interfaces the network's pods' packets enter through, with how many pods sit
+    /// behind each: metadata TCP from these fails closed.
+    pub interfaces: Vec<(String, u32)>,
     /// At most one entry per family is expected; several are added up.
     pub families: Vec<FamilyCounters>,
     pub pods: Vec<PodReport>,
@@ -70,6 +74,9 @@ pub(crate) struct FamilyCounters {
     pub masqueraded: u64,
     /// Connections that kept the pod's source address (non-masquerade destinations).
     pub kept_source: u64,
+    /// Denied attempts written to the kernel log (`metadata.logDenied`, rate-limited), in
+    /// packets.
+    pub logged: u64,
 }
 
 /// One pod attachment (container ID, ifname) in a network.
@@ -96,6 +103,7 @@ struct Totals {
     reset: u64,
     masqueraded: u64,
     kept_source: u64,
+    logged: u64,
 }
 
 fn family_label(f: Family) -> &'static str {
@@ -114,6 +122,7 @@ fn family_totals(net: &NetworkReport) -> [(Family, Totals); 2] {
             t.reset = t.reset.saturating_add(c.reset);
             t.masqueraded = t.masqueraded.saturating_add(c.masqueraded);
             t.kept_source = t.kept_source.saturating_add(c.kept_source);
+            t.logged = t.logged.saturating_add(c.logged);
         }
         (f, t)
     })
@@ -184,6 +193,14 @@ fn who(p: &PodReport) -> String {
             printable(ns.unwrap_or("?")),
             printable(name.unwrap_or("?"))
         ),
+    }
+}
+
+fn list_or_none(items: Vec<String>) -> String {
+    if items.is_empty() {
+        "none".to_string()
+    } else {
+        items.join(", ")
     }
 }
 
@@ -282,9 +299,32 @@ pub(crate) fn render_text(r: &NodeReport) -> String {
             mode_in_words(&net.mode),
             printable(&net.fingerprint)
         );
-        for (f, t) in family_totals(net) {
+        if net.mode != "off" {
+            let addrs: Vec<String> = net
+                .metadata_addresses
+                .iter()
+                .map(|a| a.to_string())
+                .collect();
+            let ports: Vec<String> = net.metadata_ports.iter().map(|p| p.to_string()).collect();
             let _ = writeln!(
                 out,
+                "  metadata: {} port(s) {}",
+                list_or_none(addrs),
+                list_or_none(ports)
+            );
+            let ifaces: Vec<String> = net
+                .interfaces
+                .iter()
+                .map(|(i, n)| format!("{} ({n} pod(s))", printable(i)))
+                .collect();
+            let _ = writeln!(
+                out,
+                "  pod interfaces (metadata fails closed from these): {}",
+                list_or_none(ifaces)
+            );
+        }
+        for (f, t) in family_totals(net) {
+            let mut line = format!(
                 "  {}: {} connection(s) sent to the proxy, {} attempt(s) to reach the real \
                  metadata API reset, {} connection(s) masqueraded, {} connection(s) kept the \
                  pod's source address",
@@ -294,6 +334,10 @@ pub(crate) fn render_text(r: &NodeReport) -> String {
                 t.masqueraded,
                 t.kept_source
             );
+            if net.log_denied {
+                let _ = write!(line, ", {} denied attempt(s) logged", t.logged);
+            }
+            let _ = writeln!(out, "{line}");
         }
         write_log_hint(&mut out, net);
         let pods = pods_for_display(r, net);
@@ -347,6 +391,7 @@ fn network_json(r: &NodeReport, net: &NetworkReport) -> Value {
                 "reset": t.reset,
                 "masqueraded": t.masqueraded,
                 "keptSource": t.kept_source,
+                "logged": t.logged,
             }),
         );
     }
@@ -354,11 +399,24 @@ fn network_json(r: &NodeReport, net: &NetworkReport) -> Value {
         .into_iter()
         .map(|p| pod_json(r, p))
         .collect();
+    let addrs: Vec<String> = net
+        .metadata_addresses
+        .iter()
+        .map(|a| a.to_string())
+        .collect();
+    let ifaces: Vec<Value> = net
+        .interfaces
+        .iter()
+        .map(|(name, pods)| json!({ "name": name, "pods": pods }))
+        .collect();
     json!({
         "name": net.name,
         "mode": net.mode,
         "fingerprint": net.fingerprint,
         "logDenied": net.log_denied,
+        "metadataAddresses": addrs,
+        "metadataPorts": net.metadata_ports,
+        "podInterfaces": ifaces,
         "families": families,
         "pods": pods,
     })
@@ -519,6 +577,13 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         NET_FAMILY,
         "Pod connections to non-masquerade destinations that kept the pod's source address.",
     );
+    let mut logged = MetricFamily::new(
+        "natguard_logged_attempts_total",
+        Counter,
+        NET_FAMILY,
+        "Packets of denied metadata attempts written to the kernel log (metadata.logDenied; \
+         rate-limited, so at most the reset attempts).",
+    );
     let mut pod_reset = MetricFamily::new(
         "natguard_pod_reset_attempts_total",
         Counter,
@@ -543,7 +608,8 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
             proxied.add(labels.clone(), t.proxied);
             reset.add(labels.clone(), t.reset);
             masqueraded.add(labels.clone(), t.masqueraded);
-            kept.add(labels, t.kept_source);
+            kept.add(labels.clone(), t.kept_source);
+            logged.add(labels, t.logged);
         }
         for p in &net.pods {
             let labels = vec![
@@ -572,6 +638,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         &reset,
         &masqueraded,
         &kept,
+        &logged,
     ] {
         family.write(&mut out);
     }
@@ -597,6 +664,7 @@ mod tests {
             reset,
             masqueraded: masq,
             kept_source: kept,
+            logged: 0,
         }
     }
 
@@ -640,8 +708,17 @@ mod tests {
                     mode: "proxy".to_string(),
                     fingerprint: "cb1f5ff0b7e79f45".to_string(),
                     log_denied: true,
+                    metadata_addresses: vec![
+                        "169.254.169.254".parse().unwrap(),
+                        "fd00:ec2::254".parse().unwrap(),
+                    ],
+                    metadata_ports: vec![80],
+                    interfaces: vec![("cni0".to_string(), 6)],
                     families: vec![
-                        fam(Family::V6, 4, 1, 30, 2),
+                        FamilyCounters {
+                            logged: 4,
+                            ..fam(Family::V6, 4, 1, 30, 2)
+                        },
                         fam(Family::V4, 12, 3, 400, 70),
                     ],
                     pods: vec![
@@ -672,6 +749,9 @@ mod tests {
                     mode: "deny".to_string(),
                     fingerprint: "0000000000000001".to_string(),
                     log_denied: false,
+                    metadata_addresses: vec!["169.254.169.254".parse().unwrap()],
+                    metadata_ports: vec![80, 8080],
+                    interfaces: vec![("veth\n1".to_string(), 1)],
                     families: vec![fam(Family::V4, 0, 5, 1, 1)],
                     pods: vec![pod(
                         "ns\"q\\",
@@ -689,6 +769,7 @@ mod tests {
                     log_denied: false,
                     families: vec![],
                     pods: vec![],
+                    ..NetworkReport::default()
                 },
             ],
         }
@@ -779,11 +860,27 @@ mod tests {
         assert!(pods.contains(
             "\n  ipv4: 12 connection(s) sent to the proxy, 3 attempt(s) to reach the real \
              metadata API reset, 400 connection(s) masqueraded, 70 connection(s) kept the pod's \
-             source address\n  ipv6: 4 connection(s) sent to the proxy, 1 attempt(s)"
+             source address, 0 denied attempt(s) logged\n  ipv6: 4 connection(s) sent to the \
+             proxy, 1 attempt(s)"
+        ));
+        assert!(
+            pods.contains("source address, 4 denied attempt(s) logged\n"),
+            "{pods}"
+        );
+        assert!(pods.contains(
+            "\n  metadata: 169.254.169.254, fd00:ec2::254 port(s) 80\n  pod interfaces (metadata \
+             fails closed from these): cni0 (6 pod(s))\n"
         ));
         let empty = section(&text, "empty:");
         assert!(empty.contains("\n  ipv6: 0 connection(s) sent to the proxy, 0 attempt(s)"));
         assert!(empty.contains("\n  pods: none\n"));
+        // Mode off matches no metadata destination, and nothing is logged.
+        assert!(
+            !empty.contains("  metadata:")
+                && !empty.contains("pod interfaces")
+                && !empty.contains("denied attempt(s) logged"),
+            "{empty}"
+        );
         let names: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("network "))
@@ -809,6 +906,7 @@ mod tests {
             lines[0]
         );
         assert!(text.lines().all(|l| !l.starts_with("od-")));
+        assert!(nasty.contains("): veth\\n1 (1 pod(s))\n"), "{nasty}");
     }
 
     #[test]
@@ -906,6 +1004,9 @@ mod tests {
                 mode: "proxy".to_string(),
                 fingerprint: "cb1f5ff0b7e79f45".to_string(),
                 log_denied: false,
+                metadata_addresses: vec!["169.254.169.254".parse().unwrap()],
+                metadata_ports: vec![80],
+                interfaces: vec![("cni0".to_string(), 2)],
                 families: vec![fam(Family::V4, 12, 3, 40, 7)],
                 pods: vec![
                     pod(
@@ -942,18 +1043,32 @@ mod tests {
       "mode": "proxy",
       "fingerprint": "cb1f5ff0b7e79f45",
       "logDenied": false,
+      "metadataAddresses": [
+        "169.254.169.254"
+      ],
+      "metadataPorts": [
+        80
+      ],
+      "podInterfaces": [
+        {
+          "name": "cni0",
+          "pods": 2
+        }
+      ],
       "families": {
         "ipv4": {
           "proxied": 12,
           "reset": 3,
           "masqueraded": 40,
-          "keptSource": 7
+          "keptSource": 7,
+          "logged": 0
         },
         "ipv6": {
           "proxied": 0,
           "reset": 0,
           "masqueraded": 0,
-          "keptSource": 0
+          "keptSource": 0,
+          "logged": 0
         }
       },
       "pods": [
@@ -1049,6 +1164,9 @@ mod tests {
                     "mode",
                     "fingerprint",
                     "logDenied",
+                    "metadataAddresses",
+                    "metadataPorts",
+                    "podInterfaces",
                     "families",
                     "pods",
                 ],
@@ -1061,7 +1179,11 @@ mod tests {
             let fams = object(&n["families"], &["ipv4", "ipv6"], &at);
             for (f, c) in fams {
                 let at = format!("{at}.families.{f}");
-                let c = object(c, &["proxied", "reset", "masqueraded", "keptSource"], &at);
+                let c = object(
+                    c,
+                    &["proxied", "reset", "masqueraded", "keptSource", "logged"],
+                    &at,
+                );
                 c.values().for_each(|v| check(v, Kind::Uint, &at));
             }
             for (j, p) in n["pods"].as_array().unwrap().iter().enumerate() {
@@ -1497,7 +1619,7 @@ mod tests {
     // -----------------------------------------------------------------------------------------
     // Metrics
 
-    const ALWAYS: [(&str, &str); 8] = [
+    const ALWAYS: [(&str, &str); 9] = [
         ("natguard_up", "gauge"),
         ("natguard_per_pod_counters_available", "gauge"),
         ("natguard_networks", "gauge"),
@@ -1506,6 +1628,7 @@ mod tests {
         ("natguard_reset_attempts_total", "counter"),
         ("natguard_masqueraded_connections_total", "counter"),
         ("natguard_kept_source_connections_total", "counter"),
+        ("natguard_logged_attempts_total", "counter"),
     ];
     const PER_POD: [(&str, &str); 2] = [
         ("natguard_pod_reset_attempts_total", "counter"),
