@@ -308,7 +308,7 @@ pub(crate) fn render_text(r: &NodeReport) -> String {
             let ports: Vec<String> = net.metadata_ports.iter().map(|p| p.to_string()).collect();
             let _ = writeln!(
                 out,
-                "  metadata: {} port(s) {}",
+                "  metadata destinations: {}; TCP port(s): {}",
                 list_or_none(addrs),
                 list_or_none(ports)
             );
@@ -340,6 +340,21 @@ pub(crate) fn render_text(r: &NodeReport) -> String {
             let _ = writeln!(out, "{line}");
         }
         write_log_hint(&mut out, net);
+        if r.per_pod_counters {
+            // The rules count every reset; the pods' elements only those from their own
+            // addresses.
+            let total: u64 = family_totals(net).iter().map(|(_, t)| t.reset).sum();
+            let of_pods: u64 = net.pods.iter().filter_map(|p| p.reset).sum();
+            let others = total.saturating_sub(of_pods);
+            if others > 0 {
+                let _ = writeln!(
+                    out,
+                    "  {others} reset attempt(s) came from addresses of no pod listed below (an \
+                     address a pod added itself, a pod started without natguard's ADD, a pod \
+                     deleted since)"
+                );
+            }
+        }
         let pods = pods_for_display(r, net);
         let with_resets = pods
             .iter()
@@ -868,7 +883,7 @@ mod tests {
             "{pods}"
         );
         assert!(pods.contains(
-            "\n  metadata: 169.254.169.254, fd00:ec2::254 port(s) 80\n  pod interfaces (metadata \
+            "\n  metadata destinations: 169.254.169.254, fd00:ec2::254; TCP port(s): 80\n  pod interfaces (metadata \
              fails closed from these): cni0 (6 pod(s))\n"
         ));
         let empty = section(&text, "empty:");
@@ -876,7 +891,7 @@ mod tests {
         assert!(empty.contains("\n  pods: none\n"));
         // Mode off matches no metadata destination, and nothing is logged.
         assert!(
-            !empty.contains("  metadata:")
+            !empty.contains("  metadata destinations:")
                 && !empty.contains("pod interfaces")
                 && !empty.contains("denied attempt(s) logged"),
             "{empty}"
@@ -907,6 +922,24 @@ mod tests {
         );
         assert!(text.lines().all(|l| !l.starts_with("od-")));
         assert!(nasty.contains("): veth\\n1 (1 pod(s))\n"), "{nasty}");
+    }
+
+    #[test]
+    fn text_counts_resets_of_no_pod() {
+        let mut r = node();
+        r.networks[1].families[0].reset = 7;
+        let text = render_text(&r);
+        let nasty = section(&text, "a\"b");
+        assert!(
+            nasty.contains(
+                "\n  2 reset attempt(s) came from addresses of no pod listed below (an address a \
+                 pod added itself, a pod started without natguard's ADD, a pod deleted since)\n"
+            ),
+            "{nasty}"
+        );
+        // Where the pods account for every reset, and without per-pod counters: no such line.
+        assert!(!render_text(&node()).contains("of no pod"));
+        assert!(!render_text(&without_per_pod_counters(r)).contains("of no pod"));
     }
 
     #[test]
