@@ -765,6 +765,12 @@ fn counts_every_connection_per_network_family_and_pod() {
         text.contains("  pods: 1 (1 with reset attempts)\n"),
         "{text}"
     );
+    // The 2 resets of the address web gave itself are the network's, not a pod's.
+    assert!(
+        text.contains("\n  2 reset attempt(s) came from addresses of no pod listed below"),
+        "{text}"
+    );
+    assert_eq!(text.matches("of no pod listed below").count(), 1, "{text}");
 
     // The outputs agree with nft's own counters.
     let table = w.table().expect("natguard's table");
