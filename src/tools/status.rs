@@ -6,7 +6,8 @@
 //! themselves (what they enforce, not what a config file says): a DNAT to the proxy is `proxy`,
 //! resets without a DNAT are `deny`, neither is `off`. Pods are the elements of `NET-pods`,
 //! whose comments carry the addresses, namespace, name, container ID and ifname recorded at
-//! ADD, with the host-side interface from `NET-att`. The counters are the rules' and the
+//! ADD, with the host-side interface from `NET-att` (the pod's bridge port, or its routed
+//! veth). The counters are the rules' and the
 //! counted sets' ([`crate::store`] sums them). The presentation is [`super::report`].
 
 use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};
@@ -153,7 +154,8 @@ fn pod_report(p: &store::PodRecord) -> PodReport {
         name: known(name),
         container_id: field("cid="),
         ifname: field("if="),
-        interface: p.attach.iface.map(|i| i.to_string()),
+        // The pod's own host-side interface: its bridge port, or the routed veth.
+        interface: p.attach.port.or(p.attach.iface).map(|i| i.to_string()),
         addrs: plan::addrs_from_comment(&p.comment),
         exempt: p.exempt,
         proxied: p.proxied,
@@ -190,6 +192,9 @@ mod tests {
         assert_eq!(p.container_id, "0123456789ab");
         assert_eq!(p.ifname, "eth0");
         assert_eq!(p.interface.as_deref(), Some("cni0"));
+        let mut bridged = record("10.244.0.4 a/b cid=x if=eth0");
+        bridged.attach.port = IfName::new("veth1a2b");
+        assert_eq!(pod_report(&bridged).interface.as_deref(), Some("veth1a2b"));
         assert_eq!(p.addrs.len(), 2);
         assert_eq!((p.proxied, p.reset), (Some(2), None));
         // What ADD records without CNI_ARGS names, and a record cut before its ifname.
