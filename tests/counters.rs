@@ -1062,3 +1062,73 @@ fn watch_keeps_the_metrics_file() {
 }
 
 // ---------------------------------------------------------------------------------------------
+
+/// Without CAP_NET_ADMIN natguard's state cannot be read: all three outputs say so (exit 1),
+/// and none of them reports networks or counters it could not see. Usage errors exit 2.
+#[test]
+fn unreadable_state_is_reported_not_guessed() {
+    let h = Harness::new("cntperm");
+    require_tools(&["setpriv"]);
+    let ns = h.netns("node");
+    // A copy nobody may execute, wherever the build directory is.
+    let bin = h.dir().join("natguard");
+    fs::copy(natguard_bin(), &bin).unwrap();
+    fs::set_permissions(h.dir(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let out = output(
+            ns.cmd("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(&bin)
+                .args(args),
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = as_nobody(&["status"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.starts_with("natguard: NOT READY: cannot read natguard's state: "),
+        "{text}"
+    );
+    assert!(text.contains("EPERM"), "{text}");
+    assert!(!text.contains("network"), "no claim about networks: {text}");
+    let (code, json) = as_nobody(&["status", "--json"]);
+    assert_eq!(code, Some(1), "{json}");
+    let doc: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["ready"], false);
+    assert!(
+        doc["notReadyReason"].as_str().unwrap().contains("EPERM"),
+        "{doc}"
+    );
+    assert_eq!(doc["networks"], json!([]));
+    let (code, text) = as_nobody(&["metrics"]);
+    assert_eq!(code, Some(1), "{text}");
+    let metrics = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(sample(&metrics, "natguard_up", &[]), 0.0);
+    let samples = |name: &str| {
+        metrics
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap()
+            .samples
+            .len()
+    };
+    assert_eq!(samples("natguard_networks"), 0, "{text}");
+    assert_eq!(samples("natguard_per_pod_counters_available"), 0, "{text}");
+    for args in [
+        &["status", "--yaml"][..],
+        &["status", "--json", "x"],
+        &["metrics", "--json"],
+    ] {
+        let out = output(ns.cmd(bin.to_str().unwrap()).args(args));
+        assert_eq!(out.status.code(), Some(2), "natguard {args:?}");
+        assert!(out.stdout.is_empty(), "natguard {args:?} printed a report");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("unexpected argument"),
+            "natguard {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

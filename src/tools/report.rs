@@ -41,6 +41,9 @@ pub(crate) struct NodeReport {
     /// false on kernels without set-element counters (5.10 and earlier).
     pub per_pod_counters: bool,
     pub networks: Vec<NetworkReport>,
+    /// natguard's state could not be read at all (`not_ready_reason` says why): the report
+    /// knows nothing about networks or counters, and says nothing about them.
+    pub unreadable: bool,
 }
 
 /// One CNI network with natguard rules.
@@ -275,12 +278,21 @@ pub(crate) fn render_text(r: &NodeReport) -> String {
             printable(r.not_ready_reason.as_deref().unwrap_or("no reason given"))
         )
     };
+    if r.unreadable {
+        let _ = writeln!(
+            out,
+            "natguard: {readiness}
+its rules and counters could not be read"
+        );
+        return out;
+    }
     let _ = writeln!(
         out,
         "natguard: {readiness}, {} network(s)",
         r.networks.len()
     );
-    if !r.per_pod_counters {
+    // Without networks there is nothing the kernel could have counted per pod.
+    if !r.per_pod_counters && !r.networks.is_empty() {
         let _ = writeln!(
             out,
             "per-pod counters: unavailable on this kernel (needs 5.11 or later for set-element \
@@ -614,8 +626,11 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     );
 
     up.add(vec![], u64::from(r.ready));
-    per_pod.add(vec![], u64::from(r.per_pod_counters));
-    networks.add(vec![], r.networks.len() as u64);
+    // What could not be read is left out, not reported as zero.
+    if !r.unreadable {
+        per_pod.add(vec![], u64::from(r.per_pod_counters));
+        networks.add(vec![], r.networks.len() as u64);
+    }
     for net in &r.networks {
         pods.add(vec![net.name.clone()], net.pods.len() as u64);
         for (f, t) in family_totals(net) {
@@ -717,6 +732,7 @@ mod tests {
             ready: true,
             not_ready_reason: None,
             per_pod_counters: true,
+            unreadable: false,
             networks: vec![
                 NetworkReport {
                     name: "pods".to_string(),
@@ -1013,12 +1029,34 @@ mod tests {
             not_ready_reason: Some("conntrack netlink: Operation not permitted".to_string()),
             per_pod_counters: true,
             networks: vec![],
+            unreadable: false,
         };
         assert_eq!(
             render_text(&r),
             "natguard: NOT READY: conntrack netlink: Operation not permitted, 0 network(s)\n\
              no network has natguard rules on this node\n"
         );
+        let r = NodeReport {
+            ready: false,
+            not_ready_reason: Some("read table: EPERM".to_string()),
+            unreadable: true,
+            ..NodeReport::default()
+        };
+        assert_eq!(
+            render_text(&r),
+            "natguard: NOT READY: read table: EPERM\nits rules and counters could not be read\n"
+        );
+        let text = render_prometheus(&r);
+        let metrics = parse_exposition(&text).unwrap();
+        assert_eq!(value_of(family(&metrics, "natguard_up"), &[]), 0.0);
+        assert!(
+            family(&metrics, "natguard_networks").samples.is_empty(),
+            "{text}"
+        );
+        assert!(family(&metrics, "natguard_per_pod_counters_available")
+            .samples
+            .is_empty());
+        assert_eq!(render_json(&r)["networks"], json!([]));
         let r = NodeReport::default();
         assert!(render_text(&r).starts_with("natguard: NOT READY: no reason given, 0 network(s)\n"));
     }
@@ -1032,6 +1070,7 @@ mod tests {
             ready: true,
             not_ready_reason: None,
             per_pod_counters: true,
+            unreadable: false,
             networks: vec![NetworkReport {
                 name: "demo".to_string(),
                 mode: "proxy".to_string(),

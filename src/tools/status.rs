@@ -55,6 +55,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 not_ready_reason: Some(format!("cannot read natguard's state: {e}")),
                 per_pod_counters: false,
                 networks: Vec::new(),
+                unreadable: true,
             },
             1,
         ),
@@ -73,6 +74,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         not_ready_reason,
         per_pod_counters: true,
         networks: Vec::new(),
+        unreadable: false,
     };
     for net in store.networks()?.unwrap_or_default() {
         let st = store.network_state(&net)?;
