@@ -590,7 +590,8 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         Counter,
         NET_FAMILY,
         "Packets of metadata attempts reset instead of reaching the real metadata API (deny \
-         mode, a family without a proxy address, or a flow that bypassed the DNAT).",
+         mode, a family without a proxy address, a flow that bypassed the DNAT, or a source \
+         address natguard has no pod for).",
     );
     let mut masqueraded = MetricFamily::new(
         "natguard_masqueraded_connections_total",
