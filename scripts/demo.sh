@@ -11,8 +11,9 @@
 # are run in order with each result passed on as the next plugin's prevResult, and removed in
 # reverse order at the end. Step 4 attaches one more pod ("late", on bridge cni1) through a
 # conflist without natguard, lets it open a keep-alive connection to the real metadata server,
-# then adds natguard to that conflist and runs `natguard adopt`. Run as root on Debian 12;
-# everything is removed on exit.
+# then adds natguard to that conflist and runs `natguard adopt`. Step 5 prints what natguard's
+# counters say about all of that (`natguard status`, `natguard metrics`). Run as root on
+# Debian 12; everything is removed on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -238,6 +239,26 @@ echo "pod kube-system/creds $EX4  $(pod_ip cid-creds 6)   (kube-system is in exe
 get() { # NS URL: the body, or what went wrong
   in_ns "$1" timeout 5 busybox wget -qO- "$2" 2>&1 || echo "(no answer: $?)"
 }
+get_from() { # NS SRC ADDR: GET http://ADDR/ from source address SRC, one connection attempt
+  in_ns "$1" timeout 5 python3 -c '
+import socket, sys
+src, dst = sys.argv[1], sys.argv[2]
+s = socket.socket(socket.AF_INET6 if ":" in dst else socket.AF_INET)
+s.settimeout(3)
+s.bind((src, 0))
+try:
+    s.connect((dst, 80))
+    s.sendall(b"GET / HTTP/1.0\r\nHost: metadata\r\n\r\n")
+    data = b""
+    while chunk := s.recv(4096):
+        data += chunk
+    print(data.split(b"\r\n\r\n", 1)[-1].decode().strip())
+except ConnectionRefusedError:
+    print("(refused: a TCP reset)")
+except OSError as e:
+    print(f"(no answer: {e})")
+' "$2" "$3" 2>&1 || echo "(no answer: $?)"
+}
 whoami() { # NS PROTO(TCP|UDP) ADDR: the source address the remote host saw
   local out
   out=$(echo who | in_ns "$1" timeout 5 socat -t 2 - "$2:$3:7777" 2>&1) || out="(no answer)"
@@ -255,6 +276,12 @@ printf '  %-28s -> %-26s answered by: %s\n' \
   "default/web ($POD6)" "http://[fd00:ec2::254]/" "$(get "$POD" 'http://[fd00:ec2::254]/')" \
   "kube-system/creds ($EX4)" "http://169.254.169.254/" "$(get "$EXEMPT" http://169.254.169.254/)"
 echo "  (\"proxy\" = the node-local proxy on the node's port 8181; \"cloud\" = the real metadata server)"
+# An address natguard never saw for any pod, taken by the pod itself: fails closed.
+STOLEN=10.244.0.250
+ip -n "$POD" addr add "$STOLEN/24" dev eth0
+printf '  %-28s -> %-26s answered by: %s\n' \
+  "default/web (from $STOLEN)" "http://169.254.169.254/" "$(get_from "$POD" "$STOLEN" 169.254.169.254)"
+echo "  ($STOLEN is an address default/web added to its own eth0; natguard knows no pod with it)"
 
 bold "2. masquerade: which source address does a remote host see?"
 printf '  %-52s sees: %s\n' \
@@ -382,6 +409,11 @@ demo_conntrack_race() {
   LIST=$netconf/10-late.conflist cni_del "$cid" "$ns" default legacy || die "DEL of default/legacy failed"
 }
 demo_conntrack_race
+
+bold "5. natguard status: what is installed, and what natguard's counters say about steps 1-4"
+in_ns "$NODE" "$BIN" status
+bold "   natguard metrics (Prometheus text; install --watch --metrics-file keeps it in a file)"
+in_ns "$NODE" "$BIN" metrics
 
 bold "cleaning up (DEL in reverse order, namespaces removed)"
 for a in "${ATTACHED[@]}"; do

@@ -21,6 +21,7 @@ fn main() {
     }
     let code = match args.first().map(String::as_str) {
         Some("status") => natguard::tools::status::cli(&args[1..]),
+        Some("metrics") => natguard::tools::metrics::cli(&args[1..]),
         Some("adopt") => natguard::tools::adopt::cli(&args[1..], false),
         Some("reconcile") => natguard::tools::adopt::cli(&args[1..], true),
         Some("install") => natguard::tools::install::install_cli(&args[1..]),
@@ -51,7 +52,9 @@ fn run_by_hand() -> bool {
 const USAGE: &str = "
 As a CNI plugin, natguard is executed by the container runtime with CNI_COMMAND set.
 By hand:
-  natguard status      print what natguard has installed on this node
+  natguard status      print what natguard has installed on this node and what it stopped
+                       (--json: the same as one JSON document)
+  natguard metrics     print natguard's counters in the Prometheus text format
   natguard adopt       bring pods that predate natguard under policy (from the CNI cache)
   natguard reconcile   restore every pod's entries from the CNI cache
   natguard install     copy the binary and add natguard to the node's conflist

@@ -1,108 +1,207 @@
-//! `natguard status`: what natguard has installed on this node, in plain words.
+//! `natguard status [--json]`: what natguard has installed on this node and what its rules
+//! stopped, in plain words or as one JSON document.
 //!
-//! It reads the kernel only: the networks are the `NET-dnat` chains of natguard's table, the
-//! policy is each network's rules, and the pods are the elements of `NET-pods`, whose comments
-//! carry the addresses, namespace and name recorded at ADD.
+//! It reads the kernel only, without the node lock (a report never writes). The networks are
+//! named by the comments of natguard's rules; a network's mode is read back from the rules
+//! themselves (what they enforce, not what a config file says): a DNAT to the proxy is `proxy`,
+//! resets without a DNAT are `deny`, neither is `off`. Pods are the elements of `NET-pods`,
+//! whose comments carry the addresses, namespace, name, container ID and ifname recorded at
+//! ADD, with the host-side interface from `NET-att` (the pod's bridge port, or its routed
+//! veth). The counters are the rules' and the
+//! counted sets' ([`crate::store`] sums them). The presentation is [`super::report`].
 
+use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};
 use crate::error::Result;
-use crate::plan;
+use crate::plan::{self, Count, Family};
 use crate::store;
-use std::fmt::Write as _;
 
 pub fn cli(args: &[String]) -> i32 {
-    if let Some(a) = args.first() {
-        eprintln!("natguard status: unexpected argument {a:?}");
-        return 2;
+    let json = match args {
+        [] => false,
+        [a] if a == "--json" => true,
+        [a] if a == "-h" || a == "--help" => {
+            print!("usage: natguard status [--json]\n{HELP}");
+            return 0;
+        }
+        _ => {
+            eprintln!(
+                "natguard status: unexpected argument {:?}\nusage: natguard status [--json]",
+                args.iter().find(|a| *a != "--json").unwrap_or(&args[0])
+            );
+            return 2;
+        }
+    };
+    let (r, code) = collect_or_unreadable();
+    if json {
+        println!("{}", report::render_json(&r));
+    } else {
+        print!("{}", report::render_text(&r));
     }
-    match report() {
-        Ok(text) => {
-            print!("{text}");
-            0
-        }
-        Err(e) => {
-            eprintln!("natguard status: {e}");
-            1
-        }
+    code
+}
+
+const HELP: &str =
+    "  --json   the same report as one JSON document (see the README's \"Metrics\" section)
+";
+
+/// The node's report; when natguard's state cannot be read at all, a report that says why
+/// (not ready, no networks) and exit code 1.
+pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
+    match collect() {
+        Ok(r) => (r, 0),
+        Err(e) => (
+            NodeReport {
+                ready: false,
+                not_ready_reason: Some(format!("cannot read natguard's state: {e}")),
+                per_pod_counters: false,
+                networks: Vec::new(),
+                unreadable: true,
+            },
+            1,
+        ),
     }
 }
 
-/// The report as text.
-pub(crate) fn report() -> Result<String> {
+/// Reads the calling thread's network namespace into a [`NodeReport`].
+pub(crate) fn collect() -> Result<NodeReport> {
     let mut store = store::open()?;
-    let mut out = String::new();
-    let Some(networks) = store.networks()? else {
-        out.push_str("natguard has nothing installed on this node (no table inet natguard).\n");
-        return Ok(out);
+    let (ready, not_ready_reason) = match store.probe() {
+        Ok(()) => (true, None),
+        Err(e) => (false, Some(e.to_string())),
     };
-    let _ = writeln!(
-        out,
-        "natguard: table inet {}, {} network(s)",
-        plan::TABLE,
-        networks.len()
-    );
-    for net in &networks {
-        let st = store.network_state(net)?;
-        let _ = writeln!(out, "\nnetwork {net}");
-        if let Some(first) = st.chains.iter().find_map(|(_, _, c)| c.first()) {
-            let fp = plan::fingerprint_of_rule_comment(&first.comment).unwrap_or("");
-            let _ = writeln!(out, "  policy fingerprint {fp}");
-        }
-        for (c, name, comments) in &st.chains {
-            let _ = writeln!(
-                out,
-                "  chain {name} ({} hook {}): {} rule(s)",
-                c.chain_type(),
-                c.hook_name(),
-                comments.len()
-            );
-        }
-        let list = |items: Vec<String>| {
-            if items.is_empty() {
-                "none".to_string()
-            } else {
-                items.join(", ")
-            }
-        };
-        for (v4, what) in [
-            (true, "metadata addresses (IPv4)"),
-            (false, "metadata addresses (IPv6)"),
-        ] {
-            let items = st
-                .meta_dst
-                .iter()
-                .filter(|a| a.is_ipv4() == v4)
-                .map(|a| a.to_string())
-                .collect();
-            let _ = writeln!(out, "  {what}: {}", list(items));
-        }
-        let ports = st.meta_ports.iter().map(|p| p.to_string()).collect();
-        let _ = writeln!(out, "  metadata ports: {}", list(ports));
-        let ifaces: Vec<String> = st
-            .ifaces
-            .iter()
-            .map(|(i, n)| format!("{i} ({n} pod(s))"))
-            .collect();
-        let _ = writeln!(
-            out,
-            "  pod interfaces (metadata fails closed from these): {}",
-            list(ifaces)
-        );
-        let _ = writeln!(out, "  pods: {}", st.pods.len());
-        for p in &st.pods {
-            let c = p.comment.as_str();
-            let addrs = plan::addrs_from_comment(c);
-            let shown: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
-            let exempt = p.exempt;
-            let key = p.owner.hex();
-            let _ = writeln!(
-                out,
-                "    {} {} [{}]{} key={key}",
-                plan::who_from_comment(c),
-                shown.join(", "),
-                c.split(' ').skip(2).collect::<Vec<_>>().join(" "),
-                if exempt { " metadata-exempt" } else { "" }
-            );
+    let mut r = NodeReport {
+        ready,
+        not_ready_reason,
+        per_pod_counters: true,
+        networks: Vec::new(),
+        unreadable: false,
+    };
+    for net in store.networks()?.unwrap_or_default() {
+        let st = store.network_state(&net)?;
+        // Vacuously true for a network without pods: no element said otherwise.
+        r.per_pod_counters &= st.per_pod_counters;
+        r.networks.push(network_report(&st));
+    }
+    Ok(r)
+}
+
+fn network_report(st: &store::NetworkState) -> NetworkReport {
+    let comments = || st.chains.iter().flat_map(|(_, _, rules)| rules.iter());
+    let tags: Vec<Count> = comments()
+        .filter_map(|r| plan::count_of_rule_comment(&r.comment))
+        .collect();
+    let has = |f: fn(Count) -> bool| tags.iter().any(|&c| f(c));
+    let fingerprint = comments()
+        .find_map(|r| plan::fingerprint_of_rule_comment(&r.comment))
+        .unwrap_or("")
+        .to_string();
+    let mode = if has(|c| matches!(c, Count::Proxied(_))) {
+        "proxy"
+    } else if has(|c| matches!(c, Count::Reset(_))) {
+        "deny"
+    } else if !fingerprint.is_empty() {
+        "off"
+    } else {
+        "unknown"
+    };
+    let count = |c: Count| st.counts.get(&c).copied().unwrap_or(0);
+    let families = Family::ALL
+        .into_iter()
+        .map(|f| FamilyCounters {
+            family: f,
+            proxied: count(Count::Proxied(f)),
+            reset: count(Count::Reset(f)),
+            masqueraded: count(Count::Masqueraded(f)),
+            kept_source: count(Count::KeptSource(f)),
+            logged: count(Count::Logged(f)),
+        })
+        .collect();
+    let mut metadata_addresses = st.meta_dst.clone();
+    metadata_addresses.sort();
+    let mut metadata_ports = st.meta_ports.clone();
+    metadata_ports.sort();
+    let mut interfaces: Vec<(String, u32)> =
+        st.ifaces.iter().map(|(i, n)| (i.to_string(), *n)).collect();
+    interfaces.sort();
+    NetworkReport {
+        name: st.network.clone(),
+        mode: mode.to_string(),
+        fingerprint,
+        log_denied: has(|c| matches!(c, Count::Logged(_))),
+        metadata_addresses,
+        metadata_ports,
+        interfaces,
+        families,
+        pods: st.pods.iter().map(pod_report).collect(),
+    }
+}
+
+/// A pod from its `NET-pods` record (`ADDRS NS/NAME cid=CID if=IFNAME`, possibly cut at nft's
+/// comment limit) and its `NET-att` record. `-` is what ADD records for a missing name.
+fn pod_report(p: &store::PodRecord) -> PodReport {
+    let known = |s: &str| (!s.is_empty() && s != "-").then(|| s.to_string());
+    let (ns, name) = plan::who_from_comment(&p.comment)
+        .split_once('/')
+        .unwrap_or(("-", "-"));
+    let field = |key: &str| {
+        p.comment
+            .split(' ')
+            .skip(2)
+            .find_map(|part| part.strip_prefix(key))
+            .unwrap_or("")
+            .to_string()
+    };
+    PodReport {
+        namespace: known(ns),
+        name: known(name),
+        container_id: field("cid="),
+        ifname: field("if="),
+        // The pod's own host-side interface: its bridge port, or the routed veth.
+        interface: p.attach.port.or(p.attach.iface).map(|i| i.to_string()),
+        addrs: plan::addrs_from_comment(&p.comment),
+        exempt: p.exempt,
+        proxied: p.proxied,
+        reset: p.reset,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{AttachRecord, IfName, OwnerKey};
+
+    fn record(comment: &str) -> store::PodRecord {
+        store::PodRecord {
+            owner: OwnerKey::new("n", "c", "eth0"),
+            comment: comment.to_string(),
+            attach: AttachRecord {
+                iface: IfName::new("cni0"),
+                ..AttachRecord::default()
+            },
+            exempt: false,
+            proxied: Some(2),
+            reset: None,
         }
     }
-    Ok(out)
+
+    #[test]
+    fn pods_are_read_from_their_records() {
+        let p = pod_report(&record(
+            "10.244.0.2,fd00::2 default/web cid=0123456789ab if=eth0",
+        ));
+        assert_eq!(p.namespace.as_deref(), Some("default"));
+        assert_eq!(p.name.as_deref(), Some("web"));
+        assert_eq!(p.container_id, "0123456789ab");
+        assert_eq!(p.ifname, "eth0");
+        assert_eq!(p.interface.as_deref(), Some("cni0"));
+        let mut bridged = record("10.244.0.4 a/b cid=x if=eth0");
+        bridged.attach.port = IfName::new("veth1a2b");
+        assert_eq!(pod_report(&bridged).interface.as_deref(), Some("veth1a2b"));
+        assert_eq!(p.addrs.len(), 2);
+        assert_eq!((p.proxied, p.reset), (Some(2), None));
+        // What ADD records without CNI_ARGS names, and a record cut before its ifname.
+        let p = pod_report(&record("10.244.0.3 -/- cid=abc"));
+        assert_eq!((p.namespace, p.name), (None, None));
+        assert_eq!((p.container_id.as_str(), p.ifname.as_str()), ("abc", ""));
+    }
 }

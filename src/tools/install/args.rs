@@ -12,6 +12,7 @@ use crate::error::{Error, Result};
 use serde_json::Value;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub(crate) const INSTALL_USAGE: &str = "\
 usage: natguard install [options]
@@ -33,6 +34,9 @@ usage: natguard install [options]
   --cleanup-on-exit            with --watch: on SIGTERM/SIGINT, remove natguard's entry from the
                                active list (not the binary, not the kernel state); new pods then
                                start without natguard
+  --metrics-file PATH          with --watch: keep natguard's counters in PATH (Prometheus text,
+                               for node_exporter's textfile collector), rewritten atomically
+  --metrics-interval SECONDS   with --metrics-file: how often PATH is rewritten (default 30)
   --check                      exit 0 iff the binary is installed and the active list has natguard
 Flags override the same fields of --config. With neither, the entry is {\"type\":\"natguard\"}.
 ";
@@ -62,7 +66,21 @@ pub(crate) struct InstallOpts {
     pub(crate) mode: RunMode,
     /// On SIGTERM/SIGINT, `--watch` takes natguard's entry out of the active list.
     pub(crate) cleanup_on_exit: bool,
+    /// `--watch` keeps natguard's metrics in this file.
+    pub(crate) metrics: Option<MetricsFile>,
 }
+
+/// `--metrics-file PATH [--metrics-interval SECONDS]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MetricsFile {
+    pub(crate) path: PathBuf,
+    pub(crate) interval: Duration,
+}
+
+/// How often the metrics file is rewritten unless `--metrics-interval` says otherwise.
+pub(crate) const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(30);
+/// The longest `--metrics-interval` (a day): beyond it the file is stale for any alert.
+const MAX_METRICS_INTERVAL_SECS: u64 = 86_400;
 
 /// The three ways install runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +166,8 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut watch = false;
     let mut check = false;
     let mut cleanup_on_exit = false;
+    let mut metrics_file: Option<PathBuf> = None;
+    let mut metrics_interval: Option<Duration> = None;
     let mut flags = EntryFlags::default();
 
     let mut it = Args::new(args);
@@ -175,6 +195,26 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--check" => {
                 no_value(&flag, &inline)?;
                 check = true
+            }
+            "--metrics-file" => {
+                let v = it.value(&flag, inline)?;
+                if v.is_empty() || v.ends_with('/') {
+                    return Err(usage(format!("--metrics-file {v:?}: expected a file path")));
+                }
+                metrics_file = Some(v.into())
+            }
+            "--metrics-interval" => {
+                let v = it.value(&flag, inline)?;
+                match v.parse::<u64>() {
+                    Ok(n) if (1..=MAX_METRICS_INTERVAL_SECS).contains(&n) => {
+                        metrics_interval = Some(Duration::from_secs(n))
+                    }
+                    _ => {
+                        return Err(usage(format!(
+                            "--metrics-interval {v:?}: expected whole seconds, 1 to {MAX_METRICS_INTERVAL_SECS}"
+                        )))
+                    }
+                }
             }
             "--mode" => {
                 let v = it.value(&flag, inline)?;
@@ -242,6 +282,18 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--cleanup-on-exit needs --watch: it acts when the watcher is stopped",
         ));
     }
+    if metrics_file.is_some() && mode != RunMode::Watch {
+        return Err(usage(
+            "--metrics-file needs --watch: the watcher is what keeps the file up to date",
+        ));
+    }
+    if metrics_interval.is_some() && metrics_file.is_none() {
+        return Err(usage("--metrics-interval needs --metrics-file"));
+    }
+    let metrics = metrics_file.map(|path| MetricsFile {
+        path,
+        interval: metrics_interval.unwrap_or(DEFAULT_METRICS_INTERVAL),
+    });
     // --check only looks; the entry is not needed, but a bad --config is still an error.
     let entry = build_entry(config_file.as_deref(), &flags)?;
     validate_entry(&entry)?;
@@ -262,6 +314,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         ready_file,
         mode,
         cleanup_on_exit,
+        metrics,
     }))
 }
 
@@ -301,6 +354,91 @@ mod tests {
         match parse_install_args(&args(&["--watch", "--cleanup-on-exit"])) {
             Ok(Parsed::Run(o)) => assert!(o.cleanup_on_exit && o.mode == RunMode::Watch),
             _ => panic!("--watch --cleanup-on-exit should parse"),
+        }
+    }
+
+    #[test]
+    fn metrics_file_needs_watch_and_a_sane_interval() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let metrics = |a: &[&str]| match parse_install_args(&args(a)) {
+            Ok(Parsed::Run(o)) => Ok(o.metrics),
+            Ok(Parsed::Help) => panic!("help"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(
+            metrics(&["--watch", "--metrics-file", "/m/natguard.prom"]),
+            Ok(Some(MetricsFile {
+                path: "/m/natguard.prom".into(),
+                interval: Duration::from_secs(30)
+            }))
+        );
+        assert_eq!(
+            metrics(&[
+                "--watch",
+                "--metrics-file=/m/n.prom",
+                "--metrics-interval=1"
+            ])
+            .unwrap()
+            .unwrap()
+            .interval,
+            Duration::from_secs(1)
+        );
+        assert_eq!(metrics(&["--watch"]), Ok(None));
+        for (bad, why) in [
+            (&["--metrics-file", "/m/n.prom"][..], "needs --watch"),
+            (
+                &["--check", "--metrics-file", "/m/n.prom"][..],
+                "needs --watch",
+            ),
+            (
+                &["--watch", "--metrics-interval", "5"][..],
+                "needs --metrics-file",
+            ),
+            (
+                &[
+                    "--watch",
+                    "--metrics-file",
+                    "/m/n.prom",
+                    "--metrics-interval",
+                    "0",
+                ][..],
+                "1 to",
+            ),
+            (
+                &[
+                    "--watch",
+                    "--metrics-file",
+                    "/m/n.prom",
+                    "--metrics-interval",
+                    "-1",
+                ][..],
+                "1 to",
+            ),
+            (
+                &[
+                    "--watch",
+                    "--metrics-file",
+                    "/m/n.prom",
+                    "--metrics-interval",
+                    "2.5",
+                ][..],
+                "1 to",
+            ),
+            (
+                &[
+                    "--watch",
+                    "--metrics-file",
+                    "/m/n.prom",
+                    "--metrics-interval",
+                    "86401",
+                ][..],
+                "1 to",
+            ),
+            (&["--watch", "--metrics-file", "/m/"][..], "a file path"),
+            (&["--watch", "--metrics-file"][..], "needs a value"),
+        ] {
+            let e = metrics(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
         }
     }
 }

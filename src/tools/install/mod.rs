@@ -16,7 +16,7 @@
 //! why), 2 a usage error.
 
 mod args;
-mod atomic;
+pub(crate) mod atomic;
 mod entry;
 mod flow;
 mod netconf_dir;

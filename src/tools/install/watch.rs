@@ -13,10 +13,17 @@
 //! event, a deleted binary). If the dir itself goes away, the watcher checks once a second for
 //! it to come back.
 //!
+//! With `--metrics-file`, the watcher also rewrites that file with natguard's counters every
+//! `--metrics-interval` seconds (and once at start), atomically, for node_exporter's textfile
+//! collector. A write that fails (a missing or read-only directory, a full disk) is logged and
+//! tried again at the next tick; it never stops the watcher. The ticks share the one poll(2)
+//! with the directory events, so a busy directory does not delay them by more than a debounce.
+//!
 //! On a signal it exits 0. With `--cleanup-on-exit` it first cuts natguard's entry out of the
 //! active list (atomically; the binary and the kernel state stay) and removes the readiness
 //! file, so pods created after the watcher is gone start without natguard: the node fails open.
 
+use super::args::MetricsFile;
 use super::atomic::parent;
 use super::flow::{
     install_binary, install_conflist, retrying, run_adopt, set_ready, Outcome, Write,
@@ -93,30 +100,48 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
     crate::info!("watching {}", dir.display());
     // When the follow-up adopt after a write is due.
     let mut adopt_due = reconcile(opts, Pass::First);
+    let mut resync_due = Instant::now() + RESYNC_EVERY;
+    let mut metrics = opts.metrics.as_ref().map(MetricsTicks::new);
     loop {
+        if let Some(m) = &mut metrics {
+            m.tick();
+        }
         if ino.wd.is_none() {
-            if poll_in(&[sig], Some(DIR_RETRY))[0] {
+            let timeout = metrics
+                .as_ref()
+                .map_or(DIR_RETRY, |m| DIR_RETRY.min(until(m.due)));
+            if poll_in(&[sig], Some(timeout))[0] {
                 break;
             }
             if ino.add(&dir).is_ok() {
                 crate::info!("watching {} again", dir.display());
                 adopt_due = reconcile(opts, Pass::First).or(adopt_due);
+                resync_due = Instant::now() + RESYNC_EVERY;
             }
             continue;
         }
-        let timeout = match adopt_due {
-            Some(due) => due.saturating_duration_since(Instant::now()),
-            None => RESYNC_EVERY,
-        };
-        match wait_for_change(&mut ino, sig, timeout) {
+        let next = [Some(resync_due), adopt_due, metrics.as_ref().map(|m| m.due)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(resync_due);
+        match wait_for_change(&mut ino, sig, until(next)) {
             Wake::Signal => break,
-            Wake::Changed => adopt_due = reconcile(opts, Pass::Event).or(adopt_due),
-            Wake::Timeout => adopt_due = reconcile(opts, Pass::Resync).or(adopt_due),
+            Wake::Changed => {
+                adopt_due = reconcile(opts, Pass::Event).or(adopt_due);
+                resync_due = Instant::now() + RESYNC_EVERY;
+            }
+            // Only the resync's own deadline runs a pass; a metrics tick or a due adopt does
+            // not.
+            Wake::Timeout if Instant::now() >= resync_due => {
+                adopt_due = reconcile(opts, Pass::Resync).or(adopt_due);
+                resync_due = Instant::now() + RESYNC_EVERY;
+            }
+            Wake::Timeout | Wake::Unrelated => {}
             Wake::DirGone => {
                 ino.wd = None;
                 set_ready(&opts.ready_file, None);
             }
-            Wake::Unrelated => {}
         }
         // Checked after every wake, so a busy dir cannot put it off.
         if adopt_due.is_some_and(|due| Instant::now() >= due) {
@@ -126,6 +151,62 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
         }
     }
     stop(opts)
+}
+
+/// How long until `t` (zero once it has passed).
+fn until(t: Instant) -> Duration {
+    t.saturating_duration_since(Instant::now())
+}
+
+/// The metrics file and when it is next written.
+struct MetricsTicks<'a> {
+    file: &'a MetricsFile,
+    due: Instant,
+    /// Why the last write failed: the same failure is logged once, not at every tick, and the
+    /// next success is logged, so the log shows the recovery.
+    failing: Option<String>,
+}
+
+impl<'a> MetricsTicks<'a> {
+    fn new(file: &'a MetricsFile) -> Self {
+        crate::info!(
+            "writing metrics to {} every {} s",
+            file.path.display(),
+            file.interval.as_secs()
+        );
+        MetricsTicks {
+            file,
+            due: Instant::now(),
+            failing: None,
+        }
+    }
+
+    /// Writes the file if it is due; a failure is logged and the next tick tries again.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        if now < self.due {
+            return;
+        }
+        // The next tick counts from this one, so a slow write does not make them bunch up.
+        self.due = now + self.file.interval;
+        match crate::tools::metrics::write_file(&self.file.path) {
+            Ok(()) => {
+                if self.failing.take().is_some() {
+                    crate::info!("metrics written to {} again", self.file.path.display());
+                }
+            }
+            Err(e) => {
+                let e = e.to_string();
+                if self.failing.as_deref() != Some(e.as_str()) {
+                    crate::warn!(
+                        "cannot write metrics: {e}; trying again every {} s",
+                        self.file.interval.as_secs()
+                    );
+                }
+                self.failing = Some(e);
+            }
+        }
+    }
 }
 
 /// Waits (up to `timeout`) for the next relevant event, then for the dir to be quiet for a

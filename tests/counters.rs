@@ -1,0 +1,1134 @@
+//! Root integration tests of natguard's counters: known pods send a known number of
+//! connections (proxied, reset, masqueraded, kept their source) over IPv4 and IPv6, and
+//! `natguard status --json`, `natguard status` and `natguard metrics` must show exactly those
+//! numbers, per network, per family and per pod. Also the `metadata.logDenied` rule and its
+//! counter, and the metrics file `natguard install --watch --metrics-file` keeps.
+//!
+//! What is counted: the nat rules (proxied, masqueraded, kept) see the first packet of each
+//! connection, so they count connections. The reset rules see every packet that reaches them,
+//! so they count packets: attempts. Each attempt here is one SYN: a connect that is answered
+//! with a reset at once, with a timeout well below the kernel's first SYN retransmission (1 s),
+//! so no second SYN is ever sent. The kernel log itself is not read: from a test's network
+//! namespace that would need a host sysctl (`net.netfilter.nf_log_all_netns`).
+//!
+//! Topology and servers: `common::World` (a node, the cloud metadata server answering "cloud",
+//! the node-local proxy answering "proxy", remote hosts inside and outside the
+//! nonMasqueradeCIDRs). Needs root; never skips.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+/// Below the kernel's initial SYN retransmission timeout (1 s): a connect that is neither
+/// answered nor reset within this sent exactly one SYN.
+const ONE_SYN: Duration = Duration::from_millis(800);
+
+// ---------------------------------------------------------------------------------------------
+// Clients
+// ---------------------------------------------------------------------------------------------
+
+/// What one single-SYN connect saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Syn {
+    Accepted,
+    Reset,
+    Silent,
+}
+
+/// One TCP connect from inside `ns` (from `src` if given) that sends exactly one SYN: the
+/// socket is closed after [`ONE_SYN`] if nothing came back.
+fn syn_once(ns: &Netns, src: Option<IpAddr>, dst: SocketAddr) -> Syn {
+    in_netns(ns, move || {
+        let (fam, sa, len) = sockaddr(dst);
+        // SAFETY: plain syscalls on a socket this closure owns and closes; the sockaddr
+        // buffers are valid for the lengths given.
+        unsafe {
+            let fd = libc::socket(
+                fam,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            );
+            assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+            if let Some(src) = src {
+                let (_, ssa, slen) = sockaddr(SocketAddr::new(src, 0));
+                let rc = libc::bind(fd, ssa.as_ptr().cast(), slen);
+                assert_eq!(rc, 0, "bind {src}: {}", std::io::Error::last_os_error());
+            }
+            let rc = libc::connect(fd, sa.as_ptr().cast(), len);
+            let err = std::io::Error::last_os_error().raw_os_error();
+            assert!(
+                rc == 0 || err == Some(libc::EINPROGRESS),
+                "connect {dst}: {err:?}"
+            );
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLOUT,
+                revents: 0,
+            };
+            let n = libc::poll(&mut p, 1, ONE_SYN.as_millis() as libc::c_int);
+            let mut so_error: libc::c_int = 0;
+            let mut l = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_ERROR,
+                (&mut so_error as *mut libc::c_int).cast(),
+                &mut l,
+            );
+            libc::close(fd);
+            match (n, so_error) {
+                (0, _) => Syn::Silent,
+                (_, 0) => Syn::Accepted,
+                (_, libc::ECONNREFUSED) | (_, libc::ECONNRESET) => Syn::Reset,
+                (_, e) => panic!("connect {dst}: errno {e}"),
+            }
+        }
+    })
+}
+
+/// A socket address as the kernel takes it: (family, bytes, length).
+fn sockaddr(a: SocketAddr) -> (libc::c_int, Vec<u8>, libc::socklen_t) {
+    match a {
+        SocketAddr::V4(v4) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            let len = std::mem::size_of::<libc::sockaddr_in>();
+            // SAFETY: sin is a plain C struct of `len` bytes.
+            let b = unsafe {
+                std::slice::from_raw_parts((&sin as *const libc::sockaddr_in).cast::<u8>(), len)
+            };
+            (libc::AF_INET, b.to_vec(), len as libc::socklen_t)
+        }
+        SocketAddr::V6(v6) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: 0,
+            };
+            let len = std::mem::size_of::<libc::sockaddr_in6>();
+            // SAFETY: sin6 is a plain C struct of `len` bytes.
+            let b = unsafe {
+                std::slice::from_raw_parts((&sin6 as *const libc::sockaddr_in6).cast::<u8>(), len)
+            };
+            (libc::AF_INET6, b.to_vec(), len as libc::socklen_t)
+        }
+    }
+}
+
+/// `n` HTTP GETs of a metadata address, each its own connection, all answered by `who`.
+fn fetch_metadata(pod: &Pod, meta: IpAddr, n: usize, who: &str) {
+    for i in 0..n {
+        assert_eq!(
+            http_get(&pod.ns, sa(meta, HTTP_PORT)),
+            body(who),
+            "pod {} -> http://{}/ (#{i}) should be answered by {who}",
+            pod.att.container_id,
+            sa(meta, HTTP_PORT)
+        );
+    }
+}
+
+/// `n` single-SYN attempts to a metadata address, each reset at once.
+fn attempts_reset(pod: &Pod, src: Option<IpAddr>, meta: IpAddr, n: usize) {
+    for i in 0..n {
+        assert_eq!(
+            syn_once(&pod.ns, src, sa(meta, HTTP_PORT)),
+            Syn::Reset,
+            "pod {} (from {src:?}) -> {meta}:80 (#{i}) should be reset at once",
+            pod.att.container_id
+        );
+    }
+}
+
+/// `n` TCP connections to the who-am-i server at `remote`, each seeing `expected` as source.
+fn connect_remote(pod: &Pod, remote: IpAddr, n: usize, expected: IpAddr) {
+    for i in 0..n {
+        assert_eq!(
+            tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+            Ok(expected),
+            "TCP from pod {} to {remote} (#{i}): the remote should see {expected}",
+            pod.att.container_id
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// natguard's reports
+// ---------------------------------------------------------------------------------------------
+
+/// The host side of the pod's veth, from the bridge plugin's result (the interface without a
+/// sandbox that is not the bridge).
+fn host_veth(pod: &Pod) -> String {
+    pod.result["interfaces"]
+        .as_array()
+        .expect("interfaces in the result")
+        .iter()
+        .filter(|i| i.get("sandbox").is_none())
+        .filter_map(|i| i["name"].as_str())
+        .find(|n| !n.starts_with("cni"))
+        .unwrap_or_else(|| panic!("no host veth in {}", pod.result))
+        .to_string()
+}
+
+/// `natguard ARGS` in the node namespace: stdout, after checking the exit code is 0.
+fn natguard_on(node: &Netns, args: &[&str]) -> String {
+    let bin = natguard_bin();
+    let out = output(node.cmd(bin.to_str().expect("utf-8 path")).args(args));
+    assert!(
+        out.status.success(),
+        "natguard {args:?}: {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn status_json(node: &Netns) -> Value {
+    let text = natguard_on(node, &["status", "--json"]);
+    assert_eq!(text.matches('\n').count(), 1, "one line of JSON: {text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("status --json: {e}\n{text}"))
+}
+
+fn network<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["networks"]
+        .as_array()
+        .expect("networks")
+        .iter()
+        .find(|n| n["name"] == name)
+        .unwrap_or_else(|| panic!("no network {name} in {doc:#}"))
+}
+
+fn pod_entry<'a>(net: &'a Value, pod: &Pod) -> &'a Value {
+    net["pods"]
+        .as_array()
+        .expect("pods")
+        .iter()
+        .find(|p| p["containerId"] == pod.att.container_id.as_str())
+        .unwrap_or_else(|| panic!("no pod {} in {net:#}", pod.att.container_id))
+}
+
+/// One family's counters as the JSON has them, in a fixed order for assertions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Fam {
+    proxied: u64,
+    reset: u64,
+    masqueraded: u64,
+    kept: u64,
+    logged: u64,
+}
+
+fn fam_of(net: &Value, family: &str) -> Fam {
+    let f = &net["families"][family];
+    let n = |k: &str| {
+        f[k].as_u64()
+            .unwrap_or_else(|| panic!("families.{family}.{k} in {net:#}"))
+    };
+    Fam {
+        proxied: n("proxied"),
+        reset: n("reset"),
+        masqueraded: n("masqueraded"),
+        kept: n("keptSource"),
+        logged: n("logged"),
+    }
+}
+
+/// The packet counters of the rules of `nft list table inet natguard` whose comment ends with
+/// `tag` (e.g. `logged4`), added up: natguard's own reading is checked against nft's.
+fn nft_count(table: &str, network: &str, tag: &str) -> u64 {
+    table
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("comment \"natguard {network} "))
+                && l.contains(&format!(" {tag}\""))
+        })
+        .map(|l| {
+            let after = l
+                .split("counter packets ")
+                .nth(1)
+                .unwrap_or_else(|| panic!("no counter: {l}"));
+            after.split(' ').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// A strict parser for the subset of the Prometheus text format 0.0.4 that natguard writes:
+// `# HELP`, `# TYPE` (counter or gauge) and samples without timestamps.
+
+type Labels = Vec<(String, String)>;
+
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    labels: Labels,
+    value: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Metric {
+    name: String,
+    help: Option<String>,
+    kind: Option<String>,
+    samples: Vec<Sample>,
+}
+
+fn is_metric_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_' || c == ':')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+}
+
+fn is_label_name(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !s.starts_with("__")
+}
+
+fn unescape_help(s: &str) -> Result<String, String> {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next() {
+                Some('\\') => out.push('\\'),
+                Some('n') => out.push('\n'),
+                other => return Err(format!("bad escape in HELP: \\{other:?}")),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_value(s: &str) -> Result<f64, String> {
+    match s {
+        "+Inf" => return Ok(f64::INFINITY),
+        "-Inf" => return Ok(f64::NEG_INFINITY),
+        "NaN" => return Ok(f64::NAN),
+        _ => {}
+    }
+    if s.is_empty() || !s.chars().all(|c| c.is_ascii_digit() || ".eE+-".contains(c)) {
+        return Err(format!("bad value {s:?}"));
+    }
+    s.parse::<f64>()
+        .map_err(|e| format!("bad value {s:?}: {e}"))
+}
+
+/// `name{label="value",...} value`, labels optional.
+fn parse_sample(line: &str) -> Result<(String, Labels, f64), String> {
+    let name_end = line.find(['{', ' ']).ok_or("sample without a value")?;
+    let name = &line[..name_end];
+    if !is_metric_name(name) {
+        return Err(format!("bad metric name {name:?}"));
+    }
+    let mut rest = &line[name_end..];
+    let mut labels: Labels = vec![];
+    if let Some(after) = rest.strip_prefix('{') {
+        let mut chars = after.char_indices().peekable();
+        if let Some((i, '}')) = chars.peek().copied() {
+            rest = &after[i + 1..];
+        } else {
+            loop {
+                let mut label = String::new();
+                while let Some((_, c)) =
+                    chars.next_if(|&(_, c)| c.is_ascii_alphanumeric() || c == '_')
+                {
+                    label.push(c);
+                }
+                if !matches!(chars.next(), Some((_, '='))) || !is_label_name(&label) {
+                    return Err(format!("bad label name {label:?}"));
+                }
+                if labels.iter().any(|(l, _)| *l == label) {
+                    return Err(format!("label {label:?} given twice"));
+                }
+                if !matches!(chars.next(), Some((_, '"'))) {
+                    return Err(format!("label {label:?}: value not quoted"));
+                }
+                let mut value = String::new();
+                loop {
+                    match chars.next() {
+                        Some((_, '"')) => break,
+                        Some((_, '\\')) => match chars.next() {
+                            Some((_, '\\')) => value.push('\\'),
+                            Some((_, '"')) => value.push('"'),
+                            Some((_, 'n')) => value.push('\n'),
+                            other => return Err(format!("label {label:?}: bad escape {other:?}")),
+                        },
+                        Some((_, c)) => value.push(c),
+                        None => return Err(format!("label {label:?}: unterminated value")),
+                    }
+                }
+                labels.push((label, value));
+                match chars.next() {
+                    Some((_, ',')) => continue,
+                    Some((i, '}')) => {
+                        rest = &after[i + 1..];
+                        break;
+                    }
+                    Some((_, c)) => return Err(format!("after a label value: {c:?}")),
+                    None => return Err("unterminated label set".into()),
+                }
+            }
+        }
+    }
+    let value = rest
+        .strip_prefix(' ')
+        .ok_or_else(|| format!("no single space before the value in {line:?}"))?;
+    if value.contains(' ') {
+        return Err(format!("trailing fields (timestamp?) in {line:?}"));
+    }
+    Ok((name.to_string(), labels, parse_value(value)?))
+}
+
+fn parse_exposition(text: &str) -> Result<Vec<Metric>, String> {
+    let body = text
+        .strip_suffix('\n')
+        .ok_or("does not end with a newline")?;
+    let mut metrics: Vec<Metric> = vec![];
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut series: HashSet<(String, Labels)> = HashSet::new();
+    let mut current: Option<String> = None;
+    for (n, line) in body.split('\n').enumerate() {
+        let at = |e: String| format!("line {}: {e}", n + 1);
+        if line.is_empty() || line.contains('\r') {
+            return Err(at("blank line or carriage return".into()));
+        }
+        let mut entry = |name: &str| -> usize {
+            *index.entry(name.to_string()).or_insert_with(|| {
+                metrics.push(Metric {
+                    name: name.to_string(),
+                    help: None,
+                    kind: None,
+                    samples: vec![],
+                });
+                metrics.len() - 1
+            })
+        };
+        if let Some(comment) = line.strip_prefix('#') {
+            let (keyword, rest) = if let Some(r) = comment.strip_prefix(" HELP ") {
+                ("HELP", r)
+            } else if let Some(r) = comment.strip_prefix(" TYPE ") {
+                ("TYPE", r)
+            } else {
+                return Err(at(format!("not a HELP or TYPE line: {line:?}")));
+            };
+            let (name, arg) = rest
+                .split_once(' ')
+                .ok_or_else(|| at(format!("{keyword} without text")))?;
+            if !is_metric_name(name) {
+                return Err(at(format!("bad metric name {name:?}")));
+            }
+            let i = entry(name);
+            let m = &mut metrics[i];
+            if !m.samples.is_empty() {
+                return Err(at(format!("{keyword} for {name} after its samples")));
+            }
+            if keyword == "HELP" {
+                if m.help.is_some() {
+                    return Err(at(format!("second HELP for {name}")));
+                }
+                m.help = Some(unescape_help(arg).map_err(at)?);
+            } else {
+                if m.kind.is_some() {
+                    return Err(at(format!("second TYPE for {name}")));
+                }
+                if arg != "counter" && arg != "gauge" {
+                    return Err(at(format!("type {arg:?} for {name}")));
+                }
+                m.kind = Some(arg.to_string());
+            }
+            continue;
+        }
+        let (name, labels, value) = parse_sample(line).map_err(at)?;
+        let i = entry(&name);
+        let m = &mut metrics[i];
+        if m.kind.is_none() {
+            return Err(at(format!("sample of {name} before its TYPE")));
+        }
+        if current.as_deref() != Some(name.as_str()) && !m.samples.is_empty() {
+            return Err(at(format!("samples of {name} are not together")));
+        }
+        current = Some(name.clone());
+        let mut key = labels.clone();
+        key.sort();
+        if !series.insert((name.clone(), key)) {
+            return Err(at(format!("duplicate series {line:?}")));
+        }
+        m.samples.push(Sample { labels, value });
+    }
+    Ok(metrics)
+}
+
+/// The metric `name`'s sample with exactly these labels.
+fn sample(metrics: &[Metric], name: &str, pairs: &[(&str, &str)]) -> f64 {
+    let m = metrics
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("no metric {name}"));
+    let mut want: Labels = pairs
+        .iter()
+        .map(|(l, v)| (l.to_string(), v.to_string()))
+        .collect();
+    want.sort();
+    m.samples
+        .iter()
+        .find(|s| {
+            let mut got = s.labels.clone();
+            got.sort();
+            got == want
+        })
+        .unwrap_or_else(|| panic!("{name}: no series {pairs:?} in {:?}", m.samples))
+        .value
+}
+
+fn metrics_of(node: &Netns) -> Vec<Metric> {
+    let text = natguard_on(node, &["metrics"]);
+    parse_exposition(&text).unwrap_or_else(|e| panic!("natguard metrics: {e}\n{text}"))
+}
+
+/// Every per-network counter metric of one (network, family), in [`Fam`]'s order.
+fn fam_metrics(metrics: &[Metric], network: &str, family: &str) -> Fam {
+    let v = |name: &str| sample(metrics, name, &[("network", network), ("family", family)]) as u64;
+    Fam {
+        proxied: v("natguard_proxied_connections_total"),
+        reset: v("natguard_reset_attempts_total"),
+        masqueraded: v("natguard_masqueraded_connections_total"),
+        kept: v("natguard_kept_source_connections_total"),
+        logged: v("natguard_logged_attempts_total"),
+    }
+}
+
+fn pod_labels<'a>(
+    network: &'a str,
+    pod: &'a Pod,
+    k8s_namespace: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    vec![
+        ("network", network),
+        ("namespace", k8s_namespace),
+        ("pod", pod.ns.name.rsplit('-').next().unwrap()),
+        ("container_id", pod.att.container_id.as_str()),
+        ("ifname", pod.att.ifname.as_str()),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// The tests
+// ---------------------------------------------------------------------------------------------
+
+/// Two networks on one node: "ngcnt" (proxy mode, kube-system exempt) with pods web and creds,
+/// "ngdeny" (deny mode) with pod miner. Every counter natguard reports is driven to a known
+/// value, different per network, family and pod, and read back from all three outputs.
+#[test]
+fn counts_every_connection_per_network_family_and_pod() {
+    let w = World::new("cnt");
+    let proxy_net = w.chain(w.list(
+        "ngcnt",
+        "1.0.0",
+        0,
+        Some(w.natguard(json!({ "metadata": { "exemptNamespaces": ["kube-system"] } }))),
+    ));
+    let deny_net = w.chain(w.list(
+        "ngdeny",
+        "1.0.0",
+        1,
+        Some(w.natguard(json!({ "metadata": { "mode": "deny" } }))),
+    ));
+    let web = w.add_pod(&proxy_net, "web", "default");
+    let creds = w.add_pod(&proxy_net, "creds", "kube-system");
+    let miner = w.add_pod(&deny_net, "miner", "default");
+
+    // Before any traffic every counter is zero, both families, both networks.
+    let doc = status_json(&w.node);
+    for (net, f) in [
+        ("ngcnt", "ipv4"),
+        ("ngcnt", "ipv6"),
+        ("ngdeny", "ipv4"),
+        ("ngdeny", "ipv6"),
+    ] {
+        assert_eq!(
+            fam_of(network(&doc, net), f),
+            Fam::default(),
+            "{net} {f} before traffic"
+        );
+    }
+
+    // ngcnt, web: proxied 3 + 2, masqueraded 4 + 2, kept its source 3 + 2.
+    fetch_metadata(&web, META4, 3, "proxy");
+    fetch_metadata(&web, META6, 2, "proxy");
+    connect_remote(&web, REMOTE_OUT4, 4, NODE_OUT4);
+    connect_remote(&web, REMOTE_OUT6, 2, NODE_OUT6);
+    connect_remote(&web, REMOTE_IN4, 3, web.v4);
+    connect_remote(&web, REMOTE_IN6, 2, web.v6);
+    // ngcnt: 2 IPv4 attempts from an address web added to its own interface, which natguard
+    // never saw: reset by the fail-closed rule, counted for the network, for no pod.
+    let stolen: IpAddr = "10.244.0.250".parse().unwrap();
+    web.ns
+        .ip(&format!("addr add {stolen}/24 dev {}", web.att.ifname));
+    attempts_reset(&web, Some(stolen), META4, 2);
+    // ngcnt, creds (exempt): the real API, once; 169.254.0.0/16 keeps the pod's source.
+    fetch_metadata(&creds, META4, 1, "cloud");
+    // ngdeny, miner: 3 + 2 attempts reset, 1 connection masqueraded.
+    attempts_reset(&miner, None, META4, 3);
+    attempts_reset(&miner, None, META6, 2);
+    connect_remote(&miner, REMOTE_OUT4, 1, NODE_OUT4);
+
+    let want = [
+        (
+            "ngcnt",
+            "ipv4",
+            Fam {
+                proxied: 3,
+                reset: 2,
+                masqueraded: 4,
+                kept: 3 + 1,
+                logged: 0,
+            },
+        ),
+        (
+            "ngcnt",
+            "ipv6",
+            Fam {
+                proxied: 2,
+                reset: 0,
+                masqueraded: 2,
+                kept: 2,
+                logged: 0,
+            },
+        ),
+        (
+            "ngdeny",
+            "ipv4",
+            Fam {
+                proxied: 0,
+                reset: 3,
+                masqueraded: 1,
+                kept: 0,
+                logged: 0,
+            },
+        ),
+        (
+            "ngdeny",
+            "ipv6",
+            Fam {
+                proxied: 0,
+                reset: 2,
+                masqueraded: 0,
+                kept: 0,
+                logged: 0,
+            },
+        ),
+    ];
+    // (pod, network, namespace, proxied, reset), both families together.
+    let pods = [
+        (&web, "ngcnt", "default", 5, 0),
+        (&creds, "ngcnt", "kube-system", 0, 0),
+        (&miner, "ngdeny", "default", 0, 5),
+    ];
+
+    // status --json
+    let doc = status_json(&w.node);
+    assert_eq!(doc["version"], 1);
+    assert_eq!(doc["ready"], true, "{doc:#}");
+    assert!(doc["notReadyReason"].is_null());
+    assert_eq!(
+        doc["perPodCounters"], true,
+        "this kernel keeps set-element counters"
+    );
+    let names: Vec<&str> = doc["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ngcnt", "ngdeny"]);
+    for (net, f, counts) in want {
+        assert_eq!(
+            fam_of(network(&doc, net), f),
+            counts,
+            "status --json: {net} {f}"
+        );
+    }
+    let cnt = network(&doc, "ngcnt");
+    let deny = network(&doc, "ngdeny");
+    assert_eq!(
+        (cnt["mode"].as_str(), deny["mode"].as_str()),
+        (Some("proxy"), Some("deny"))
+    );
+    assert_eq!(
+        (cnt["logDenied"].as_bool(), deny["logDenied"].as_bool()),
+        (Some(false), Some(false))
+    );
+    assert_eq!(
+        cnt["metadataAddresses"],
+        json!([META4.to_string(), META6.to_string()])
+    );
+    assert_eq!(cnt["metadataPorts"], json!([80]));
+    assert_eq!(cnt["podInterfaces"], json!([{ "name": "cni0", "pods": 2 }]));
+    assert_eq!(
+        deny["podInterfaces"],
+        json!([{ "name": "cni1", "pods": 1 }])
+    );
+    assert_eq!(cnt["pods"].as_array().unwrap().len(), 2);
+    assert_eq!(deny["pods"].as_array().unwrap().len(), 1);
+    for (pod, net, k8s_ns, proxied, reset) in pods {
+        let p = pod_entry(network(&doc, net), pod);
+        let role = pod.ns.name.rsplit('-').next().unwrap();
+        assert_eq!(p["namespace"], k8s_ns, "{p:#}");
+        assert_eq!(p["name"], role, "{p:#}");
+        assert_eq!(p["ifname"], "eth0", "{p:#}");
+        assert_eq!(
+            p["interface"],
+            host_veth(pod),
+            "the pod's bridge port: {p:#}"
+        );
+        assert_eq!(
+            p["addresses"],
+            json!([pod.v4.to_string(), pod.v6.to_string()]),
+            "{p:#}"
+        );
+        assert_eq!(p["exempt"], k8s_ns == "kube-system", "{p:#}");
+        assert_eq!(
+            (p["proxied"].as_u64(), p["reset"].as_u64()),
+            (Some(proxied), Some(reset)),
+            "{role}: {p:#}"
+        );
+    }
+
+    // natguard metrics
+    let metrics = metrics_of(&w.node);
+    assert_eq!(sample(&metrics, "natguard_up", &[]), 1.0);
+    assert_eq!(
+        sample(&metrics, "natguard_per_pod_counters_available", &[]),
+        1.0
+    );
+    assert_eq!(sample(&metrics, "natguard_networks", &[]), 2.0);
+    assert_eq!(
+        sample(&metrics, "natguard_pods", &[("network", "ngcnt")]),
+        2.0
+    );
+    assert_eq!(
+        sample(&metrics, "natguard_pods", &[("network", "ngdeny")]),
+        1.0
+    );
+    for (net, f, counts) in want {
+        assert_eq!(fam_metrics(&metrics, net, f), counts, "metrics: {net} {f}");
+    }
+    for (pod, net, k8s_ns, proxied, reset) in pods {
+        let l = pod_labels(net, pod, k8s_ns);
+        assert_eq!(
+            sample(&metrics, "natguard_pod_proxied_connections_total", &l),
+            proxied as f64,
+            "{l:?}"
+        );
+        assert_eq!(
+            sample(&metrics, "natguard_pod_reset_attempts_total", &l),
+            reset as f64,
+            "{l:?}"
+        );
+    }
+    let per_pod_series = |name: &str| {
+        metrics
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap()
+            .samples
+            .len()
+    };
+    assert_eq!(per_pod_series("natguard_pod_reset_attempts_total"), 3);
+    assert_eq!(per_pod_series("natguard_pod_proxied_connections_total"), 3);
+
+    // natguard status (text): the counters in words, the pod with resets first.
+    let text = natguard_on(&w.node, &["status"]);
+    assert!(
+        text.starts_with(
+            "natguard: ready (nf_tables and conntrack netlink answer), 2 network(s)\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains(
+        "\n  ipv4: 3 connection(s) sent to the proxy, 2 attempt(s) to reach the real metadata API reset, \
+         4 connection(s) masqueraded, 4 connection(s) kept the pod's source address\n"
+    ), "{text}");
+    assert!(
+        text.contains(&format!(
+        "\n    default/miner {}, {} via {} [cid=cid-miner if=eth0]: 5 attempt(s) to reach the real \
+         metadata API reset, 0 connection(s) sent to the proxy\n",
+        miner.v4, miner.v6, host_veth(&miner)
+    )),
+        "{text}"
+    );
+    assert!(text.contains(" metadata-exempt: 0 attempt(s)"), "{text}");
+    assert!(
+        text.contains("  pods: 1 (1 with reset attempts)\n"),
+        "{text}"
+    );
+    // The 2 resets of the address web gave itself are the network's, not a pod's.
+    assert!(
+        text.contains("\n  2 reset attempt(s) came from addresses of no pod listed below"),
+        "{text}"
+    );
+    assert_eq!(text.matches("of no pod listed below").count(), 1, "{text}");
+
+    // The outputs agree with nft's own counters.
+    let table = w.table().expect("natguard's table");
+    for (net, f, counts) in want {
+        let fam = if f == "ipv4" { "4" } else { "6" };
+        assert_eq!(
+            nft_count(&table, net, &format!("proxied{fam}")),
+            counts.proxied,
+            "{net} {f}\n{table}"
+        );
+        assert_eq!(
+            nft_count(&table, net, &format!("reset{fam}")),
+            counts.reset,
+            "{net} {f}\n{table}"
+        );
+    }
+
+    for (pod, chain) in [
+        (&web, &proxy_net),
+        (&creds, &proxy_net),
+        (&miner, &deny_net),
+    ] {
+        chain
+            .del(&pod.att)
+            .unwrap_or_else(|e| panic!("DEL {}: {e}", pod.att.container_id));
+    }
+    let metrics = metrics_of(&w.node);
+    assert_eq!(
+        sample(&metrics, "natguard_pods", &[("network", "ngcnt")]),
+        0.0
+    );
+    assert_eq!(
+        metrics
+            .iter()
+            .find(|m| m.name == "natguard_pod_reset_attempts_total")
+            .unwrap()
+            .samples
+            .len(),
+        0,
+        "no per-pod series once the pods are gone"
+    );
+}
+
+/// `metadata.logDenied: true`: a rate-limited log rule before each reset, whose counter (the
+/// `logged` tag) counts the denied attempts, below the rate limit every one of them.
+#[test]
+fn log_denied_rules_count_the_denied_attempts() {
+    let w = World::new("cntlog");
+    let chain = w.chain(w.list(
+        "nglog",
+        "1.0.0",
+        0,
+        Some(w.natguard(json!({ "metadata": { "mode": "deny", "logDenied": true } }))),
+    ));
+    let pod = w.add_pod(&chain, "noisy", "default");
+    let table = w.table().expect("natguard's table");
+    assert!(table.contains("log prefix \"natguard denied \""), "{table}");
+    assert_eq!(nft_count(&table, "nglog", "logged4"), 0, "{table}");
+
+    // Fewer than the burst (20), in well under a second: every attempt is logged.
+    attempts_reset(&pod, None, META4, 3);
+    attempts_reset(&pod, None, META6, 2);
+
+    let table = w.table().unwrap();
+    assert_eq!(nft_count(&table, "nglog", "logged4"), 3, "{table}");
+    assert_eq!(nft_count(&table, "nglog", "logged6"), 2, "{table}");
+    let doc = status_json(&w.node);
+    let net = network(&doc, "nglog");
+    assert_eq!(net["logDenied"], true);
+    assert_eq!(net["mode"], "deny");
+    assert_eq!(
+        fam_of(net, "ipv4"),
+        Fam {
+            reset: 3,
+            logged: 3,
+            ..Fam::default()
+        }
+    );
+    assert_eq!(
+        fam_of(net, "ipv6"),
+        Fam {
+            reset: 2,
+            logged: 2,
+            ..Fam::default()
+        }
+    );
+    assert_eq!(pod_entry(net, &pod)["reset"], 5);
+    let metrics = metrics_of(&w.node);
+    assert_eq!(
+        fam_metrics(&metrics, "nglog", "ipv4"),
+        Fam {
+            reset: 3,
+            logged: 3,
+            ..Fam::default()
+        }
+    );
+    assert_eq!(
+        fam_metrics(&metrics, "nglog", "ipv6"),
+        Fam {
+            reset: 2,
+            logged: 2,
+            ..Fam::default()
+        }
+    );
+    let text = natguard_on(&w.node, &["status"]);
+    assert!(
+        text.contains("`journalctl -k | grep 'natguard denied '`"),
+        "{text}"
+    );
+    assert!(text.contains(", 3 denied attempt(s) logged\n"), "{text}");
+    chain.del(&pod.att).unwrap();
+}
+
+/// A `natguard install --watch` child in a namespace, stopped with SIGTERM (killed on drop).
+struct Watcher(Child);
+
+impl Watcher {
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.0.id() as i32, libc::SIGTERM);
+        }
+        let start = Instant::now();
+        loop {
+            if let Some(s) = self.0.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "watcher ignored SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (bounded) until `f` gives something.
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `install --watch --metrics-file`: the file appears once its directory does (the failed
+/// writes before are logged and retried, the watcher goes on), parses, follows the counters,
+/// and is replaced whole each time, never leaving a temporary file behind.
+#[test]
+fn watch_keeps_the_metrics_file() {
+    let w = World::new("cntwatch");
+    let chain = w.chain(w.list("ngwatch", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    let dir = w.dir().join("install");
+    fs::create_dir_all(dir.join("net.d")).unwrap();
+    fs::create_dir_all(dir.join("bin")).unwrap();
+    fs::write(
+        dir.join("net.d/10-ngwatch.conflist"),
+        serde_json::to_string_pretty(&w.list("ngwatch", "1.0.0", 0, None)).unwrap(),
+    )
+    .unwrap();
+    let textfile_dir = dir.join("textfile");
+    let prom = textfile_dir.join("natguard.prom");
+    let log = dir.join("watch.log");
+    let bin = natguard_bin();
+    let mut cmd = w.node.cmd(bin.to_str().unwrap());
+    cmd.args(["install", "--watch", "--no-adopt"])
+        .arg("--netconf-dir")
+        .arg(dir.join("net.d"))
+        .arg("--cni-bin-dir")
+        .arg(dir.join("bin"))
+        .arg("--ready-file")
+        .arg(dir.join("ready"))
+        .arg("--metrics-file")
+        .arg(&prom)
+        .args(["--metrics-interval", "1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    let watcher = Watcher(cmd.spawn().unwrap());
+    let logged = || fs::read_to_string(&log).unwrap_or_default();
+
+    // The directory does not exist yet: the write fails, is logged once, and is retried.
+    wait_for(
+        "the failed write in the log",
+        Duration::from_secs(10),
+        || logged().contains("cannot write metrics").then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        logged().matches("cannot write metrics").count(),
+        1,
+        "{}",
+        logged()
+    );
+    fs::create_dir_all(&textfile_dir).unwrap();
+    let first = wait_for("the metrics file", Duration::from_secs(10), || {
+        fs::read_to_string(&prom).ok()
+    });
+    let metrics = parse_exposition(&first).unwrap_or_else(|e| panic!("{e}\n{first}"));
+    assert_eq!(sample(&metrics, "natguard_up", &[]), 1.0);
+    assert_eq!(sample(&metrics, "natguard_networks", &[]), 1.0);
+    assert_eq!(
+        sample(&metrics, "natguard_pods", &[("network", "ngwatch")]),
+        1.0
+    );
+    assert_eq!(fam_metrics(&metrics, "ngwatch", "ipv4"), Fam::default());
+    let inode = fs::metadata(&prom).unwrap().ino();
+    wait_for("the recovery in the log", Duration::from_secs(5), || {
+        logged().contains("metrics written to").then_some(())
+    });
+
+    // New traffic shows up at a later rewrite; each rewrite is a new file renamed into place.
+    fetch_metadata(&pod, META4, 2, "proxy");
+    fetch_metadata(&pod, META6, 1, "proxy");
+    let metrics = wait_for(
+        "a rewrite with the new counters",
+        Duration::from_secs(10),
+        || {
+            let text = fs::read_to_string(&prom).ok()?;
+            let m = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            (fam_metrics(&m, "ngwatch", "ipv4").proxied == 2).then_some(m)
+        },
+    );
+    assert_eq!(fam_metrics(&metrics, "ngwatch", "ipv6").proxied, 1);
+    let l = pod_labels("ngwatch", &pod, "default");
+    assert_eq!(
+        sample(&metrics, "natguard_pod_proxied_connections_total", &l),
+        3.0
+    );
+    assert_ne!(
+        fs::metadata(&prom).unwrap().ino(),
+        inode,
+        "rewritten by rename, not in place"
+    );
+    let names: HashSet<String> = fs::read_dir(&textfile_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        HashSet::from(["natguard.prom".to_string()]),
+        "no temporary file left"
+    );
+    assert_eq!(fs::metadata(&prom).unwrap().mode() & 0o777, 0o644);
+
+    // A write that fails later (the directory gone again) does not stop the watcher either.
+    fs::remove_dir_all(&textfile_dir).unwrap();
+    wait_for(
+        "the second failure in the log",
+        Duration::from_secs(10),
+        || (logged().matches("cannot write metrics").count() == 2).then_some(()),
+    );
+    fs::create_dir_all(&textfile_dir).unwrap();
+    wait_for("the file again", Duration::from_secs(10), || {
+        fs::read_to_string(&prom).ok()
+    });
+
+    let status = watcher.stop();
+    assert!(status.success(), "watcher exit {status:?}\n{}", logged());
+    chain.del(&pod.att).unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Without CAP_NET_ADMIN natguard's state cannot be read: all three outputs say so (exit 1),
+/// and none of them reports networks or counters it could not see. Usage errors exit 2.
+#[test]
+fn unreadable_state_is_reported_not_guessed() {
+    let h = Harness::new("cntperm");
+    require_tools(&["setpriv"]);
+    let ns = h.netns("node");
+    // A copy nobody may execute, wherever the build directory is.
+    let bin = h.dir().join("natguard");
+    fs::copy(natguard_bin(), &bin).unwrap();
+    fs::set_permissions(h.dir(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let as_nobody = |args: &[&str]| {
+        let out = output(
+            ns.cmd("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+                .arg(&bin)
+                .args(args),
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = as_nobody(&["status"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.starts_with("natguard: NOT READY: cannot read natguard's state: "),
+        "{text}"
+    );
+    assert!(text.contains("EPERM"), "{text}");
+    assert!(!text.contains("network"), "no claim about networks: {text}");
+    let (code, json) = as_nobody(&["status", "--json"]);
+    assert_eq!(code, Some(1), "{json}");
+    let doc: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["ready"], false);
+    assert!(
+        doc["notReadyReason"].as_str().unwrap().contains("EPERM"),
+        "{doc}"
+    );
+    assert_eq!(doc["networks"], json!([]));
+    let (code, text) = as_nobody(&["metrics"]);
+    assert_eq!(code, Some(1), "{text}");
+    let metrics = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    assert_eq!(sample(&metrics, "natguard_up", &[]), 0.0);
+    let samples = |name: &str| {
+        metrics
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap()
+            .samples
+            .len()
+    };
+    assert_eq!(samples("natguard_networks"), 0, "{text}");
+    assert_eq!(samples("natguard_per_pod_counters_available"), 0, "{text}");
+    for args in [
+        &["status", "--yaml"][..],
+        &["status", "--json", "x"],
+        &["metrics", "--json"],
+    ] {
+        let out = output(ns.cmd(bin.to_str().unwrap()).args(args));
+        assert_eq!(out.status.code(), Some(2), "natguard {args:?}");
+        assert!(out.stdout.is_empty(), "natguard {args:?} printed a report");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("unexpected argument"),
+            "natguard {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
