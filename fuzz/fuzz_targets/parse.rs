@@ -22,14 +22,26 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
     if !plan::addrs_fit(addrs) {
         return;
     }
+    let host = plan::HostSide {
+        iface: plan::IfName::new("cni0").unwrap(),
+        port: plan::IfName::new("veth01234567"),
+    };
     let pod = PodRef {
         network,
         container_id: "0123456789abcdef",
         ifname,
         namespace: args.pod_namespace.as_deref(),
         pod_name: args.pod_name.as_deref(),
+        netns: "/var/run/netns/cni-0123",
+        host: Some(host),
     };
     let p = plan::plan_pod(cfg, &pod, addrs);
+    assert_eq!(
+        plan::parse_attach(&p.attach).host(),
+        Some(host),
+        "the attachment record must give back its host side: {:?}",
+        p.attach
+    );
     assert!(
         p.comment.len() <= plan::MAX_COMMENT,
         "comment too long: {:?}",
@@ -41,8 +53,9 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
         "the pod record must give back its addresses: {:?}",
         p.comment
     );
-    // Every address is placed in or out of each owned set: meta, masq, allow.
-    assert_eq!(p.present.len() + p.absent.len(), 3 * addrs.len());
+    // Every address is placed in or out of each owned set: meta, masq, the two counted sets,
+    // the exempt set and, behind a bridge port, the bridge table's two.
+    assert_eq!(p.present.len() + p.absent.len(), 7 * addrs.len());
 }
 
 fn netconf(data: &[u8]) {
