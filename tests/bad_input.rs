@@ -3,15 +3,17 @@
 //! print exactly one JSON object on stdout, and leave the kernel state unchanged.
 //!
 //! Needs root, and never skips: everything runs inside a network namespace the test creates
-//! (`ng-bad-<pid>`), seeded with a real pod so that "unchanged" covers natguard's own table.
+//! (`common::Harness`), seeded with a real pod so that "unchanged" covers natguard's own table.
+//! natguard runs there through `common::run`, with exactly the corpus's environment and stdin.
 //! `nft list ruleset` of that namespace is compared before and after the whole corpus.
 
+mod common;
+
+use common::run::{Invocation, Natguard};
+use common::{require_tools, Harness, Netns};
 use serde_json::{json, Value};
 use std::ffi::OsString;
-use std::io::Write;
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::process::ExitStatusExt;
-use std::process::{Command, Output, Stdio};
 
 const NET: &str = "ng-bad";
 const CID: &str = "0123456789abcdef0123456789abcdef";
@@ -21,107 +23,18 @@ const POD_ARGS: &str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=w
 // The namespace
 // ---------------------------------------------------------------------------------------------
 
-fn ip_bin() -> &'static str {
-    ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("iproute2's ip is not installed (apt-get install iproute2)")
+fn ruleset(ns: &Netns) -> String {
+    ns.run(&["nft", "list", "ruleset"])
 }
 
-fn nft_bin() -> &'static str {
-    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("nft is not installed (apt-get install nftables)")
-}
-
-/// A network namespace that is deleted when dropped, also when the test panics.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(name: String) -> Netns {
-        // A namespace left behind by an earlier, killed run of the same pid.
-        let _ = Command::new(ip_bin())
-            .args(["netns", "del", &name])
-            .stderr(Stdio::null())
-            .status();
-        let out = Command::new(ip_bin())
-            .args(["netns", "add", &name])
-            .output()
-            .expect("run ip netns add");
-        assert!(
-            out.status.success(),
-            "ip netns add {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let ns = Netns { name };
-        ns.sh(&[ip_bin(), "link", "set", "lo", "up"]);
-        ns
+/// Runs natguard in the namespace with exactly `env` and `stdin` (`None`: no stdin).
+fn natguard(ns: &Netns, env: &[(String, OsString)], stdin: Option<&[u8]>) -> Invocation {
+    let inv = Natguard::new().env(env);
+    match stdin {
+        Some(data) => inv.stdin(data),
+        None => inv.no_stdin(),
     }
-
-    fn path(&self) -> String {
-        format!("/var/run/netns/{}", self.name)
-    }
-
-    /// Runs a command in the namespace; panics unless it succeeds; returns stdout.
-    fn sh(&self, argv: &[&str]) -> String {
-        let out = Command::new(ip_bin())
-            .args(["netns", "exec", &self.name])
-            .args(argv)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run ip netns exec");
-        assert!(
-            out.status.success(),
-            "{argv:?} in {}: {}",
-            self.name,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    fn ruleset(&self) -> String {
-        self.sh(&[nft_bin(), "list", "ruleset"])
-    }
-
-    /// Runs natguard in the namespace with exactly `env` and `stdin` (`None`: no stdin).
-    fn natguard(&self, env: &[(String, OsString)], stdin: Option<&[u8]>) -> Output {
-        let mut cmd = Command::new(ip_bin());
-        cmd.args(["netns", "exec", &self.name, env!("CARGO_BIN_EXE_natguard")])
-            .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            });
-        let mut child = cmd.spawn().expect("run natguard");
-        let writer = stdin.map(|data| {
-            let mut pipe = child.stdin.take().unwrap();
-            let data = data.to_vec();
-            // natguard stops reading after its size limit and exits: EPIPE is expected.
-            std::thread::spawn(move || {
-                let _ = pipe.write_all(&data);
-            })
-        });
-        let out = child.wait_with_output().expect("wait for natguard");
-        if let Some(w) = writer {
-            w.join().unwrap();
-        }
-        out
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new(ip_bin())
-            .args(["netns", "del", &self.name])
-            .status();
-    }
+    .run_in(ns)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1079,30 +992,30 @@ fn corpus() -> Vec<Row> {
 // ---------------------------------------------------------------------------------------------
 
 /// What is wrong with natguard's answer to `row`, if anything.
-fn judge(row: &Row, out: &Output) -> Result<(), String> {
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if let Some(sig) = out.status.signal() {
+fn judge(row: &Row, out: &Invocation) -> Result<(), String> {
+    let stdout = &out.stdout;
+    let stderr = &out.stderr;
+    if let Some(sig) = out.signal() {
         return Err(format!("killed by signal {sig}; stderr: {stderr}"));
     }
     if stderr.contains("panicked") {
         return Err(format!("panicked: {stderr}"));
     }
-    if out.status.code() != Some(1) {
+    if out.exit != Some(1) {
         return Err(format!(
             "exit status {:?}, expected 1; stdout: {stdout}; stderr: {stderr}",
-            out.status.code()
+            out.exit
         ));
     }
     // Runtimes put the reply in their own logs and events: it must stay short, whatever the input.
-    if out.stdout.len() > 4096 {
+    if out.raw_stdout.len() > 4096 {
         return Err(format!(
             "reply of {} bytes; errors must not echo unbounded input: {}...",
-            out.stdout.len(),
-            short(&stdout)
+            out.raw_stdout.len(),
+            short(stdout)
         ));
     }
-    let mut it = serde_json::Deserializer::from_slice(&out.stdout).into_iter::<Value>();
+    let mut it = serde_json::Deserializer::from_slice(&out.raw_stdout).into_iter::<Value>();
     let v = match it.next() {
         Some(Ok(v)) if v.is_object() => v,
         other => {
@@ -1111,7 +1024,7 @@ fn judge(row: &Row, out: &Output) -> Result<(), String> {
             ))
         }
     };
-    if !out.stdout[it.byte_offset()..]
+    if !out.raw_stdout[it.byte_offset()..]
         .iter()
         .all(u8::is_ascii_whitespace)
     {
@@ -1141,19 +1054,21 @@ fn malformed_invocations_fail_cleanly_and_change_nothing() {
         0,
         "this test needs root: it creates a network namespace and runs natguard in it"
     );
-    let ns = Netns::new(format!("ng-bad-{}", std::process::id()));
+    let h = Harness::new("bad");
+    require_tools(&["nft"]);
+    let ns = h.netns("node");
     let netns_path = ns.path();
 
     // Seed the namespace with a real pod, so natguard's table, sets and elements exist.
     let good = serde_json::to_vec(&good_conf()).unwrap();
-    let out = ns.natguard(&base_env("ADD", &netns_path), Some(&good));
+    let out = natguard(&ns, &base_env("ADD", &netns_path), Some(&good));
     assert!(
-        out.status.success(),
+        out.exit == Some(0),
         "seeding ADD failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        out.stdout,
+        out.stderr
     );
-    let before = ns.ruleset();
+    let before = ruleset(&ns);
     assert!(
         before.contains("table inet natguard") && before.contains("10.99.0.5"),
         "the seeded pod is not in the ruleset:\n{before}"
@@ -1170,19 +1085,19 @@ fn malformed_invocations_fail_cleanly_and_change_nothing() {
                 env.push((k.to_string(), v.clone()));
             }
         }
-        let out = ns.natguard(&env, row.stdin.as_deref());
+        let out = natguard(&ns, &env, row.stdin.as_deref());
         if let Err(e) = judge(row, &out) {
             failures.push(format!("[{} {}] {e}", row.verb, row.name));
         }
     }
 
-    let after = ns.ruleset();
+    let after = ruleset(&ns);
     // The seeded pod is still exactly as ADD left it.
-    let check = ns.natguard(&base_env("CHECK", &netns_path), Some(&good));
-    if !check.status.success() {
+    let check = natguard(&ns, &base_env("CHECK", &netns_path), Some(&good));
+    if check.exit != Some(0) {
         failures.push(format!(
             "CHECK of the seeded pod after the corpus failed: {}",
-            String::from_utf8_lossy(&check.stdout)
+            check.stdout
         ));
     }
     assert!(
@@ -1208,43 +1123,43 @@ fn malformed_invocations_fail_cleanly_and_change_nothing() {
 #[test]
 fn del_with_a_broken_config_still_removes_the_pod() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
-    let ns = Netns::new(format!("ng-baddel-{}", std::process::id()));
+    let h = Harness::new("baddel");
+    require_tools(&["nft"]);
+    let ns = h.netns("node");
     let netns_path = ns.path();
     let good = serde_json::to_vec(&good_conf()).unwrap();
-    let out = ns.natguard(&base_env("ADD", &netns_path), Some(&good));
-    assert!(
-        out.status.success(),
-        "ADD: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(ns.ruleset().contains("10.99.0.5"));
+    let out = natguard(&ns, &base_env("ADD", &netns_path), Some(&good));
+    assert!(out.exit == Some(0), "ADD: {}", out.stdout);
+    assert!(ruleset(&ns).contains("10.99.0.5"));
 
     for broken in [
         patched(&["masquerade", "nonMasqueradeCidrs"], Some(json!([]))),
         patched(&["prevResult"], Some(json!("not a result"))),
         patched(&["metadata", "ports"], Some(json!([0]))),
     ] {
-        let out = ns.natguard(
+        let out = natguard(
+            &ns,
             &base_env("DEL", &netns_path),
             Some(&serde_json::to_vec(&broken).unwrap()),
         );
         assert!(
-            out.status.success(),
+            out.exit == Some(0),
             "DEL with {broken} failed: {}",
-            String::from_utf8_lossy(&out.stdout)
+            out.stdout
         );
     }
-    let after = ns.ruleset();
+    let after = ruleset(&ns);
     assert!(
         !after.contains("10.99.0.5") && !after.contains("fd00:99::5"),
         "the pod's elements survived DEL:\n{after}"
     );
     // Without a name there is nothing to find the pod by: that still fails, with code 7.
-    let out = ns.natguard(
+    let out = natguard(
+        &ns,
         &base_env("DEL", &netns_path),
         Some(&serde_json::to_vec(&patched(&["name"], None)).unwrap()),
     );
-    assert!(!out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.exit != Some(0));
+    let v: Value = serde_json::from_slice(&out.raw_stdout).unwrap();
     assert_eq!(v["code"], 7, "{v}");
 }

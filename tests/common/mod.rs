@@ -15,9 +15,15 @@
 //!   the node namespace through `nsenter --net`.
 //! - [`World`]: the standard topology (node, cloud metadata server, node-local proxy, a remote host
 //!   inside and one outside `nonMasqueradeCIDRs`), both address families.
+//! - [`run`]: the one way to run the natguard binary directly in a namespace (exact environment
+//!   and stdin, optional seccomp filter, private mount or cgroup, a deadline) and its result.
+//! - [`synthetic`]: pods that exist only as a CNI environment and a prevResult, and a model of
+//!   the kernel state they must leave.
 #![allow(dead_code)]
 
 pub mod attack;
+pub mod run;
+pub mod synthetic;
 
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -25,6 +31,7 @@ use std::fmt;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -482,24 +489,37 @@ pub fn wait_listening(ns: &Netns, proto: &str, port: u16, count: usize) {
 // Clients (run in a thread that moved into the namespace)
 // ---------------------------------------------------------------------------------------------
 
-/// Runs `f` on a fresh thread that has joined `ns` (setns affects only that thread).
+/// Moves the calling thread into `ns` (setns affects only that thread), and makes sure it got
+/// there: code meant for a test's namespace never runs against the root namespace.
+pub fn join_netns(ns: &Netns) {
+    let path = ns.path();
+    let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
+    // SAFETY: fd is a valid namespace file; CLONE_NEWNET moves only this thread.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns {path}: {}", io::Error::last_os_error());
+    let here = fs::metadata("/proc/thread-self/ns/net")
+        .expect("stat /proc/thread-self/ns/net")
+        .ino();
+    let want = file.metadata().expect("stat the namespace file").ino();
+    assert_eq!(here, want, "the thread is not in {path} after setns");
+}
+
+/// Runs `f` on a fresh thread that has joined `ns` ([`join_netns`]); the caller never moves.
 pub fn in_netns<T, F>(ns: &Netns, f: F) -> T
 where
-    T: Send + 'static,
-    F: FnOnce() -> T + Send + 'static,
+    T: Send,
+    F: FnOnce() -> T + Send,
 {
-    let path = ns.path();
-    let handle = std::thread::spawn(move || {
-        let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-        // SAFETY: fd is a valid namespace file; CLONE_NEWNET moves only this thread.
-        let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-        assert_eq!(rc, 0, "setns {path}: {}", io::Error::last_os_error());
-        f()
-    });
-    match handle.join() {
-        Ok(v) => v,
-        Err(e) => std::panic::resume_unwind(e),
-    }
+    std::thread::scope(|s| {
+        let handle = s.spawn(|| {
+            join_netns(ns);
+            f()
+        });
+        match handle.join() {
+            Ok(v) => v,
+            Err(e) => std::panic::resume_unwind(e),
+        }
+    })
 }
 
 /// What a client saw.
