@@ -1,8 +1,9 @@
 //! [`Chain`]: drives a conflist the way libcni does (ADD in order with prevResult threading, DEL
 //! in reverse with the cached result, CHECK, GC, STATUS, VERSION), running every plugin in the
-//! node namespace through `nsenter --net`, and keeps libcni's result cache in the test's
-//! directory. [`Attachment`] is libcni's RuntimeConf.
+//! node namespace with [`super::run`] (the same runner the synthetic tests use), and keeps
+//! libcni's result cache in the test's directory. [`Attachment`] is libcni's RuntimeConf.
 
+use super::run::Natguard;
 use super::*;
 
 /// One attachment of a network to a container (libcni's RuntimeConf).
@@ -267,7 +268,7 @@ impl Chain {
     }
 
     /// Lowest level: run `plugin` with exactly this stdin and `CNI_*` environment (the rest of
-    /// the environment is inherited) inside the node namespace.
+    /// the environment is inherited) inside the node namespace ([`super::run`]).
     pub fn exec(
         &self,
         plugin: &str,
@@ -282,24 +283,14 @@ impl Chain {
             .unwrap_or_default();
         let stdin = serde_json::to_vec(conf).expect("serialize conf");
         let path = std::env::var("PATH").unwrap_or_default();
-        let mut c = self.node.cmd(bin.to_str().expect("utf-8 path"));
-        c.envs(env.iter().map(|(k, v)| (k, v)))
+        let out = Natguard::new()
+            .plugin(&bin)
+            .env(&env)
             // The reference plugins run iptables; make sure sbin is on PATH.
-            .env("PATH", format!("{path}:/usr/sbin:/sbin:/usr/bin:/bin"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-        {
-            let mut input = child.stdin.take().expect("stdin");
-            // A plugin may exit without reading stdin; a broken pipe is not the driver's error.
-            let _ = input.write_all(&stdin);
-        }
-        let out = child.wait_with_output().expect("wait for plugin");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            .env(&[("PATH", format!("{path}:/usr/sbin:/sbin:/usr/bin:/bin"))])
+            .stdin(&stdin)
+            .run_in(&self.node);
+        let (stdout, stderr) = (out.stdout.clone(), out.stderr.clone());
         lock(&self.calls).push(Call {
             plugin: plugin.to_string(),
             command: command.clone(),
@@ -307,7 +298,7 @@ impl Chain {
             stdin: conf.clone(),
             stdout: stdout.clone(),
             stderr: stderr.clone(),
-            exit: out.status.code(),
+            exit: out.exit,
         });
         let parsed: Option<Value> = if stdout.trim().is_empty() {
             None
@@ -318,7 +309,7 @@ impl Chain {
             Box::new(CniError {
                 plugin: plugin.to_string(),
                 command: command.clone(),
-                exit: out.status.code(),
+                exit: out.exit,
                 code,
                 msg,
                 details,
@@ -326,7 +317,7 @@ impl Chain {
                 stderr: stderr.clone(),
             })
         };
-        if !out.status.success() {
+        if out.exit != Some(0) {
             let (code, msg, details) = match &parsed {
                 Some(v) => (
                     v["code"].as_u64(),

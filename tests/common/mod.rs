@@ -12,7 +12,7 @@
 //!   namespace with `setns(2)` ([`in_netns`]), so the test process never leaves the root one.
 //! - `chain`: [`Chain`] drives a conflist the way libcni does (ADD in order with prevResult
 //!   threading, DEL in reverse with the cached result, CHECK, GC, STATUS, VERSION), running every
-//!   plugin in the node namespace through `nsenter --net`.
+//!   plugin in the node namespace through [`run`].
 //! - `world`: [`World`], the standard topology (node, cloud metadata server, node-local proxy, a
 //!   remote host inside and one outside `nonMasqueradeCIDRs`), both address families.
 //! - [`run`]: the one way to run the natguard binary directly in a namespace (exact environment

@@ -1,4 +1,5 @@
 //! Running the natguard binary the way a container runtime does, inside a test's namespace.
+//! The chain driver ([`super::Chain`]) runs the other plugins of a conflist through it too.
 //!
 //! [`Natguard`] describes one invocation: arguments, exactly this environment (nothing is
 //! inherited), exactly this stdin (or none at all), and optionally a seccomp filter (fault
@@ -111,9 +112,14 @@ impl Seccomp {
     }
 }
 
-/// One invocation of natguard, to be run with [`Natguard::run_in`].
+/// One invocation of natguard (or, for the chain driver, of another CNI plugin), to be run with
+/// [`Natguard::run_in`].
 #[derive(Clone)]
 pub struct Natguard {
+    /// `None`: the natguard binary under test.
+    program: Option<PathBuf>,
+    /// Whether the test process's environment is passed on under [`Natguard::env`]'s variables.
+    inherit_env: bool,
     args: Vec<OsString>,
     env: Vec<(OsString, OsString)>,
     /// `None`: stdin is /dev/null.
@@ -134,6 +140,8 @@ impl Natguard {
     /// No arguments, an empty environment, an empty stdin pipe, [`INVOCATION_BOUND`].
     pub fn new() -> Natguard {
         Natguard {
+            program: None,
+            inherit_env: false,
             args: Vec::new(),
             env: Vec::new(),
             stdin: Some(Vec::new()),
@@ -147,6 +155,14 @@ impl Natguard {
     /// A CNI invocation: `env` and `stdin`.
     pub fn cni<K: AsRef<OsStr>, V: AsRef<OsStr>>(env: &[(K, V)], stdin: &[u8]) -> Natguard {
         Natguard::new().env(env).stdin(stdin)
+    }
+
+    /// Runs the CNI plugin `program` instead of natguard, as libcni does: with the runtime's own
+    /// environment under the `CNI_*` variables (see [`super::Chain`]).
+    pub fn plugin(mut self, program: &Path) -> Natguard {
+        self.program = Some(program.to_path_buf());
+        self.inherit_env = true;
+        self
     }
 
     /// Appends command-line arguments (a subcommand such as `reconcile` and its options).
@@ -207,7 +223,10 @@ impl Natguard {
 
     /// How the invocation reads in failure reports (`CNI_PATH` left out, stdin cut short).
     fn describe(&self, ns: &Netns) -> String {
-        let mut s = String::from("natguard");
+        let mut s = match &self.program {
+            Some(p) => p.display().to_string(),
+            None => String::from("natguard"),
+        };
         for a in &self.args {
             s.push(' ');
             s.push_str(&a.to_string_lossy());
@@ -247,9 +266,11 @@ impl Natguard {
     pub fn run_in(&self, ns: &Netns) -> Invocation {
         let what = self.describe(ns);
         let nsfile = File::open(ns.path()).unwrap_or_else(|e| panic!("open {}: {e}", ns.path()));
-        let mut cmd = Command::new(natguard_bin());
+        let mut cmd = Command::new(self.program.clone().unwrap_or_else(natguard_bin));
+        if !self.inherit_env {
+            cmd.env_clear();
+        }
         cmd.args(&self.args)
-            .env_clear()
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(if self.stdin.is_some() {
                 Stdio::piped()
@@ -286,6 +307,10 @@ impl Natguard {
             out
         });
         if rx.recv_timeout(self.bound).is_err() {
+            let name = self
+                .program
+                .as_ref()
+                .map_or("natguard".to_string(), |p| p.display().to_string());
             // SAFETY: plain syscall; the child is not reaped until the waiter returns, so the
             // pid is still natguard's.
             unsafe {
@@ -293,14 +318,14 @@ impl Natguard {
             }
             let _ = waiter.join();
             panic!(
-                "natguard did not exit within {:?} (it hangs): {what}",
+                "{name} did not exit within {:?} (it hangs): {what}",
                 self.bound
             );
         }
         let out = waiter
             .join()
             .unwrap_or_else(|e| std::panic::resume_unwind(e))
-            .expect("wait for natguard");
+            .expect("wait for the plugin");
         if let Some(w) = writer {
             let _ = w.join();
         }
