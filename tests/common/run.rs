@@ -2,7 +2,8 @@
 //! The chain driver ([`super::Chain`]) runs the other plugins of a conflist through it too.
 //!
 //! [`Natguard`] describes one invocation: arguments, exactly this environment (nothing is
-//! inherited), exactly this stdin (or none at all), and optionally a seccomp filter (fault
+//! inherited, except by the other plugins, as libcni passes the runtime's own on), exactly this
+//! stdin (or none at all), and optionally a seccomp filter (fault
 //! injection), a private mount namespace with one directory bind-mounted over a path (the
 //! node-wide lock without touching the host's `/run/natguard`) and a cgroup to join. The child
 //! joins the network namespace between fork and exec (`setns(2)` in `pre_exec`), so the test
