@@ -3,13 +3,16 @@
 //!
 //! Each test runs in network namespaces of its own (`common::Harness`). Large states (thousands
 //! of pods, thousands of interval elements) are set up in-process with the library, on a thread
-//! that joined the test's namespace; the verbs under test run as the real binary, with a CNI
-//! environment and a synthetic dual-stack prevResult, the way a runtime runs them. Every
-//! invocation has a bound (a bound for failure reports, not a speed assertion): a verb that
-//! never returns fails the test instead of hanging it. Needs root; never skips.
+//! that joined the test's namespace; the verbs under test run as the real binary
+//! (`common::run`), with a CNI environment and a synthetic dual-stack prevResult
+//! (`common::synthetic`), the way a runtime runs them. Every invocation has a bound (a bound for
+//! failure reports, not a speed assertion): a verb that never returns fails the test instead of
+//! hanging it. Needs root; never skips.
 
 mod common;
 
+use common::run::Invocation;
+use common::synthetic::{add, fixed_proxy_cfg, gc_invocation, SynPod};
 use common::*;
 use natguard::config::{MAX_METADATA_PORTS, MAX_NON_MASQUERADE_CIDRS};
 use natguard::kernel::netlink::{BatchError, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK};
@@ -17,240 +20,53 @@ use natguard::kernel::{lower as encode, nft};
 use natguard::plan::{Family, Key, NetNames, OwnerKey, SetKind, TableFamily};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::fs::File;
-use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::unix::io::AsRawFd;
-use std::os::unix::process::CommandExt;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The network of every test here.
 const NET: &str = "bnet";
-/// Upper bound for one invocation; far above what any of them needs.
-const BOUND: Duration = Duration::from_secs(120);
 
-/// What one invocation did.
-struct Inv {
-    what: String,
-    exit: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl std::fmt::Display for Inv {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} -> exit {:?}\nstdout: {}\nstderr: {}",
-            self.what,
-            self.exit,
-            self.stdout.trim(),
-            self.stderr.trim()
-        )
-    }
-}
-
-impl Inv {
-    fn ok(&self) {
-        assert_eq!(self.exit, Some(0), "expected success: {self}");
-    }
-
-    /// A CNI error with `code` whose message mentions each of `needles`.
-    fn fails_with(&self, code: u64, needles: &[&str]) {
-        assert_eq!(self.exit, Some(1), "expected a CNI error: {self}");
-        let r: Value = serde_json::from_str(self.stdout.trim())
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self}"));
-        assert_eq!(r["code"].as_u64(), Some(code), "wrong code: {self}");
-        let text = format!("{} {}", r["msg"], r["details"]);
-        for n in needles {
-            assert!(text.contains(n), "the error should mention {n:?}: {self}");
-        }
-    }
-}
-
-/// Runs natguard in `ns` with exactly `env` and `stdin`; kills it and panics after [`BOUND`].
-fn exec(ns: &Netns, env: &[(String, String)], stdin: &[u8]) -> Inv {
-    let nsfile = File::open(ns.path()).unwrap_or_else(|e| panic!("open {}: {e}", ns.path()));
-    let fd = nsfile.as_raw_fd();
-    let mut cmd = Command::new(natguard_bin());
-    cmd.env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: only setns runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let what = format!(
-        "natguard [{}] in {}",
-        env.iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        ns.name
-    );
-    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("start {what}: {e}"));
-    drop(nsfile);
-    let mut input = child.stdin.take().expect("stdin");
-    let data = stdin.to_vec();
-    // Large configs exceed a pipe buffer: write from a thread.
-    let writer = std::thread::spawn(move || {
-        let _ = input.write_all(&data);
-    });
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let ereader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        s
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if start.elapsed() > BOUND {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("natguard did not return within {BOUND:?}: {what}");
-        }
-        std::thread::sleep(Duration::from_millis(2));
+/// Pod `i` of the test `tag`: every fifth one in the exempt namespace, so the allow sets are
+/// used too; one /10 and one /64 pod network for all of them.
+fn pod(tag: &str, i: u32) -> SynPod {
+    let v4 = IpAddr::V4(Ipv4Addr::new(
+        10,
+        64 + (i >> 16) as u8,
+        (i >> 8) as u8,
+        i as u8,
+    ));
+    let v6 = IpAddr::V6(Ipv6Addr::new(
+        0xfd00,
+        7,
+        0,
+        0,
+        0,
+        0,
+        (i >> 16) as u16,
+        i as u16,
+    ));
+    let cid = format!("{tag}{i:05}");
+    let k8s_ns = if i.is_multiple_of(5) {
+        "kube-system"
+    } else {
+        "default"
     };
-    let _ = writer.join();
-    Inv {
-        what,
-        exit: status.code(),
-        stdout: reader.join().unwrap_or_default(),
-        stderr: ereader.join().unwrap_or_default(),
-    }
-}
-
-/// A pod as natguard sees it.
-#[derive(Clone, Debug)]
-struct Pod {
-    cid: String,
-    k8s_ns: &'static str,
-    v4: IpAddr,
-    v6: IpAddr,
-    prefix4: u8,
-    prefix6: u8,
-}
-
-impl Pod {
-    /// Pod `i`: every fifth one in the exempt namespace, so the allow sets are used too.
-    fn new(tag: &str, i: u32) -> Pod {
-        Pod {
-            cid: format!("{tag}{i:05}"),
-            k8s_ns: if i.is_multiple_of(5) {
-                "kube-system"
-            } else {
-                "default"
-            },
-            v4: IpAddr::V4(Ipv4Addr::new(
-                10,
-                64 + (i >> 16) as u8,
-                (i >> 8) as u8,
-                i as u8,
-            )),
-            v6: IpAddr::V6(Ipv6Addr::new(
-                0xfd00,
-                7,
-                0,
-                0,
-                0,
-                0,
-                (i >> 16) as u16,
-                i as u16,
-            )),
-            prefix4: 10,
-            prefix6: 64,
-        }
-    }
-
-    fn owner(&self) -> OwnerKey {
-        OwnerKey::new(NET, &self.cid, "eth0")
-    }
-
-    fn result(&self) -> Value {
-        json!({
-            "cniVersion": "1.1.0",
-            "interfaces": [{ "name": "eth0", "sandbox": "/run/netns/gone" }],
-            "ips": [
-                { "address": format!("{}/{}", self.v4, self.prefix4), "interface": 0 },
-                { "address": format!("{}/{}", self.v6, self.prefix6), "interface": 0 }
-            ]
-        })
-    }
-
-    fn env(&self, verb: &str) -> Vec<(String, String)> {
-        vec![
-            ("CNI_COMMAND".into(), verb.into()),
-            ("CNI_CONTAINERID".into(), self.cid.clone()),
-            ("CNI_IFNAME".into(), "eth0".into()),
-            ("CNI_NETNS".into(), "/run/netns/gone".into()),
-            ("CNI_PATH".into(), "/opt/cni/bin".into()),
-            (
-                "CNI_ARGS".into(),
-                format!(
-                    "K8S_POD_NAMESPACE={};K8S_POD_NAME=p-{}",
-                    self.k8s_ns, self.cid
-                ),
-            ),
-        ]
-    }
+    SynPod::new(NET, &cid, v4, v6)
+        .in_namespace(k8s_ns)
+        .named(&format!("p-{cid}"))
+        .prefixes(10, 64)
+        .without_host_iface()
 }
 
 /// natguard's entry with fixed proxy addresses (no route lookups), `patch` merged in.
 fn cfg(patch: Value) -> Value {
-    let mut c = json!({
-        "type": "natguard",
-        "metadata": {
-            "proxyIPv4": "10.0.0.1",
-            "proxyIPv6": "fd00::1",
-            "exemptNamespaces": ["kube-system"]
-        }
-    });
+    let mut c = fixed_proxy_cfg(json!({ "metadata": { "exemptNamespaces": ["kube-system"] } }));
     merge(&mut c, &patch);
     c
 }
 
-fn stdin_of(cfg: &Value, prev: Option<Value>) -> Vec<u8> {
-    let mut c = cfg.clone();
-    c["cniVersion"] = json!("1.1.0");
-    c["name"] = json!(NET);
-    if let Some(p) = prev {
-        c["prevResult"] = p;
-    }
-    serde_json::to_vec(&c).unwrap()
-}
-
-fn add(ns: &Netns, cfg: &Value, p: &Pod) -> Inv {
-    exec(ns, &p.env("ADD"), &stdin_of(cfg, Some(p.result())))
-}
-
-fn gc(ns: &Netns, cfg: &Value, keep: &[&Pod]) -> Inv {
-    let mut c = cfg.clone();
-    c["cni.dev/valid-attachments"] = json!(keep
-        .iter()
-        .map(|p| json!({ "containerID": p.cid, "ifname": "eth0" }))
-        .collect::<Vec<_>>());
-    let env = vec![
-        ("CNI_COMMAND".to_string(), "GC".to_string()),
-        ("CNI_PATH".to_string(), "/opt/cni/bin".to_string()),
-    ];
-    exec(ns, &env, &stdin_of(&c, None))
+fn gc(ns: &Netns, cfg: &Value, keep: &[&SynPod]) -> Invocation {
+    gc_invocation(NET, cfg, keep).run_in(ns)
 }
 
 fn set(kind: SetKind) -> String {
@@ -282,11 +98,11 @@ fn addrs_of(ns: &Netns, kind: SetKind) -> BTreeSet<IpAddr> {
 }
 
 /// ADDs `pods`, 16 invocations at a time.
-fn add_all(ns: &Netns, cfg: &Value, pods: Vec<Pod>) {
+fn add_all(ns: &Netns, cfg: &Value, pods: Vec<SynPod>) {
     for chunk in pods.chunks(16) {
         std::thread::scope(|sc| {
             for p in chunk {
-                sc.spawn(move || add(ns, cfg, p).ok());
+                sc.spawn(move || add(ns, cfg, p).succeeded());
             }
         });
     }
@@ -301,12 +117,12 @@ fn gc_of_stale_attachments(test: &str, stale: u32) {
     let h = Harness::new(test);
     let ns = h.netns("node");
     let c = cfg(json!({}));
-    let pods: Vec<Pod> = (0..stale + 2).map(|i| Pod::new("gc", i)).collect();
+    let pods: Vec<SynPod> = (0..stale + 2).map(|i| pod("gc", i)).collect();
     add_all(&ns, &c, pods.clone());
     assert_eq!(elements(&ns, SetKind::Pods).len(), pods.len());
 
     let keep = [&pods[1], &pods[2]];
-    gc(&ns, &c, &keep).ok();
+    gc(&ns, &c, &keep).succeeded();
 
     let owners: BTreeSet<OwnerKey> = elements(&ns, SetKind::Pods)
         .iter()
@@ -315,9 +131,9 @@ fn gc_of_stale_attachments(test: &str, stale: u32) {
             _ => None,
         })
         .collect();
-    let want: BTreeSet<OwnerKey> = keep.iter().map(|p| p.owner()).collect();
+    let want: BTreeSet<OwnerKey> = keep.iter().map(|p| p.owner_key()).collect();
     assert_eq!(owners, want, "pods left after GC");
-    let kept_addrs = |f: &dyn Fn(&Pod) -> bool, fam: Family| -> BTreeSet<IpAddr> {
+    let kept_addrs = |f: &dyn Fn(&SynPod) -> bool, fam: Family| -> BTreeSet<IpAddr> {
         keep.iter()
             .filter(|p| f(p))
             .map(|p| if fam == Family::V4 { p.v4 } else { p.v6 })
@@ -331,17 +147,17 @@ fn gc_of_stale_attachments(test: &str, stale: u32) {
         );
         assert_eq!(
             addrs_of(&ns, SetKind::Meta(fam)),
-            kept_addrs(&|p| p.k8s_ns != "kube-system", fam),
+            kept_addrs(&|p| !p.exempt(), fam),
             "meta {fam:?}"
         );
         assert_eq!(
             addrs_of(&ns, SetKind::Allow(fam)),
-            kept_addrs(&|p| p.k8s_ns == "kube-system", fam),
+            kept_addrs(&|p| p.exempt(), fam),
             "allow {fam:?}"
         );
     }
     // And a second GC with nothing stale is a no-op that succeeds.
-    gc(&ns, &c, &keep).ok();
+    gc(&ns, &c, &keep).succeeded();
 }
 
 #[test]
@@ -384,13 +200,13 @@ fn long_config_lists_work_up_to_the_limit_and_are_refused_above_it() {
     for (i, count) in [1700, MAX_NON_MASQUERADE_CIDRS].into_iter().enumerate() {
         let (text, ranges) = cidrs(count);
         let c = cfg(json!({ "masquerade": { "nonMasqueradeCIDRs": text, "masqLinkLocal": true } }));
-        add(&ns, &c, &Pod::new("cidr", i as u32 + 1)).ok();
+        add(&ns, &c, &pod("cidr", i as u32 + 1)).succeeded();
         let have = ranges_in(&ns);
         assert_eq!(have, ranges, "{count} nonMasqueradeCIDRs in the kernel");
     }
     let (text, _) = cidrs(MAX_NON_MASQUERADE_CIDRS + 1);
     let c = cfg(json!({ "masquerade": { "nonMasqueradeCIDRs": text } }));
-    add(&ns, &c, &Pod::new("cidr", 9)).fails_with(
+    add(&ns, &c, &pod("cidr", 9)).fails_with(
         7,
         &[
             "masquerade.nonMasqueradeCIDRs",
@@ -400,7 +216,7 @@ fn long_config_lists_work_up_to_the_limit_and_are_refused_above_it() {
 
     let ports: Vec<u16> = (1..=MAX_METADATA_PORTS as u16).collect();
     let c = cfg(json!({ "metadata": { "ports": ports } }));
-    add(&ns, &c, &Pod::new("port", 1)).ok();
+    add(&ns, &c, &pod("port", 1)).succeeded();
     let have: BTreeSet<u16> = elements(&ns, SetKind::MetaPorts)
         .iter()
         .filter_map(|k| match k {
@@ -411,7 +227,7 @@ fn long_config_lists_work_up_to_the_limit_and_are_refused_above_it() {
     assert_eq!(have, ports.iter().copied().collect(), "ports in the kernel");
     let many: Vec<u32> = (1..=5000).collect();
     let c = cfg(json!({ "metadata": { "ports": many } }));
-    add(&ns, &c, &Pod::new("port", 2))
+    add(&ns, &c, &pod("port", 2))
         .fails_with(7, &["metadata.ports", &MAX_METADATA_PORTS.to_string()]);
 }
 

@@ -1,20 +1,19 @@
 //! Root tests of `natguard::conntrack` against the running kernel.
 //!
-//! Each test creates its own network namespace (`ng-ct-<name>-<pid>`), fills that namespace's
+//! Each test creates its own network namespace (`common::Harness`), fills that namespace's
 //! conntrack table with `IPCTNL_MSG_CT_NEW` batches, and runs the code under test on a thread that
-//! joined the namespace with `setns(2)`; the rest of the test process, and the root namespace's
-//! conntrack table, are never touched. Tables are compared entry by entry with a dump.
+//! joined the namespace with `setns(2)` (`common::in_netns`); the rest of the test process, and
+//! the root namespace's conntrack table, are never touched. Tables are compared entry by entry with a dump.
 
+mod common;
+
+use common::{in_netns, Harness, Netns};
 use natguard::kernel::conntrack::{self, FlushReport, Path};
 use natguard::kernel::netlink::{
     Attrs, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
 };
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
-use std::process::Command;
 
 const CT_NEW: u16 = (NFNL_SUBSYS_CTNETLINK as u16) << 8;
 const CT_GET: u16 = ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | 1;
@@ -23,54 +22,11 @@ const UDP: u8 = 17;
 const ICMP: u8 = 1;
 const ICMPV6: u8 = 58;
 
-/// A namespace that is deleted when the guard goes out of scope, also on panic.
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(test: &str) -> Netns {
-        let name = format!("ng-ct-{test}-{}", std::process::id());
-        // A leftover of an aborted run with the same pid would make `add` fail.
-        let _ = Command::new("ip").args(["netns", "del", &name]).output();
-        let out = Command::new("ip")
-            .args(["netns", "add", &name])
-            .output()
-            .expect("run ip netns add");
-        assert!(
-            out.status.success(),
-            "ip netns add {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Netns { name }
-    }
-
-    /// Runs `f` on a new thread that joined this namespace; only that thread moves.
-    fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
-        let path = format!("/run/netns/{}", self.name);
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                let file = File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-                // SAFETY: setns on a valid namespace fd; it affects only this thread.
-                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                assert_eq!(rc, 0, "setns {path}: {}", std::io::Error::last_os_error());
-                // Belt and braces: never run against the root namespace's table.
-                let here = std::fs::metadata("/proc/thread-self/ns/net").unwrap().ino();
-                assert_eq!(here, file.metadata().unwrap().ino(), "not in {path}");
-                f()
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
+/// A fresh namespace for one test (deleted with the harness, also on panic).
+fn namespace(test: &str) -> (Harness, Netns) {
+    let h = Harness::new(&format!("ct-{test}"));
+    let ns = h.netns("node");
+    (h, ns)
 }
 
 /// A conntrack entry: both tuples (same protocol).
@@ -359,8 +315,8 @@ fn pod_addrs() -> [IpAddr; 2] {
 /// Fills a fresh namespace, flushes the pod's addresses along `path`, and checks that exactly
 /// the pod's entries are gone. Returns the report and the table left behind.
 fn flush_case(test: &str, background_n: u32, path: Path) -> (FlushReport, BTreeSet<Flow>) {
-    let ns = Netns::new(test);
-    ns.run(|| {
+    let (_h, ns) = namespace(test);
+    in_netns(&ns, || {
         let pod = pod_flows();
         let mut keep = background(background_n);
         keep.extend(near_misses());
@@ -415,8 +371,8 @@ fn fallback_and_full_dump_paths_give_the_filtered_result() {
 
 #[test]
 fn auto_path_flushes_and_empty_input_does_nothing() {
-    let ns = Netns::new("auto");
-    ns.run(|| {
+    let (_h, ns) = namespace("auto");
+    in_netns(&ns, || {
         conntrack::probe().unwrap();
         // Empty table: nothing to walk.
         let r = conntrack::flush_addresses(&pod_addrs()).unwrap();
@@ -443,8 +399,8 @@ fn auto_path_flushes_and_empty_input_does_nothing() {
 
 #[test]
 fn undnatted_flows_to_metadata_are_deleted_and_dnated_ones_stay() {
-    let ns = Netns::new("adopt");
-    ns.run(|| {
+    let (_h, ns) = namespace("adopt");
+    in_netns(&ns, || {
         let (a, b, c) = ("10.1.0.11", "10.1.0.12", "10.1.0.13");
         let (a6, c6) = ("fd00:1::11", "fd00:1::13");
         let meta4 = "169.254.169.254";
@@ -502,8 +458,8 @@ fn entries_vanishing_between_dump_and_delete_are_not_errors() {
     // Two dump+delete flushes of the same addresses race: each entry is deleted by one of them,
     // and the other finds it gone (ENOENT) or never sees it. Both succeed, and the exact counts
     // of the dump path add up.
-    let ns = Netns::new("race");
-    ns.run(|| {
+    let (_h, ns) = namespace("race");
+    in_netns(&ns, || {
         let mut pod: Vec<Flow> = (0..1500)
             .map(|i| plain(UDP, POD4, "11.0.0.1", 20000 + i, 53))
             .collect();

@@ -10,30 +10,26 @@
 //! test is bind-mounted on `/run/natguard`, read-only for the read-only cases. The test holds
 //! that directory's lock, or turns it into a directory, a symlink or a FIFO, without anyone
 //! else seeing it. Each invocation also runs in the test's network namespace, with the CNI
-//! environment and a synthetic prevResult, as in tests/hardening.rs.
+//! environment and a synthetic prevResult (`common::synthetic`).
 //!
 //! No assertion is on time: the bounds below only keep a hanging invocation from hanging the
 //! test. Needs root; never skips.
 
 mod common;
 
+use common::run::{parallel, Access, Invocation, Natguard};
+use common::synthetic::{fixed_proxy_cfg, gc_invocation, SynPod};
 use common::*;
-use natguard::plan::OwnerKey;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::fmt;
 use std::fs::{self, File};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::io::AsRawFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Barrier;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The network every test here uses.
 const NET: &str = "lknet";
@@ -47,62 +43,11 @@ const INVOCATION_BOUND: Duration = Duration::from_secs(60);
 // Running natguard in the test's netns with a private /run/natguard
 // ---------------------------------------------------------------------------------------------
 
-/// What one invocation of natguard did.
-struct Inv {
-    what: String,
-    exit: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl fmt::Display for Inv {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} -> exit {:?}\nstdout: {}\nstderr: {}",
-            self.what,
-            self.exit,
-            self.stdout.trim(),
-            self.stderr.trim()
-        )
-    }
-}
-
-impl Inv {
-    fn ok(self) -> Inv {
-        assert_eq!(self.exit, Some(0), "expected success: {self}");
-        self
-    }
-
-    /// Asserts a CNI error with `code` whose msg/details mention every one of `needles`.
-    fn fails_with(&self, code: u64, needles: &[&str]) {
-        assert_eq!(self.exit, Some(1), "expected exit 1 (a CNI error): {self}");
-        let r: Value = serde_json::from_str(self.stdout.trim())
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self}"));
-        assert_eq!(
-            r["code"].as_u64(),
-            Some(code),
-            "wrong CNI error code: {self}"
-        );
-        let text = format!(
-            "{} {}",
-            r["msg"].as_str().unwrap_or(""),
-            r["details"].as_str().unwrap_or("")
-        );
-        for n in needles {
-            assert!(
-                text.contains(n),
-                "the error message should name {n:?}: {self}"
-            );
-        }
-    }
-}
-
 /// The directory bind-mounted on /run/natguard for an invocation.
 #[derive(Clone)]
 struct RunDir {
     dir: PathBuf,
-    read_only: bool,
+    access: Access,
 }
 
 impl RunDir {
@@ -112,12 +57,12 @@ impl RunDir {
         fs::create_dir_all(&dir).unwrap();
         RunDir {
             dir,
-            read_only: false,
+            access: Access::ReadWrite,
         }
     }
 
     fn read_only(mut self) -> RunDir {
-        self.read_only = true;
+        self.access = Access::ReadOnly;
         self
     }
 
@@ -127,195 +72,37 @@ impl RunDir {
     }
 }
 
-/// Runs natguard with exactly `env` and `stdin` in `ns`, with `run` mounted on /run/natguard
-/// in a mount namespace of the child's own (the test process never moves).
-fn exec(ns: &Netns, run: &RunDir, env: &[(String, String)], stdin: &[u8]) -> Inv {
-    let nsfile = File::open(ns.path()).unwrap_or_else(|e| panic!("open {}: {e}", ns.path()));
-    let fd = nsfile.as_raw_fd();
-    let src = CString::new(run.dir.as_os_str().as_bytes()).unwrap();
-    let target = CString::new(RUN_DIR).unwrap();
-    let read_only = run.read_only;
-    let mut cmd = Command::new(natguard_bin());
-    cmd.env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: only async-signal-safe syscalls (setns, unshare, mount) run between fork and
-    // exec, on C strings built before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            let check = |rc: libc::c_int| {
-                if rc == 0 {
-                    Ok(())
-                } else {
-                    Err(io::Error::last_os_error())
-                }
-            };
-            check(libc::setns(fd, libc::CLONE_NEWNET))?;
-            check(libc::unshare(libc::CLONE_NEWNS))?;
-            // Private propagation first: the bind mount below must not reach the host.
-            check(libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
-                std::ptr::null(),
-            ))?;
-            check(libc::mount(
-                src.as_ptr(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            ))?;
-            if read_only {
-                check(libc::mount(
-                    std::ptr::null(),
-                    target.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REMOUNT | libc::MS_BIND | libc::MS_RDONLY,
-                    std::ptr::null(),
-                ))?;
-            }
-            Ok(())
-        });
-    }
-    let what = format!(
-        "natguard [{}] in {} with {} on {RUN_DIR}{} <<< {}",
-        env.iter()
-            .filter(|(k, _)| k != "CNI_PATH")
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(" "),
-        ns.name,
-        run.dir.display(),
-        if read_only { " (read-only)" } else { "" },
-        String::from_utf8_lossy(stdin)
-            .chars()
-            .take(300)
-            .collect::<String>()
-    );
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    drop(nsfile);
-    {
-        let mut input = child.stdin.take().expect("stdin");
-        let _ = input.write_all(stdin);
-    }
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait for natguard") {
-            break s;
-        }
-        if start.elapsed() > INVOCATION_BOUND {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("natguard did not return within {INVOCATION_BOUND:?} (it hangs): {what}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-    Inv {
-        what,
-        exit: status.code(),
-        stdout,
-        stderr,
-    }
-}
-
-/// Starts every job at once (behind a barrier) and returns their results in order.
-fn parallel<T: Send>(jobs: Vec<Box<dyn FnOnce() -> T + Send + '_>>) -> Vec<T> {
-    let barrier = Barrier::new(jobs.len());
-    std::thread::scope(|s| {
-        let handles: Vec<_> = jobs
-            .into_iter()
-            .map(|job| {
-                let b = &barrier;
-                s.spawn(move || {
-                    b.wait();
-                    job()
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
-    })
+/// Runs `inv` in `ns` with `run` mounted on /run/natguard in a mount namespace of the child's
+/// own (the test process never moves).
+fn exec(ns: &Netns, run: &RunDir, inv: Natguard) -> Invocation {
+    inv.bind_mount(&run.dir, RUN_DIR, run.access)
+        .bound(INVOCATION_BOUND)
+        .run_in(ns)
 }
 
 // ---------------------------------------------------------------------------------------------
 // Synthetic pods and configs
 // ---------------------------------------------------------------------------------------------
 
-/// A pod as natguard sees it: a container ID (short enough to appear whole in log lines), eth0
-/// and a dual-stack address.
-struct Pod {
-    cid: String,
-    v4: String,
-    v6: String,
-}
-
-impl Pod {
-    fn new(tag: &str, i: u32) -> Pod {
-        Pod {
-            cid: format!("{tag}{i:04}"),
-            v4: format!("10.77.{}.{}", i / 200, i % 200 + 10),
-            v6: format!("fd00:77::{:x}", i + 16),
-        }
-    }
-
-    fn owner(&self) -> String {
-        OwnerKey::new(NET, &self.cid, "eth0").hex()
-    }
-
-    fn result(&self) -> Value {
-        json!({
-            "cniVersion": "1.1.0",
-            "interfaces": [
-                { "name": format!("veth{}", self.cid) },
-                { "name": "eth0", "sandbox": self.netns() }
-            ],
-            "ips": [
-                { "address": format!("{}/16", self.v4), "interface": 1 },
-                { "address": format!("{}/64", self.v6), "interface": 1 }
-            ],
-            "dns": {}
-        })
-    }
-
-    /// The pod's netns path as a runtime passes it; natguard never needs it to exist.
-    fn netns(&self) -> String {
-        format!("/run/netns/ng-gone-{}", self.cid)
-    }
-
-    fn env(&self, verb: &str) -> Vec<(String, String)> {
-        vec![
-            ("CNI_COMMAND".into(), verb.into()),
-            ("CNI_PATH".into(), "/opt/cni/bin".into()),
-            ("CNI_NETNS".into(), self.netns()),
-            ("CNI_CONTAINERID".into(), self.cid.clone()),
-            ("CNI_IFNAME".into(), "eth0".into()),
-            (
-                "CNI_ARGS".into(),
-                format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME=pod-{}", self.cid),
-            ),
-        ]
-    }
+/// Pod `i` of the test `tag`: a container ID short enough to appear whole in log lines, eth0 and
+/// a dual-stack address.
+fn pod(tag: &str, i: u32) -> SynPod {
+    let v4 = format!("10.77.{}.{}", i / 200, i % 200 + 10);
+    let v6 = format!("fd00:77::{:x}", i + 16);
+    SynPod::new(
+        NET,
+        &format!("{tag}{i:04}"),
+        v4.parse().unwrap(),
+        v6.parse().unwrap(),
+    )
 }
 
 /// Proxy mode with fixed proxy addresses (no route lookups, so no warning).
 fn cfg() -> Value {
-    json!({
-        "type": "natguard",
-        "metadata": { "mode": "proxy", "proxyIPv4": "10.0.0.1", "proxyIPv6": "fd00::1" },
+    fixed_proxy_cfg(json!({
+        "metadata": { "mode": "proxy" },
         "masquerade": { "nonMasqueradeCIDRs": non_masq() }
-    })
+    }))
 }
 
 fn with(mut c: Value, key: &str, v: Value) -> Value {
@@ -323,53 +110,40 @@ fn with(mut c: Value, key: &str, v: Value) -> Value {
     c
 }
 
-fn stdin_of(cfg: &Value, prev: Option<Value>) -> Vec<u8> {
-    let mut c = cfg.clone();
-    c["cniVersion"] = json!("1.1.0");
-    c["name"] = json!(NET);
-    if let Some(p) = prev {
-        c["prevResult"] = p;
-    }
-    serde_json::to_vec(&c).unwrap()
+fn add(ns: &Netns, run: &RunDir, cfg: &Value, p: &SynPod) -> Invocation {
+    exec(ns, run, p.invocation("ADD", cfg))
 }
 
-fn add(ns: &Netns, run: &RunDir, cfg: &Value, p: &Pod) -> Inv {
-    exec(ns, run, &p.env("ADD"), &stdin_of(cfg, Some(p.result())))
+fn del(ns: &Netns, run: &RunDir, cfg: &Value, p: &SynPod) -> Invocation {
+    exec(ns, run, p.invocation("DEL", cfg))
 }
 
-fn del(ns: &Netns, run: &RunDir, cfg: &Value, p: &Pod) -> Inv {
-    exec(ns, run, &p.env("DEL"), &stdin_of(cfg, Some(p.result())))
+fn check(ns: &Netns, run: &RunDir, cfg: &Value, p: &SynPod) -> Invocation {
+    exec(ns, run, p.invocation("CHECK", cfg))
 }
 
-fn check(ns: &Netns, run: &RunDir, cfg: &Value, p: &Pod) -> Inv {
-    exec(ns, run, &p.env("CHECK"), &stdin_of(cfg, Some(p.result())))
-}
-
-fn gc(ns: &Netns, run: &RunDir, cfg: &Value) -> Inv {
-    let env = vec![
-        ("CNI_COMMAND".to_string(), "GC".to_string()),
-        ("CNI_PATH".to_string(), "/opt/cni/bin".to_string()),
-    ];
-    let c = with(cfg.clone(), "cni.dev/valid-attachments", json!([]));
-    exec(ns, run, &env, &stdin_of(&c, None))
+fn gc(ns: &Netns, run: &RunDir, cfg: &Value) -> Invocation {
+    exec(ns, run, gc_invocation(NET, cfg, &[]))
 }
 
 /// Whether the kernel has any of the pod's entries (`nft list table inet natguard`).
-fn has_entries(ns: &Netns, p: &Pod) -> bool {
+fn has_entries(ns: &Netns, p: &SynPod) -> bool {
     let t = nft_table(ns).unwrap_or_default();
-    mentions(&t, &p.v4) || mentions(&t, &p.v6) || t.contains(&p.owner())
+    mentions(&t, &p.v4.to_string()) || mentions(&t, &p.v6.to_string()) || t.contains(&p.owner())
 }
 
-fn assert_installed(ns: &Netns, p: &Pod, when: &str) {
+fn assert_installed(ns: &Netns, p: &SynPod, when: &str) {
     let t = nft_table(ns).unwrap_or_default();
     assert!(
-        mentions(&t, &p.v4) && mentions(&t, &p.v6) && t.contains(&p.owner()),
+        mentions(&t, &p.v4.to_string())
+            && mentions(&t, &p.v6.to_string())
+            && t.contains(&p.owner()),
         "{when}: {}'s entries are missing:\n{t}",
         p.cid
     );
 }
 
-fn assert_removed(ns: &Netns, p: &Pod, when: &str) {
+fn assert_removed(ns: &Netns, p: &SynPod, when: &str) {
     assert!(
         !has_entries(ns, p),
         "{when}: {}'s entries are still there:\n{}",
@@ -417,7 +191,7 @@ fn held_lock_fails_add_and_del_with_code_11_until_released() {
     let (h, ns) = setup("lk-busy");
     let run = RunDir::new(&h, "run");
     let cfg = cfg();
-    let p = Pod::new("busy", 1);
+    let p = pod("busy", 1);
 
     let holder = File::create(run.lock_path()).unwrap();
     holder.lock().expect("the test takes the private lock");
@@ -427,9 +201,9 @@ fn held_lock_fails_add_and_del_with_code_11_until_released() {
     del(&ns, &run, &cfg, &p).fails_with(11, &needles);
     drop(holder);
 
-    add(&ns, &run, &cfg, &p).ok();
+    add(&ns, &run, &cfg, &p).succeeded();
     assert_installed(&ns, &p, "ADD after the release");
-    del(&ns, &run, &cfg, &p).ok();
+    del(&ns, &run, &cfg, &p).succeeded();
     assert_removed(&ns, &p, "DEL after the release");
 }
 
@@ -458,8 +232,8 @@ fn unusable_lock_lets_del_remove_the_pod_and_fails_add_with_code_5() {
         Unusable::ReadOnly,
     ];
     for (i, case) in cases.into_iter().enumerate() {
-        let p = Pod::new("unus", i as u32 + 1);
-        add(&ns, &good, &cfg, &p).ok();
+        let p = pod("unus", i as u32 + 1);
+        add(&ns, &good, &cfg, &p).succeeded();
         assert_installed(&ns, &p, "ADD with a working lock");
 
         let mut bad = RunDir::new(&h, &format!("run-{case:?}"));
@@ -486,7 +260,7 @@ fn unusable_lock_lets_del_remove_the_pod_and_fails_add_with_code_5() {
             }
         };
 
-        let d = del(&ns, &bad, &cfg, &p).ok();
+        let d = del(&ns, &bad, &cfg, &p).succeeded();
         assert!(
             d.stderr.contains("/run/natguard/lock") && d.stderr.contains("without"),
             "{case:?}: DEL should warn that it goes on without the lock: {d}"
@@ -497,10 +271,10 @@ fn unusable_lock_lets_del_remove_the_pod_and_fails_add_with_code_5() {
         a.fails_with(5, &["/run/natguard/lock", "cannot be used", needle]);
         assert_removed(&ns, &p, &format!("ADD with the lock path a {case:?}"));
         // GC, which would remove every entry here (no valid attachment), refuses as well.
-        add(&ns, &good, &cfg, &p).ok();
+        add(&ns, &good, &cfg, &p).succeeded();
         gc(&ns, &bad, &cfg).fails_with(5, &["/run/natguard/lock", "cannot be used", needle]);
         assert_installed(&ns, &p, &format!("GC with the lock path a {case:?}"));
-        del(&ns, &good, &cfg, &p).ok();
+        del(&ns, &good, &cfg, &p).succeeded();
 
         // Nothing at the lock path was replaced or followed.
         let kind = fs::symlink_metadata(&lock).map(|m| m.file_type());
@@ -527,15 +301,15 @@ fn read_only_run_dir_with_an_existing_lock_file_still_locks() {
     File::create(run.lock_path()).unwrap();
     let ro = run.clone().read_only();
     let cfg = cfg();
-    let p = Pod::new("ro", 1);
+    let p = pod("ro", 1);
 
-    add(&ns, &ro, &cfg, &p).ok();
+    add(&ns, &ro, &cfg, &p).succeeded();
     assert_installed(&ns, &p, "ADD in a read-only /run/natguard");
     let holder = File::open(run.lock_path()).unwrap();
     holder.lock().unwrap();
     del(&ns, &ro, &cfg, &p).fails_with(11, &["/run/natguard/lock", "busy"]);
     drop(holder);
-    del(&ns, &ro, &cfg, &p).ok();
+    del(&ns, &ro, &cfg, &p).succeeded();
     assert_removed(&ns, &p, "DEL in a read-only /run/natguard");
 }
 
@@ -583,9 +357,9 @@ fn log_file_that_is_not_a_regular_file_warns_and_never_blocks() {
     {
         let c = with(cfg(), "logFile", json!(path));
         let c = with(c, "logLevel", json!("debug"));
-        let p = Pod::new("kind", i as u32 + 1);
+        let p = pod("kind", i as u32 + 1);
         for verb in ["ADD", "CHECK", "DEL"] {
-            let inv = exec(&ns, &run, &p.env(verb), &stdin_of(&c, Some(p.result()))).ok();
+            let inv = exec(&ns, &run, p.invocation(verb, &c)).succeeded();
             let warning = format!("logFile {} is not used", path.display());
             assert!(
                 inv.stderr.contains(&warning),
@@ -644,13 +418,13 @@ fn log_level_filters_the_file_and_stderr_keeps_warnings() {
         if let Some(l) = level {
             c = with(c, "logLevel", json!(l));
         }
-        let p = Pod::new("lvl", 2 * i as u32 + 1);
-        let absent = Pod::new("lvl", 2 * i as u32 + 2);
-        let a = add(&ns, &run, &c, &p).ok();
+        let p = pod("lvl", 2 * i as u32 + 1);
+        let absent = pod("lvl", 2 * i as u32 + 2);
+        let a = add(&ns, &run, &c, &p).succeeded();
         // CHECK of a pod that was never added: an error line.
         let k = check(&ns, &run, &c, &absent);
         assert_eq!(k.exit, Some(1), "{k}");
-        let d = del(&ns, &run, &c, &p).ok();
+        let d = del(&ns, &run, &c, &p).succeeded();
         for inv in [&a, &k, &d] {
             let stderr_levels = levels_in(&inv.stderr);
             assert!(
@@ -733,9 +507,9 @@ fn kind(line: &str) -> String {
 fn reference(ns: &Netns, run: &RunDir, h: &Harness, c: &Value) -> Reference {
     let log = h.dir().join("reference.log");
     let c = with(c.clone(), "logFile", json!(log));
-    add(ns, run, &c, &Pod::new("refr", 1)).ok();
+    add(ns, run, &c, &pod("refr", 1)).succeeded();
     let before = fs::read_to_string(&log).unwrap_or_default().lines().count();
-    add(ns, run, &c, &Pod::new("refr", 2)).ok();
+    add(ns, run, &c, &pod("refr", 2)).succeeded();
     let text = fs::read_to_string(&log).unwrap();
     let lines: Vec<&str> = text.lines().skip(before).collect();
     assert!(
@@ -750,18 +524,24 @@ fn reference(ns: &Netns, run: &RunDir, h: &Harness, c: &Value) -> Reference {
 }
 
 /// Runs 32 ADDs at once with `c` (which names the log), sampling both files' sizes meanwhile.
-fn parallel_adds(ns: &Netns, run: &RunDir, c: &Value, log: &Path, tag: &str) -> (Vec<Pod>, Sizes) {
-    let pods: Vec<Pod> = (1..=32).map(|i| Pod::new(tag, i)).collect();
+fn parallel_adds(
+    ns: &Netns,
+    run: &RunDir,
+    c: &Value,
+    log: &Path,
+    tag: &str,
+) -> (Vec<SynPod>, Sizes) {
+    let pods: Vec<SynPod> = (1..=32).map(|i| pod(tag, i)).collect();
     let rotated = PathBuf::from(format!("{}.1", log.display()));
     let stop = AtomicBool::new(false);
     let sizes = std::thread::scope(|s| {
         let sampler = s.spawn(|| sample_sizes(log, &rotated, &stop));
-        let jobs: Vec<Box<dyn FnOnce() -> Inv + Send + '_>> = pods
+        let jobs: Vec<Box<dyn FnOnce() -> Invocation + Send + '_>> = pods
             .iter()
-            .map(|p| Box::new(move || add(ns, run, c, p)) as Box<dyn FnOnce() -> Inv + Send>)
+            .map(|p| Box::new(move || add(ns, run, c, p)) as Box<dyn FnOnce() -> Invocation + Send>)
             .collect();
         for inv in parallel(jobs) {
-            inv.ok();
+            inv.succeeded();
         }
         stop.store(true, Ordering::SeqCst);
         sampler.join().unwrap()
@@ -770,7 +550,7 @@ fn parallel_adds(ns: &Netns, run: &RunDir, c: &Value, log: &Path, tag: &str) -> 
 }
 
 /// The lines of `text` that invocation `p` wrote (its container ID is in each line's context).
-fn lines_of<'a>(text: &'a str, p: &Pod) -> Vec<&'a str> {
+fn lines_of<'a>(text: &'a str, p: &SynPod) -> Vec<&'a str> {
     let token = format!(" {NET} {} eth0: ", p.cid);
     text.lines().filter(|l| l.contains(&token)).collect()
 }
@@ -951,14 +731,14 @@ fn bad_log_level_and_max_size_are_refused_with_code_7() {
     ];
     for (i, (field, value, needle)) in cases.into_iter().enumerate() {
         let c = with(cfg(), field, value.clone());
-        let p = Pod::new("bad", i as u32 + 1);
+        let p = pod("bad", i as u32 + 1);
         add(&ns, &run, &c, &p).fails_with(7, &[field, needle]);
         assert_removed(&ns, &p, &format!("ADD with {field}: {value}"));
         check(&ns, &run, &c, &p).fails_with(7, &[field, needle]);
         gc(&ns, &run, &c).fails_with(7, &[field, needle]);
 
-        add(&ns, &run, &cfg(), &p).ok();
-        del(&ns, &run, &c, &p).ok();
+        add(&ns, &run, &cfg(), &p).succeeded();
+        del(&ns, &run, &c, &p).succeeded();
         assert_removed(&ns, &p, &format!("DEL with {field}: {value}"));
     }
 }

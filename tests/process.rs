@@ -15,111 +15,26 @@
 
 mod common;
 
+use common::synthetic::{fixed_proxy_cfg, stdin_of, SynPod};
 use common::*;
 use serde_json::{json, Value};
-use std::fs::{self, File};
-use std::io::{Read, Write};
-use std::os::unix::io::AsRawFd;
-use std::os::unix::process::CommandExt;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const NET: &str = "pnet";
-const BOUND: Duration = Duration::from_secs(120);
 
-fn config(prev: Option<Value>) -> Vec<u8> {
-    let mut c = json!({
-        "cniVersion": "1.1.0",
-        "name": NET,
-        "type": "natguard",
-        "metadata": { "proxyIPv4": "10.0.0.1", "proxyIPv6": "fd00::1" }
-    });
-    if let Some(p) = prev {
-        c["prevResult"] = p;
-    }
-    serde_json::to_vec(&c).unwrap()
+/// Pod `cid` with these addresses, on eth0, no CNI_ARGS, a prevResult with the pod's interface
+/// only.
+fn pod(cid: &str, v4: &str, v6: &str) -> SynPod {
+    SynPod::new(NET, cid, v4.parse().unwrap(), v6.parse().unwrap())
+        .without_k8s_args()
+        .without_host_iface()
 }
 
-fn prev_result(v4: &str, v6: &str) -> Value {
-    json!({
-        "cniVersion": "1.1.0",
-        "interfaces": [{ "name": "eth0", "sandbox": "/run/netns/gone" }],
-        "ips": [
-            { "address": format!("{v4}/16"), "interface": 0 },
-            { "address": format!("{v6}/64"), "interface": 0 }
-        ]
-    })
-}
-
-fn cni_env(verb: &str, cid: &str) -> Vec<(String, String)> {
-    vec![
-        ("CNI_COMMAND".into(), verb.into()),
-        ("CNI_CONTAINERID".into(), cid.into()),
-        ("CNI_IFNAME".into(), "eth0".into()),
-        ("CNI_NETNS".into(), "/run/netns/gone".into()),
-        ("CNI_PATH".into(), "/opt/cni/bin".into()),
-    ]
-}
-
-/// Exit code and stdout of one invocation.
-struct Ran {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-/// Starts natguard in `ns` with `env` and `stdin`; `setup` runs in the child before exec
-/// (after it joined `ns`). Waits for that pid only, within [`BOUND`].
-fn run_natguard(
-    ns: &Netns,
-    env: &[(String, String)],
-    stdin: &[u8],
-    setup: impl FnMut() -> std::io::Result<()> + Send + Sync + 'static,
-) -> Ran {
-    let nsfile = File::open(ns.path()).unwrap();
-    let fd = nsfile.as_raw_fd();
-    let mut setup = setup;
-    let mut cmd = Command::new(natguard_bin());
-    cmd.env_clear()
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: setns and the caller's setup (async-signal-safe syscalls only) run between fork
-    // and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            setup()
-        });
-    }
-    let mut child = cmd.spawn().expect("start natguard");
-    drop(nsfile);
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
-    let start = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if start.elapsed() > BOUND {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("natguard did not return within {BOUND:?}");
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    };
-    let mut stdout = String::new();
-    let mut stderr = String::new();
-    let _ = child.stdout.take().unwrap().read_to_string(&mut stdout);
-    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
-    Ran {
-        code: status.code(),
-        stdout,
-        stderr,
-    }
+fn cfg() -> Value {
+    fixed_proxy_cfg(json!({}))
 }
 
 /// The subreaper: sets PR_SET_CHILD_SUBREAPER, joins the namespace, runs each invocation
@@ -161,8 +76,12 @@ fn under_a_subreaper_that_reaps_only_its_children_nothing_is_left() {
     let ns = h.netns("node");
     let mut all = Vec::new();
     for i in 0..10 {
-        let prev = prev_result(&format!("10.64.0.{}", i + 2), &format!("fd00:7::{}", i + 2));
-        if let Value::Array(c) = calls(&["ADD", "DEL"], &format!("reap{i}"), &prev) {
+        let p = pod(
+            &format!("reap{i}"),
+            &format!("10.64.0.{}", i + 2),
+            &format!("fd00:7::{}", i + 2),
+        );
+        if let Value::Array(c) = calls(&["ADD", "DEL"], &p) {
             all.extend(c);
         }
     }
@@ -221,12 +140,13 @@ print(json.dumps(out))
 "#;
 
 /// The invocations of `verbs` for one pod, as the helpers' JSON argument.
-fn calls(verbs: &[&str], cid: &str, prev: &Value) -> Value {
-    let stdin = String::from_utf8(config(Some(prev.clone()))).unwrap();
+fn calls(verbs: &[&str], p: &SynPod) -> Value {
+    let stdin = String::from_utf8(stdin_of(&cfg(), NET, Some(p.result()))).unwrap();
     verbs
         .iter()
         .map(|verb| {
-            let env: serde_json::Map<String, Value> = cni_env(verb, cid)
+            let env: serde_json::Map<String, Value> = p
+                .env(verb)
                 .into_iter()
                 .map(|(k, v)| (k, Value::from(v)))
                 .collect();
@@ -239,14 +159,14 @@ fn calls(verbs: &[&str], cid: &str, prev: &Value) -> Value {
 fn an_inherited_descriptor_reaches_eof_when_natguard_exits() {
     let h = Harness::new("proc-fds");
     let ns = h.netns("node");
-    let prev = prev_result("10.64.0.9", "fd00:7::9");
+    let p = pod("fds", "10.64.0.9", "fd00:7::9");
     let out = output(
         Command::new("python3")
             .arg("-c")
             .arg(FD_HELPER)
             .arg(natguard_bin())
             .arg(ns.path())
-            .arg(calls(&["ADD", "DEL", "ADD", "DEL"], "fds", &prev).to_string()),
+            .arg(calls(&["ADD", "DEL", "ADD", "DEL"], &p).to_string()),
     );
     assert!(
         out.status.success(),
@@ -411,30 +331,10 @@ fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
     assert_eq!(conntrack_count(&ns, &[]), 6);
 
     let cg = PidsCgroup::new("pids", 1);
-    // Pre-built so the child only does open/write/close before exec.
-    let procs = std::ffi::CString::new(cg.procs().as_os_str().as_encoded_bytes()).unwrap();
-    let join_cgroup = move || {
-        // SAFETY: open/write/close on a path prepared before the fork.
-        unsafe {
-            let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let ok = libc::write(fd, b"0".as_ptr() as *const libc::c_void, 1) == 1;
-            let err = std::io::Error::last_os_error();
-            libc::close(fd);
-            if !ok {
-                return Err(err);
-            }
-        }
-        Ok(())
-    };
-    let ran = run_natguard(
-        &ns,
-        &cni_env("ADD", "pids"),
-        &config(Some(prev_result(pod4, pod6))),
-        join_cgroup,
-    );
+    let ran = pod("pids", pod4, pod6)
+        .invocation("ADD", &cfg())
+        .join_cgroup(&cg.procs())
+        .run_in(&ns);
     // The limit did bite: natguard tried to start a thread (the IPv6 walk) and was refused.
     let refused = cg.refusals();
     drop(cg);
@@ -443,7 +343,7 @@ fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
         "the pids limit refused nothing; the test did not test anything (stderr: {})",
         ran.stderr
     );
-    match ran.code {
+    match ran.exit {
         Some(0) => {
             let left = conntrack_list(&ns, &[]);
             assert_eq!(

@@ -13,13 +13,13 @@
 
 mod common;
 
+use common::run::{Invocation, Natguard};
 use common::*;
 use serde_json::{json, Value};
+use std::ffi::OsStr;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -119,13 +119,10 @@ impl KeepAliveClient {
         let stop = Arc::new(AtomicBool::new(false));
         let epoch = Arc::new(AtomicU32::new(0));
         let (tx, rx) = mpsc::channel();
-        let path = ns.path();
+        let ns = ns.clone();
         let (stop2, epoch2) = (stop.clone(), epoch.clone());
         let handle = std::thread::spawn(move || {
-            let file = std::fs::File::open(&path).unwrap_or_else(|e| panic!("open {path}: {e}"));
-            // SAFETY: fd is a valid namespace file; CLONE_NEWNET moves only this thread.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns {path}: {}", io::Error::last_os_error());
+            join_netns(&ns);
             let send = |e: Event| {
                 let _ = tx.send(e);
             };
@@ -343,32 +340,34 @@ fn show(flows: &[CtEntry]) -> String {
 }
 
 /// Runs `natguard <verb> --cache-dir … --netconf-dir …` in the node namespace.
-fn natguard_cli(node: &Netns, verb: &str, cache_dir: &Path, netconf_dir: &Path) -> Output {
-    output(
-        node.cmd(natguard_bin().to_str().expect("utf-8 path"))
-            .arg(verb)
-            .arg("--cache-dir")
-            .arg(cache_dir)
-            .arg("--netconf-dir")
-            .arg(netconf_dir),
-    )
+fn natguard_cli(node: &Netns, verb: &str, cache_dir: &Path, netconf_dir: &Path) -> Invocation {
+    Natguard::new()
+        .args(&[
+            OsStr::new(verb),
+            OsStr::new("--cache-dir"),
+            cache_dir.as_os_str(),
+            OsStr::new("--netconf-dir"),
+            netconf_dir.as_os_str(),
+        ])
+        .run_in(node)
 }
 
 /// `natguard adopt` that must exit 0; returns its stdout.
 fn adopt(w: &World, cache_dir: &Path, netconf_dir: &Path) -> String {
     let out = natguard_cli(&w.node, "adopt", cache_dir, netconf_dir);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
-        out.status.success(),
-        "natguard adopt failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+        out.exit == Some(0),
+        "natguard adopt failed ({})\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        out.stdout,
+        out.stderr
     );
     assert!(
-        !stderr.contains("panicked"),
-        "natguard adopt panicked:\n{stderr}"
+        !out.stderr.contains("panicked"),
+        "natguard adopt panicked:\n{}",
+        out.stderr
     );
-    stdout
+    out.stdout
 }
 
 /// The report line of container `cid` (exactly one).
