@@ -14,11 +14,10 @@
 
 mod common;
 
+use common::run::Natguard;
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -107,53 +106,30 @@ fn call(ns: &Netns, verb: &str, pod: &SoakPod, with_prev: bool, durations: &Mute
     if with_prev {
         conf["prevResult"] = pod.prev();
     }
-    let stdin = serde_json::to_vec(&conf).unwrap();
-    let mut cmd: Command = ns.cmd(&natguard_bin().display().to_string());
-    cmd.env_clear()
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", pod.cid())
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_NETNS", &pod.netns)
-        .env("CNI_PATH", "/opt/cni/bin")
-        .env(
+    let env = [
+        ("CNI_COMMAND", verb.to_string()),
+        ("CNI_CONTAINERID", pod.cid()),
+        ("CNI_IFNAME", "eth0".into()),
+        ("CNI_NETNS", pod.netns.clone()),
+        ("CNI_PATH", "/opt/cni/bin".into()),
+        (
             "CNI_ARGS",
             format!(
                 "K8S_POD_NAMESPACE={};K8S_POD_NAME=p{}",
                 pod.namespace(),
                 pod.i
             ),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        ),
+    ];
     let started = Instant::now();
-    let mut child = cmd.spawn().expect("start natguard");
-    child.stdin.take().unwrap().write_all(&stdin).unwrap();
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                status.success(),
-                "{verb} of pod {} failed: {}\n{}",
-                pod.i,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            durations
-                .lock()
-                .unwrap()
-                .push(started.elapsed().as_micros());
-            return;
-        }
-        if started.elapsed() > CALL_DEADLINE {
-            let _ = child.kill();
-            panic!(
-                "{verb} of pod {} did not return within {CALL_DEADLINE:?}",
-                pod.i
-            );
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    Natguard::cni(&env, &serde_json::to_vec(&conf).unwrap())
+        .bound(CALL_DEADLINE)
+        .run_in(ns)
+        .succeeded();
+    durations
+        .lock()
+        .unwrap()
+        .push(started.elapsed().as_micros());
 }
 
 /// The number of elements of each natguard set in `ns`, both tables.
@@ -301,37 +277,14 @@ fn months_of_churn_leave_only_what_is_alive() {
     assert!(per_pod_elements(&element_counts(&ns)) >= stale);
     let mut gc = cfg();
     gc["cni.dev/valid-attachments"] = json!([]);
-    let mut cmd = ns.cmd(&natguard_bin().display().to_string());
-    cmd.env_clear()
-        .env("CNI_COMMAND", "GC")
-        .env("CNI_PATH", "/opt/cni/bin")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
     let started = Instant::now();
-    let mut child = cmd.spawn().unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&serde_json::to_vec(&gc).unwrap())
-        .unwrap();
-    let out = loop {
-        if child.try_wait().unwrap().is_some() {
-            break child.wait_with_output().unwrap();
-        }
-        assert!(
-            started.elapsed() < CALL_DEADLINE,
-            "GC of {stale} stale attachments did not return within {CALL_DEADLINE:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    };
-    assert!(
-        out.status.success(),
-        "GC failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    Natguard::cni(
+        &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")],
+        &serde_json::to_vec(&gc).unwrap(),
+    )
+    .bound(CALL_DEADLINE)
+    .run_in(&ns)
+    .succeeded();
     let counts = element_counts(&ns);
     assert_eq!(
         per_pod_elements(&counts),
