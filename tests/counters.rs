@@ -189,16 +189,12 @@ fn host_veth(pod: &Pod) -> String {
 
 /// `natguard ARGS` in the node namespace: stdout, after checking the exit code is 0.
 fn natguard_on(node: &Netns, args: &[&str]) -> String {
-    let bin = natguard_bin();
-    let out = output(node.cmd(bin.to_str().expect("utf-8 path")).args(args));
-    assert!(
-        out.status.success(),
-        "natguard {args:?}: {:?}\nstdout: {}\nstderr: {}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 output")
+    common::run::Natguard::new()
+        .args(args)
+        .no_stdin()
+        .run_in(node)
+        .succeeded()
+        .stdout
 }
 
 fn status_json(node: &Netns) -> Value {
