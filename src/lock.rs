@@ -33,10 +33,7 @@ use std::os::unix::fs::{DirBuilderExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// natguard's runtime directory on the node.
-pub const RUN_DIR: &str = "/run/natguard";
-
-/// The node-wide lock file (flock, exclusive).
+/// The node-wide lock file (flock, exclusive), in natguard's runtime directory `/run/natguard`.
 pub const LOCK_PATH: &str = "/run/natguard/lock";
 
 /// How long a verb waits for the node-wide lock before it fails with code 11.
