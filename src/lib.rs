@@ -10,11 +10,13 @@
 //! - `store`: natguard's state as owner records, under the node-wide lock, reaching the kernel
 //!   only through the narrow `kernel::Kernel` trait (a recording fake tests it without root);
 //! - [`kernel`]: the netlink socket, the lowering of plan objects to nf_tables messages, reads,
-//!   transactions, and conntrack deletes;
+//!   transactions, conntrack deletes, and rtnetlink facts about interfaces;
 //! - [`plan`]: pure; (config, node facts, pod) → desired objects, their names and the record
 //!   format, rendered as nft text;
-//! - [`config`] (natguard's own sections), `addr` (address arithmetic), [`node`] (facts looked
-//!   up before planning), [`error`] (one error type and its CNI codes), [`log`].
+//! - [`config`] (natguard's own sections), `addr` (address arithmetic and the rules for a pod's
+//!   address), [`node`] (facts looked up before planning), [`lock`] (the node lock with its
+//!   deadline), [`log`] (levels, rotation, never blocking), [`error`] (one error type and its CNI
+//!   codes).
 //!
 //! `main.rs` only dispatches. What tests and the fuzzer need is `pub`; the rest is `pub(crate)`.
 
