@@ -1,0 +1,372 @@
+//! Unit tests of `natguard metrics`: the Prometheus text read back with the strict parser.
+
+use super::exposition::*;
+use super::tests::{fam, node, without_per_pod_counters};
+use super::*;
+use std::collections::HashSet;
+
+pub(super) fn family<'a>(metrics: &'a [Metric], name: &str) -> &'a Metric {
+    metrics
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("no metric {name}"))
+}
+
+pub(super) fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(l, v)| (l.to_string(), v.to_string()))
+        .collect()
+}
+
+pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
+    let want = labels(pairs);
+    m.samples
+        .iter()
+        .find(|s| s.labels == want)
+        .unwrap_or_else(|| panic!("{}: no series {pairs:?}", m.name))
+        .value
+}
+
+#[test]
+fn parser_accepts_the_format() {
+    let text = "# HELP a_total Something \\\\ with\\nlines.\n\
+                # TYPE a_total counter\n\
+                a_total{x=\"1\",y=\"q\\\"\\\\\\n\u{e9}\"} 3\n\
+                a_total{x=\"2\"} 1.5e3\n\
+                # TYPE b gauge\n\
+                b +Inf\n\
+                b{} NaN\n";
+    // `b` and `b{}` are the same series.
+    assert!(parse_exposition(text)
+        .unwrap_err()
+        .contains("duplicate series"));
+    let text = text.replace("b{} NaN\n", "b{k=\"\"} -0.5\n");
+    let m = parse_exposition(&text).unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[0].help.as_deref(), Some("Something \\ with\nlines."));
+    assert_eq!(m[0].kind.as_deref(), Some("counter"));
+    assert_eq!(
+        m[0].samples[0].labels,
+        labels(&[("x", "1"), ("y", "q\"\\\n\u{e9}")])
+    );
+    assert_eq!(m[0].samples[1].value, 1500.0);
+    assert_eq!(m[1].help, None);
+    assert_eq!(m[1].samples[0].value, f64::INFINITY);
+    assert_eq!(m[1].samples[1].value, -0.5);
+}
+
+#[test]
+fn parser_rejects_malformed_input() {
+    let head = "# HELP m_total Help.\n# TYPE m_total counter\n";
+    let bad: &[(&str, &str)] = &[
+        ("m_total 1", "newline"),
+        ("m_total 1\n\n", "blank"),
+        ("m_total 1\r\n", "carriage"),
+        (
+            "m_total{a=\"1\"} 1\nm_total{a=\"1\"} 2\n",
+            "duplicate series",
+        ),
+        (
+            "m_total{a=\"1\",b=\"2\"} 1\nm_total{b=\"2\",a=\"1\"} 2\n",
+            "duplicate series",
+        ),
+        ("m_total{a=\"1\",a=\"2\"} 1\n", "twice"),
+        ("m_total{a=1} 1\n", "not quoted"),
+        ("m_total{a=\"1} 1\n", "unterminated"),
+        ("m_total{a=\"x\"y\"} 1\n", "after a label value"),
+        ("m_total{a=\"\\t\"} 1\n", "bad escape"),
+        ("m_total{a=\"1\",} 1\n", "bad label name"),
+        ("m_total{1a=\"1\"} 1\n", "bad label name"),
+        ("m_total{__name__=\"x\"} 1\n", "bad label name"),
+        ("m_total{a-b=\"1\"} 1\n", "bad label name"),
+        ("m_total{a=\"1\"\n", "unterminated"),
+        ("m_total one\n", "bad value"),
+        ("m_total 0x10\n", "bad value"),
+        ("m_total inf\n", "bad value"),
+        ("m_total 1..2\n", "bad value"),
+        ("m_total\n", "without a value"),
+        ("m_total  1\n", "trailing fields"),
+        ("m_total 1 1700000000000\n", "timestamp"),
+        ("m_total{a=\"1\"}1\n", "single space"),
+        ("0m 1\n", "bad metric name"),
+        ("m-x 1\n", "bad metric name"),
+        ("other 1\n", "before its TYPE"),
+        ("m_total 1\n# TYPE m_total counter\n", "after its samples"),
+        ("m_total 1\n# HELP m_total Again.\n", "after its samples"),
+        ("# HELP m_total Again.\nm_total 1\n", "second HELP"),
+        ("# TYPE m_total gauge\nm_total 1\n", "second TYPE"),
+        ("# TYPE h histogram\nh 1\n", "type"),
+        ("# TYPE g\n", "without text"),
+        ("# TYPE 9g gauge\n", "bad metric name"),
+        ("# HELP g bad \\t escape\n", "bad escape"),
+        ("# just a comment\n", "not a HELP or TYPE"),
+        ("#HELP m_total x\n", "not a HELP or TYPE"),
+        (
+            "m_total{a=\"1\"} 1\n# TYPE g gauge\ng 1\nm_total{a=\"2\"} 1\n",
+            "not together",
+        ),
+    ];
+    for (tail, why) in bad {
+        let text = format!("{head}{tail}");
+        match parse_exposition(&text) {
+            Ok(m) => panic!("accepted {text:?}: {m:?}"),
+            Err(e) => assert!(e.contains(why), "{text:?}: {e} (wanted {why:?})"),
+        }
+    }
+    assert!(parse_exposition(&format!("{head}m_total 1\n")).is_ok());
+}
+
+// -----------------------------------------------------------------------------------------
+// Metrics
+
+const ALWAYS: [(&str, &str); 9] = [
+    ("natguard_up", "gauge"),
+    ("natguard_per_pod_counters_available", "gauge"),
+    ("natguard_networks", "gauge"),
+    ("natguard_pods", "gauge"),
+    ("natguard_proxied_connections_total", "counter"),
+    ("natguard_reset_attempts_total", "counter"),
+    ("natguard_masqueraded_connections_total", "counter"),
+    ("natguard_kept_source_connections_total", "counter"),
+    ("natguard_logged_attempts_total", "counter"),
+];
+const PER_POD: [(&str, &str); 2] = [
+    ("natguard_pod_reset_attempts_total", "counter"),
+    ("natguard_pod_proxied_connections_total", "counter"),
+];
+
+#[test]
+fn metrics_parse_strictly_with_every_family() {
+    let text = render_prometheus(&node());
+    assert!(text.ends_with('\n'));
+    let metrics = parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let got: Vec<(&str, &str)> = metrics
+        .iter()
+        .map(|m| (m.name.as_str(), m.kind.as_deref().unwrap()))
+        .collect();
+    let want: Vec<(&str, &str)> = ALWAYS.iter().chain(&PER_POD).copied().collect();
+    assert_eq!(got, want);
+    for m in &metrics {
+        assert!(
+            m.help.as_deref().is_some_and(|h| !h.is_empty()),
+            "{}",
+            m.name
+        );
+    }
+    assert_eq!(value_of(family(&metrics, "natguard_up"), &[]), 1.0);
+    assert_eq!(
+        value_of(family(&metrics, "natguard_per_pod_counters_available"), &[]),
+        1.0
+    );
+    assert_eq!(value_of(family(&metrics, "natguard_networks"), &[]), 3.0);
+    let pods = family(&metrics, "natguard_pods");
+    assert_eq!(value_of(pods, &[("network", "pods")]), 6.0);
+    assert_eq!(value_of(pods, &[("network", "empty")]), 0.0);
+    let net = |name: &str, network: &str, f: &str| {
+        value_of(
+            family(&metrics, name),
+            &[("network", network), ("family", f)],
+        )
+    };
+    assert_eq!(
+        net("natguard_proxied_connections_total", "pods", "ipv4"),
+        12.0
+    );
+    assert_eq!(net("natguard_reset_attempts_total", "pods", "ipv4"), 3.0);
+    assert_eq!(net("natguard_reset_attempts_total", "pods", "ipv6"), 1.0);
+    assert_eq!(
+        net("natguard_masqueraded_connections_total", "pods", "ipv4"),
+        400.0
+    );
+    assert_eq!(
+        net("natguard_kept_source_connections_total", "pods", "ipv6"),
+        2.0
+    );
+    // A family the report has no counters for is still a series, at zero.
+    assert_eq!(net("natguard_reset_attempts_total", "empty", "ipv6"), 0.0);
+    for (name, _) in &ALWAYS[4..] {
+        assert_eq!(family(&metrics, name).samples.len(), 6, "{name}");
+    }
+    let miner = [
+        ("network", "pods"),
+        ("namespace", "team-a"),
+        ("pod", "miner"),
+        ("container_id", "aaaaaaaaaaaa"),
+        ("ifname", "eth0"),
+    ];
+    assert_eq!(
+        value_of(
+            family(&metrics, "natguard_pod_reset_attempts_total"),
+            &miner
+        ),
+        3.0
+    );
+    let anon = [
+        ("network", "pods"),
+        ("namespace", ""),
+        ("pod", ""),
+        ("container_id", "a0a0a0a0a0a0"),
+        ("ifname", "eth0"),
+    ];
+    assert_eq!(
+        value_of(
+            family(&metrics, "natguard_pod_proxied_connections_total"),
+            &anon
+        ),
+        0.0
+    );
+    assert_eq!(
+        family(&metrics, "natguard_pod_reset_attempts_total")
+            .samples
+            .len(),
+        7
+    );
+}
+
+#[test]
+fn metrics_round_trip_nasty_label_values() {
+    let r = node();
+    let metrics = parse_exposition(&render_prometheus(&r)).unwrap();
+    let nasty_net = &r.networks[1];
+    let nasty_pod = &nasty_net.pods[0];
+    assert_eq!(
+        value_of(
+            family(&metrics, "natguard_reset_attempts_total"),
+            &[("network", &nasty_net.name), ("family", "ipv4")]
+        ),
+        5.0
+    );
+    assert_eq!(
+        value_of(
+            family(&metrics, "natguard_pod_reset_attempts_total"),
+            &[
+                ("network", &nasty_net.name),
+                ("namespace", nasty_pod.namespace.as_deref().unwrap()),
+                ("pod", nasty_pod.name.as_deref().unwrap()),
+                ("container_id", short_id(&nasty_pod.container_id)),
+                ("ifname", "eth0"),
+            ]
+        ),
+        5.0
+    );
+    // Every label value of every series comes back exactly as one of the report's strings.
+    let mut known: HashSet<String> = ["ipv4", "ipv6", "eth0", ""]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for net in &r.networks {
+        known.insert(net.name.clone());
+        for p in &net.pods {
+            known.extend(p.namespace.clone());
+            known.extend(p.name.clone());
+            known.insert(short_id(&p.container_id).to_string());
+        }
+    }
+    for m in &metrics {
+        for s in &m.samples {
+            for (l, v) in &s.labels {
+                assert!(known.contains(v), "{}: {l}={v:?}", m.name);
+            }
+        }
+    }
+    let raw = render_prometheus(&r);
+    assert!(
+        raw.contains("network=\"a\\\"b\\\\c\\nd \u{e9}\u{1F512}\""),
+        "{raw}"
+    );
+}
+
+#[test]
+fn metrics_without_per_pod_counters_leave_the_pod_families_out() {
+    let mut r = without_per_pod_counters(node());
+    r.ready = false;
+    let text = render_prometheus(&r);
+    let metrics = parse_exposition(&text).unwrap();
+    let got: Vec<&str> = metrics.iter().map(|m| m.name.as_str()).collect();
+    let want: Vec<&str> = ALWAYS.iter().map(|(n, _)| *n).collect();
+    assert_eq!(got, want);
+    assert!(!text.contains("natguard_pod_"));
+    assert_eq!(value_of(family(&metrics, "natguard_up"), &[]), 0.0);
+    assert_eq!(
+        value_of(family(&metrics, "natguard_per_pod_counters_available"), &[]),
+        0.0
+    );
+    // Pod counts and per-network counters do not depend on per-pod counters.
+    assert_eq!(
+        value_of(family(&metrics, "natguard_pods"), &[("network", "pods")]),
+        6.0
+    );
+    let mut with = node();
+    with.ready = false;
+    let with = render_prometheus(&with);
+    assert!(with.starts_with(&text.replace(
+        "natguard_per_pod_counters_available 0",
+        "natguard_per_pod_counters_available 1"
+    )));
+}
+
+#[test]
+fn metrics_are_deterministic_and_never_repeat_a_series() {
+    let r = node();
+    let mut shuffled = r.clone();
+    shuffled.networks.reverse();
+    for net in &mut shuffled.networks {
+        net.pods.reverse();
+        net.families.reverse();
+    }
+    assert_eq!(render_prometheus(&r), render_prometheus(&shuffled));
+    assert_eq!(render_text(&r), render_text(&shuffled));
+    assert_eq!(render_json(&r), render_json(&shuffled));
+
+    // The same attachment twice, and a family given twice, are added up, not repeated.
+    let mut twice = r.clone();
+    let web = twice.networks[0].pods[0].clone();
+    twice.networks[0].pods.push(web);
+    twice.networks[0].families.push(fam(Family::V4, 1, 1, 1, 1));
+    let metrics = parse_exposition(&render_prometheus(&twice)).unwrap();
+    let web = [
+        ("network", "pods"),
+        ("namespace", "default"),
+        ("pod", "web"),
+        ("container_id", "0123456789ab"),
+        ("ifname", "eth0"),
+    ];
+    assert_eq!(
+        value_of(
+            family(&metrics, "natguard_pod_proxied_connections_total"),
+            &web
+        ),
+        18.0
+    );
+    assert_eq!(
+        value_of(
+            family(&metrics, "natguard_reset_attempts_total"),
+            &[("network", "pods"), ("family", "ipv4")]
+        ),
+        4.0
+    );
+}
+
+#[test]
+fn metrics_of_an_empty_node() {
+    let text = render_prometheus(&NodeReport::default());
+    let metrics = parse_exposition(&text).unwrap();
+    assert_eq!(metrics.len(), ALWAYS.len());
+    assert_eq!(value_of(family(&metrics, "natguard_networks"), &[]), 0.0);
+    assert!(family(&metrics, "natguard_pods").samples.is_empty());
+    assert!(text.starts_with(
+        "# HELP natguard_up 1 if nf_tables and conntrack netlink answer on this node, else \
+         0.\n# TYPE natguard_up gauge\nnatguard_up 0\n"
+    ));
+}
+
+#[test]
+fn short_ids_cut_at_characters() {
+    assert_eq!(short_id("0123456789abcdef"), "0123456789ab");
+    assert_eq!(short_id("abc"), "abc");
+    assert_eq!(
+        short_id("\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}"),
+        "\u{e9}".repeat(12)
+    );
+}
