@@ -163,18 +163,14 @@ pub fn send_fragmented_segments(
     count: u32,
     flags: &[u8],
 ) {
-    let path = script(h, "fragments.py", FRAGMENTS_PY);
-    let mut args = vec![
-        "python3".to_string(),
-        path,
-        src.to_string(),
-        dst.to_string(),
-        port.to_string(),
-        count.to_string(),
-    ];
-    args.extend(flags.iter().map(|f| f.to_string()));
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    ns.run(&args);
+    run_crafter(
+        h,
+        ns,
+        ("fragments.py", FRAGMENTS_PY),
+        (src, dst, port),
+        count,
+        flags,
+    );
 }
 
 /// Announces that this host owns addresses: `announce.py IFNAME V4 GW4 V6`. Sends gratuitous
@@ -435,7 +431,26 @@ pub fn send_segments(
     count: u32,
     flags: &[u8],
 ) {
-    let path = script(h, "segments.py", SEGMENTS_PY);
+    run_crafter(
+        h,
+        ns,
+        ("segments.py", SEGMENTS_PY),
+        (src, dst, port),
+        count,
+        flags,
+    );
+}
+
+/// Runs one of the packet-crafting scripts in `ns`: `SCRIPT SRC DST PORT COUNT FLAGS...`.
+fn run_crafter(
+    h: &Harness,
+    ns: &Netns,
+    (name, body): (&str, &str),
+    (src, dst, port): (IpAddr, IpAddr, u16),
+    count: u32,
+    flags: &[u8],
+) {
+    let path = script(h, name, body);
     let mut args = vec![
         "python3".to_string(),
         path,

@@ -25,14 +25,7 @@ pub(super) fn fam(
     }
 }
 
-fn pod(
-    ns: &str,
-    name: &str,
-    cid: &str,
-    addrs: &[&str],
-    reset: u64,
-    proxied: u64,
-) -> PodReport {
+fn pod(ns: &str, name: &str, cid: &str, addrs: &[&str], reset: u64, proxied: u64) -> PodReport {
     PodReport {
         namespace: Some(ns.to_string()),
         name: Some(name.to_string()),
