@@ -17,7 +17,7 @@ use common::run::{Invocation, Natguard};
 use common::*;
 use serde_json::{json, Value};
 use std::ffi::OsStr;
-use std::io::{self, Read, Write};
+use std::io::Write;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -67,51 +67,6 @@ struct KeepAliveClient {
     rx: mpsc::Receiver<Event>,
     seen: Vec<Event>,
     handle: Option<JoinHandle<()>>,
-}
-
-/// Reads one HTTP response (headers and a Content-Length body) from `s`; returns the body.
-fn read_response(s: &mut TcpStream) -> io::Result<String> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed by the peer",
-            ));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    if !head.starts_with("HTTP/1.") {
-        return Err(io::Error::other(format!("not an HTTP response: {head:?}")));
-    }
-    let len: usize = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse().ok())?
-        })
-        .ok_or_else(|| io::Error::other(format!("no Content-Length in {head:?}")))?;
-    while buf.len() < head_end + len {
-        let n = s.read(&mut chunk)?;
-        if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "connection closed in the body",
-            ));
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    Ok(String::from_utf8_lossy(&buf[head_end..head_end + len])
-        .trim()
-        .to_string())
 }
 
 impl KeepAliveClient {

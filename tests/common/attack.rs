@@ -546,41 +546,13 @@ impl KeepAlive {
                 s,
                 "GET / HTTP/1.1\r\nHost: {target}\r\nConnection: keep-alive\r\n\r\n"
             )?;
-            let mut buf = Vec::new();
-            let mut chunk = [0u8; 4096];
-            let head_end = loop {
-                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                    break i + 4;
+            match super::clients::read_response(s) {
+                Ok(body) => Ok(Outcome::Body(body)),
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Ok(Outcome::Error("closed by the peer".into()))
                 }
-                let n = s.read(&mut chunk)?;
-                if n == 0 {
-                    return Ok(Outcome::Error("closed by the peer".into()));
-                }
-                buf.extend_from_slice(&chunk[..n]);
-            };
-            let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-            let len = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.trim()
-                        .eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
-            while buf.len() < head_end + len {
-                let n = s.read(&mut chunk)?;
-                if n == 0 {
-                    break;
-                }
-                buf.extend_from_slice(&chunk[..n]);
+                Err(e) => Err(e),
             }
-            let end = buf.len().min(head_end + len);
-            Ok(Outcome::Body(
-                String::from_utf8_lossy(&buf[head_end..end])
-                    .trim()
-                    .to_string(),
-            ))
         };
         let target = self.target;
         go(&mut self.stream, target).unwrap_or_else(|e| match e.kind() {
