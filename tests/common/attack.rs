@@ -11,63 +11,6 @@ use super::*;
 /// The body the real metadata server answers with.
 pub const REAL: &str = "REAL";
 
-/// An HTTP/1.1 server that listens on port 80 of each address given (and nothing else), answers
-/// every request with BODY, keeps connections open for clients that ask for it, and prints one
-/// line per answer with the peer's address.
-const REAL_SERVER_PY: &str = r#"
-import socket, sys, threading
-
-body = (sys.argv[1] + "\n").encode()
-port = int(sys.argv[2])
-addrs = sys.argv[3:]
-
-def handle(conn, peer):
-    data = b""
-    with conn:
-        try:
-            while True:
-                while b"\r\n\r\n" not in data:
-                    more = conn.recv(4096)
-                    if not more:
-                        return
-                    data += more
-                head, data = data.split(b"\r\n\r\n", 1)
-                lines = head.decode("latin-1").split("\r\n")
-                fields = {}
-                for l in lines[1:]:
-                    k, _, v = l.partition(":")
-                    fields[k.strip().lower()] = v.strip().lower()
-                conn_hdr = fields.get("connection", "")
-                keep = conn_hdr != "close" and (
-                    lines[0].strip().endswith("HTTP/1.1") or conn_hdr == "keep-alive")
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: "
-                             + str(len(body)).encode() + b"\r\nConnection: "
-                             + (b"keep-alive" if keep else b"close") + b"\r\n\r\n" + body)
-                print("answered", peer[0], peer[1], flush=True)
-                if not keep:
-                    return
-        except OSError:
-            return
-
-def listen(addr):
-    fam = socket.AF_INET6 if ":" in addr else socket.AF_INET
-    s = socket.socket(fam, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if fam == socket.AF_INET6:
-        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    s.bind((addr, port))
-    s.listen(128)
-    while True:
-        c, peer = s.accept()
-        threading.Thread(target=handle, args=(c, peer), daemon=True).start()
-
-threads = [threading.Thread(target=listen, args=(a,), daemon=True) for a in addrs]
-for t in threads:
-    t.start()
-for t in threads:
-    t.join()
-"#;
-
 /// Sends hand-made TCP segments: `segments.py SRC DST DPORT COUNT FLAGS...` (FLAGS as integers).
 /// Each flag combination is sent COUNT times from a fresh random source port and sequence
 /// number, with no payload. Prints nothing; exits non-zero if a send fails.
@@ -375,7 +318,8 @@ fn script(h: &Harness, name: &str, text: &str) -> String {
 pub fn start_real_metadata(w: &mut World) {
     require_tools(&["python3"]);
     w.h.stop(&w.cloud_http);
-    let path = script(&w.h, "real_metadata.py", REAL_SERVER_PY);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/http_keepalive.py");
+    let path = path.to_str().expect("utf-8 path");
     let label = "real-metadata";
     let pid = w.h.spawn(
         &w.cloud,
@@ -383,9 +327,9 @@ pub fn start_real_metadata(w: &mut World) {
         &[
             "python3",
             "-u",
-            &path,
-            REAL,
+            path,
             &HTTP_PORT.to_string(),
+            REAL,
             &META4.to_string(),
             &META6.to_string(),
         ],

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """A small HTTP/1.1 server that keeps connections open, as a cloud metadata API does.
 
-Usage: http_keepalive.py PORT BODY
+Usage: http_keepalive.py PORT BODY [ADDRESS...]
 
-Listens on [::]:PORT (IPv4 included) and answers every request with BODY and a
-Content-Length, on the same connection for as long as the client keeps it: a client that
+Listens on PORT of each ADDRESS, or of [::] (IPv4 included) when none is given, and answers
+every request with BODY and a Content-Length, on the same connection for as long as the client keeps it: a client that
 polls over one keep-alive connection reuses it. HTTP/1.0 requests without keep-alive and
 requests with `Connection: close` are answered and then closed, so one-shot clients (wget,
-curl, the tests' HTTP/1.0 GET) work too. Used by the root tests and scripts/demo.sh.
+curl, the tests' HTTP/1.0 GET) work too. Prints one line per answer with the peer's address
+and port. Used by the root tests (the security tests' REAL metadata server binds only the
+metadata addresses) and scripts/demo.sh.
 """
 import socket
 import sys
@@ -21,7 +23,7 @@ def keep_alive(request_line, headers):
     return request_line.endswith("HTTP/1.1") or connection == "keep-alive"
 
 
-def serve(conn, body):
+def serve(conn, peer, body):
     buf = b""
     with conn:
         try:
@@ -43,23 +45,36 @@ def serve(conn, body):
                     b"Content-Length: %d\r\nConnection: %s\r\n\r\n%s"
                     % (len(body), b"keep-alive" if keep else b"close", body)
                 )
+                print("answered", peer[0], peer[1], flush=True)
                 if not keep:
                     return
         except OSError:
             return
 
 
+def listen(addr, port, body):
+    family = socket.AF_INET if addr and ":" not in addr else socket.AF_INET6
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        # Only the wildcard also takes IPv4; a given IPv6 address is that address alone.
+        srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if addr == "::" else 1)
+    srv.bind((addr, port))
+    srv.listen(128)
+    while True:
+        conn, peer = srv.accept()
+        threading.Thread(target=serve, args=(conn, peer, body), daemon=True).start()
+
+
 def main():
     port = int(sys.argv[1])
     body = (sys.argv[2] + "\n").encode()
-    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-    srv.bind(("::", port))
-    srv.listen(128)
-    while True:
-        conn, _ = srv.accept()
-        threading.Thread(target=serve, args=(conn, body), daemon=True).start()
+    addrs = sys.argv[3:] or ["::"]
+    threads = [threading.Thread(target=listen, args=(a, port, body), daemon=True) for a in addrs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 if __name__ == "__main__":
