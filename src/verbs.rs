@@ -124,24 +124,20 @@ pub(crate) struct Identity<'a> {
 /// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
 /// looked up here, before planning. Everything is refused before the kernel is touched.
 pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
-    let addrs = cni::validate_prev_result(prev, who.ifname)?;
-    check_addr_count(&addrs, who.ifname)?;
-    let ips = cni::prev_result::pod_ips(prev, who.ifname)?;
+    let ips = cni::prev_result::check_shape(prev, who.ifname)?;
     let own = crate::node::own_addresses();
-    for ip in &ips {
-        let why = if cfg.metadata.addresses.contains(&ip.addr) {
-            "is a metadata address (metadata.addresses)"
-        } else if own.contains(&ip.addr) {
-            "is an address of this node"
-        } else {
-            continue;
-        };
+    if let Some((ip, why)) = ips
+        .iter()
+        .find_map(|ip| not_a_pod_address_here(cfg, &own, ip).map(|why| (ip, why)))
+    {
         return Err(Error::InvalidConfig(format!(
             "{}: {:?} {why}, not a pod address; the primary plugin's result is refused",
             ip.field(),
             ip.text()
         )));
     }
+    let addrs: Vec<IpAddr> = ips.iter().map(|ip| ip.addr).collect();
+    check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
     let host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
@@ -157,6 +153,22 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     };
     let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
     Ok(Prepared { shared, pod, addrs })
+}
+
+/// Why `ip` cannot be a pod's address on this node, if it cannot: the one rule by which ADD
+/// refuses a primary plugin's result and DEL filters what it flushes. Besides the addresses no
+/// pod can hold, a pod claiming a metadata address or one of the node's own would make natguard
+/// exempt, or flush, traffic that is not the pod's.
+fn not_a_pod_address_here(cfg: &Config, own: &[IpAddr], ip: &PodIp) -> Option<String> {
+    if let Some(why) = crate::addr::not_a_pod_address(ip.addr, ip.prefix) {
+        Some(why)
+    } else if cfg.metadata.addresses.contains(&ip.addr) {
+        Some("is a metadata address (metadata.addresses)".into())
+    } else if own.contains(&ip.addr) {
+        Some("is an address of this node".into())
+    } else {
+        None
+    }
 }
 
 /// A proxy inside the pod's own network would put the interception's target among the pods.
@@ -278,18 +290,19 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
     // its addresses to the ones recorded in the kernel.
     // Only what could be a pod's address: a broken prevResult must not make DEL flush the
     // node's own flows.
-    let own = crate::node::own_addresses();
-    let mut addrs: Vec<IpAddr> = conf
+    let ips = conf
         .prev_result
         .as_ref()
         .and_then(|p| cni::prev_result::pod_ips(p, &env.ifname).ok())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|ip| {
-            crate::addr::not_a_pod_address(ip.addr, ip.prefix).is_none()
-                && !own.contains(&ip.addr)
-                && !conf.natguard.metadata.addresses.contains(&ip.addr)
-        })
+        .unwrap_or_default();
+    let own = if ips.is_empty() {
+        Vec::new()
+    } else {
+        crate::node::own_addresses()
+    };
+    let mut addrs: Vec<IpAddr> = ips
+        .iter()
+        .filter(|ip| not_a_pod_address_here(&conf.natguard, &own, ip).is_none())
         .map(|ip| ip.addr)
         .collect();
     let mut store = match store::open() {

@@ -2,7 +2,8 @@
 //! namespace whose name merely resembles the exempt one, not from a source address natguard did
 //! not record); ambiguous namespaces in CNI_ARGS are refused; a symlink planted at `logFile` is
 //! not followed and shell syntax in CNI_ARGS runs nothing; look-alike tables, chains and sets of
-//! others, some with natguard's own names, are never touched.
+//! others, some with natguard's own names, are never touched; a DEL whose prevResult names the
+//! node's own or the metadata addresses flushes only the pod's conntrack entries.
 //!
 //! The tests that need real traffic use the standard topology of `common::World` (bridge +
 //! host-local pods, a metadata server, a node-local proxy). The others run the real binary with
@@ -13,6 +14,7 @@
 
 mod common;
 
+use common::run::Natguard;
 use common::synthetic::*;
 use common::*;
 use serde_json::json;
@@ -320,4 +322,97 @@ table ip6 natguard {{
     gc(&ns, &cfg, &[]).succeeded();
     assert_pods_exactly(&must_state(&ns), &[], "after GC of everything");
     assert_same("after restore, reconcile and GC");
+}
+
+/// A DEL whose prevResult names addresses that are not the pod's (the node's own, a metadata
+/// address, loopback, a prefix-0 network) flushes only the pod's conntrack entries: the node's
+/// own flows, its flows to the metadata server and the neighbours' flows stay. The prevResult of
+/// DEL comes from a runtime's cache, which a pod cannot write, but a broken cache or a confused
+/// runtime must not make natguard tear down the node's connections.
+#[test]
+fn forged_prev_result_at_del_flushes_only_the_pods_flows() {
+    let (_h, ns) = synthetic_node("hostile-del-forged");
+    ns.bridge("n0");
+    ns.addr("n0", "11.0.0.1/24");
+    ns.addr("n0", "2001:db8:bb::1/64");
+    let cfg = cfg_a();
+    let p = SynPod::numbered("df", 1, 1);
+    let inv = add(&ns, &cfg, &p);
+    assert_eq!(inv.exit, Some(0), "{inv}");
+    let pod4 = p.v4.to_string();
+    let insert = |args: &[&str]| {
+        let out = output(ns.cmd("conntrack").args(["-I", "-t", "3600"]).args(args));
+        assert!(
+            out.status.success(),
+            "conntrack -I {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let udp = |s: &str, d: &str, sport: &str| {
+        insert(&[
+            "-p", "udp", "-s", s, "-d", d, "--sport", sport, "--dport", "53",
+        ])
+    };
+    let tcp = |s: &str, d: &str, sport: &str| {
+        insert(&[
+            "-p",
+            "tcp",
+            "-s",
+            s,
+            "-d",
+            d,
+            "--sport",
+            sport,
+            "--dport",
+            "80",
+            "--state",
+            "ESTABLISHED",
+        ])
+    };
+    udp(&pod4, "11.0.0.1", "40000");
+    // The node's flows: its own address, its metadata connection, a neighbour in 11.0.0.0/24,
+    // and loopback.
+    udp("11.0.0.1", "11.0.0.9", "40001");
+    tcp("11.0.0.1", "169.254.169.254", "40002");
+    tcp("2001:db8:bb::1", "fd00:ec2::254", "40003");
+    udp("11.0.0.9", "11.0.0.7", "40004");
+    udp("127.0.0.1", "127.0.0.1", "40005");
+    let mut forged = p.result();
+    forged["ips"] = json!([
+        { "address": format!("{pod4}/16"), "interface": 1 },
+        { "address": "11.0.0.1/24", "interface": 1 },
+        { "address": "2001:db8:bb::1/64", "interface": 1 },
+        { "address": "169.254.169.254/32", "interface": 1 },
+        { "address": "fd00:ec2::254/128", "interface": 1 },
+        { "address": "127.0.0.1/8", "interface": 1 },
+        { "address": "11.0.0.9/0", "interface": 1 }
+    ]);
+    let inv = Natguard::cni(&p.env("DEL"), &stdin_of(&cfg, &p.net, Some(forged))).run_in(&ns);
+    assert_eq!(inv.exit, Some(0), "DEL must succeed: {inv}");
+    assert!(
+        conntrack_list(&ns, &["-s", &pod4]).is_empty(),
+        "the pod's flow must be flushed"
+    );
+    for (src, dst, what) in [
+        ("11.0.0.1", "11.0.0.9", "the node's own flow"),
+        (
+            "11.0.0.1",
+            "169.254.169.254",
+            "the node's metadata connection",
+        ),
+        (
+            "2001:db8:bb::1",
+            "fd00:ec2::254",
+            "the node's IPv6 metadata connection",
+        ),
+        ("11.0.0.9", "11.0.0.7", "a neighbour's flow"),
+        ("127.0.0.1", "127.0.0.1", "loopback"),
+    ] {
+        assert_eq!(
+            conntrack_list(&ns, &["-s", src, "-d", dst]).len(),
+            1,
+            "{what} ({src} -> {dst}) must survive a DEL naming its address: {:?}",
+            conntrack_list(&ns, &[])
+        );
+    }
 }
