@@ -95,16 +95,28 @@ pub fn own_addresses() -> Vec<IpAddr> {
 /// A primary plugin that reports no host-side interface gets the interface the node's route to
 /// the pod's first address leaves by.
 pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
+    // One socket for every lookup; without one, every interface is taken as reported.
+    let mut links = link::Links::open().ok();
     if names.is_empty() {
+        let links = links.as_mut()?;
         let oif = addrs
             .iter()
-            .find_map(|a| link::route_oif(*a).ok().flatten())?;
-        return host_side(&[oif], &[]);
+            .find_map(|a| links.route_oif(*a).ok().flatten())?;
+        return classify(Some(links), &[oif]);
     }
+    classify(links.as_mut(), names)
+}
+
+/// [`host_side`] for named interfaces.
+fn classify(mut links: Option<&mut link::Links>, names: &[String]) -> Option<HostSide> {
     let (mut port, mut routed, mut bridge, mut unknown) = (None, None, None, None);
     for name in names {
         let Some(n) = IfName::new(name) else { continue };
-        match link::link(name) {
+        let found = match links.as_deref_mut() {
+            Some(l) => l.link(name),
+            None => Ok(None),
+        };
+        match found {
             Ok(Some(l)) if l.is_bridge => {
                 bridge.get_or_insert(n);
             }

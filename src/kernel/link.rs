@@ -2,11 +2,11 @@
 //! is a port of (`RTM_GETLINK`), and the interface a route to an address leaves by
 //! (`RTM_GETROUTE`), for primary plugins that report no host-side interface. Asked over netlink
 //! rather than read from /sys, because /sys shows the namespace it was mounted in, not
-//! necessarily the caller's.
+//! necessarily the caller's. One [`Links`] socket answers every lookup of an ADD, each reply
+//! awaited at most [`REPLY_DEADLINE`].
 
-use super::netlink::{parse_msgs, Attrs, NLMSG_ERROR, NLMSG_HDRLEN, NLM_F_REQUEST};
-use crate::error::{Error, Result};
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use super::netlink::{Attrs, Msg, MsgBuf, NfSocket};
+use crate::error::Result;
 use std::time::Duration;
 
 const RTM_GETLINK: u16 = 18;
@@ -22,7 +22,7 @@ const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
 /// A link lookup answers at once; this only bounds a kernel that does not.
-const REPLY_DEADLINE: Duration = Duration::from_secs(2);
+pub const REPLY_DEADLINE: Duration = Duration::from_secs(2);
 
 /// What the kernel says about one interface.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,98 +33,94 @@ pub struct Link {
     pub master: Option<String>,
 }
 
-/// Sends one rtnetlink request (`body` after the header) and returns the reply messages.
-fn ask(msg_type: u16, body: &[u8], what: &str) -> Result<Vec<super::netlink::Msg>> {
-    let mut sock = Socket::new(NETLINK_ROUTE).map_err(|e| Error::io("open rtnetlink socket", e))?;
-    sock.bind_auto()
-        .map_err(|e| Error::io("bind rtnetlink socket", e))?;
-    set_recv_timeout(&sock, REPLY_DEADLINE);
-    let total = NLMSG_HDRLEN + body.len();
-    let mut req = Vec::with_capacity(total);
-    req.extend_from_slice(&(total as u32).to_ne_bytes());
-    req.extend_from_slice(&msg_type.to_ne_bytes());
-    req.extend_from_slice(&NLM_F_REQUEST.to_ne_bytes());
-    req.extend_from_slice(&1u32.to_ne_bytes()); // seq
-    req.extend_from_slice(&0u32.to_ne_bytes()); // port id
-    req.extend_from_slice(body);
-    sock.send_to(&req, &SocketAddr::new(0, 0), 0)
-        .map_err(|e| Error::io(format!("send {what}"), e))?;
-    let mut buf = vec![0u8; 1 << 16];
-    let n = sock
-        .recv(&mut &mut buf[..], 0)
-        .map_err(|e| Error::io(format!("receive the reply to {what}"), e))?;
-    Ok(parse_msgs(&buf[..n]))
+/// An rtnetlink socket in the calling thread's network namespace, for lookups.
+pub struct Links {
+    sock: NfSocket,
 }
 
-/// The interface a route from this namespace to `addr` leaves by; `None` without a route.
-pub fn route_oif(addr: std::net::IpAddr) -> Result<Option<String>> {
+/// An `RTM_GETLINK` request for the interface called `name`.
+fn getlink_request(b: &mut MsgBuf, name: &str) {
+    b.begin_header(RTM_GETLINK, 0);
+    b.bytes(&[0u8; IFINFOMSG_LEN]); // AF_UNSPEC, any index
+    b.attr_str(IFLA_IFNAME, name);
+    b.end();
+}
+
+/// An `RTM_GETROUTE` request for the route to `addr`.
+fn getroute_request(b: &mut MsgBuf, addr: std::net::IpAddr) {
     let (family, bytes, bits) = match addr {
         std::net::IpAddr::V4(a) => (libc::AF_INET as u8, a.octets().to_vec(), 32u8),
         std::net::IpAddr::V6(a) => (libc::AF_INET6 as u8, a.octets().to_vec(), 128u8),
     };
-    let mut body = vec![0u8; RTMSG_LEN];
-    body[0] = family;
-    body[1] = bits; // rtm_dst_len
-    body.extend_from_slice(&((4 + bytes.len()) as u16).to_ne_bytes());
-    body.extend_from_slice(&RTA_DST.to_ne_bytes());
-    body.extend_from_slice(&bytes);
-    for m in ask(RTM_GETROUTE, &body, &format!("RTM_GETROUTE for {addr}"))? {
-        if m.msg_type == NLMSG_ERROR {
-            return match m.error_code() {
-                Some(c) if c != 0 && -c != libc::ENETUNREACH && -c != libc::EHOSTUNREACH => {
-                    Err(Error::netlink(format!("look up the route to {addr}"), -c))
-                }
-                _ => Ok(None),
-            };
-        }
-        if m.msg_type != RTM_NEWROUTE {
-            continue;
-        }
-        let attrs = Attrs::new(m.body.get(RTMSG_LEN..).unwrap_or(&[]));
-        return Ok(attrs
-            .get(RTA_OIF)
-            .and_then(|a| a.payload.get(..4))
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .and_then(index_to_name));
-    }
-    Ok(None)
+    b.begin_header(RTM_GETROUTE, 0);
+    let mut rtmsg = [0u8; RTMSG_LEN];
+    rtmsg[0] = family;
+    rtmsg[1] = bits; // rtm_dst_len
+    b.bytes(&rtmsg);
+    b.attr(RTA_DST, &bytes);
+    b.end();
 }
 
-/// Looks `name` up in the calling thread's network namespace; `None` when there is no such
-/// interface.
-pub fn link(name: &str) -> Result<Option<Link>> {
-    let mut body = vec![0u8; IFINFOMSG_LEN]; // AF_UNSPEC, any index
-    let attr_len = 4 + name.len() + 1;
-    body.extend_from_slice(&(attr_len as u16).to_ne_bytes());
-    body.extend_from_slice(&IFLA_IFNAME.to_ne_bytes());
-    body.extend_from_slice(name.as_bytes());
-    body.push(0);
-    body.resize(IFINFOMSG_LEN + ((attr_len + 3) & !3), 0);
-    for m in ask(RTM_GETLINK, &body, &format!("RTM_GETLINK for {name}"))? {
-        if m.msg_type == NLMSG_ERROR {
-            return match m.error_code() {
-                Some(0) => Ok(None),
-                Some(c) if -c == libc::ENODEV => Ok(None),
-                Some(c) => Err(Error::netlink(format!("look up interface {name}"), -c)),
-                None => Ok(None),
-            };
-        }
-        if m.msg_type != RTM_NEWLINK {
-            continue;
-        }
-        let attrs = Attrs::new(m.body.get(IFINFOMSG_LEN..).unwrap_or(&[]));
-        let is_bridge = attrs
-            .get(IFLA_LINKINFO)
-            .and_then(|li| li.nested().get(IFLA_INFO_KIND))
-            .is_some_and(|k| k.str() == "bridge");
-        let master = attrs
-            .get(IFLA_MASTER)
-            .and_then(|a| a.payload.get(..4))
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
-            .and_then(index_to_name);
-        return Ok(Some(Link { is_bridge, master }));
+/// The interface index in attribute `ty` of a reply body, by name.
+fn index_attr(attrs: &Attrs<'_>, ty: u16) -> Option<String> {
+    attrs
+        .get(ty)
+        .and_then(|a| a.payload.get(..4))
+        .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+        .and_then(index_to_name)
+}
+
+/// The interface a route reply leaves by.
+fn route_reply_oif(msgs: &[Msg]) -> Option<String> {
+    let m = msgs.iter().find(|m| m.msg_type == RTM_NEWROUTE)?;
+    index_attr(&Attrs::new(m.body.get(RTMSG_LEN..).unwrap_or(&[])), RTA_OIF)
+}
+
+/// The link a `RTM_GETLINK` reply describes.
+fn link_reply(msgs: &[Msg]) -> Option<Link> {
+    let m = msgs.iter().find(|m| m.msg_type == RTM_NEWLINK)?;
+    let attrs = Attrs::new(m.body.get(IFINFOMSG_LEN..).unwrap_or(&[]));
+    let is_bridge = attrs
+        .get(IFLA_LINKINFO)
+        .and_then(|li| li.nested().get(IFLA_INFO_KIND))
+        .is_some_and(|k| k.str() == "bridge");
+    Some(Link {
+        is_bridge,
+        master: index_attr(&attrs, IFLA_MASTER),
+    })
+}
+
+impl Links {
+    pub fn open() -> Result<Self> {
+        let mut sock = NfSocket::open_route()?;
+        sock.set_reply_timeout(REPLY_DEADLINE);
+        Ok(Links { sock })
     }
-    Ok(None)
+
+    /// The interface a route from this namespace to `addr` leaves by; `None` without a route.
+    pub fn route_oif(&mut self, addr: std::net::IpAddr) -> Result<Option<String>> {
+        let mut b = self.sock.msgbuf();
+        getroute_request(&mut b, addr);
+        match self
+            .sock
+            .request(&b, &format!("look up the route to {addr}"))
+        {
+            Ok(msgs) => Ok(route_reply_oif(&msgs)),
+            Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Looks `name` up; `None` when there is no such interface.
+    pub fn link(&mut self, name: &str) -> Result<Option<Link>> {
+        let mut b = self.sock.msgbuf();
+        getlink_request(&mut b, name);
+        match self.sock.request(&b, &format!("look up interface {name}")) {
+            Ok(msgs) => Ok(link_reply(&msgs)),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
 }
 
 fn index_to_name(index: u32) -> Option<String> {
@@ -138,19 +134,93 @@ fn index_to_name(index: u32) -> Option<String> {
     String::from_utf8(buf[..end].to_vec()).ok()
 }
 
-fn set_recv_timeout(sock: &Socket, d: Duration) {
-    let tv = libc::timeval {
-        tv_sec: d.as_secs() as libc::time_t,
-        tv_usec: d.subsec_micros() as libc::suseconds_t,
-    };
-    // SAFETY: setsockopt on a socket we own with a timeval of the right size.
-    unsafe {
-        libc::setsockopt(
-            std::os::fd::AsRawFd::as_raw_fd(sock),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            &tv as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::netlink::{parse_msgs, NLMSG_HDRLEN, NLM_F_REQUEST};
+
+    fn one(b: &MsgBuf) -> Msg {
+        let mut msgs = parse_msgs(b.as_bytes());
+        assert_eq!(msgs.len(), 1);
+        msgs.remove(0)
+    }
+
+    #[test]
+    fn getlink_asks_by_name_with_an_empty_ifinfomsg() {
+        let mut b = MsgBuf::new(7);
+        getlink_request(&mut b, "veth1234");
+        let m = one(&b);
+        assert_eq!(m.msg_type, RTM_GETLINK);
+        assert_eq!(m.flags, NLM_F_REQUEST);
+        assert_eq!(m.seq, 7);
+        assert_eq!(&m.body[..IFINFOMSG_LEN], &[0u8; IFINFOMSG_LEN]);
+        let attrs = Attrs::new(&m.body[IFINFOMSG_LEN..]);
+        assert_eq!(attrs.get(IFLA_IFNAME).unwrap().str(), "veth1234");
+        assert_eq!(b.len() % 4, 0);
+        assert_eq!(b.len(), NLMSG_HDRLEN + IFINFOMSG_LEN + 4 + 12);
+    }
+
+    #[test]
+    fn getroute_asks_for_a_host_route_in_the_addresses_family() {
+        for (addr, family, bits) in [
+            ("10.1.2.3", libc::AF_INET as u8, 32u8),
+            ("fd00::7", libc::AF_INET6 as u8, 128),
+        ] {
+            let a: std::net::IpAddr = addr.parse().unwrap();
+            let mut b = MsgBuf::new(1);
+            getroute_request(&mut b, a);
+            let m = one(&b);
+            assert_eq!(m.msg_type, RTM_GETROUTE);
+            assert_eq!((m.body[0], m.body[1]), (family, bits), "{addr}");
+            let dst = Attrs::new(&m.body[RTMSG_LEN..]).get(RTA_DST).unwrap();
+            let want = match a {
+                std::net::IpAddr::V4(v) => v.octets().to_vec(),
+                std::net::IpAddr::V6(v) => v.octets().to_vec(),
+            };
+            assert_eq!(dst.payload, &want[..], "{addr}");
+        }
+    }
+
+    /// A reply built the way the kernel lays it out: nlmsghdr, family header, attributes.
+    fn reply(msg_type: u16, header_len: usize, attrs: &dyn Fn(&mut MsgBuf)) -> Vec<Msg> {
+        let mut b = MsgBuf::new(1);
+        b.begin_header(msg_type, 0);
+        b.bytes(&vec![0u8; header_len]);
+        attrs(&mut b);
+        b.end();
+        parse_msgs(b.as_bytes())
+    }
+
+    #[test]
+    fn replies_give_bridge_kind_master_and_oif_by_name() {
+        // Index 1 is the loopback interface of whatever namespace runs the unit tests.
+        let lo = index_to_name(1).expect("interface 1 exists");
+        let msgs = reply(RTM_NEWLINK, IFINFOMSG_LEN, &|b| {
+            b.attr(IFLA_MASTER, &1u32.to_ne_bytes());
+            let li = b.nest_begin(IFLA_LINKINFO);
+            b.attr_str(IFLA_INFO_KIND, "bridge");
+            b.nest_end(li);
+        });
+        let l = link_reply(&msgs).unwrap();
+        assert!(l.is_bridge);
+        assert_eq!(l.master.as_deref(), Some(lo.as_str()));
+        let plain = link_reply(&reply(RTM_NEWLINK, IFINFOMSG_LEN, &|_| {})).unwrap();
+        assert_eq!(
+            plain,
+            Link {
+                is_bridge: false,
+                master: None
+            }
         );
+        let route = reply(RTM_NEWROUTE, RTMSG_LEN, &|b| {
+            b.attr(RTA_OIF, &1u32.to_ne_bytes())
+        });
+        assert_eq!(route_reply_oif(&route), Some(lo));
+        // An index no interface has, and a reply of another type, name nothing.
+        let gone = reply(RTM_NEWROUTE, RTMSG_LEN, &|b| {
+            b.attr(RTA_OIF, &u32::MAX.to_ne_bytes())
+        });
+        assert_eq!(route_reply_oif(&gone), None);
+        assert_eq!(link_reply(&route), None);
     }
 }

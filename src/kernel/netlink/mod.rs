@@ -113,6 +113,16 @@ impl MsgBuf {
 
     /// Starts a netfilter message: `nlmsghdr` then `nfgenmsg {family, version 0, res_id}`.
     pub fn begin(&mut self, msg_type: u16, flags: u16, family: u8, res_id: u16) -> u32 {
+        let seq = self.begin_header(msg_type, flags);
+        self.buf.push(family);
+        self.buf.push(0); // NFNETLINK_V0
+        self.buf.extend_from_slice(&res_id.to_be_bytes());
+        seq
+    }
+
+    /// Starts a message with the `nlmsghdr` only: the family header that follows (an
+    /// rtnetlink `ifinfomsg` or `rtmsg`) is the caller's, added with [`MsgBuf::bytes`].
+    pub fn begin_header(&mut self, msg_type: u16, flags: u16) -> u32 {
         assert!(self.msg_start.is_none(), "netlink message not ended");
         let seq = self.next_seq;
         self.next_seq = self.next_seq.wrapping_add(1);
@@ -124,11 +134,13 @@ impl MsgBuf {
             .extend_from_slice(&(flags | NLM_F_REQUEST).to_ne_bytes());
         self.buf.extend_from_slice(&seq.to_ne_bytes());
         self.buf.extend_from_slice(&0u32.to_ne_bytes()); // port id: the kernel fills it in
-        self.buf.push(family);
-        self.buf.push(0); // NFNETLINK_V0
-        self.buf.extend_from_slice(&res_id.to_be_bytes());
         self.seqs.push((seq, flags & NLM_F_ACK != 0));
         seq
+    }
+
+    /// Appends raw bytes (a family header) to the message begun.
+    pub fn bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
     }
 
     /// Adds `NLM_F_ACK` to the last message begun, and returns its sequence number. A batch

@@ -1,5 +1,6 @@
 //! The netfilter netlink socket: one batch in one `sendmsg`, replies read against a deadline,
-//! and the release of the socket handed to the kernel.
+//! and the release of the socket handed to the kernel. The same socket type, opened on
+//! rtnetlink, answers the interface and route lookups of `kernel::link`.
 
 use super::*;
 
@@ -167,10 +168,19 @@ fn set_sockopt_int(fd: libc::c_int, level: libc::c_int, opt: libc::c_int, v: lib
 
 impl NfSocket {
     pub fn open() -> Result<Self> {
-        let mut sock = Socket::new(NETLINK_NETFILTER)
-            .map_err(|e| Error::io("open netfilter netlink socket", e))?;
+        Self::open_protocol(NETLINK_NETFILTER, "netfilter netlink")
+    }
+
+    /// An rtnetlink socket with the same deadlines, for interface and route lookups.
+    pub fn open_route() -> Result<Self> {
+        Self::open_protocol(netlink_sys::protocols::NETLINK_ROUTE, "rtnetlink")
+    }
+
+    fn open_protocol(protocol: isize, name: &str) -> Result<Self> {
+        let mut sock =
+            Socket::new(protocol).map_err(|e| Error::io(format!("open {name} socket"), e))?;
         sock.bind_auto()
-            .map_err(|e| Error::io("bind netfilter netlink socket", e))?;
+            .map_err(|e| Error::io(format!("bind {name} socket"), e))?;
         // Errors carry the kernel's extended ACK text, and not the whole request back.
         let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         for opt in [libc::NETLINK_EXT_ACK, libc::NETLINK_CAP_ACK] {
