@@ -159,7 +159,78 @@ fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
             format!("after the theft the exempt pod -> http://{t}/ got {got:?}, not REAL")
         });
     }
+    stolen_segments_never_arrive(w, &exempt, &thief, &mut f);
     f
+}
+
+/// Below the replies (which the node routes back to the exempt pod, not the thief): not one
+/// SYN the thief sends from the exempt pod's addresses reaches the metadata host. The exempt
+/// pod's own SYNs arriving first shows the counters see the flow; the thief's SYNs to the cloud
+/// from its own addresses arriving last shows the stolen ones had their chance.
+fn stolen_segments_never_arrive(w: &World, exempt: &Pod, thief: &Pod, f: &mut Findings) {
+    // SYNs only: the exempt pod answers the replies to the thief's SYNs with RSTs of its own.
+    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
+    let (cloud4, cloud6): (IpAddr, IpAddr) =
+        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "stolen4",
+                format!("ip saddr {} ip daddr {META4} {SYN}", exempt.v4),
+            ),
+            (
+                "stolen6",
+                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", exempt.v6),
+            ),
+            (
+                "ctl4",
+                format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4),
+            ),
+            (
+                "ctl6",
+                format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6),
+            ),
+        ],
+    );
+    const EACH: u32 = 3;
+    let wait_for = |names: [&str; 2], what: &str| {
+        let start = Instant::now();
+        while names.iter().any(|n| counters.packets(n) < u64::from(EACH)) {
+            assert!(
+                start.elapsed() < COUNTER_WAIT,
+                "control: {what} never all arrived at the cloud ({} / {} of {EACH})",
+                counters.packets(names[0]),
+                counters.packets(names[1])
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    send_segments(&w.h, &exempt.ns, exempt.v4, META4, 80, EACH, &[0x02]);
+    send_segments(&w.h, &exempt.ns, exempt.v6, META6, 80, EACH, &[0x02]);
+    wait_for(
+        ["stolen4", "stolen6"],
+        "the exempt pod's own SYNs to the metadata addresses",
+    );
+    // The baseline is what the exempt pod's own SYNs gave; the thief must add nothing to it.
+    std::thread::sleep(Duration::from_millis(200));
+    let before = ["stolen4", "stolen6"].map(|n| counters.packets(n));
+    send_segments(&w.h, &thief.ns, exempt.v4, META4, 80, EACH, &[0x02]);
+    send_segments(&w.h, &thief.ns, exempt.v6, META6, 80, EACH, &[0x02]);
+    send_segments(&w.h, &thief.ns, thief.v4, cloud4, 80, EACH, &[0x02]);
+    send_segments(&w.h, &thief.ns, thief.v6, cloud6, 80, EACH, &[0x02]);
+    wait_for(
+        ["ctl4", "ctl6"],
+        "the thief's SYNs to the cloud from its own addresses",
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    for (fam, before) in ["4", "6"].into_iter().zip(before) {
+        let n = counters.packets(&format!("stolen{fam}")) - before;
+        f.check(n == 0, || {
+            format!("{n} packet(s) of the {EACH} SYN(s) the thief sent from the exempt pod's address reached the IPv{fam} metadata host")
+        });
+    }
 }
 
 #[test]
@@ -202,6 +273,45 @@ fn address_theft_on_ptp_never_reaches_real_metadata() {
     });
     let chain = w.chain(list);
     address_theft(&w, &chain, false).finish("address theft on ptp");
+}
+
+/// The same when the primary plugin reports only the pod's interface (Calico and AWS VPC CNI
+/// style): natguard finds the pod's routed veth from the node's route to its address, and the
+/// thief on its own routed veth still gets nothing from the exempt pod's exemption.
+#[test]
+fn address_theft_on_routed_veths_reported_without_host_side_never_reaches_real_metadata() {
+    let w = real_world("sec-theft-rt");
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-rt"),
+            "ranges": [
+                [{ "subnet": "10.244.8.0/24" }],
+                [{ "subnet": "fd00:10:244:8::/64" }]
+            ],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let list = json!({
+        "cniVersion": "1.0.0",
+        "name": "theftrt",
+        "plugins": [ptp, { "type": POD_IFACE_ONLY }, exempt_cfg(&w, json!({}))]
+    });
+    let chain = w.chain(list);
+    let findings = address_theft(&w, &chain, false);
+    // The route fallback, not a reported name, gave natguard the interfaces.
+    for call in chain.calls_to("natguard") {
+        if let Some(prev) = call.stdin.get("prevResult") {
+            let ifaces = prev["interfaces"].as_array().unwrap();
+            assert!(
+                ifaces.iter().all(|i| i.get("sandbox").is_some()),
+                "natguard was told a host-side interface: {prev}"
+            );
+        }
+    }
+    findings.finish("address theft on routed veths reported without host side");
 }
 
 // ---------------------------------------------------------------------------------------------

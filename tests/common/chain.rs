@@ -121,6 +121,10 @@ pub struct DelOpts {
     pub netns: Option<String>,
 }
 
+/// The type of a test plugin (`tests/common/pod_iface_only.py`) that passes the prevResult on
+/// without its host-side interfaces, as routed primary plugins report it.
+pub const POD_IFACE_ONLY: &str = "pod-iface-only";
+
 /// Compares dotted CNI versions.
 pub fn version_at_least(v: &str, min: &str) -> bool {
     let parse = |s: &str| -> Vec<u32> { s.split('.').map(|p| p.parse().unwrap_or(0)).collect() };
@@ -190,6 +194,9 @@ impl Chain {
     pub fn plugin_bin(plugin: &str) -> PathBuf {
         if plugin == "natguard" {
             return natguard_bin();
+        }
+        if plugin == POD_IFACE_ONLY {
+            return Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/pod_iface_only.py");
         }
         let p = Path::new(CNI_BIN_DIR).join(plugin);
         assert!(
