@@ -245,3 +245,44 @@ fn stored(kind: SetKind, e: nft::ElemRead) -> Option<Stored> {
         packets: e.packets,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::NodeFacts;
+
+    fn converge() -> Op {
+        let facts = NodeFacts {
+            proxy_v4: None,
+            proxy_v6: None,
+        };
+        Op::Converge(Box::new(crate::plan::plan_shared(
+            "net1",
+            &crate::config::Config::default(),
+            &facts,
+        )))
+    }
+
+    /// Only a converge that the kernel refused as invalid or unsupported is retried without
+    /// set counters: a refused element, a missing table or a busy kernel is not about them.
+    #[test]
+    fn only_a_refused_converge_is_retried_without_set_counters() {
+        let with = Batch {
+            ops: vec![converge()],
+        };
+        let without = Batch {
+            ops: vec![Op::DeleteTable(TableFamily::Inet)],
+        };
+        for errno in [libc::EINVAL, libc::EOPNOTSUPP] {
+            let e = Error::netlink("commit", errno);
+            assert!(retry_without_set_counters(&with, &e), "errno {errno}");
+            assert!(!retry_without_set_counters(&without, &e), "errno {errno}");
+        }
+        for errno in [libc::ENOENT, libc::EBUSY, libc::ENOBUFS, libc::EPERM] {
+            let e = Error::netlink("commit", errno);
+            assert!(!retry_without_set_counters(&with, &e), "errno {errno}");
+        }
+        let decode = Error::Protocol("short reply".into());
+        assert!(!retry_without_set_counters(&with, &decode));
+    }
+}
