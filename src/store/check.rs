@@ -61,6 +61,11 @@ impl<K: Kernel> Store<K> {
                     let want =
                         plan::merge_ranges(elems.iter().filter_map(plan::Elem::range).collect());
                     (want.len(), want == self.k.dump_ranges(&set)?)
+                } else if s.kind.is_union() {
+                    // Every network's part is in the node-wide union: this network's must be.
+                    let want: Vec<Key> = elems.iter().filter_map(plan::Elem::key).collect();
+                    let got: HashSet<Key> = self.k.dump(&set)?.into_iter().map(|e| e.key).collect();
+                    (want.len(), want.iter().all(|k| got.contains(k)))
                 } else {
                     let mut want: Vec<Key> = elems.iter().filter_map(plan::Elem::key).collect();
                     let mut got: Vec<Key> = self.k.dump(&set)?.into_iter().map(|e| e.key).collect();
@@ -76,6 +81,16 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
+            for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
+                let old = format!("{}{suffix}", names.prefix_of_sets());
+                if chains.contains(&old) {
+                    return Err(Error::CheckFailed(format!(
+                        "chain {} {} {old} of an earlier version is still there; the next ADD on this network removes it",
+                        t.nft(),
+                        plan::TABLE
+                    )));
+                }
+            }
             let mut rules = self.k.rules(t)?;
             for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
                 let chain = names.chain(c);
