@@ -140,7 +140,24 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
+    let mut host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
+    if let Some(link) = kernel::podside::inspect(who.netns, who.ifname) {
+        if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
+            return Err(Error::InvalidConfig(format!(
+                "{}: the pod's interface {} in {} is {}, not a veth: its traffic never crosses this node's netfilter, so natguard cannot enforce the metadata policy for it (set metadata.acceptUnenforced to true to accept the pod unguarded)",
+                who.network,
+                who.ifname,
+                who.netns,
+                link.kind
+                    .as_deref()
+                    .map(|k| format!("a {k} device"))
+                    .unwrap_or_else(|| "a device of its own (a NIC or a VF)".into())
+            )));
+        }
+        if let Some(h) = host.as_mut() {
+            h.mac = link.mac;
+        }
+    }
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,

@@ -705,7 +705,7 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
             "{set} lacks {ip}:\n{elems}"
         );
     }
-    for (set, ip) in [("ngnet-exempt4", creds.v4), ("ngnet-exempt6", creds.v6)] {
+    for (set, ip) in [("exempt4", creds.v4), ("exempt6", creds.v6)] {
         let elems = set_elements(&w, set);
         assert!(
             mentions(&elems, &ip.to_string()),

@@ -20,6 +20,7 @@ pub(crate) mod link;
 pub mod lower;
 pub mod netlink;
 pub mod nft;
+pub(crate) mod podside;
 
 use crate::error::{Error, Result};
 use crate::plan::{Key, SetKind, SharedPlan, TableFamily};

@@ -122,9 +122,14 @@ pub(crate) struct PodRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NetworkState {
     pub network: String,
+    /// `proxy` (DNAT rules), `deny` (metadata addresses but no DNAT), `off`, or `unknown`.
+    pub mode: &'static str,
+    /// Whether the network's pods' denied attempts are logged.
+    pub log_denied: bool,
     /// (chain, name, its rules)
     pub chains: Vec<(plan::ChainKind, String, Vec<crate::kernel::RuleRead>)>,
-    /// The rules' counters, summed by what they measure.
+    /// The network's counters, summed by what they measure: its own rules' for what it
+    /// intercepts and masquerades, its pods' per-pod counters for resets.
     pub counts: std::collections::BTreeMap<plan::Count, u64>,
     /// Whether the counted sets' elements carry counters on this kernel.
     pub per_pod_counters: bool,

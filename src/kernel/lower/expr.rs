@@ -129,7 +129,7 @@ const NFTA_FIB_F_SADDR: u32 = 1;
 /// `RTN_LOCAL`, host order, as the fib expression stores it.
 const RTN_LOCAL: u32 = 2;
 /// `ct` keys (`enum nft_ct_keys`).
-const NFT_CT_DIRECTION: u32 = 7;
+const NFT_CT_DIRECTION: u32 = 1;
 const NFT_CT_PROTO_DST: u32 = 12;
 const NFT_CT_DST_IP: u32 = 20;
 const NFT_CT_DST_IP6: u32 = 22;
