@@ -567,7 +567,7 @@ fn counts_every_connection_per_network_family_and_pod() {
         "{text}"
     );
     assert!(text.contains(
-        "\n  ipv4: 3 connection(s) sent to the proxy, 2 attempt(s) to reach the real metadata API reset, \
+        "\n  ipv4: 3 connection(s) sent to the proxy, 0 attempt(s) to reach the real metadata API reset, \
          4 connection(s) masqueraded, 4 connection(s) kept the pod's source address\n"
     ), "{text}");
     assert!(

@@ -744,8 +744,9 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
         "nothing of the wrong-kind cache file may be installed:\n{table}"
     );
 
-    // The data path agrees.
-    for (p, who) in [(&web, "proxy"), (&creds, "cloud"), (&elsewhere, "cloud")] {
+    // The data path agrees. The pod of the network without natguard is no pod natguard knows:
+    // the node-wide guard resets it, as any source natguard has not admitted.
+    for (p, who) in [(&web, "proxy"), (&creds, "cloud")] {
         for meta in [META4, META6] {
             assert_eq!(
                 http_get(&p.ns, sa(meta, HTTP_PORT)),
@@ -755,6 +756,15 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
                 sa(meta, HTTP_PORT)
             );
         }
+    }
+    for meta in [META4, META6] {
+        assert_eq!(
+            http_get(&elsewhere.ns, sa(meta, HTTP_PORT)),
+            Outcome::Refused,
+            "{} -> http://{}/ after adopt: a pod natguard never saw is reset",
+            elsewhere.att.container_id,
+            sa(meta, HTTP_PORT)
+        );
     }
 
     // Idempotent: the same report, the same table.
