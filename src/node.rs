@@ -140,12 +140,9 @@ fn classify(mut links: Option<&mut link::Links>, names: &[String]) -> Option<Hos
             mac: None,
         });
     }
-    routed
-        .or(bridge)
-        .or(unknown)
-        .map(|iface| HostSide {
-            iface,
-            port: None,
-            mac: None,
-        })
+    routed.or(bridge).or(unknown).map(|iface| HostSide {
+        iface,
+        port: None,
+        mac: None,
+    })
 }

@@ -273,7 +273,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
         );
     }
     let mut store = store::open()?;
-    store.apply_pod(&p.shared, &p.pod)?;
+    let converged = store.apply_pod(&p.shared, &p.pod)?;
     info!(
         "installed {} for {}",
         p.pod.owner.hex(),
@@ -286,7 +286,35 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
     if cfg.conntrack.flush_on_add && !p.addrs.is_empty() {
         flush_conntrack(&mut store, &p.addrs, ct_path, "ADD");
     }
+    if converged == store::Converged::Yes {
+        drop(store);
+        restore_cached_pods(&conf.name, cfg);
+    }
     Ok(cni::passthrough(prev, conf.cni_version))
+}
+
+/// After an ADD that had to rewrite the shared objects (the first of a network, a config
+/// change, or a flushed ruleset), every other pod's entries are restored from the runtimes'
+/// result cache, as `natguard reconcile` does: after `nft flush ruleset`, the next ADD repairs
+/// every pod, not only its own. Idempotent for pods whose entries are intact; a failure is
+/// logged, never returned: this pod's policy is in force.
+fn restore_cached_pods(network: &str, cfg: &Config) {
+    let opts = crate::tools::adopt::Options {
+        reconcile: true,
+        known: [(network.to_string(), cfg.clone())].into_iter().collect(),
+        ..Default::default()
+    };
+    match crate::tools::adopt::run(&opts) {
+        Ok(r) if r.adopted() > 0 || r.failed() > 0 => info!(
+            "shared objects were rewritten: restored {} cached attachment(s), {} failed",
+            r.adopted(),
+            r.failed()
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            warn!("shared objects were rewritten; restoring the cached attachments failed: {e}")
+        }
+    }
 }
 
 /// Deletes the addresses' conntrack entries; a failure is logged, never returned.

@@ -586,7 +586,9 @@ fn counts_every_connection_per_network_family_and_pod() {
     // The guard's own counters: every reset, the 2 of the address web gave itself included,
     // which are no pod's.
     assert!(
-        text.contains("guard (node-wide, every network): metadata attempts reset: ipv4 5, ipv6 2\n"),
+        text.contains(
+            "guard (node-wide, every network): metadata attempts reset: ipv4 5, ipv6 2\n"
+        ),
         "{text}"
     );
     assert!(
@@ -595,8 +597,16 @@ fn counts_every_connection_per_network_family_and_pod() {
     );
     assert_eq!(text.matches("of no pod listed below").count(), 1, "{text}");
     let guard = &doc["guard"]["families"];
-    assert_eq!(guard[0], json!({ "family": "ipv4", "reset": 5, "logged": 0 }), "{doc:#}");
-    assert_eq!(guard[1], json!({ "family": "ipv6", "reset": 2, "logged": 0 }), "{doc:#}");
+    assert_eq!(
+        guard[0],
+        json!({ "family": "ipv4", "reset": 5, "logged": 0 }),
+        "{doc:#}"
+    );
+    assert_eq!(
+        guard[1],
+        json!({ "family": "ipv6", "reset": 2, "logged": 0 }),
+        "{doc:#}"
+    );
 
     // The outputs agree with nft's own counters.
     let table = table_with_counters(&w);

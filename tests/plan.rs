@@ -396,7 +396,8 @@ fn missing_ipv6_proxy_fails_closed_with_a_warning() {
         let last = judge.last().unwrap();
         assert_eq!(last.action, Action::RejectTcpReset, "{f:?}");
         assert!(judge.iter().any(|r| r.action == Action::Return
-            && r.matches.contains(&plan::Match::IifSaddrIn(f, SetKind::Allow(f)))));
+            && r.matches
+                .contains(&plan::Match::IifSaddrIn(f, SetKind::Allow(f)))));
     }
 }
 

@@ -353,7 +353,7 @@ fn netconf_dir(w: &World, lists: &[&Value]) -> PathBuf {
 
 /// Where [`World::chain`] caches results (libcni's `/var/lib/cni/results`).
 fn cache_dir(w: &World) -> PathBuf {
-    w.dir().join("cache").join("results")
+    w.cache_dir().join("results")
 }
 
 /// The elements line of set `set` of table inet natguard in the node.

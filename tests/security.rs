@@ -1437,29 +1437,90 @@ fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
         &w.h,
         &w.cloud,
         &[
-            ("stolen4", format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4)),
-            ("stolen6", format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6)),
-            ("own4", format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4)),
-            ("own6", format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6)),
+            (
+                "stolen4",
+                format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4),
+            ),
+            (
+                "stolen6",
+                format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6),
+            ),
+            (
+                "own4",
+                format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4),
+            ),
+            (
+                "own6",
+                format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6),
+            ),
         ],
     );
     let mut f = Findings::new();
     const EACH: u64 = 3;
     for tags in ["q", "adq"] {
         let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
-        send_frames(&w, &thief, &thief_mac, "ff:ff:ff:ff:ff:ff", tags, &s(&["arp", &exempt.v4.to_string(), &exempt.v4.to_string()]));
-        send_frames(&w, &thief, &thief_mac, &bridge_mac, tags, &s(&["arp", &exempt.v4.to_string(), &gw4.to_string()]));
-        send_frames(&w, &thief, &thief_mac, "33:33:00:00:00:01", tags, &s(&["na", &exempt.v6.to_string()]));
-        for (src, dst) in [(exempt.v4, META4), (exempt.v6, META6), (thief.v4, cloud4), (thief.v6, cloud6)] {
-            send_frames(&w, &thief, &thief_mac, &bridge_mac, tags, &s(&["syn", &src.to_string(), &dst.to_string(), "80", &EACH.to_string()]));
+        send_frames(
+            &w,
+            &thief,
+            &thief_mac,
+            "ff:ff:ff:ff:ff:ff",
+            tags,
+            &s(&["arp", &exempt.v4.to_string(), &exempt.v4.to_string()]),
+        );
+        send_frames(
+            &w,
+            &thief,
+            &thief_mac,
+            &bridge_mac,
+            tags,
+            &s(&["arp", &exempt.v4.to_string(), &gw4.to_string()]),
+        );
+        send_frames(
+            &w,
+            &thief,
+            &thief_mac,
+            "33:33:00:00:00:01",
+            tags,
+            &s(&["na", &exempt.v6.to_string()]),
+        );
+        for (src, dst) in [
+            (exempt.v4, META4),
+            (exempt.v6, META6),
+            (thief.v4, cloud4),
+            (thief.v6, cloud6),
+        ] {
+            send_frames(
+                &w,
+                &thief,
+                &thief_mac,
+                &bridge_mac,
+                tags,
+                &s(&[
+                    "syn",
+                    &src.to_string(),
+                    &dst.to_string(),
+                    "80",
+                    &EACH.to_string(),
+                ]),
+            );
         }
     }
     // The control: the same SYNs from the thief's own addresses, untagged, arrive.
     for (src, dst) in [(thief.v4, cloud4), (thief.v6, cloud6)] {
         send_segments(&w.h, &thief.ns, src, dst, 80, EACH as u32, &[0x02]);
     }
-    wait_counter(&counters, "own4", EACH, "the thief's untagged IPv4 SYNs to the cloud");
-    wait_counter(&counters, "own6", EACH, "the thief's untagged IPv6 SYNs to the cloud");
+    wait_counter(
+        &counters,
+        "own4",
+        EACH,
+        "the thief's untagged IPv4 SYNs to the cloud",
+    );
+    wait_counter(
+        &counters,
+        "own6",
+        EACH,
+        "the thief's untagged IPv6 SYNs to the cloud",
+    );
     std::thread::sleep(Duration::from_millis(200));
     for name in ["stolen4", "stolen6"] {
         let n = counters.packets(name);
@@ -1503,12 +1564,21 @@ fn mac_theft_on_a_bridge_overhears_nothing_sent_to_the_exempt_pod() {
     // Frames of any ethertype with the stolen MAC as source, from the thief's port.
     let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
     for _ in 0..3 {
-        send_frames(&w, &thief, &exempt_mac, &bridge_mac, "", &s(&["syn", &thief.v4.to_string(), "10.20.0.2", "9", "2"]));
+        send_frames(
+            &w,
+            &thief,
+            &exempt_mac,
+            &bridge_mac,
+            "",
+            &s(&["syn", &thief.v4.to_string(), "10.20.0.2", "9", "2"]),
+        );
     }
     let mut f = Findings::new();
     for t in metas() {
         let got = http_get(&exempt.ns, t);
-        f.check(got == body(REAL), || format!("after the MAC theft the exempt pod -> http://{t}/ got {got:?}, not REAL"));
+        f.check(got == body(REAL), || {
+            format!("after the MAC theft the exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
     }
     // The node sends to the exempt pod (from its bridge addresses); the exempt pod gets it.
     let (gw4, gw6) = gateways(&exempt);
@@ -1522,8 +1592,18 @@ fn mac_theft_on_a_bridge_overhears_nothing_sent_to_the_exempt_pod() {
     );
     send_segments(&w.h, &w.node, gw4, exempt.v4, 9, 3, &[0x02]);
     send_segments(&w.h, &w.node, gw6, exempt.v6, 9, 3, &[0x02]);
-    wait_counter(&received, "from_node4", 3, "the node's IPv4 segments at the exempt pod");
-    wait_counter(&received, "from_node6", 3, "the node's IPv6 segments at the exempt pod");
+    wait_counter(
+        &received,
+        "from_node4",
+        3,
+        "the node's IPv4 segments at the exempt pod",
+    );
+    wait_counter(
+        &received,
+        "from_node6",
+        3,
+        "the node's IPv6 segments at the exempt pod",
+    );
     for name in ["to_exempt4", "to_exempt6"] {
         let n = overheard.packets(name);
         f.check(n == 0, || format!("the thief with the exempt pod's MAC overheard {n} packet(s) sent to the exempt pod ({name})"));
@@ -1541,7 +1621,9 @@ fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
     let chain = w.chain(w.list("vxlan", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let pod = w.add_pod(&chain, "pod", "default");
     let (gw4, _) = gateways(&pod);
-    w.node.ip(&format!("link add vxtest type vxlan id 42 dstport 4789 local {gw4} nolearning"));
+    w.node.ip(&format!(
+        "link add vxtest type vxlan id 42 dstport 4789 local {gw4} nolearning"
+    ));
     w.node.addr("vxtest", "10.99.0.1/24");
     w.node.addr("vxtest", "fd00:99::1/64");
     w.node.ip("link set vxtest up");
@@ -1554,10 +1636,22 @@ fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
         &w.h,
         &w.cloud,
         &[
-            ("inner4", format!("ip saddr 10.99.0.7 ip daddr {META4} tcp dport 80")),
-            ("inner6", format!("ip6 saddr fd00:99::7 ip6 daddr {META6} tcp dport 80")),
-            ("ctl4", format!("ip saddr 10.99.0.7 ip daddr {cloud4} tcp dport 80")),
-            ("ctl6", format!("ip6 saddr fd00:99::7 ip6 daddr {cloud6} tcp dport 80")),
+            (
+                "inner4",
+                format!("ip saddr 10.99.0.7 ip daddr {META4} tcp dport 80"),
+            ),
+            (
+                "inner6",
+                format!("ip6 saddr fd00:99::7 ip6 daddr {META6} tcp dport 80"),
+            ),
+            (
+                "ctl4",
+                format!("ip saddr 10.99.0.7 ip daddr {cloud4} tcp dport 80"),
+            ),
+            (
+                "ctl6",
+                format!("ip6 saddr fd00:99::7 ip6 daddr {cloud6} tcp dport 80"),
+            ),
         ],
     );
     // A VXLAN sender: a UDP socket, the VXLAN header, then an inner frame built by FRAMES_PY's
@@ -1578,20 +1672,33 @@ for _ in range(int(count)):
     let path = helper_script(&w, "vxlan.py", &vxlan_py);
     let send = |src: &str, dst: IpAddr| {
         let mut c = pod.ns.cmd("env");
-        c.arg(format!("VX={gw4} {src} {dst} 3")).args(["python3", &path]);
+        c.arg(format!("VX={gw4} {src} {dst} 3"))
+            .args(["python3", &path]);
         run(&mut c);
     };
     send("10.99.0.7", META4);
     send("fd00:99::7", META6);
     send("10.99.0.7", cloud4);
     send("fd00:99::7", cloud6);
-    wait_counter(&counters, "ctl4", 3, "decapsulated IPv4 SYNs to the cloud's own address");
-    wait_counter(&counters, "ctl6", 3, "decapsulated IPv6 SYNs to the cloud's own address");
+    wait_counter(
+        &counters,
+        "ctl4",
+        3,
+        "decapsulated IPv4 SYNs to the cloud's own address",
+    );
+    wait_counter(
+        &counters,
+        "ctl6",
+        3,
+        "decapsulated IPv6 SYNs to the cloud's own address",
+    );
     std::thread::sleep(Duration::from_millis(200));
     let mut f = Findings::new();
     for name in ["inner4", "inner6"] {
         let n = counters.packets(name);
-        f.check(n == 0, || format!("{n} decapsulated metadata SYN(s) reached the metadata host ({name})"));
+        f.check(n == 0, || {
+            format!("{n} decapsulated metadata SYN(s) reached the metadata host ({name})")
+        });
     }
     f.finish("VXLAN decapsulation");
 }
@@ -1615,14 +1722,21 @@ fn a_ptp_pod_natguard_never_saw_never_reaches_real_metadata() {
     });
     let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "unseen", "plugins": [ptp] }));
     let unseen = w.add_pod(&plain, "unseen", "default");
-    control_metadata(&unseen, REAL, "a pod without natguard on a node without natguard");
+    control_metadata(
+        &unseen,
+        REAL,
+        "a pod without natguard on a node without natguard",
+    );
     let guarded = w.chain(w.list("guarded", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let sys = w.add_pod(&guarded, "sys", EXEMPT_NS);
     control_metadata(&sys, REAL, "the guarded network's exempt pod");
     control_network(&unseen, "the unseen pod's ordinary traffic");
     let mut f = Findings::new();
     for t in metas() {
-        f.not_real(&http_get(&unseen.ns, t), &format!("the ptp pod natguard never saw -> http://{t}/"));
+        f.not_real(
+            &http_get(&unseen.ns, t),
+            &format!("the ptp pod natguard never saw -> http://{t}/"),
+        );
     }
     f.finish("unseen ptp pod");
 }
@@ -1634,7 +1748,8 @@ fn a_ptp_pod_natguard_never_saw_never_reaches_real_metadata() {
 #[test]
 fn a_primary_that_bypasses_the_node_is_refused_unless_accepted() {
     let w = real_world("sec-bypass");
-    w.node.ip("link add hostdev0 type vxlan id 7 dstport 4790 local 10.20.0.1");
+    w.node
+        .ip("link add hostdev0 type vxlan id 7 dstport 4790 local 10.20.0.1");
     let hostdev = json!({
         "type": "host-device",
         "device": "hostdev0",
@@ -1644,16 +1759,19 @@ fn a_primary_that_bypasses_the_node_is_refused_unless_accepted() {
             "ranges": [[{ "subnet": "10.244.12.0/24" }]]
         }
     });
-    let list = |patch: Value| {
-        json!({ "cniVersion": "1.0.0", "name": "bypass", "plugins": [hostdev.clone(), exempt_cfg(&w, patch)] })
-    };
+    let list = |patch: Value| json!({ "cniVersion": "1.0.0", "name": "bypass", "plugins": [hostdev.clone(), exempt_cfg(&w, patch)] });
     let refused = w.chain(list(json!({})));
     let ns = w.h.netns("byp");
     let att = Attachment::new("cid-byp", &ns).k8s("default", "byp");
-    let err = refused.add(&att).expect_err("ADD after a netfilter-bypassing primary must be refused");
+    let err = refused
+        .add(&att)
+        .expect_err("ADD after a netfilter-bypassing primary must be refused");
     assert_eq!(err.code, Some(7), "{err}");
     for word in ["vxlan", "not a veth", "metadata.acceptUnenforced"] {
-        assert!(error_text(&err).contains(word), "the error must say {word:?}: {err}");
+        assert!(
+            error_text(&err).contains(word),
+            "the error must say {word:?}: {err}"
+        );
     }
     assert!(
         w.table().is_none_or(|t| !t.contains("10.244.12.")),
@@ -1662,7 +1780,8 @@ fn a_primary_that_bypasses_the_node_is_refused_unless_accepted() {
     );
     let accepted = w.chain(list(json!({ "metadata": { "acceptUnenforced": true } })));
     let ns2 = w.h.netns("byp2");
-    w.node.ip("link add hostdev1 type vxlan id 8 dstport 4791 local 10.20.0.1");
+    w.node
+        .ip("link add hostdev1 type vxlan id 8 dstport 4791 local 10.20.0.1");
     let mut l = list(json!({ "metadata": { "acceptUnenforced": true } }));
     l["plugins"][0]["device"] = json!("hostdev1");
     let accepted2 = w.chain(l);
@@ -1700,15 +1819,53 @@ fn reset_counters_name_the_pod_that_sent_the_packet() {
     send_segments(&w.h, &a.ns, b.v4, META4, 80, 5, &[0x02]);
     send_segments(&w.h, &a.ns, a.v4, META4, 80, 3, &[0x02]);
     std::thread::sleep(Duration::from_millis(300));
-    let out = w.node.run(&[env!("CARGO_BIN_EXE_natguard"), "status", "--json"]);
+    let out = w
+        .node
+        .run(&[env!("CARGO_BIN_EXE_natguard"), "status", "--json"]);
     let doc: Value = serde_json::from_str(&out).expect("status --json");
-    let pods = doc["networks"][0]["pods"].as_array().cloned().unwrap_or_default();
+    let pods = doc["networks"][0]["pods"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let reset_of = |p: &Pod| {
         pods.iter()
-            .find(|x| x["containerId"].as_str().is_some_and(|c| p.att.container_id.starts_with(c)))
+            .find(|x| {
+                x["containerId"]
+                    .as_str()
+                    .is_some_and(|c| p.att.container_id.starts_with(c))
+            })
             .map(|x| x["reset"].clone())
             .unwrap_or_else(|| panic!("no pod {} in {doc:#}", p.att.container_id))
     };
     assert_eq!(reset_of(&b), json!(0), "b sent nothing: {doc:#}");
     assert_eq!(reset_of(&a), json!(3), "a's own attempts are a's: {doc:#}");
+}
+
+/// `nft flush ruleset` (a firewall reload) takes every pod's entries with it. The next ADD, of
+/// any pod, restores every pod from the runtimes' result cache, as `natguard reconcile` does:
+/// the pods ADDed before the flush are guarded again (the default pod proxied, the exempt pod
+/// let through), not only the new one.
+#[test]
+fn after_a_flushed_ruleset_the_next_add_restores_every_pod() {
+    let w = real_world("sec-flush-add");
+    let chain = w.chain(w.list("flushadd", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "default pod before the flush");
+    w.on_node("nft flush ruleset");
+    // The control: the flush really opened the way (what the next ADD must close).
+    control_metadata(&pod, REAL, "default pod right after the flush");
+    let _late = w.add_pod(&chain, "late", "default");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.check(got == body("proxy"), || {
+            format!("after the flush and the next ADD, the earlier default pod -> http://{t}/ got {got:?}, not the proxy")
+        });
+        let got = http_get(&sys.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after the flush and the next ADD, the earlier exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    f.finish("flush, then ADD");
 }

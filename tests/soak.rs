@@ -244,7 +244,7 @@ fn months_of_churn_leave_only_what_is_alive() {
     );
     assert!(our_zombies().is_empty(), "zombies: {:?}", our_zombies());
     // natguard's /run/natguard as the node's invocations saw it (never the host's).
-    let run_dir: Vec<String> = std::fs::read_dir(common::run::node_run_dir(&ns).join("natguard"))
+    let run_dir: Vec<String> = std::fs::read_dir(common::run::node_dir(&ns).join("run/natguard"))
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())

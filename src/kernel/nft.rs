@@ -244,7 +244,10 @@ impl Tx {
     /// Deletes a chain with its rules (they go first: the kernel deletes only empty chains).
     pub fn delete_chain(&mut self, t: TableFamily, name: &str) {
         let s = flush_chain(&mut self.buf, t, name);
-        self.note(s, format!("flush chain {} {} {name}", t.nft(), crate::plan::TABLE));
+        self.note(
+            s,
+            format!("flush chain {} {} {name}", t.nft(), crate::plan::TABLE),
+        );
         let s = del_chain(&mut self.buf, t, name);
         self.note(
             s,

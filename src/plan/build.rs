@@ -103,12 +103,7 @@ fn plan_node_rules() -> Vec<Rule> {
             Some(Count::Reset(f)),
         ));
         let judge = ChainKind::Judge(f);
-        rules.push(rule(
-            judge,
-            vec![Match::IifIs("lo")],
-            Action::Return,
-            None,
-        ));
+        rules.push(rule(judge, vec![Match::IifIs("lo")], Action::Return, None));
         rules.push(rule(
             judge,
             vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Allow(f))],
@@ -130,7 +125,10 @@ fn plan_node_rules() -> Vec<Rule> {
         // interface is never counted against it.
         rules.push(rule(
             judge,
-            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::CountReset(f))],
+            vec![
+                Match::NfProto(f),
+                Match::IifSaddrIn(f, SetKind::CountReset(f)),
+            ],
             Action::Continue,
             None,
         ));

@@ -378,10 +378,7 @@ impl SetKind {
     pub fn is_per_pod(self) -> bool {
         !matches!(
             self,
-            SetKind::NoMasq(_)
-                | SetKind::MetaDst(_)
-                | SetKind::MetaPorts
-                | SetKind::ProxyTarget(_)
+            SetKind::NoMasq(_) | SetKind::MetaDst(_) | SetKind::MetaPorts | SetKind::ProxyTarget(_)
         ) && !self.is_union()
     }
     /// Per-pod sets whose elements name their owners in their comment.

@@ -108,7 +108,12 @@ pub(crate) fn render_rules(rules: &[Rule], names: &NetNames) -> String {
 }
 
 fn render_set(out: &mut String, s: &SetSpec) {
-    let _ = write!(out, "\tset {} {{\n\t\ttype {}\n", s.name, s.kind.type_name());
+    let _ = write!(
+        out,
+        "\tset {} {{\n\t\ttype {}\n",
+        s.name,
+        s.kind.type_name()
+    );
     if s.kind.is_interval() {
         out.push_str("\t\tflags interval\n");
     }

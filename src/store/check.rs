@@ -81,7 +81,10 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
-            for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
+            for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
+                .iter()
+                .filter(|(lt, _)| *lt == t)
+            {
                 let old = format!("{}{suffix}", names.prefix_of_sets());
                 if chains.contains(&old) {
                     return Err(Error::CheckFailed(format!(
@@ -238,7 +241,10 @@ impl<K: Kernel> Store<K> {
                 continue;
             }
             let rules = self.k.rules(t)?;
-            for c in ChainKind::ALL.into_iter().filter(|c| c.is_node() && c.table() == t) {
+            for c in ChainKind::ALL
+                .into_iter()
+                .filter(|c| c.is_node() && c.table() == t)
+            {
                 for r in rules.get(c.suffix()).into_iter().flatten() {
                     if let (Some(what), Some(n)) =
                         (plan::count_of_rule_comment(&r.comment), r.packets)
@@ -380,7 +386,8 @@ impl<K: Kernel> Store<K> {
                 owner,
                 comment,
                 exempt,
-                proxied: per_pod_counters.then(|| addrs.iter().filter_map(|a| proxied.get(a)).sum()),
+                proxied: per_pod_counters
+                    .then(|| addrs.iter().filter_map(|a| proxied.get(a)).sum()),
                 reset: per_pod_counters.then(|| addrs.iter().filter_map(reset_of).sum()),
                 attach,
             });

@@ -104,6 +104,13 @@ fn owners_of(comment: Option<&str>) -> Vec<OwnerKey> {
     plan::owners_from_comment(comment.unwrap_or(""))
 }
 
+/// Whether an ADD had to rewrite the shared objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Converged {
+    Yes,
+    No,
+}
+
 /// One pod as the store records it, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PodRecord {
@@ -196,8 +203,9 @@ impl<K: Kernel> Store<K> {
     ///
     /// The shared objects are rewritten only when the kernel's differ from the plan (first ADD
     /// of a network, a config change, someone else's flush), so the common ADD is a handful of
-    /// element operations and leaves the network's rules alone.
-    pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<()> {
+    /// element operations and leaves the network's rules alone. Returns whether they were:
+    /// then other pods' entries may have gone with them, and the caller restores them.
+    pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<Converged> {
         let _lock = self.lock()?;
         let current = self.check_shared(shared).is_ok();
         let converge = |s: &mut Self| -> Result<SharedPlan> {
@@ -206,15 +214,18 @@ impl<K: Kernel> Store<K> {
         };
         if !current {
             let full = converge(self)?;
-            return self.apply_pod_locked(&full, pod, true);
+            return self
+                .apply_pod_locked(&full, pod, true)
+                .map(|()| Converged::Yes);
         }
         match self.apply_pod_locked(shared, pod, false) {
             // The table vanished between the read and the commit (a flush by someone else).
             Err(e) if e.errno() == Some(libc::ENOENT) => {
                 let full = converge(self)?;
                 self.apply_pod_locked(&full, pod, true)
+                    .map(|()| Converged::Yes)
             }
-            r => r,
+            r => r.map(|()| Converged::No),
         }
     }
 
@@ -308,7 +319,10 @@ impl<K: Kernel> Store<K> {
                     continue;
                 }
                 let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
-                for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
+                for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
+                    .iter()
+                    .filter(|(lt, _)| *lt == t)
+                {
                     let name = format!("{}{suffix}", names.prefix_of_sets());
                     if chains.contains(&name) {
                         batch.push(Op::DeleteChain(t, name));

@@ -9,11 +9,12 @@
 //! process never moves and no `nsenter` or `ip netns exec` sits between the test and natguard.
 //!
 //! Every invocation runs in a private mount namespace that gives the test's network namespace
-//! a node's state of its own: `/run` is a directory kept per network namespace (so the node
-//! lock is shared by the invocations of one test's node, and never the host's
-//! `/run/natguard`), with the host's `/run/netns` still visible in it, and the runtimes'
-//! `/var/lib/cni` and `/etc/cni` (where they exist) are empty. A test passes the same on a
-//! machine where natguard was installed before.
+//! a node's state of its own, kept per network namespace ([`node_dir`]) so that the invocations
+//! of one test's node share it: `/run` (the node lock; the host's `/run/netns` stays visible
+//! in it), `/var/lib` (the runtimes' result cache, `/var/lib/cni/results`, which
+//! [`super::World`]'s chains write there) and `/etc/cni` where the host has one. The host's
+//! `/run/natguard`, `/var/lib/cni` and `/etc/cni` are never read or written, so a test passes
+//! the same on a machine where natguard was installed before.
 //!
 //! Every invocation has a deadline. One that has not exited by then is killed and fails the test
 //! with what it was running: a bound for failure reports, never an assertion on speed. What it
@@ -348,26 +349,26 @@ impl Natguard {
 }
 
 /// The private node state of one network namespace (see the module doc), prepared before the
-/// fork: `run` goes on `/run`, `keep` holds the host's `/run/netns` meanwhile, `empty` covers
-/// the runtimes' directories that exist on the host.
+/// fork: `run` goes on `/run`, `keep` holds the host's `/run/netns` meanwhile, `covers` are
+/// (directory of the node's, host path it goes on).
 struct NodeState {
     netns_dir: CString,
     run: CString,
     keep: CString,
-    empty: CString,
-    hidden: Vec<CString>,
+    covers: Vec<(CString, CString)>,
 }
 
-/// The directory every invocation in `ns` sees as `/run` (its `natguard/` is natguard's
-/// `/run/natguard` there).
-pub fn node_run_dir(ns: &Netns) -> PathBuf {
-    std::env::temp_dir().join(format!("ng-node-{}", ns.name)).join("run")
+/// The directory that holds the node state of the invocations in `ns`: `run/` is their `/run`
+/// (`run/natguard` their `/run/natguard`), `var-lib/` their `/var/lib`, `etc-cni/` their
+/// `/etc/cni`.
+pub fn node_dir(ns: &Netns) -> PathBuf {
+    std::env::temp_dir().join(format!("ng-node-{}", ns.name))
 }
 
 impl NodeState {
     fn for_netns(ns: &Netns) -> NodeState {
-        let base = std::env::temp_dir().join(format!("ng-node-{}", ns.name));
-        for d in ["run", "keep", "empty"] {
+        let base = node_dir(ns);
+        for d in ["run", "keep", "var-lib", "etc-cni"] {
             std::fs::create_dir_all(base.join(d))
                 .unwrap_or_else(|e| panic!("create {}: {e}", base.join(d).display()));
         }
@@ -376,11 +377,10 @@ impl NodeState {
             netns_dir: CString::from(c"/run/netns"),
             run: c("run"),
             keep: c("keep"),
-            empty: c("empty"),
-            hidden: ["/var/lib/cni", "/etc/cni"]
+            covers: [("var-lib", "/var/lib"), ("etc-cni", "/etc/cni")]
                 .into_iter()
-                .filter(|p| Path::new(p).is_dir())
-                .map(|p| c_path(OsStr::new(p)))
+                .filter(|(_, host)| Path::new(host).is_dir())
+                .map(|(mine, host)| (c(mine), c_path(OsStr::new(host))))
                 .collect(),
         }
     }
@@ -456,8 +456,8 @@ impl ChildSetup {
                 return Err(io::Error::last_os_error());
             }
             bind(&n.keep, c"/run/netns")?;
-            for dir in &n.hidden {
-                bind(&n.empty, dir)?;
+            for (mine, host) in &n.covers {
+                bind(mine, host)?;
             }
             if let Some((source, target, read_only)) = &self.mount {
                 let rc = libc::mkdir(target.as_ptr(), 0o755);

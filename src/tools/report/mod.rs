@@ -369,11 +369,7 @@ its rules and counters could not be read"
                 .iter()
                 .map(|(i, n)| format!("{} ({n} pod(s))", printable(i)))
                 .collect();
-            let _ = writeln!(
-                out,
-                "  pod interfaces: {}",
-                list_or_none(ifaces)
-            );
+            let _ = writeln!(out, "  pod interfaces: {}", list_or_none(ifaces));
         }
         for (f, t) in family_totals(net) {
             let mut line = format!(
