@@ -91,6 +91,10 @@ pub struct Metadata {
     pub exempt_namespaces: Vec<String>,
     /// Log denied attempts to the kernel log, rate-limited, with a fixed prefix.
     pub log_denied: bool,
+    /// `acceptUnenforced`: ADD accepts a pod whose interface is not a veth (macvlan, ipvlan,
+    /// a moved host device, an SR-IOV VF), whose traffic never crosses this node's netfilter,
+    /// so natguard cannot enforce anything for it. Off by default: such a pod is refused.
+    pub accept_unenforced: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -149,6 +153,7 @@ impl Default for Config {
                 proxy_ipv6: ProxyAddr::Auto,
                 exempt_namespaces: Vec::new(),
                 log_denied: false,
+                accept_unenforced: false,
             },
             masquerade: Masquerade {
                 enabled: true,
@@ -344,6 +349,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             "proxyIPv6",
             "exemptNamespaces",
             "logDenied",
+            "acceptUnenforced",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -459,6 +465,9 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     }
     if let Some(x) = o.get("logDenied") {
         m.log_denied = expect_bool("metadata.logDenied", x)?;
+    }
+    if let Some(x) = o.get("acceptUnenforced") {
+        m.accept_unenforced = expect_bool("metadata.acceptUnenforced", x)?;
     }
     if let Some(x) = o.get("exemptNamespaces") {
         let arr = expect_array("metadata.exemptNamespaces", x)?;

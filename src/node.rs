@@ -137,10 +137,12 @@ fn classify(mut links: Option<&mut link::Links>, names: &[String]) -> Option<Hos
         return Some(HostSide {
             iface,
             port: Some(p),
+            mac: None,
         });
     }
-    routed
-        .or(bridge)
-        .or(unknown)
-        .map(|iface| HostSide { iface, port: None })
+    routed.or(bridge).or(unknown).map(|iface| HostSide {
+        iface,
+        port: None,
+        mac: None,
+    })
 }

@@ -140,7 +140,24 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
+    let mut host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
+    if let Some(link) = kernel::podside::inspect(who.netns, who.ifname) {
+        if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
+            return Err(Error::InvalidConfig(format!(
+                "{}: the pod's interface {} in {} is {}, not a veth: its traffic never crosses this node's netfilter, so natguard cannot enforce the metadata policy for it (set metadata.acceptUnenforced to true to accept the pod unguarded)",
+                who.network,
+                who.ifname,
+                who.netns,
+                link.kind
+                    .as_deref()
+                    .map(|k| format!("a {k} device"))
+                    .unwrap_or_else(|| "a device of its own (a NIC or a VF)".into())
+            )));
+        }
+        if let Some(h) = host.as_mut() {
+            h.mac = link.mac;
+        }
+    }
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,
@@ -256,7 +273,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
         );
     }
     let mut store = store::open()?;
-    store.apply_pod(&p.shared, &p.pod)?;
+    let converged = store.apply_pod(&p.shared, &p.pod)?;
     info!(
         "installed {} for {}",
         p.pod.owner.hex(),
@@ -269,7 +286,35 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
     if cfg.conntrack.flush_on_add && !p.addrs.is_empty() {
         flush_conntrack(&mut store, &p.addrs, ct_path, "ADD");
     }
+    if converged == store::Converged::Yes {
+        drop(store);
+        restore_cached_pods(&conf.name, cfg);
+    }
     Ok(cni::passthrough(prev, conf.cni_version))
+}
+
+/// After an ADD that had to rewrite the shared objects (the first of a network, a config
+/// change, or a flushed ruleset), every other pod's entries are restored from the runtimes'
+/// result cache, as `natguard reconcile` does: after `nft flush ruleset`, the next ADD repairs
+/// every pod, not only its own. Idempotent for pods whose entries are intact; a failure is
+/// logged, never returned: this pod's policy is in force.
+fn restore_cached_pods(network: &str, cfg: &Config) {
+    let opts = crate::tools::adopt::Options {
+        reconcile: true,
+        known: [(network.to_string(), cfg.clone())].into_iter().collect(),
+        ..Default::default()
+    };
+    match crate::tools::adopt::run(&opts) {
+        Ok(r) if r.adopted() > 0 || r.failed() > 0 => info!(
+            "shared objects were rewritten: restored {} cached attachment(s), {} failed",
+            r.adopted(),
+            r.failed()
+        ),
+        Ok(_) => {}
+        Err(e) => {
+            warn!("shared objects were rewritten; restoring the cached attachments failed: {e}")
+        }
+    }
 }
 
 /// Deletes the addresses' conntrack entries; a failure is logged, never returned.

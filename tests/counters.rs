@@ -381,7 +381,7 @@ fn counts_every_connection_per_network_family_and_pod() {
     connect_remote(&web, REMOTE_IN4, 3, web.v4);
     connect_remote(&web, REMOTE_IN6, 2, web.v6);
     // ngcnt: 2 IPv4 attempts from an address web added to its own interface, which natguard
-    // never saw: reset by the fail-closed rule, counted for the network, for no pod.
+    // never saw: reset by the node-wide guard, counted there, for no pod and no network.
     let stolen: IpAddr = "10.244.0.250".parse().unwrap();
     web.ns
         .ip(&format!("addr add {stolen}/24 dev {}", web.att.ifname));
@@ -399,7 +399,7 @@ fn counts_every_connection_per_network_family_and_pod() {
             "ipv4",
             Fam {
                 proxied: 3,
-                reset: 2,
+                reset: 0,
                 masqueraded: 4,
                 kept: 3 + 1,
                 logged: 0,
@@ -567,7 +567,7 @@ fn counts_every_connection_per_network_family_and_pod() {
         "{text}"
     );
     assert!(text.contains(
-        "\n  ipv4: 3 connection(s) sent to the proxy, 2 attempt(s) to reach the real metadata API reset, \
+        "\n  ipv4: 3 connection(s) sent to the proxy, 0 attempt(s) to reach the real metadata API reset, \
          4 connection(s) masqueraded, 4 connection(s) kept the pod's source address\n"
     ), "{text}");
     assert!(
@@ -583,12 +583,30 @@ fn counts_every_connection_per_network_family_and_pod() {
         text.contains("  pods: 1 (1 with reset attempts)\n"),
         "{text}"
     );
-    // The 2 resets of the address web gave itself are the network's, not a pod's.
+    // The guard's own counters: every reset, the 2 of the address web gave itself included,
+    // which are no pod's.
     assert!(
-        text.contains("\n  2 reset attempt(s) came from addresses of no pod listed below"),
+        text.contains(
+            "guard (node-wide, every network): metadata attempts reset: ipv4 5, ipv6 2\n"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("\n  2 reset attempt(s) came from sources of no pod listed below"),
         "{text}"
     );
     assert_eq!(text.matches("of no pod listed below").count(), 1, "{text}");
+    let guard = &doc["guard"]["families"];
+    assert_eq!(
+        guard[0],
+        json!({ "family": "ipv4", "reset": 5, "logged": 0 }),
+        "{doc:#}"
+    );
+    assert_eq!(
+        guard[1],
+        json!({ "family": "ipv6", "reset": 2, "logged": 0 }),
+        "{doc:#}"
+    );
 
     // The outputs agree with nft's own counters.
     let table = table_with_counters(&w);
@@ -599,12 +617,9 @@ fn counts_every_connection_per_network_family_and_pod() {
             counts.proxied,
             "{net} {f}\n{table}"
         );
-        assert_eq!(
-            nft_count(&table, net, &format!("reset{fam}")),
-            counts.reset,
-            "{net} {f}\n{table}"
-        );
     }
+    assert_eq!(nft_count(&table, "~node", "reset4"), 5, "{table}");
+    assert_eq!(nft_count(&table, "~node", "reset6"), 2, "{table}");
 
     for (pod, chain) in [
         (&web, &proxy_net),
@@ -646,15 +661,15 @@ fn log_denied_rules_count_the_denied_attempts() {
     let pod = w.add_pod(&chain, "noisy", "default");
     let table = table_with_counters(&w);
     assert!(table.contains("log prefix \"natguard denied \""), "{table}");
-    assert_eq!(nft_count(&table, "nglog", "logged4"), 0, "{table}");
+    assert_eq!(nft_count(&table, "~node", "logged4"), 0, "{table}");
 
     // Fewer than the burst (20), in well under a second: every attempt is logged.
     attempts_reset(&pod, None, META4, 3);
     attempts_reset(&pod, None, META6, 2);
 
     let table = table_with_counters(&w);
-    assert_eq!(nft_count(&table, "nglog", "logged4"), 3, "{table}");
-    assert_eq!(nft_count(&table, "nglog", "logged6"), 2, "{table}");
+    assert_eq!(nft_count(&table, "~node", "logged4"), 3, "{table}");
+    assert_eq!(nft_count(&table, "~node", "logged6"), 2, "{table}");
     let doc = status_json(&w.node);
     let net = network(&doc, "nglog");
     assert_eq!(net["logDenied"], true);

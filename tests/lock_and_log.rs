@@ -26,7 +26,6 @@ use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -152,16 +151,11 @@ fn assert_removed(ns: &Netns, p: &SynPod, when: &str) {
     );
 }
 
-/// A harness, its netns, and the host's /run/natguard as a mount point for the private bind
-/// mounts (natguard creates the same directory on its first run; nothing is put in it).
+/// A harness and its netns (every invocation sees a `/run` of the netns's own, where the
+/// private bind mounts go; the host's /run/natguard is never touched).
 fn setup(test: &str) -> (Harness, Netns) {
     let h = Harness::new(test);
     require_tools(&["nft"]);
-    fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(RUN_DIR)
-        .unwrap_or_else(|e| panic!("create {RUN_DIR}: {e}"));
     let ns = h.netns("node");
     (h, ns)
 }

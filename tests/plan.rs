@@ -260,6 +260,7 @@ fn render_case(c: &Case) -> String {
                 pod_name: args.pod_name.as_deref(),
                 netns: &netns,
                 host: Some(HostSide {
+                    mac: None,
                     iface: IfName::new("cni0").unwrap(),
                     port: IfName::new(&port),
                 }),
@@ -374,32 +375,29 @@ fn missing_ipv6_proxy_fails_closed_with_a_warning() {
     assert!(matches!(dnat[0].action, Action::DnatTo(IpAddr::V4(a), 8181) if a == NODE_V4));
     assert_eq!(p.warnings.len(), 1, "{:?}", p.warnings);
     assert!(p.warnings[0].contains("IPv6"), "{:?}", p.warnings);
-    // Whatever still goes to a metadata address where it is delivered (the DNAT has sent the
-    // intercepted part to the proxy) is reset: from the network's pod interfaces unless the
-    // interface and source are an exempt pod's, and from intercepted sources wherever they
-    // come from.
-    for chain in [ChainKind::Forward, ChainKind::Input] {
+    // The node-wide guard sends metadata TCP, by its destination and by where it was first
+    // headed (in the original direction only), to the judge, which admits exempt pods on
+    // their own interface, natguard's proxy and loopback, and resets the rest.
+    for chain in [ChainKind::GuardForward, ChainKind::GuardInput] {
+        let rules: Vec<_> = p.rules_of(chain).collect();
+        assert_eq!(rules[0].matches, vec![plan::Match::NotTcp], "{chain:?}");
+        assert_eq!(rules[0].action, Action::Return);
         for f in Family::ALL {
-            let to_meta = |r: &&plan::Rule| {
-                r.action == Action::RejectTcpReset
-                    && r.matches
-                        .contains(&plan::Match::DaddrIn(f, SetKind::MetaDst(f)))
-            };
-            assert!(
-                p.rules_of(chain).filter(to_meta).any(|r| r
-                    .matches
-                    .contains(&plan::Match::IifIn(SetKind::Ifaces))
-                    && r.matches
-                        .contains(&plan::Match::IifSaddrNotIn(f, SetKind::Allow(f)))),
-                "{chain:?} must reset {f:?} metadata traffic from the pods' interfaces"
-            );
-            assert!(
-                p.rules_of(chain).filter(to_meta).any(|r| r
-                    .matches
-                    .contains(&plan::Match::SaddrIn(f, SetKind::Meta(f)))),
-                "{chain:?} must reset {f:?} metadata traffic from intercepted sources"
-            );
+            let to_judge: Vec<_> = rules
+                .iter()
+                .filter(|r| r.action == Action::Goto(ChainKind::Judge(f)))
+                .collect();
+            assert_eq!(to_judge.len(), 2, "{chain:?} {f:?}");
+            assert!(to_judge[1].matches.contains(&plan::Match::CtDirOriginal));
         }
+    }
+    for f in Family::ALL {
+        let judge: Vec<_> = p.rules_of(ChainKind::Judge(f)).collect();
+        let last = judge.last().unwrap();
+        assert_eq!(last.action, Action::RejectTcpReset, "{f:?}");
+        assert!(judge.iter().any(|r| r.action == Action::Return
+            && r.matches
+                .contains(&plan::Match::IifSaddrIn(f, SetKind::Allow(f)))));
     }
 }
 
@@ -410,27 +408,18 @@ fn deny_and_off_have_no_dnat() {
         both(),
     );
     assert_eq!(deny.rules_of(ChainKind::Dnat).count(), 0);
-    // Four resets per family in each filter chain: from the pods' interfaces and from
-    // intercepted sources, each judged on the final destination and on the original one.
-    let resets = |c: ChainKind| {
-        deny.rules_of(c)
-            .filter(|r| r.action == Action::RejectTcpReset)
-            .count()
-    };
-    assert_eq!(resets(ChainKind::Forward), 8);
-    assert_eq!(resets(ChainKind::Input), 8);
+    // The guard is the node's, the same whatever the network's mode.
+    let proxy = plan_of(r#"{"cniVersion":"1.0.0","name":"n"}"#, both());
+    assert_eq!(deny.node_fingerprint, proxy.node_fingerprint);
     assert!(deny.warnings.is_empty());
     let off = plan_of(
         r#"{"cniVersion":"1.0.0","name":"n","metadata":{"mode":"off"}}"#,
         NodeFacts::default(),
     );
-    for c in [
-        ChainKind::Dnat,
-        ChainKind::Forward,
-        ChainKind::Input,
-        ChainKind::Guard,
-    ] {
-        assert_eq!(off.rules_of(c).count(), 0, "{c:?}");
+    assert_eq!(off.rules_of(ChainKind::Dnat).count(), 0);
+    // Off contributes no metadata address to the node-wide guard.
+    for s in off.sets.iter().filter(|s| s.kind.is_union()) {
+        assert_eq!(s.elements.as_deref(), Some(&[][..]), "{:?}", s.kind);
     }
     assert!(off.warnings.is_empty(), "off mode needs no proxy");
 }
@@ -462,11 +451,21 @@ fn plans_are_deterministic_and_fingerprints_follow_the_config() {
 fn two_networks_share_no_object_names() {
     let a = plan_of(r#"{"cniVersion":"1.0.0","name":"net-a"}"#, both());
     let b = plan_of(r#"{"cniVersion":"1.0.0","name":"net-b"}"#, both());
+    // A network's own objects are its own; the node-wide guard's are shared, and named so
+    // that no network's name can produce one (no `-`).
     for k in ChainKind::ALL {
-        assert_ne!(a.names.chain(k), b.names.chain(k));
+        if k.is_node() {
+            assert_eq!(a.names.chain(k), b.names.chain(k));
+            assert!(!a.names.chain(k).contains('-'), "{k:?}");
+        } else {
+            assert_ne!(a.names.chain(k), b.names.chain(k));
+        }
     }
-    for s in &a.sets {
+    for s in a.sets.iter().filter(|s| !s.kind.is_node()) {
         assert!(b.sets.iter().all(|t| t.name != s.name), "{}", s.name);
+    }
+    for s in a.sets.iter().filter(|s| s.kind.is_node()) {
+        assert!(!s.name.contains('-'), "{}", s.name);
     }
     // Long names are shortened with a hash, and stay distinct.
     let l1 = plan::NetNames::new(&format!("{}1", "x".repeat(60)));
@@ -499,6 +498,7 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
                 pod_name: None,
                 netns: "/run/netns/c",
                 host: Some(HostSide {
+                    mac: None,
                     iface: IfName::new("veth-c").unwrap(),
                     port: None,
                 }),

@@ -353,7 +353,7 @@ fn netconf_dir(w: &World, lists: &[&Value]) -> PathBuf {
 
 /// Where [`World::chain`] caches results (libcni's `/var/lib/cni/results`).
 fn cache_dir(w: &World) -> PathBuf {
-    w.dir().join("cache").join("results")
+    w.cache_dir().join("results")
 }
 
 /// The elements line of set `set` of table inet natguard in the node.
@@ -705,7 +705,7 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
             "{set} lacks {ip}:\n{elems}"
         );
     }
-    for (set, ip) in [("ngnet-exempt4", creds.v4), ("ngnet-exempt6", creds.v6)] {
+    for (set, ip) in [("exempt4", creds.v4), ("exempt6", creds.v6)] {
         let elems = set_elements(&w, set);
         assert!(
             mentions(&elems, &ip.to_string()),
@@ -744,8 +744,9 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
         "nothing of the wrong-kind cache file may be installed:\n{table}"
     );
 
-    // The data path agrees.
-    for (p, who) in [(&web, "proxy"), (&creds, "cloud"), (&elsewhere, "cloud")] {
+    // The data path agrees. The pod of the network without natguard is no pod natguard knows:
+    // the node-wide guard resets it, as any source natguard has not admitted.
+    for (p, who) in [(&web, "proxy"), (&creds, "cloud")] {
         for meta in [META4, META6] {
             assert_eq!(
                 http_get(&p.ns, sa(meta, HTTP_PORT)),
@@ -755,6 +756,15 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
                 sa(meta, HTTP_PORT)
             );
         }
+    }
+    for meta in [META4, META6] {
+        assert_eq!(
+            http_get(&elsewhere.ns, sa(meta, HTTP_PORT)),
+            Outcome::Refused,
+            "{} -> http://{}/ after adopt: a pod natguard never saw is reset",
+            elsewhere.att.container_id,
+            sa(meta, HTTP_PORT)
+        );
     }
 
     // Idempotent: the same report, the same table.

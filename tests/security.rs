@@ -127,6 +127,7 @@ fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
     control_metadata(&thief, "proxy", "the thief before the theft");
 
     let (gw4, gw6) = gateways(&thief);
+    let own_mac = mac_of(&thief.ns, "eth0");
     if steal_mac {
         let mac = mac_of(&exempt.ns, "eth0");
         thief.ns.ip(&format!("link set eth0 address {mac}"));
@@ -159,7 +160,10 @@ fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
             format!("after the theft the exempt pod -> http://{t}/ got {got:?}, not REAL")
         });
     }
-    stolen_segments_never_arrive(w, &exempt, &thief, &mut f);
+    // With the exempt pod's MAC, nothing of the thief's port crosses the bridge any more: the
+    // control below needs the thief's own MAC back, after the stolen SYNs were sent.
+    let restore = steal_mac.then_some(own_mac.as_str());
+    stolen_segments_never_arrive(w, &exempt, &thief, restore, &mut f);
     f
 }
 
@@ -167,7 +171,13 @@ fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
 /// SYN the thief sends from the exempt pod's addresses reaches the metadata host. The exempt
 /// pod's own SYNs arriving first shows the counters see the flow; the thief's SYNs to the cloud
 /// from its own addresses arriving last shows the stolen ones had their chance.
-fn stolen_segments_never_arrive(w: &World, exempt: &Pod, thief: &Pod, f: &mut Findings) {
+fn stolen_segments_never_arrive(
+    w: &World,
+    exempt: &Pod,
+    thief: &Pod,
+    restore_mac: Option<&str>,
+    f: &mut Findings,
+) {
     // SYNs only: the exempt pod answers the replies to the thief's SYNs with RSTs of its own.
     const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
     let (cloud4, cloud6): (IpAddr, IpAddr) =
@@ -218,6 +228,10 @@ fn stolen_segments_never_arrive(w: &World, exempt: &Pod, thief: &Pod, f: &mut Fi
     let before = ["stolen4", "stolen6"].map(|n| counters.packets(n));
     send_segments(&w.h, &thief.ns, exempt.v4, META4, 80, EACH, &[0x02]);
     send_segments(&w.h, &thief.ns, exempt.v6, META6, 80, EACH, &[0x02]);
+    if let Some(mac) = restore_mac {
+        thief.ns.ip(&format!("link set eth0 address {mac}"));
+        thief.ns.ip("neigh flush all");
+    }
     send_segments(&w.h, &thief.ns, thief.v4, cloud4, 80, EACH, &[0x02]);
     send_segments(&w.h, &thief.ns, thief.v6, cloud6, 80, EACH, &[0x02]);
     wait_for(
@@ -1276,4 +1290,582 @@ fn addresses_that_are_not_a_pods_are_refused() {
         }),
     }
     f.finish("addresses that are not a pod's");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. Round 2: paths the guard never listed. The guard admits only exempt pods on their own
+//    interface (and natguard's proxy, and the node itself); everything below must be reset or
+//    dropped although no rule names the path it takes.
+// ---------------------------------------------------------------------------------------------
+
+/// Writes a helper script into the test's directory and returns its path.
+fn helper_script(w: &World, name: &str, text: &str) -> String {
+    let path = w.dir().join(name);
+    std::fs::write(&path, text).expect("write helper script");
+    path.to_str().expect("utf-8 path").to_string()
+}
+
+/// Sends Ethernet frames from `IFNAME` with source MAC `SRCMAC` to `DSTMAC`, with VLAN tags
+/// (`TAGS`: "" none, "q" one 802.1Q tag of VLAN 0, "adq" 802.1ad outside 802.1Q, VLAN 0 both),
+/// carrying `KIND`:
+///   syn SRC DST DPORT COUNT  - TCP SYNs (IPv4 or IPv6 by the addresses)
+///   arp SPA TPA              - an ARP reply claiming SPA (gratuitous when SPA == TPA)
+///   na TARGET                - an unsolicited neighbour advertisement (override) for TARGET
+const FRAMES_PY: &str = r#"
+import random, socket, struct, sys
+
+ifname, srcmac, dstmac, tags, kind = sys.argv[1:6]
+args = sys.argv[6:]
+mac = lambda m: bytes(int(b, 16) for b in m.split(":"))
+smac, dmac = mac(srcmac), mac(dstmac)
+
+def csum(data):
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+
+def eth(ethertype, payload):
+    hdr = dmac + smac
+    if tags == "adq":
+        hdr += struct.pack("!HH", 0x88a8, 0)
+    if tags in ("q", "adq"):
+        hdr += struct.pack("!HH", 0x8100, 0)
+    return hdr + struct.pack("!H", ethertype) + payload
+
+def ip4(src, dst, proto, payload):
+    h = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), random.getrandbits(16), 0, 64,
+                    proto, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    return h[:10] + struct.pack("!H", csum(h)) + h[12:] + payload
+
+def ip6(src, dst, nh, payload, hops=64):
+    return struct.pack("!IHBB", 6 << 28, len(payload), nh, hops) + \
+        socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst) + payload
+
+def pseudo6(src, dst, nh, n):
+    return socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst) + \
+        struct.pack("!I3xB", n, nh)
+
+def syn(src, dst, dport):
+    hdr = struct.pack("!HHIIBBHHH", random.randint(20000, 60000), dport, random.getrandbits(32),
+                      0, 5 << 4, 0x02, 64240, 0, 0)
+    if ":" in dst:
+        c = csum(pseudo6(src, dst, 6, len(hdr)) + hdr)
+        return eth(0x86dd, ip6(src, dst, 6, hdr[:16] + struct.pack("!H", c) + hdr[18:]))
+    p = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!xBH", 6, len(hdr))
+    c = csum(p + hdr)
+    return eth(0x0800, ip4(src, dst, 6, hdr[:16] + struct.pack("!H", c) + hdr[18:]))
+
+frames = []
+if kind == "syn":
+    src, dst, dport, count = args[0], args[1], int(args[2]), int(args[3])
+    frames = [syn(src, dst, dport) for _ in range(count)]
+elif kind == "arp":
+    spa, tpa = args
+    arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 2) + smac + socket.inet_aton(spa) + \
+        b"\xff" * 6 + socket.inet_aton(tpa)
+    frames = [eth(0x0806, arp)] * 3
+elif kind == "na":
+    target = args[0]
+    body = struct.pack("!BBHI", 136, 0, 0, 0x20000000) + \
+        socket.inet_pton(socket.AF_INET6, target) + struct.pack("!BB", 2, 1) + smac
+    c = csum(pseudo6(target, "ff02::1", 58, len(body)) + body)
+    body = body[:2] + struct.pack("!H", c) + body[4:]
+    frames = [eth(0x86dd, ip6(target, "ff02::1", 58, body, hops=255))] * 3
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((ifname, 0))
+for f in frames:
+    s.send(f)
+"#;
+
+/// Sends frames from `pod`'s eth0 (see [`FRAMES_PY`]).
+fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str, what: &[String]) {
+    let path = helper_script(w, "frames.py", FRAMES_PY);
+    let mut args: Vec<&str> = vec!["python3", &path, "eth0", srcmac, dstmac, tags];
+    args.extend(what.iter().map(String::as_str));
+    pod.ns.run(&args);
+}
+
+/// The MAC the node's neighbour table holds for `addr`, if any.
+fn node_neighbour(w: &World, addr: IpAddr) -> Option<String> {
+    let out = w.node.ip(&format!("-j neigh show {addr}"));
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    v.as_array()?
+        .iter()
+        .find_map(|n| n["lladdr"].as_str().map(str::to_string))
+}
+
+/// Waits until counter `name` has counted at least `n` packets (a bound for the failure
+/// report, not an assertion about speed).
+fn wait_counter(c: &Counters, name: &str, n: u64, what: &str) {
+    let start = Instant::now();
+    while c.packets(name) < n {
+        assert!(
+            start.elapsed() < COUNTER_WAIT,
+            "control: {what} never arrived ({} of {n})",
+            c.packets(name)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A default pod claims the exempt pod's addresses in frames with VLAN tags (one priority tag,
+/// or 802.1ad outside 802.1Q): ARP and neighbour advertisements to move the node's neighbour
+/// entries to its MAC, and TCP from the exempt addresses to the metadata host. The kernel
+/// strips a priority tag before the IP layer, so a guard reading the untagged ethertype would
+/// never see these frames. Not one SYN may reach the metadata host, the node's neighbour
+/// entries must keep the exempt pod's MAC, and the thief's own tagged frames go nowhere either
+/// (natguard's pod ports carry no tags), while its untagged ones do (the control).
+#[test]
+fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
+    let w = real_world("sec-vlan-tags");
+    let chain = w.chain(w.list("vlantags", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&chain, "thief", "default");
+    control_metadata(&exempt, REAL, "exempt pod before the claims");
+    let exempt_mac = mac_of(&exempt.ns, "eth0");
+    let thief_mac = mac_of(&thief.ns, "eth0");
+    let bridge_mac = mac_of(&w.node, "cni0");
+    let (gw4, _) = gateways(&thief);
+    // The node learns the exempt pod's neighbour entries from real traffic first.
+    control_network(&exempt, "exempt pod");
+    let (cloud4, cloud6): (IpAddr, IpAddr) =
+        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "stolen4",
+                format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4),
+            ),
+            (
+                "stolen6",
+                format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6),
+            ),
+            (
+                "own4",
+                format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4),
+            ),
+            (
+                "own6",
+                format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6),
+            ),
+        ],
+    );
+    let mut f = Findings::new();
+    const EACH: u64 = 3;
+    for tags in ["q", "adq"] {
+        let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
+        send_frames(
+            &w,
+            &thief,
+            &thief_mac,
+            "ff:ff:ff:ff:ff:ff",
+            tags,
+            &s(&["arp", &exempt.v4.to_string(), &exempt.v4.to_string()]),
+        );
+        send_frames(
+            &w,
+            &thief,
+            &thief_mac,
+            &bridge_mac,
+            tags,
+            &s(&["arp", &exempt.v4.to_string(), &gw4.to_string()]),
+        );
+        send_frames(
+            &w,
+            &thief,
+            &thief_mac,
+            "33:33:00:00:00:01",
+            tags,
+            &s(&["na", &exempt.v6.to_string()]),
+        );
+        for (src, dst) in [
+            (exempt.v4, META4),
+            (exempt.v6, META6),
+            (thief.v4, cloud4),
+            (thief.v6, cloud6),
+        ] {
+            send_frames(
+                &w,
+                &thief,
+                &thief_mac,
+                &bridge_mac,
+                tags,
+                &s(&[
+                    "syn",
+                    &src.to_string(),
+                    &dst.to_string(),
+                    "80",
+                    &EACH.to_string(),
+                ]),
+            );
+        }
+    }
+    // The control: the same SYNs from the thief's own addresses, untagged, arrive.
+    for (src, dst) in [(thief.v4, cloud4), (thief.v6, cloud6)] {
+        send_segments(&w.h, &thief.ns, src, dst, 80, EACH as u32, &[0x02]);
+    }
+    wait_counter(
+        &counters,
+        "own4",
+        EACH,
+        "the thief's untagged IPv4 SYNs to the cloud",
+    );
+    wait_counter(
+        &counters,
+        "own6",
+        EACH,
+        "the thief's untagged IPv6 SYNs to the cloud",
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    for name in ["stolen4", "stolen6"] {
+        let n = counters.packets(name);
+        f.check(n == 0, || format!("{n} tagged SYN(s) from the exempt pod's address reached the metadata host ({name})"));
+    }
+    for name in ["own4", "own6"] {
+        let n = counters.packets(name);
+        f.check(n == EACH, || format!("{name}: {n} SYNs arrived, expected only the {EACH} untagged ones: tagged frames crossed the bridge"));
+    }
+    for a in exempt.ips() {
+        let got = node_neighbour(&w, a);
+        f.check(got.as_deref() == Some(exempt_mac.as_str()), || {
+            format!("the node's neighbour entry for the exempt pod's {a} is {got:?}, not the exempt pod's {exempt_mac}")
+        });
+    }
+    control_metadata(&exempt, REAL, "exempt pod after the claims");
+    f.finish("VLAN-tagged claims");
+}
+
+/// A default pod takes the exempt pod's MAC without claiming any address: the bridge must not
+/// learn it on the thief's port, so nothing sent to the exempt pod (its metadata answers
+/// included) reaches the thief.
+#[test]
+fn mac_theft_on_a_bridge_overhears_nothing_sent_to_the_exempt_pod() {
+    let w = real_world("sec-mac-theft");
+    let chain = w.chain(w.list("mactheft", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&chain, "thief", "default");
+    control_metadata(&exempt, REAL, "exempt pod before the theft");
+    let overheard = Counters::install(
+        &w.h,
+        &thief.ns,
+        &[
+            ("to_exempt4", format!("ip daddr {}", exempt.v4)),
+            ("to_exempt6", format!("ip6 daddr {}", exempt.v6)),
+        ],
+    );
+    let exempt_mac = mac_of(&exempt.ns, "eth0");
+    let bridge_mac = mac_of(&w.node, "cni0");
+    thief.ns.ip(&format!("link set eth0 address {exempt_mac}"));
+    // Frames of any ethertype with the stolen MAC as source, from the thief's port.
+    let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
+    for _ in 0..3 {
+        send_frames(
+            &w,
+            &thief,
+            &exempt_mac,
+            &bridge_mac,
+            "",
+            &s(&["syn", &thief.v4.to_string(), "10.20.0.2", "9", "2"]),
+        );
+    }
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&exempt.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after the MAC theft the exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    // The node sends to the exempt pod (from its bridge addresses); the exempt pod gets it.
+    let (gw4, gw6) = gateways(&exempt);
+    let received = Counters::install(
+        &w.h,
+        &exempt.ns,
+        &[
+            ("from_node4", format!("ip saddr {gw4} tcp dport 9")),
+            ("from_node6", format!("ip6 saddr {gw6} tcp dport 9")),
+        ],
+    );
+    send_segments(&w.h, &w.node, gw4, exempt.v4, 9, 3, &[0x02]);
+    send_segments(&w.h, &w.node, gw6, exempt.v6, 9, 3, &[0x02]);
+    wait_counter(
+        &received,
+        "from_node4",
+        3,
+        "the node's IPv4 segments at the exempt pod",
+    );
+    wait_counter(
+        &received,
+        "from_node6",
+        3,
+        "the node's IPv6 segments at the exempt pod",
+    );
+    for name in ["to_exempt4", "to_exempt6"] {
+        let n = overheard.packets(name);
+        f.check(n == 0, || format!("the thief with the exempt pod's MAC overheard {n} packet(s) sent to the exempt pod ({name})"));
+    }
+    f.finish("MAC theft on a bridge");
+}
+
+/// The node has a VXLAN device (flannel.1 style). A default pod wraps metadata TCP in VXLAN to
+/// the node, with an inner source of its own choosing: the inner packet enters on the tunnel
+/// device, from an address natguard has never seen, and must be reset like any other. The
+/// control: the same inner SYNs to the cloud's own address arrive there.
+#[test]
+fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
+    let w = real_world("sec-vxlan");
+    let chain = w.chain(w.list("vxlan", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let (gw4, _) = gateways(&pod);
+    w.node.ip(&format!(
+        "link add vxtest type vxlan id 42 dstport 4789 local {gw4} nolearning"
+    ));
+    w.node.addr("vxtest", "10.99.0.1/24");
+    w.node.addr("vxtest", "fd00:99::1/64");
+    w.node.ip("link set vxtest up");
+    w.node.sysctl("net.ipv4.conf.vxtest.rp_filter", "0");
+    w.node.sysctl("net.ipv4.conf.all.rp_filter", "0");
+    let vx_mac = mac_of(&w.node, "vxtest");
+    let (cloud4, cloud6): (IpAddr, IpAddr) =
+        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "inner4",
+                format!("ip saddr 10.99.0.7 ip daddr {META4} tcp dport 80"),
+            ),
+            (
+                "inner6",
+                format!("ip6 saddr fd00:99::7 ip6 daddr {META6} tcp dport 80"),
+            ),
+            (
+                "ctl4",
+                format!("ip saddr 10.99.0.7 ip daddr {cloud4} tcp dport 80"),
+            ),
+            (
+                "ctl6",
+                format!("ip6 saddr fd00:99::7 ip6 daddr {cloud6} tcp dport 80"),
+            ),
+        ],
+    );
+    // A VXLAN sender: a UDP socket, the VXLAN header, then an inner frame built by FRAMES_PY's
+    // builders (imported as a module from the same directory).
+    helper_script(&w, "frames.py", FRAMES_PY);
+    let vxlan_py = format!(
+        r#"
+import socket, sys
+sys.argv = ["frames.py", "lo", "02:00:00:00:00:07", "{vx_mac}", "", "none"]
+exec(open("{dir}/frames.py").read().split("frames = []")[0])
+node, src, dst, count = sys_args = __import__("os").environ["VX"].split()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(int(count)):
+    u.sendto(bytes([8, 0, 0, 0, 0, 0, 42, 0]) + syn(src, dst, 80), (node, 4789))
+"#,
+        dir = w.dir().display()
+    );
+    let path = helper_script(&w, "vxlan.py", &vxlan_py);
+    let send = |src: &str, dst: IpAddr| {
+        let mut c = pod.ns.cmd("env");
+        c.arg(format!("VX={gw4} {src} {dst} 3"))
+            .args(["python3", &path]);
+        run(&mut c);
+    };
+    send("10.99.0.7", META4);
+    send("fd00:99::7", META6);
+    send("10.99.0.7", cloud4);
+    send("fd00:99::7", cloud6);
+    wait_counter(
+        &counters,
+        "ctl4",
+        3,
+        "decapsulated IPv4 SYNs to the cloud's own address",
+    );
+    wait_counter(
+        &counters,
+        "ctl6",
+        3,
+        "decapsulated IPv6 SYNs to the cloud's own address",
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    let mut f = Findings::new();
+    for name in ["inner4", "inner6"] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!("{n} decapsulated metadata SYN(s) reached the metadata host ({name})")
+        });
+    }
+    f.finish("VXLAN decapsulation");
+}
+
+/// A routed (ptp) network whose conflist has no natguard (a network added later, a runtime that
+/// skipped the chain): its pods were never seen by natguard, yet once natguard guards the node
+/// (here for another network) they get no answer from the real API. Before that, the same pod
+/// does: the control that the test can fail.
+#[test]
+fn a_ptp_pod_natguard_never_saw_never_reaches_real_metadata() {
+    let w = real_world("sec-unseen-ptp");
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-unseen"),
+            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "unseen", "plugins": [ptp] }));
+    let unseen = w.add_pod(&plain, "unseen", "default");
+    control_metadata(
+        &unseen,
+        REAL,
+        "a pod without natguard on a node without natguard",
+    );
+    let guarded = w.chain(w.list("guarded", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&guarded, "sys", EXEMPT_NS);
+    control_metadata(&sys, REAL, "the guarded network's exempt pod");
+    control_network(&unseen, "the unseen pod's ordinary traffic");
+    let mut f = Findings::new();
+    for t in metas() {
+        f.not_real(
+            &http_get(&unseen.ns, t),
+            &format!("the ptp pod natguard never saw -> http://{t}/"),
+        );
+    }
+    f.finish("unseen ptp pod");
+}
+
+/// A primary whose pod interface is not a veth (here Debian's host-device plugin moving a
+/// VXLAN device into the pod; macvlan, ipvlan and SR-IOV VFs have the same shape): its traffic
+/// never crosses the node's netfilter, so ADD is refused with code 7 saying why, and accepted
+/// only with `metadata.acceptUnenforced`.
+#[test]
+fn a_primary_that_bypasses_the_node_is_refused_unless_accepted() {
+    let w = real_world("sec-bypass");
+    w.node
+        .ip("link add hostdev0 type vxlan id 7 dstport 4790 local 10.20.0.1");
+    let hostdev = json!({
+        "type": "host-device",
+        "device": "hostdev0",
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-hostdev"),
+            "ranges": [[{ "subnet": "10.244.12.0/24" }]]
+        }
+    });
+    let list = |patch: Value| json!({ "cniVersion": "1.0.0", "name": "bypass", "plugins": [hostdev.clone(), exempt_cfg(&w, patch)] });
+    let refused = w.chain(list(json!({})));
+    let ns = w.h.netns("byp");
+    let att = Attachment::new("cid-byp", &ns).k8s("default", "byp");
+    let err = refused
+        .add(&att)
+        .expect_err("ADD after a netfilter-bypassing primary must be refused");
+    assert_eq!(err.code, Some(7), "{err}");
+    for word in ["vxlan", "not a veth", "metadata.acceptUnenforced"] {
+        assert!(
+            error_text(&err).contains(word),
+            "the error must say {word:?}: {err}"
+        );
+    }
+    assert!(
+        w.table().is_none_or(|t| !t.contains("10.244.12.")),
+        "a refused ADD leaves nothing: {:?}",
+        w.table()
+    );
+    let accepted = w.chain(list(json!({ "metadata": { "acceptUnenforced": true } })));
+    let ns2 = w.h.netns("byp2");
+    w.node
+        .ip("link add hostdev1 type vxlan id 8 dstport 4791 local 10.20.0.1");
+    let mut l = list(json!({ "metadata": { "acceptUnenforced": true } }));
+    l["plugins"][0]["device"] = json!("hostdev1");
+    let accepted2 = w.chain(l);
+    drop(accepted);
+    let att2 = Attachment::new("cid-byp2", &ns2).k8s("default", "byp2");
+    accepted2
+        .add(&att2)
+        .unwrap_or_else(|e| panic!("with acceptUnenforced the ADD is accepted: {e}"));
+}
+
+/// Pod a sends metadata SYNs with pod b's address on a routed network: the per-pod reset
+/// counters count by the interface the packet came in on and its source, so b is never blamed
+/// for what a sent, and a's own attempts are a's.
+#[test]
+fn reset_counters_name_the_pod_that_sent_the_packet() {
+    let w = real_world("sec-count-sender");
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-cnt"),
+            "ranges": [[{ "subnet": "10.244.10.0/24" }], [{ "subnet": "fd00:10:244:10::/64" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let chain = w.chain(json!({
+        "cniVersion": "1.0.0",
+        "name": "cntsend",
+        "plugins": [ptp, exempt_cfg(&w, json!({ "metadata": { "mode": "deny" } }))]
+    }));
+    let a = w.add_pod(&chain, "a", "default");
+    let b = w.add_pod(&chain, "b", "default");
+    a.ns.addr("eth0", &format!("{}/32", b.v4));
+    send_segments(&w.h, &a.ns, b.v4, META4, 80, 5, &[0x02]);
+    send_segments(&w.h, &a.ns, a.v4, META4, 80, 3, &[0x02]);
+    std::thread::sleep(Duration::from_millis(300));
+    let out = w
+        .node
+        .run(&[env!("CARGO_BIN_EXE_natguard"), "status", "--json"]);
+    let doc: Value = serde_json::from_str(&out).expect("status --json");
+    let pods = doc["networks"][0]["pods"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let reset_of = |p: &Pod| {
+        pods.iter()
+            .find(|x| {
+                x["containerId"]
+                    .as_str()
+                    .is_some_and(|c| p.att.container_id.starts_with(c))
+            })
+            .map(|x| x["reset"].clone())
+            .unwrap_or_else(|| panic!("no pod {} in {doc:#}", p.att.container_id))
+    };
+    assert_eq!(reset_of(&b), json!(0), "b sent nothing: {doc:#}");
+    assert_eq!(reset_of(&a), json!(3), "a's own attempts are a's: {doc:#}");
+}
+
+/// `nft flush ruleset` (a firewall reload) takes every pod's entries with it. The next ADD, of
+/// any pod, restores every pod from the runtimes' result cache, as `natguard reconcile` does:
+/// the pods ADDed before the flush are guarded again (the default pod proxied, the exempt pod
+/// let through), not only the new one.
+#[test]
+fn after_a_flushed_ruleset_the_next_add_restores_every_pod() {
+    let w = real_world("sec-flush-add");
+    let chain = w.chain(w.list("flushadd", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let sys = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "default pod before the flush");
+    w.on_node("nft flush ruleset");
+    // The control: the flush really opened the way (what the next ADD must close).
+    control_metadata(&pod, REAL, "default pod right after the flush");
+    let _late = w.add_pod(&chain, "late", "default");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.check(got == body("proxy"), || {
+            format!("after the flush and the next ADD, the earlier default pod -> http://{t}/ got {got:?}, not the proxy")
+        });
+        let got = http_get(&sys.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after the flush and the next ADD, the earlier exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    f.finish("flush, then ADD");
 }

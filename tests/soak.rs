@@ -243,7 +243,8 @@ fn months_of_churn_leave_only_what_is_alive() {
         "after {total} ADD/DEL cycles with no pod left, per-pod state remains: {counts:?}"
     );
     assert!(our_zombies().is_empty(), "zombies: {:?}", our_zombies());
-    let run_dir: Vec<String> = std::fs::read_dir("/run/natguard")
+    // natguard's /run/natguard as the node's invocations saw it (never the host's).
+    let run_dir: Vec<String> = std::fs::read_dir(common::run::node_dir(&ns).join("run/natguard"))
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())

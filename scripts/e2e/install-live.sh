@@ -242,13 +242,13 @@ ct_deleted=$(sed -n 's/^conntrack: deleted \([0-9]*\) .*/\1/p' <<<"$out")
 [ -n "$ct_deleted" ] || fail "install's report has no conntrack line"
 assert_pod_installed "$NET" "$ipA" "$podA"
 # adopt does not intercept pods of exempt namespaces: allowed, never in the metadata set
-exempt4=$(in_node nft list set inet natguard "$NET-exempt4" 2>/dev/null || true)
+exempt4=$(in_node nft list set inet natguard exempt4 2>/dev/null || true)
 meta4=$(in_node nft list set inet natguard "$NET-meta4" 2>/dev/null || true)
 grep -Eq "$(ip_re "$ipB")" <<<"$exempt4" ||
-  fail "adopt did not put the exempt pod $ipB in $NET-exempt4: $(nft_table)"
+  fail "adopt did not put the exempt pod $ipB in exempt4: $(nft_table)"
 grep -Eq "$(ip_re "$ipB")" <<<"$meta4" &&
   fail "adopt intercepts the exempt pod $ipB: $(nft_table)"
-log "natguard's table holds $ipA (in $NET-meta4, $NET-masq4, owner ${podA:0:12}) and $ipB only in $NET-exempt4/masq4"
+log "natguard's table holds $ipA (in $NET-meta4, $NET-masq4, owner ${podA:0:12}) and $ipB only in exempt4 and $NET-masq4"
 
 # the long-lived connection: the proxy after at most one reconnect, never the cloud again
 ka_wait "$kaA" proxy 3 "$t_installed"

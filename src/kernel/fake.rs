@@ -92,6 +92,11 @@ impl Fake {
                     return Err(enoent(format!("remove {key:?} from {}", set.name)));
                 }
             }
+            Op::DeleteChain(_, name) => {
+                if self.chains.remove(name).is_none() {
+                    return Err(enoent(format!("delete chain {name}")));
+                }
+            }
             Op::DeleteSet(_, name) => {
                 if self.sets.remove(name).is_none() {
                     return Err(enoent(format!("delete set {name}")));

@@ -17,6 +17,7 @@ const RTMSG_LEN: usize = 12;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const IFINFOMSG_LEN: usize = 16;
+const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
@@ -31,6 +32,10 @@ pub struct Link {
     pub is_bridge: bool,
     /// The name of the interface this one is enslaved to (a bridge port's bridge).
     pub master: Option<String>,
+    /// `IFLA_INFO_KIND` (`veth`, `macvlan`, ...); `None` for a device without one (a NIC).
+    pub kind: Option<String>,
+    /// The link-layer address, when it is an Ethernet one.
+    pub mac: Option<[u8; 6]>,
 }
 
 /// An rtnetlink socket in the calling thread's network namespace, for lookups.
@@ -80,13 +85,17 @@ fn route_reply_oif(msgs: &[Msg]) -> Option<String> {
 fn link_reply(msgs: &[Msg]) -> Option<Link> {
     let m = msgs.iter().find(|m| m.msg_type == RTM_NEWLINK)?;
     let attrs = Attrs::new(m.body.get(IFINFOMSG_LEN..).unwrap_or(&[]));
-    let is_bridge = attrs
+    let kind = attrs
         .get(IFLA_LINKINFO)
         .and_then(|li| li.nested().get(IFLA_INFO_KIND))
-        .is_some_and(|k| k.str() == "bridge");
+        .map(|k| k.str().to_string());
     Some(Link {
-        is_bridge,
+        is_bridge: kind.as_deref() == Some("bridge"),
         master: index_attr(&attrs, IFLA_MASTER),
+        kind,
+        mac: attrs
+            .get(IFLA_ADDRESS)
+            .and_then(|a| <[u8; 6]>::try_from(a.payload).ok()),
     })
 }
 
@@ -209,7 +218,9 @@ mod tests {
             plain,
             Link {
                 is_bridge: false,
-                master: None
+                master: None,
+                kind: None,
+                mac: None,
             }
         );
         let route = reply(RTM_NEWROUTE, RTMSG_LEN, &|b| {

@@ -20,6 +20,7 @@ pub(crate) mod link;
 pub mod lower;
 pub mod netlink;
 pub mod nft;
+pub(crate) mod podside;
 
 use crate::error::{Error, Result};
 use crate::plan::{Key, SetKind, SharedPlan, TableFamily};
@@ -60,7 +61,9 @@ pub(crate) enum Op {
     },
     /// Delete an element known to exist (read under the lock in this invocation).
     Del { set: SetRef, key: Key },
-    /// Delete a set that nothing refers to any more (after the converge flushed its chains).
+    /// Delete a chain of an earlier version, with its rules.
+    DeleteChain(TableFamily, String),
+    /// Delete a set that nothing refers to any more (after its chains went).
     DeleteSet(TableFamily, String),
     /// Delete one of natguard's tables.
     DeleteTable(TableFamily),
@@ -144,6 +147,7 @@ impl Netfilter {
                     lower::key_bytes(key),
                     &describe(key),
                 ),
+                Op::DeleteChain(t, name) => tx.delete_chain(*t, name),
                 Op::DeleteSet(t, name) => tx.delete_set(*t, name),
                 Op::DeleteTable(t) => tx.delete_table(*t),
             }

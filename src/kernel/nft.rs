@@ -146,14 +146,7 @@ impl Tx {
         for c in crate::plan::ChainKind::ALL {
             let name = plan.names.chain(c);
             let t = c.table();
-            let s = new_chain(
-                &mut self.buf,
-                t,
-                &name,
-                c.chain_type(),
-                hook_of(c),
-                priority_of(c),
-            );
+            let s = new_chain(&mut self.buf, t, &name, c.chain_type(), hook_of(c));
             self.note(s, format!("create chain {name}"));
             let s = flush_chain(&mut self.buf, t, &name);
             self.note(s, format!("flush chain {name}"));
@@ -246,6 +239,20 @@ impl Tx {
         for s in set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare) {
             self.note(s, format!("remove {what} from {set}"));
         }
+    }
+
+    /// Deletes a chain with its rules (they go first: the kernel deletes only empty chains).
+    pub fn delete_chain(&mut self, t: TableFamily, name: &str) {
+        let s = flush_chain(&mut self.buf, t, name);
+        self.note(
+            s,
+            format!("flush chain {} {} {name}", t.nft(), crate::plan::TABLE),
+        );
+        let s = del_chain(&mut self.buf, t, name);
+        self.note(
+            s,
+            format!("delete chain {} {} {name}", t.nft(), crate::plan::TABLE),
+        );
     }
 
     pub fn delete_set(&mut self, t: TableFamily, name: &str) {

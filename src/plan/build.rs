@@ -33,137 +33,150 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
     merge_ranges(cidrs.iter().map(Cidr::range).collect())
 }
 
-/// Plans the objects a network shares, from its config and the node facts.
-pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan {
-    let names = NetNames::new(network);
-    let md = &cfg.metadata;
-    let mut warnings = Vec::new();
+/// The node-wide guard: the same rules for every network, so that networks converging one
+/// after another never disagree about them. What differs between networks (their metadata
+/// addresses and ports, their proxies) lives in the node-wide union sets, and what differs
+/// between pods in the per-pod node-wide sets.
+///
+/// Every packet the node forwards, delivers or sends pays for one cheap test: not TCP, or TCP
+/// neither headed for a metadata address and port nor opened towards one, returns at once.
+/// What is left is metadata TCP, and [`ChainKind::Judge`] admits only what is known to be
+/// good: an exempt pod on its own host-side interface with its own address, a connection on
+/// its way to natguard's proxy (after natguard's DNAT), and the node itself over loopback.
+/// Everything else is reset, whatever interface it arrived on (a tunnel, another network, an
+/// interface natguard never saw) and whatever its conntrack state (untracked, invalid or from
+/// before the rules). No conntrack state is consulted on the packet's own destination; the
+/// connection's original destination is consulted only in the original direction, so replies
+/// to an exempt pod are never judged. At output, metadata TCP whose source is not one of the
+/// node's own addresses is reset: that is a pod's connection that IPVS (kube-proxy's IPVS
+/// mode) rewrote after input and sends on through output.
+fn plan_node_rules() -> Vec<Rule> {
     let mut rules = Vec::new();
-
-    let meta_on = md.mode != MetadataMode::Off;
+    let rule = |chain, matches, action, count| Rule {
+        chain,
+        matches,
+        action,
+        count,
+    };
+    for chain in [ChainKind::GuardForward, ChainKind::GuardInput] {
+        rules.push(rule(chain, vec![Match::NotTcp], Action::Return, None));
+        for f in Family::ALL {
+            rules.push(rule(
+                chain,
+                vec![
+                    Match::NfProto(f),
+                    Match::DaddrIn(f, SetKind::MetaDests(f)),
+                    Match::TcpDportIn(SetKind::MetaDestPorts),
+                ],
+                Action::Goto(ChainKind::Judge(f)),
+                None,
+            ));
+            rules.push(rule(
+                chain,
+                vec![
+                    Match::NfProto(f),
+                    Match::CtDirOriginal,
+                    Match::CtOrigDaddrIn(f, SetKind::MetaDests(f)),
+                    Match::CtOrigTcpDportIn(SetKind::MetaDestPorts),
+                ],
+                Action::Goto(ChainKind::Judge(f)),
+                None,
+            ));
+        }
+    }
+    rules.push(rule(
+        ChainKind::GuardOutput,
+        vec![Match::NotTcp],
+        Action::Return,
+        None,
+    ));
     for f in Family::ALL {
-        let has_dst = md.addresses.iter().any(|a| Family::of(a) == f);
-        if !meta_on || !has_dst {
-            continue;
-        }
-        let to_metadata = [
-            Match::DaddrIn(f, SetKind::MetaDst(f)),
-            Match::TcpDportIn(SetKind::MetaPorts),
-        ];
-        // The destination first: most packets are not for a metadata address and stop there.
-        let from = |m: Vec<Match>| {
-            let mut v = vec![Match::NfProto(f)];
-            v.extend(to_metadata.iter().cloned());
-            v.extend(m);
-            v
-        };
-        if md.mode == MetadataMode::Proxy {
-            let proxy: Option<IpAddr> = match f {
-                Family::V4 => node.proxy_v4.map(IpAddr::V4),
-                Family::V6 => node.proxy_v6.map(IpAddr::V6),
-            };
-            match proxy {
-                Some(p) => {
-                    // Per pod: the lookup in the counted set bumps the source's element.
-                    rules.push(Rule {
-                        chain: ChainKind::Dnat,
-                        matches: from(vec![Match::SaddrIn(f, SetKind::CountProxied(f))]),
-                        action: Action::Continue,
-                        count: None,
-                    });
-                    rules.push(Rule {
-                        chain: ChainKind::Dnat,
-                        matches: from(vec![Match::SaddrIn(f, SetKind::Meta(f))]),
-                        action: Action::DnatTo(p, md.proxy_port),
-                        count: Some(Count::Proxied(f)),
-                    });
-                }
-                None => warnings.push(format!(
-                    "network {network}: no IPv{} proxy address (proxyIPv{} is \"auto\" and the node has no route to pick one from); IPv{} metadata traffic is denied",
-                    f.suffix(), f.suffix(), f.suffix()
-                )),
-            }
-        }
-        // Fail closed, judged where the packet is about to be delivered, after every NAT of
-        // every component: whatever still goes to a metadata address and port (natguard's own
-        // DNAT has sent what it intercepts to the proxy) is reset when it comes from one of the
-        // network's pod interfaces, unless that exact interface and source belong to an exempt
-        // pod; and when its source is an intercepted address, wherever it comes from. No
-        // conntrack state is consulted, so untracked, invalid and pre-existing flows and
-        // segments with any TCP flags are judged the same. An address that also has an
-        // intercepted owner is in `meta`, so it is never exempt: the strictest owner wins.
-        // Each reset is preceded by a rule that counts it per pod and, with `logDenied`, by a
-        // rate-limited log rule.
-        //
-        // The same is judged on where the connection was first headed, before any NAT: another
-        // component's DNAT or REDIRECT of a metadata connection to anything but natguard's
-        // proxy (a relay that would fetch from the real API for the pod) is reset too.
-        let proxy_target: Option<(IpAddr, u16)> = (md.mode == MetadataMode::Proxy)
-            .then(|| match f {
-                Family::V4 => node.proxy_v4.map(IpAddr::V4),
-                Family::V6 => node.proxy_v6.map(IpAddr::V6),
-            })
-            .flatten()
-            .map(|p| (p, md.proxy_port));
-        let mut first_headed = vec![
-            Match::NfProto(f),
-            Match::CtOrigDaddrIn(f, SetKind::MetaDst(f)),
-            Match::CtOrigTcpDportIn(SetKind::MetaPorts),
-        ];
-        if proxy_target.is_some() {
-            first_headed.push(Match::NotToIn(f, SetKind::ProxyTarget(f)));
-        }
-        let sources = [
+        rules.push(rule(
+            ChainKind::GuardOutput,
             vec![
-                Match::IifIn(SetKind::Ifaces),
-                Match::IifSaddrNotIn(f, SetKind::Allow(f)),
+                Match::NfProto(f),
+                Match::DaddrIn(f, SetKind::MetaDests(f)),
+                Match::TcpDportIn(SetKind::MetaDestPorts),
+                Match::SaddrNotLocal,
             ],
-            vec![Match::SaddrIn(f, SetKind::Meta(f))],
-        ];
-        for chain in [ChainKind::Forward, ChainKind::Input] {
-            for dest in [from(Vec::new()), first_headed.clone()] {
-                for src in &sources {
-                    let mut matches = dest.clone();
-                    matches.extend(src.iter().cloned());
-                    let mut per_pod = matches.clone();
-                    per_pod.push(Match::SaddrIn(f, SetKind::CountReset(f)));
-                    rules.push(Rule {
-                        chain,
-                        matches: per_pod,
-                        action: Action::Continue,
-                        count: None,
-                    });
-                    if md.log_denied {
-                        let mut logged = matches.clone();
-                        logged.push(Match::Limit {
-                            per_second: LOG_PER_SECOND,
-                            burst: LOG_BURST,
-                        });
-                        rules.push(Rule {
-                            chain,
-                            matches: logged,
-                            action: Action::Log { prefix: LOG_PREFIX },
-                            count: Some(Count::Logged(f)),
-                        });
-                    }
-                    rules.push(Rule {
-                        chain,
-                        matches,
-                        action: Action::RejectTcpReset,
-                        count: Some(Count::Reset(f)),
-                    });
-                }
-            }
-        }
-        // On a bridge the IP layer sees the bridge, not the port: there, a frame that claims an
-        // exempt pod's address (as source, in ARP, or as a neighbour advertisement's target)
-        // from any other port is dropped before it can borrow the exemption or the address.
-        let guard = |matches: Vec<Match>| Rule {
-            chain: ChainKind::Guard,
-            matches,
-            action: Action::Drop,
-            count: None,
-        };
+            Action::RejectTcpReset,
+            Some(Count::Reset(f)),
+        ));
+        let judge = ChainKind::Judge(f);
+        rules.push(rule(judge, vec![Match::IifIs("lo")], Action::Return, None));
+        rules.push(rule(
+            judge,
+            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Allow(f))],
+            Action::Return,
+            None,
+        ));
+        rules.push(rule(
+            judge,
+            vec![
+                Match::NfProto(f),
+                Match::IsTcp,
+                Match::ToIn(f, SetKind::Proxies(f)),
+            ],
+            Action::Return,
+            None,
+        ));
+        // Per pod: the lookup in the counted set bumps the element of the interface and
+        // source the attempt came from, so a pod sending with another pod's address on another
+        // interface is never counted against it.
+        rules.push(rule(
+            judge,
+            vec![
+                Match::NfProto(f),
+                Match::IifSaddrIn(f, SetKind::CountReset(f)),
+            ],
+            Action::Continue,
+            None,
+        ));
+        rules.push(rule(
+            judge,
+            vec![
+                Match::NfProto(f),
+                Match::SaddrIn(f, SetKind::Logged(f)),
+                Match::Limit {
+                    per_second: LOG_PER_SECOND,
+                    burst: LOG_BURST,
+                },
+            ],
+            Action::Log { prefix: LOG_PREFIX },
+            Some(Count::Logged(f)),
+        ));
+        rules.push(rule(
+            judge,
+            vec![Match::IsTcp],
+            Action::RejectTcpReset,
+            Some(Count::Reset(f)),
+        ));
+    }
+    // On a bridge the IP layer sees the bridge, not the port. So, for frames from natguard's
+    // pod ports only (other bridges and ports are never touched): VLAN-tagged frames are
+    // dropped (the kernel strips a priority tag before the IP layer, where the frame would
+    // look untagged); and a frame that claims an exempt pod's MAC or address (as source, in
+    // ARP, or as a neighbour advertisement's target) from any port but that pod's own is
+    // dropped, before the bridge learns the MAC or the node a neighbour entry.
+    let guard = |matches: Vec<Match>| Rule {
+        chain: ChainKind::BridgeGuard,
+        matches,
+        action: Action::Drop,
+        count: None,
+    };
+    rules.push(Rule {
+        chain: ChainKind::BridgeGuard,
+        matches: vec![Match::IifNotIn(SetKind::Ports)],
+        action: Action::Return,
+        count: None,
+    });
+    rules.push(guard(vec![Match::EtherType(EtherProto::Vlan)]));
+    rules.push(guard(vec![Match::EtherType(EtherProto::QinQ)]));
+    rules.push(guard(vec![
+        Match::EtherSaddrIn(SetKind::GuardMac),
+        Match::IifEtherSaddrNotIn(SetKind::GuardPortMac),
+    ]));
+    for f in Family::ALL {
         rules.push(guard(vec![
             Match::EtherType(EtherProto::Ip(f)),
             Match::SaddrIn(f, SetKind::GuardAddr(f)),
@@ -183,6 +196,60 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             ])),
         }
     }
+    rules
+}
+
+/// Plans the objects a network shares, from its config and the node facts: its own DNAT and
+/// masquerade chains and sets, its contributions to the node-wide union sets, and the
+/// node-wide guard.
+pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan {
+    let names = NetNames::new(network);
+    let md = &cfg.metadata;
+    let mut warnings = Vec::new();
+    let mut rules = Vec::new();
+
+    let meta_on = md.mode != MetadataMode::Off;
+    for f in Family::ALL {
+        let has_dst = md.addresses.iter().any(|a| Family::of(a) == f);
+        if !meta_on || !has_dst || md.mode != MetadataMode::Proxy {
+            continue;
+        }
+        let from = |m: Vec<Match>| {
+            let mut v = vec![
+                Match::NfProto(f),
+                Match::DaddrIn(f, SetKind::MetaDst(f)),
+                Match::TcpDportIn(SetKind::MetaPorts),
+            ];
+            v.extend(m);
+            v
+        };
+        let proxy: Option<IpAddr> = match f {
+            Family::V4 => node.proxy_v4.map(IpAddr::V4),
+            Family::V6 => node.proxy_v6.map(IpAddr::V6),
+        };
+        match proxy {
+            Some(p) => {
+                // Per pod: the lookup in the counted set bumps the source's element.
+                rules.push(Rule {
+                    chain: ChainKind::Dnat,
+                    matches: from(vec![Match::SaddrIn(f, SetKind::CountProxied(f))]),
+                    action: Action::Continue,
+                    count: None,
+                });
+                rules.push(Rule {
+                    chain: ChainKind::Dnat,
+                    matches: from(vec![Match::SaddrIn(f, SetKind::Meta(f))]),
+                    action: Action::DnatTo(p, md.proxy_port),
+                    count: Some(Count::Proxied(f)),
+                });
+            }
+            None => warnings.push(format!(
+                "network {network}: no IPv{} proxy address (proxyIPv{} is \"auto\" and the node has no route to pick one from); IPv{} metadata traffic is denied",
+                f.suffix(), f.suffix(), f.suffix()
+            )),
+        }
+    }
+    let node_rules = plan_node_rules();
 
     let mut nomasq: [Vec<(u128, u128)>; 2] = [Vec::new(), Vec::new()];
     if cfg.masquerade.enabled {
@@ -234,7 +301,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                         })
                         .collect(),
                 ),
-                SetKind::MetaDst(f) => Some(if meta_on {
+                SetKind::MetaDst(f) | SetKind::MetaDests(f) => Some(if meta_on {
                     md.addresses
                         .iter()
                         .filter(|a| Family::of(a) == f)
@@ -243,12 +310,12 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 } else {
                     Vec::new()
                 }),
-                SetKind::MetaPorts => Some(if meta_on {
+                SetKind::MetaPorts | SetKind::MetaDestPorts => Some(if meta_on {
                     md.ports.iter().map(|p| Elem::Port(*p)).collect()
                 } else {
                     Vec::new()
                 }),
-                SetKind::ProxyTarget(f) => {
+                SetKind::ProxyTarget(f) | SetKind::Proxies(f) => {
                     let proxy = match f {
                         Family::V4 => node.proxy_v4.map(IpAddr::V4),
                         Family::V6 => node.proxy_v6.map(IpAddr::V6),
@@ -270,14 +337,20 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         })
         .collect();
 
+    let node_fingerprint = format!(
+        "{:016x}",
+        fnv1a64(render_rules(&node_rules, &names).as_bytes())
+    );
+    rules.extend(node_rules);
     let mut plan = SharedPlan {
         names,
         sets,
         rules,
         fingerprint: String::new(),
+        node_fingerprint,
         warnings,
     };
-    plan.fingerprint = format!("{:016x}", fnv1a64(render_shared_body(&plan).as_bytes()));
+    plan.fingerprint = format!("{:016x}", fnv1a64(render_network_body(&plan).as_bytes()));
     plan
 }
 
@@ -292,8 +365,11 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         .namespace
         .is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
     let meta_on = cfg.metadata.mode != MetadataMode::Off;
-    let intercept = meta_on && !exempt;
-    let allowed = meta_on && exempt;
+    let proxy = cfg.metadata.mode == MetadataMode::Proxy;
+    // With metadata interception off for the network, its pods are treated as exempt: the
+    // node-wide guard still judges them, and "off" means the operator lets them through.
+    let intercept = proxy && !exempt;
+    let allowed = !meta_on || exempt;
     let mut present = Vec::new();
     let mut absent = Vec::new();
     let mut want = |kind: SetKind, key: Key, yes: bool| {
@@ -307,18 +383,32 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         let f = Family::of(a);
         want(SetKind::Meta(f), Key::Addr(*a), intercept);
         want(SetKind::Masq(f), Key::Addr(*a), cfg.masquerade.enabled);
+        want(SetKind::CountProxied(f), Key::Addr(*a), intercept);
         want(
-            SetKind::CountProxied(f),
+            SetKind::Logged(f),
             Key::Addr(*a),
-            intercept && cfg.metadata.mode == MetadataMode::Proxy,
+            meta_on && cfg.metadata.log_denied && !allowed,
         );
-        want(SetKind::CountReset(f), Key::Addr(*a), meta_on);
         if let Some(h) = &pod.host {
             want(SetKind::Allow(f), Key::IfAddr(h.iface, *a), allowed);
+            want(SetKind::CountReset(f), Key::IfAddr(h.iface, *a), !allowed);
             if let Some(port) = h.port {
                 want(SetKind::GuardAddr(f), Key::Addr(*a), allowed);
                 want(SetKind::GuardPort(f), Key::IfAddr(port, *a), allowed);
             }
+        }
+    }
+    if let Some(HostSide {
+        port: Some(port),
+        mac,
+        ..
+    }) = pod.host
+    {
+        want(SetKind::Ports, Key::Iface(port), true);
+        if let Some(mac) = mac {
+            let pin = allowed && !addrs.is_empty();
+            want(SetKind::GuardMac, Key::Mac(mac), pin);
+            want(SetKind::GuardPortMac, Key::IfMac(port, mac), pin);
         }
     }
     PodPlan {

@@ -82,71 +82,121 @@ impl TableFamily {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ChainKind {
-    /// nat, prerouting, dstnat - 10: metadata DNAT before any other DNAT.
+    /// nat, prerouting, dstnat - 10: the network's metadata DNAT, before any other DNAT.
     Dnat,
     /// nat, postrouting, srcnat - 10: identity SNAT for exceptions, then masquerade.
     Snat,
-    /// filter, forward, filter - 10: reset metadata traffic from the network's pods, judged by
-    /// its final destination, unless it comes from an exempt pod's own interface.
-    Forward,
-    /// filter, input, filter - 10: the same, where the metadata address is local.
-    Input,
-    /// bridge filter, prerouting, dstnat (-300), before any bridge filter: drop frames from a
-    /// bridge port that claim an exempt pod's address without being that pod's port.
-    Guard,
+    /// Node-wide. filter, forward, filter - 10: sends metadata TCP (by its destination, or by
+    /// where its connection was first headed) to [`ChainKind::Judge`]; everything else returns
+    /// at once.
+    GuardForward,
+    /// Node-wide. The same at input, where the metadata address (or a relay) is local.
+    GuardInput,
+    /// Node-wide. filter, output, filter - 10: metadata TCP leaving the node with a source
+    /// that is not the node's own (what IPVS forwards on a pod's behalf) is reset.
+    GuardOutput,
+    /// Node-wide regular chain: the allow-list. Metadata TCP from an exempt pod's own
+    /// interface and address, to natguard's proxy, or from the node itself returns; the rest is
+    /// reset.
+    Judge(Family),
+    /// Node-wide. bridge filter, prerouting, dstnat (-300), before any bridge filter: frames
+    /// from natguard's pod ports that carry VLAN tags, or that claim an exempt pod's MAC or
+    /// address without being that pod's port, are dropped.
+    BridgeGuard,
 }
 
 impl ChainKind {
-    pub const ALL: [ChainKind; 5] = [
+    pub const ALL: [ChainKind; 8] = [
         ChainKind::Dnat,
         ChainKind::Snat,
-        ChainKind::Forward,
-        ChainKind::Input,
-        ChainKind::Guard,
+        ChainKind::Judge(Family::V4),
+        ChainKind::Judge(Family::V6),
+        ChainKind::GuardForward,
+        ChainKind::GuardInput,
+        ChainKind::GuardOutput,
+        ChainKind::BridgeGuard,
     ];
+    /// Chains every network shares: one guard for the node, so an allowance anywhere is an
+    /// allowance everywhere, and a packet pays for one guard, not one per network.
+    pub fn is_node(self) -> bool {
+        !matches!(self, ChainKind::Dnat | ChainKind::Snat)
+    }
     pub fn suffix(self) -> &'static str {
         match self {
             ChainKind::Dnat => "dnat",
             ChainKind::Snat => "snat",
-            ChainKind::Forward => "fwd",
-            ChainKind::Input => "in",
-            ChainKind::Guard => "guard",
+            ChainKind::GuardForward => "guard_fwd",
+            ChainKind::GuardInput => "guard_in",
+            ChainKind::GuardOutput => "guard_out",
+            ChainKind::Judge(Family::V4) => "judge4",
+            ChainKind::Judge(Family::V6) => "judge6",
+            ChainKind::BridgeGuard => "guard",
         }
     }
     pub fn table(self) -> TableFamily {
         match self {
-            ChainKind::Guard => TableFamily::Bridge,
+            ChainKind::BridgeGuard => TableFamily::Bridge,
             _ => TableFamily::Inet,
         }
+    }
+    /// Whether the chain hooks into the stack (a base chain) or is only jumped to.
+    pub fn is_base(self) -> bool {
+        !matches!(self, ChainKind::Judge(_))
     }
     pub fn chain_type(self) -> &'static str {
         match self {
             ChainKind::Dnat | ChainKind::Snat => "nat",
-            ChainKind::Forward | ChainKind::Input | ChainKind::Guard => "filter",
+            _ => "filter",
         }
     }
     pub fn hook_name(self) -> &'static str {
         match self {
-            ChainKind::Dnat | ChainKind::Guard => "prerouting",
-            ChainKind::Input => "input",
-            ChainKind::Forward => "forward",
+            ChainKind::Dnat | ChainKind::BridgeGuard => "prerouting",
+            ChainKind::GuardInput => "input",
+            ChainKind::GuardForward => "forward",
+            ChainKind::GuardOutput => "output",
             ChainKind::Snat => "postrouting",
+            ChainKind::Judge(_) => "",
         }
     }
     pub fn priority_name(self) -> &'static str {
         match self {
             ChainKind::Dnat => "dstnat - 10",
             ChainKind::Snat => "srcnat - 10",
-            ChainKind::Forward | ChainKind::Input => "filter - 10",
-            ChainKind::Guard => "dstnat",
+            ChainKind::GuardForward | ChainKind::GuardInput | ChainKind::GuardOutput => {
+                "filter - 10"
+            }
+            ChainKind::BridgeGuard => "dstnat",
+            ChainKind::Judge(_) => "",
         }
     }
 }
 
+/// Chain suffixes of earlier versions' per-network guard chains: a converge deletes them, so
+/// an upgraded node judges metadata traffic by the node-wide allow-list only.
+pub const LEGACY_CHAIN_SUFFIXES: [(TableFamily, &str); 3] = [
+    (TableFamily::Inet, "fwd"),
+    (TableFamily::Inet, "in"),
+    (TableFamily::Bridge, "guard"),
+];
+
 /// Suffixes of sets that earlier versions of natguard created and this one no longer uses (or
 /// uses under another name with another key type): a converge deletes them, after flushing
 /// the chains whose old rules referred to them, so an upgraded node keeps only what is used.
-pub const LEGACY_SET_SUFFIXES: [&str; 4] = ["nets4", "nets6", "allow4", "allow6"];
+pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 12] = [
+    (TableFamily::Inet, "nets4"),
+    (TableFamily::Inet, "nets6"),
+    (TableFamily::Inet, "allow4"),
+    (TableFamily::Inet, "allow6"),
+    (TableFamily::Inet, "exempt4"),
+    (TableFamily::Inet, "exempt6"),
+    (TableFamily::Inet, "cntr4"),
+    (TableFamily::Inet, "cntr6"),
+    (TableFamily::Bridge, "xaddr4"),
+    (TableFamily::Bridge, "xaddr6"),
+    (TableFamily::Bridge, "xport4"),
+    (TableFamily::Bridge, "xport6"),
+];
 
 /// What a set's keys are made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -160,6 +210,10 @@ pub enum KeyShape {
     Port,
     /// A 16-byte name (an interface, or an owner key in its hex form).
     Name,
+    /// An Ethernet address.
+    Mac,
+    /// An interface name, then an Ethernet address.
+    IfMac,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -170,34 +224,50 @@ pub enum SetKind {
     Masq(Family),
     /// Destinations that keep the pod's source address (interval set).
     NoMasq(Family),
-    /// The metadata addresses.
+    /// The network's metadata addresses.
     MetaDst(Family),
-    /// The metadata ports.
+    /// The network's metadata ports.
     MetaPorts,
     /// Owner keys of the pods of this network; the comment records the pod's addresses.
     Pods,
     /// Owner keys again; the comment records the attachment's host side (interface, bridge
-    /// port, network namespace), so DEL finds its interface elements and ADD can tell a dead
-    /// attachment from a live one.
+    /// port, MAC, network namespace), so DEL finds its interface elements and ADD can tell a
+    /// dead attachment from a live one.
     Attach,
-    /// `iifname . saddr` of exempt pods: an address is exempt only on packets that enter
-    /// through that pod's own host-side interface.
-    Allow(Family),
-    /// The host-side interfaces through which the network's pods' packets enter the IP layer
-    /// (a routed veth, or the bridge); each element counts the pods behind it.
+    /// The host-side interfaces of the network's pods (a routed veth, or the bridge); each
+    /// element counts the pods behind it. A record for `status`: no rule reads it.
     Ifaces,
-    /// Exempt pods' addresses on bridge networks (bridge table).
-    GuardAddr(Family),
-    /// `iifname . saddr` of those addresses: the bridge port each belongs to (bridge table).
-    GuardPort(Family),
     /// Intercepted pod addresses again, each element with a counter: connections DNATed to
     /// the proxy, per pod.
     CountProxied(Family),
-    /// Every pod address, each element with a counter: metadata attempts reset, per pod.
-    CountReset(Family),
-    /// natguard's own DNAT target (proxy address . port), so a connection another component
-    /// redirected elsewhere is told from one natguard sent to the proxy.
+    /// The network's proxy target (address . port); the record from which the node-wide
+    /// [`SetKind::Proxies`] is derived.
     ProxyTarget(Family),
+    /// Node-wide: every network's metadata addresses.
+    MetaDests(Family),
+    /// Node-wide: every network's metadata ports.
+    MetaDestPorts,
+    /// Node-wide: every network's proxy target, the one destination a connection first headed
+    /// for a metadata address may have been sent to.
+    Proxies(Family),
+    /// Node-wide: `iifname . saddr` of exempt pods: an address is exempt only on packets that
+    /// enter through that pod's own host-side interface.
+    Allow(Family),
+    /// Node-wide: `iifname . saddr` of every pod, each element with a counter: metadata
+    /// attempts reset, counted by the interface the packet came in on and its source.
+    CountReset(Family),
+    /// Node-wide: addresses of pods whose network logs denied attempts (`logDenied`).
+    Logged(Family),
+    /// Node-wide, bridge table: the bridge ports of natguard's pods.
+    Ports,
+    /// Node-wide, bridge table: exempt pods' addresses.
+    GuardAddr(Family),
+    /// Node-wide, bridge table: `iifname . saddr` of those addresses: the port each belongs to.
+    GuardPort(Family),
+    /// Node-wide, bridge table: exempt pods' MACs.
+    GuardMac,
+    /// Node-wide, bridge table: `iifname . ether saddr` of those MACs.
+    GuardPortMac,
 }
 
 impl SetKind {
@@ -210,14 +280,46 @@ impl SetKind {
             SetKind::MetaPorts => "mports".into(),
             SetKind::Pods => "pods".into(),
             SetKind::Attach => "att".into(),
-            SetKind::Allow(f) => format!("exempt{}", f.suffix()),
             SetKind::Ifaces => "ifs".into(),
+            SetKind::CountProxied(f) => format!("cntp{}", f.suffix()),
+            SetKind::ProxyTarget(f) => format!("pxy{}", f.suffix()),
+            SetKind::MetaDests(f) => format!("metadata{}", f.suffix()),
+            SetKind::MetaDestPorts => "metaports".into(),
+            SetKind::Proxies(f) => format!("proxies{}", f.suffix()),
+            SetKind::Allow(f) => format!("exempt{}", f.suffix()),
+            SetKind::CountReset(f) => format!("resets{}", f.suffix()),
+            SetKind::Logged(f) => format!("logged{}", f.suffix()),
+            SetKind::Ports => "ports".into(),
             SetKind::GuardAddr(f) => format!("xaddr{}", f.suffix()),
             SetKind::GuardPort(f) => format!("xport{}", f.suffix()),
-            SetKind::CountProxied(f) => format!("cntp{}", f.suffix()),
-            SetKind::CountReset(f) => format!("cntr{}", f.suffix()),
-            SetKind::ProxyTarget(f) => format!("pxy{}", f.suffix()),
+            SetKind::GuardMac => "xmac".into(),
+            SetKind::GuardPortMac => "xportmac".into(),
         }
+    }
+    /// Sets every network shares (named without a network prefix).
+    pub fn is_node(self) -> bool {
+        matches!(
+            self,
+            SetKind::MetaDests(_)
+                | SetKind::MetaDestPorts
+                | SetKind::Proxies(_)
+                | SetKind::Allow(_)
+                | SetKind::CountReset(_)
+                | SetKind::Logged(_)
+                | SetKind::Ports
+                | SetKind::GuardAddr(_)
+                | SetKind::GuardPort(_)
+                | SetKind::GuardMac
+                | SetKind::GuardPortMac
+        )
+    }
+    /// Node-wide sets whose contents are the union of every network's config (the store
+    /// derives them from the networks' own records at each converge).
+    pub fn is_union(self) -> bool {
+        matches!(
+            self,
+            SetKind::MetaDests(_) | SetKind::MetaDestPorts | SetKind::Proxies(_)
+        )
     }
     /// Sets whose every element carries a counter (where the kernel supports it).
     pub fn is_counted(self) -> bool {
@@ -225,7 +327,11 @@ impl SetKind {
     }
     pub fn table(self) -> TableFamily {
         match self {
-            SetKind::GuardAddr(_) | SetKind::GuardPort(_) => TableFamily::Bridge,
+            SetKind::Ports
+            | SetKind::GuardAddr(_)
+            | SetKind::GuardPort(_)
+            | SetKind::GuardMac
+            | SetKind::GuardPortMac => TableFamily::Bridge,
             _ => TableFamily::Inet,
         }
     }
@@ -238,12 +344,17 @@ impl SetKind {
             | SetKind::NoMasq(f)
             | SetKind::MetaDst(f)
             | SetKind::GuardAddr(f)
-            | SetKind::CountProxied(f)
-            | SetKind::CountReset(f) => KeyShape::Addr(f),
-            SetKind::Allow(f) | SetKind::GuardPort(f) => KeyShape::IfAddr(f),
-            SetKind::ProxyTarget(f) => KeyShape::AddrPort(f),
-            SetKind::MetaPorts => KeyShape::Port,
-            SetKind::Pods | SetKind::Attach | SetKind::Ifaces => KeyShape::Name,
+            | SetKind::Logged(f)
+            | SetKind::MetaDests(f)
+            | SetKind::CountProxied(f) => KeyShape::Addr(f),
+            SetKind::Allow(f) | SetKind::GuardPort(f) | SetKind::CountReset(f) => {
+                KeyShape::IfAddr(f)
+            }
+            SetKind::ProxyTarget(f) | SetKind::Proxies(f) => KeyShape::AddrPort(f),
+            SetKind::MetaPorts | SetKind::MetaDestPorts => KeyShape::Port,
+            SetKind::Pods | SetKind::Attach | SetKind::Ifaces | SetKind::Ports => KeyShape::Name,
+            SetKind::GuardMac => KeyShape::Mac,
+            SetKind::GuardPortMac => KeyShape::IfMac,
         }
     }
     pub fn type_name(self) -> &'static str {
@@ -256,6 +367,8 @@ impl SetKind {
             KeyShape::AddrPort(Family::V6) => "ipv6_addr . inet_service",
             KeyShape::Port => "inet_service",
             KeyShape::Name => "ifname",
+            KeyShape::Mac => "ether_addr",
+            KeyShape::IfMac => "ifname . ether_addr",
         }
     }
     pub fn is_interval(self) -> bool {
@@ -266,22 +379,13 @@ impl SetKind {
         !matches!(
             self,
             SetKind::NoMasq(_) | SetKind::MetaDst(_) | SetKind::MetaPorts | SetKind::ProxyTarget(_)
-        )
+        ) && !self.is_union()
     }
     /// Per-pod sets whose elements name their owners in their comment.
     pub fn is_owned(self) -> bool {
-        matches!(
-            self,
-            SetKind::Meta(_)
-                | SetKind::Masq(_)
-                | SetKind::Allow(_)
-                | SetKind::GuardAddr(_)
-                | SetKind::GuardPort(_)
-                | SetKind::CountProxied(_)
-                | SetKind::CountReset(_)
-        )
+        self.is_per_pod() && !matches!(self, SetKind::Pods | SetKind::Attach | SetKind::Ifaces)
     }
-    pub const ALL: [SetKind; 24] = [
+    pub const ALL: [SetKind; 34] = [
         SetKind::Pods,
         SetKind::Attach,
         SetKind::Ifaces,
@@ -289,23 +393,33 @@ impl SetKind {
         SetKind::Meta(Family::V6),
         SetKind::Masq(Family::V4),
         SetKind::Masq(Family::V6),
-        SetKind::Allow(Family::V4),
-        SetKind::Allow(Family::V6),
         SetKind::MetaDst(Family::V4),
         SetKind::MetaDst(Family::V6),
         SetKind::MetaPorts,
         SetKind::NoMasq(Family::V4),
         SetKind::NoMasq(Family::V6),
+        SetKind::CountProxied(Family::V4),
+        SetKind::CountProxied(Family::V6),
+        SetKind::ProxyTarget(Family::V4),
+        SetKind::ProxyTarget(Family::V6),
+        SetKind::MetaDests(Family::V4),
+        SetKind::MetaDests(Family::V6),
+        SetKind::MetaDestPorts,
+        SetKind::Proxies(Family::V4),
+        SetKind::Proxies(Family::V6),
+        SetKind::Allow(Family::V4),
+        SetKind::Allow(Family::V6),
+        SetKind::CountReset(Family::V4),
+        SetKind::CountReset(Family::V6),
+        SetKind::Logged(Family::V4),
+        SetKind::Logged(Family::V6),
+        SetKind::Ports,
         SetKind::GuardAddr(Family::V4),
         SetKind::GuardAddr(Family::V6),
         SetKind::GuardPort(Family::V4),
         SetKind::GuardPort(Family::V6),
-        SetKind::CountProxied(Family::V4),
-        SetKind::CountProxied(Family::V6),
-        SetKind::CountReset(Family::V4),
-        SetKind::CountReset(Family::V6),
-        SetKind::ProxyTarget(Family::V4),
-        SetKind::ProxyTarget(Family::V6),
+        SetKind::GuardMac,
+        SetKind::GuardPortMac,
     ];
 }
 
@@ -354,20 +468,32 @@ impl std::fmt::Display for IfName {
 pub enum EtherProto {
     Ip(Family),
     Arp,
+    /// An 802.1Q tag (VLAN id 0 included: a priority tag).
+    Vlan,
+    /// An 802.1ad (QinQ) outer tag.
+    QinQ,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Match {
     /// `meta nfproto ipv4|ipv6`: every address match in an inet table needs it.
     NfProto(Family),
-    /// `ether type ip|ip6|arp`: every match of a bridge-table rule needs one.
+    /// `meta l4proto != tcp`
+    NotTcp,
+    /// `meta l4proto tcp`
+    IsTcp,
+    /// `ether type ip|ip6|arp|8021q|8021ad`: every match of a bridge-table rule needs one.
     EtherType(EtherProto),
     SaddrIn(Family, SetKind),
     DaddrIn(Family, SetKind),
     /// `meta l4proto tcp tcp dport @set`
     TcpDportIn(SetKind),
-    /// `meta iifname @set`
-    IifIn(SetKind),
+    /// `iifname "NAME"`
+    IifIs(&'static str),
+    /// `meta iifname != @set`
+    IifNotIn(SetKind),
+    /// `meta iifname . ip saddr @set`
+    IifSaddrIn(Family, SetKind),
     /// `meta iifname . ip saddr != @set`
     IifSaddrNotIn(Family, SetKind),
     /// `arp saddr ip @set` (ARP for IPv4 over Ethernet)
@@ -380,6 +506,10 @@ pub enum Match {
     NdTargetIn(SetKind),
     /// `meta iifname .` the advertisement's target `!= @set`
     IifNdTargetNotIn(SetKind),
+    /// `ether saddr @set`
+    EtherSaddrIn(SetKind),
+    /// `iifname . ether saddr != @set`
+    IifEtherSaddrNotIn(SetKind),
     /// `meta mark & M == M`
     MarkHas(u32),
     /// `limit rate N/second burst B packets`: matches while under the rate.
@@ -387,12 +517,16 @@ pub enum Match {
         per_second: u64,
         burst: u32,
     },
+    /// `ct direction original`: the packet travels the way its connection was opened.
+    CtDirOriginal,
     /// `ct original ip daddr @set`: where the connection was first headed, before any NAT.
     CtOrigDaddrIn(Family, SetKind),
     /// `meta l4proto tcp ct original proto-dst @set`
     CtOrigTcpDportIn(SetKind),
-    /// `ip daddr . tcp dport != @set`: not natguard's own DNAT target.
-    NotToIn(Family, SetKind),
+    /// `ip daddr . tcp dport @set`
+    ToIn(Family, SetKind),
+    /// `fib saddr type != local`: the source is not one of the node's own addresses.
+    SaddrNotLocal,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -409,6 +543,8 @@ pub enum Action {
     RejectTcpReset,
     Drop,
     Return,
+    /// `goto CHAIN`: the verdict of the chain gone to is the verdict of this one.
+    Goto(ChainKind),
     /// `log prefix "…"`, to the kernel log; evaluation goes on.
     Log {
         prefix: &'static str,
@@ -525,8 +661,12 @@ pub enum Key {
     Iface(IfName),
     /// An interface and an address (`NET-exempt4/6`, `NET-xport4/6`).
     IfAddr(IfName, IpAddr),
-    /// An address and a port (`NET-pxy4/6`).
+    /// An address and a port (`NET-pxy4/6`, `metadata4/6`, `proxies4/6`).
     AddrPort(IpAddr, u16),
+    /// An Ethernet address (`xmac`).
+    Mac([u8; 6]),
+    /// A bridge port and an Ethernet address (`xportmac`).
+    IfMac(IfName, [u8; 6]),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -550,8 +690,12 @@ pub struct SharedPlan {
     pub names: NetNames,
     pub sets: Vec<SetSpec>,
     pub rules: Vec<Rule>,
-    /// A hash of the whole shared plan, written into every rule's comment; CHECK compares it.
+    /// A hash of the network's own part of the plan, written into its rules' comments; CHECK
+    /// compares it.
     pub fingerprint: String,
+    /// A hash of the node-wide guard's rules, written into their comments. The guard's rules
+    /// are the same for every network, so networks converging one after another agree on it.
+    pub node_fingerprint: String,
     pub warnings: Vec<String>,
 }
 
@@ -576,16 +720,28 @@ pub fn count_of_rule_comment(comment: &str) -> Option<Count> {
     comment.split(' ').nth(3).and_then(Count::parse)
 }
 
+/// What the node-wide guard's rule comments name in place of a network.
+pub const NODE: &str = "~node";
+
 impl SharedPlan {
-    /// The part of every rule's comment that CHECK compares: the network and the fingerprint.
+    /// The part of every rule's comment that CHECK compares: the network and the fingerprint,
+    /// or [`NODE`] and the guard's fingerprint for the node-wide chains.
     pub fn rule_comment(&self) -> String {
         format!("natguard {} {}", self.names.network, self.fingerprint)
     }
-    /// A rule's whole comment: [`SharedPlan::rule_comment`], then what its counter measures.
+    /// [`SharedPlan::rule_comment`] of a chain's rules.
+    pub fn chain_comment(&self, c: ChainKind) -> String {
+        if c.is_node() {
+            format!("natguard {NODE} {}", self.node_fingerprint)
+        } else {
+            self.rule_comment()
+        }
+    }
+    /// A rule's whole comment: [`SharedPlan::chain_comment`], then what its counter measures.
     pub fn comment_of(&self, r: &Rule) -> String {
         match r.count {
-            Some(c) => format!("{} {}", self.rule_comment(), c.tag()),
-            None => self.rule_comment(),
+            Some(c) => format!("{} {}", self.chain_comment(r.chain), c.tag()),
+            None => self.chain_comment(r.chain),
         }
     }
     pub fn rules_of(&self, c: ChainKind) -> impl Iterator<Item = &Rule> {
@@ -601,6 +757,8 @@ pub struct HostSide {
     pub iface: IfName,
     /// The pod's bridge port, when `iface` is a bridge.
     pub port: Option<IfName>,
+    /// The pod's own MAC, when known: on a bridge, an exempt pod's MAC is pinned to its port.
+    pub mac: Option<[u8; 6]>,
 }
 
 /// What one attachment owns.

@@ -40,11 +40,21 @@ impl NetNames {
             prefix,
         }
     }
+    /// A network's own objects are `PREFIX-SUFFIX`; the node-wide guard's have no prefix and
+    /// no `-`, so no network's name can ever produce one of them.
     pub fn chain(&self, c: ChainKind) -> String {
-        format!("{}-{}", self.prefix, c.suffix())
+        if c.is_node() {
+            c.suffix().to_string()
+        } else {
+            format!("{}-{}", self.prefix, c.suffix())
+        }
     }
     pub fn set(&self, s: SetKind) -> String {
-        format!("{}{}", self.prefix_of_sets(), s.suffix())
+        if s.is_node() {
+            s.suffix()
+        } else {
+            format!("{}{}", self.prefix_of_sets(), s.suffix())
+        }
     }
     /// What every set name of the network starts with.
     pub fn prefix_of_sets(&self) -> String {

@@ -94,6 +94,8 @@ pub fn addrs_fit(addrs: &[IpAddr]) -> bool {
 pub struct AttachRecord {
     pub iface: Option<IfName>,
     pub port: Option<IfName>,
+    /// The pod's MAC, when known (its bridge pins are keyed by it).
+    pub mac: Option<[u8; 6]>,
     /// `None` when unknown or too long to record: such an attachment is never judged gone.
     pub netns: Option<String>,
 }
@@ -103,16 +105,21 @@ impl AttachRecord {
         self.iface.map(|iface| HostSide {
             iface,
             port: self.port,
+            mac: self.mac,
         })
     }
 }
 
-/// "if=cni0 port=veth1a2b3c netns=/var/run/netns/cni-…"; `-` for what is not known. A
-/// network namespace path that does not fit is left out (recorded as `-`).
+/// "if=cni0 port=veth1a2b3c mac=0a:… netns=/var/run/netns/cni-…"; `-` for what is not known.
+/// A network namespace path that does not fit is left out (recorded as `-`).
 pub fn attach_comment(host: Option<&HostSide>, netns: &str) -> String {
     let name = |n: Option<IfName>| n.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
+    let mac = host
+        .and_then(|h| h.mac)
+        .map(|m| format!(" mac={}", super::render_mac(&m)))
+        .unwrap_or_default();
     let head = format!(
-        "if={} port={} netns=",
+        "if={} port={}{mac} netns=",
         name(host.map(|h| h.iface)),
         name(host.and_then(|h| h.port))
     );
@@ -134,6 +141,7 @@ pub fn parse_attach(comment: &str) -> AttachRecord {
             (_, "-") => {}
             ("if", v) => r.iface = IfName::new(v),
             ("port", v) => r.port = IfName::new(v),
+            ("mac", v) => r.mac = parse_mac(v),
             ("netns", v) => r.netns = Some(v.to_string()),
             _ => {}
         }
@@ -152,4 +160,18 @@ pub fn iface_pods(comment: &str) -> u32 {
         .strip_prefix("pods=")
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// A MAC in the form [`super::render_mac`] writes.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in out.iter_mut() {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    parts.next().is_none().then_some(out)
 }

@@ -9,13 +9,24 @@ fn render_match(m: &Match, names: &NetNames) -> String {
     match m {
         // nft prints the family dependency implicitly, as part of the address match.
         Match::NfProto(_) => String::new(),
+        Match::NotTcp => "meta l4proto != tcp".into(),
+        Match::IsTcp => "meta l4proto tcp".into(),
         Match::EtherType(EtherProto::Ip(Family::V4)) => "ether type ip".into(),
         Match::EtherType(EtherProto::Ip(Family::V6)) => "ether type ip6".into(),
         Match::EtherType(EtherProto::Arp) => "ether type arp".into(),
+        Match::EtherType(EtherProto::Vlan) => "ether type 8021q".into(),
+        Match::EtherType(EtherProto::QinQ) => "ether type 8021ad".into(),
+        Match::IifIs(name) => format!("iifname \"{name}\""),
+        Match::IifNotIn(s) => format!("iifname != @{}", set(s)),
+        Match::IifSaddrIn(f, s) => format!("iifname . {} saddr @{}", f.nft(), set(s)),
+        Match::EtherSaddrIn(s) => format!("ether saddr @{}", set(s)),
+        Match::IifEtherSaddrNotIn(s) => format!("iifname . ether saddr != @{}", set(s)),
+        Match::CtDirOriginal => "ct direction original".into(),
+        Match::ToIn(f, s) => format!("{} daddr . tcp dport @{}", f.nft(), set(s)),
+        Match::SaddrNotLocal => "fib saddr type != local".into(),
         Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), set(s)),
         Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), set(s)),
         Match::TcpDportIn(s) => format!("tcp dport @{}", set(s)),
-        Match::IifIn(s) => format!("iifname @{}", set(s)),
         Match::IifSaddrNotIn(f, s) => format!("iifname . {} saddr != @{}", f.nft(), set(s)),
         Match::ArpSpaIn(s) => format!("arp saddr ip @{}", set(s)),
         Match::IifArpSpaNotIn(s) => format!("iifname . arp saddr ip != @{}", set(s)),
@@ -28,7 +39,6 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         }
         Match::CtOrigDaddrIn(f, s) => format!("ct original {} daddr @{}", f.nft(), set(s)),
         Match::CtOrigTcpDportIn(s) => format!("meta l4proto tcp ct original proto-dst @{}", set(s)),
-        Match::NotToIn(f, s) => format!("{} daddr . tcp dport != @{}", f.nft(), set(s)),
     }
 }
 
@@ -47,6 +57,7 @@ fn render_action(a: &Action) -> String {
         Action::RejectTcpReset => "reject with tcp reset".into(),
         Action::Drop => "drop".into(),
         Action::Return => "return".into(),
+        Action::Goto(c) => format!("goto {}", c.suffix()),
         Action::Log { prefix } => format!("log prefix \"{prefix}\" level warn"),
         Action::Continue => String::new(),
     }
@@ -88,54 +99,95 @@ pub fn render_elem(e: &Elem) -> String {
     }
 }
 
-/// The sets and chains of one of the network's tables, as nft text.
-fn render_table_body(p: &SharedPlan, table: TableFamily) -> String {
-    let mut out = String::new();
-    for s in p.sets.iter().filter(|s| s.kind.table() == table) {
-        let _ = write!(
-            out,
-            "\tset {} {{\n\t\ttype {}\n",
-            s.name,
-            s.kind.type_name()
-        );
-        if s.kind.is_interval() {
-            out.push_str("\t\tflags interval\n");
-        }
-        if s.kind.is_counted() {
-            out.push_str("\t\tcounter\n");
-        }
-        match &s.elements {
-            Some(e) if !e.is_empty() => {
-                let items: Vec<String> = e.iter().map(render_elem).collect();
-                let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
-            }
-            Some(_) => {}
-            None => out.push_str("\t\t# per-pod elements\n"),
-        }
-        out.push_str("\t}\n");
+/// The rules, one per line, in order: what the node-wide guard's fingerprint covers.
+pub(crate) fn render_rules(rules: &[Rule], names: &NetNames) -> String {
+    rules
+        .iter()
+        .map(|r| format!("{:?} {}\n", r.chain, render_rule(r, names)))
+        .collect()
+}
+
+fn render_set(out: &mut String, s: &SetSpec) {
+    let _ = write!(
+        out,
+        "\tset {} {{\n\t\ttype {}\n",
+        s.name,
+        s.kind.type_name()
+    );
+    if s.kind.is_interval() {
+        out.push_str("\t\tflags interval\n");
     }
-    for c in ChainKind::ALL.into_iter().filter(|c| c.table() == table) {
-        let _ = write!(
+    if s.kind.is_counted() {
+        out.push_str("\t\tcounter\n");
+    }
+    match &s.elements {
+        Some(e) if !e.is_empty() => {
+            let items: Vec<String> = e.iter().map(render_elem).collect();
+            let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
+        }
+        Some(_) => {}
+        None => out.push_str("\t\t# per-pod elements\n"),
+    }
+    out.push_str("\t}\n");
+}
+
+fn render_chain(out: &mut String, p: &SharedPlan, c: ChainKind) {
+    let _ = writeln!(out, "\tchain {} {{", p.names.chain(c));
+    if c.is_base() {
+        let _ = writeln!(
             out,
-            "\tchain {} {{\n\t\ttype {} hook {} priority {}; policy accept;\n",
-            p.names.chain(c),
+            "\t\ttype {} hook {} priority {}; policy accept;",
             c.chain_type(),
             c.hook_name(),
             c.priority_name()
         );
-        for r in p.rules_of(c) {
-            let _ = writeln!(out, "\t\t{}", render_rule(r, &p.names));
+    }
+    for r in p.rules_of(c) {
+        let _ = writeln!(out, "\t\t{}", render_rule(r, &p.names));
+    }
+    out.push_str("\t}\n");
+}
+
+/// The sets and chains of one of the tables, as nft text: the network's own objects first,
+/// then (with `node`) the node-wide ones.
+fn render_table_body(p: &SharedPlan, table: TableFamily, node: bool) -> String {
+    let mut out = String::new();
+    for s in p.sets.iter().filter(|s| s.kind.table() == table) {
+        if !s.kind.is_node() {
+            render_set(&mut out, s);
         }
-        out.push_str("\t}\n");
+    }
+    for c in ChainKind::ALL.into_iter().filter(|c| c.table() == table) {
+        if !c.is_node() {
+            render_chain(&mut out, p, c);
+        }
+    }
+    if node {
+        let _ = writeln!(
+            out,
+            "\t# node-wide, shared by every network (guard fingerprint {}; union sets show this network's part)",
+            p.node_fingerprint
+        );
+        for s in p.sets.iter().filter(|s| s.kind.table() == table) {
+            if s.kind.is_node() {
+                render_set(&mut out, s);
+            }
+        }
+        for c in ChainKind::ALL.into_iter().filter(|c| c.table() == table) {
+            if c.is_node() {
+                render_chain(&mut out, p, c);
+            }
+        }
     }
     out
 }
 
-/// Everything the fingerprint covers: both tables' sets, chains and rules.
-pub(crate) fn render_shared_body(p: &SharedPlan) -> String {
+/// Everything the network's fingerprint covers: its own sets, chains and rules in both
+/// tables (the node-wide guard has a fingerprint of its own).
+pub(crate) fn render_network_body(p: &SharedPlan) -> String {
     TableFamily::ALL
         .iter()
-        .map(|&t| render_table_body(p, t))
+        .map(|&t| render_table_body(p, t, false))
         .collect()
 }
 
@@ -155,7 +207,7 @@ pub fn render_shared(p: &SharedPlan) -> String {
                 let _ = writeln!(out, "\t# warning: {w}");
             }
         }
-        out.push_str(&render_table_body(p, t));
+        out.push_str(&render_table_body(p, t, true));
         out.push_str("}\n");
     }
     out
@@ -170,7 +222,17 @@ pub fn render_key(k: &Key) -> String {
         Key::Iface(i) => format!("\"{i}\""),
         Key::IfAddr(i, a) => format!("\"{i}\" . {a}"),
         Key::AddrPort(a, p) => format!("{a} . {p}"),
+        Key::Mac(m) => render_mac(m),
+        Key::IfMac(i, m) => format!("\"{i}\" . {}", render_mac(m)),
     }
+}
+
+/// A MAC as nft prints it.
+pub fn render_mac(m: &[u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
@@ -201,7 +263,13 @@ pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
         );
     }
     for (k, key) in &p.absent {
-        let _ = writeln!(out, "# not owned: {} {}", names.set(*k), render_key(key));
+        let _ = writeln!(
+            out,
+            "# not owned: {} {} {}",
+            k.table().nft(),
+            names.set(*k),
+            render_key(key)
+        );
     }
     out
 }

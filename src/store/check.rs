@@ -61,6 +61,11 @@ impl<K: Kernel> Store<K> {
                     let want =
                         plan::merge_ranges(elems.iter().filter_map(plan::Elem::range).collect());
                     (want.len(), want == self.k.dump_ranges(&set)?)
+                } else if s.kind.is_union() {
+                    // Every network's part is in the node-wide union: this network's must be.
+                    let want: Vec<Key> = elems.iter().filter_map(plan::Elem::key).collect();
+                    let got: HashSet<Key> = self.k.dump(&set)?.into_iter().map(|e| e.key).collect();
+                    (want.len(), want.iter().all(|k| got.contains(k)))
                 } else {
                     let mut want: Vec<Key> = elems.iter().filter_map(plan::Elem::key).collect();
                     let mut got: Vec<Key> = self.k.dump(&set)?.into_iter().map(|e| e.key).collect();
@@ -76,6 +81,19 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
+            for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
+                .iter()
+                .filter(|(lt, _)| *lt == t)
+            {
+                let old = format!("{}{suffix}", names.prefix_of_sets());
+                if chains.contains(&old) {
+                    return Err(Error::CheckFailed(format!(
+                        "chain {} {} {old} of an earlier version is still there; the next ADD on this network removes it",
+                        t.nft(),
+                        plan::TABLE
+                    )));
+                }
+            }
             let mut rules = self.k.rules(t)?;
             for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
                 let chain = names.chain(c);
@@ -215,11 +233,38 @@ impl<K: Kernel> Store<K> {
         Ok(Some(nets))
     }
 
-    /// What one network holds, for `status`.
+    /// The node-wide guard's rule counters, summed by what they measure.
+    pub fn node_counts(&mut self) -> Result<std::collections::BTreeMap<plan::Count, u64>> {
+        let mut out = std::collections::BTreeMap::new();
+        for t in TableFamily::ALL {
+            if self.k.table_flags(t)?.is_none() {
+                continue;
+            }
+            let rules = self.k.rules(t)?;
+            for c in ChainKind::ALL
+                .into_iter()
+                .filter(|c| c.is_node() && c.table() == t)
+            {
+                for r in rules.get(c.suffix()).into_iter().flatten() {
+                    if let (Some(what), Some(n)) =
+                        (plan::count_of_rule_comment(&r.comment), r.packets)
+                    {
+                        *out.entry(what).or_insert(0) += n;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// What one network holds, for `status`. The node-wide guard's counters are counted
+    /// per network from the per-pod counters of the network's own pods (by the interface and
+    /// source the attempts came in with); its rule counters are the node's, over every source.
     pub fn network_state(&mut self, network: &str) -> Result<NetworkState> {
         let names = NetNames::new(network);
         let mut chains = Vec::new();
         let mut counts = std::collections::BTreeMap::new();
+        let mut node_counts = std::collections::BTreeMap::new();
         for t in TableFamily::ALL {
             let mut rules = self.k.rules(t)?;
             for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
@@ -229,29 +274,46 @@ impl<K: Kernel> Store<K> {
                     if let (Some(what), Some(n)) =
                         (plan::count_of_rule_comment(&r.comment), r.packets)
                     {
-                        *counts.entry(what).or_insert(0) += n;
+                        let into = if c.is_node() {
+                            &mut node_counts
+                        } else {
+                            &mut counts
+                        };
+                        *into.entry(what).or_insert(0) += n;
                     }
                 }
-                chains.push((c, name, rules));
+                if !c.is_node() {
+                    chains.push((c, name, rules));
+                }
             }
         }
         // Per pod: the counters of the pod's addresses in the counted sets.
         let mut per_pod_counters = true;
         let mut proxied: HashMap<IpAddr, u64> = HashMap::new();
-        let mut resets: HashMap<IpAddr, u64> = HashMap::new();
+        let mut resets: HashMap<(plan::IfName, IpAddr), u64> = HashMap::new();
+        let mut logged: HashSet<IpAddr> = HashSet::new();
         for f in Family::ALL {
-            for (kind, into) in [
-                (SetKind::CountProxied(f), &mut proxied),
-                (SetKind::CountReset(f), &mut resets),
-            ] {
-                for e in self.k.dump(&set_ref(&names, kind))? {
-                    match (e.key, e.packets) {
-                        (Key::Addr(a), Some(n)) => {
-                            into.insert(a, n);
-                        }
-                        (Key::Addr(_), None) => per_pod_counters = false,
-                        _ => {}
+            for e in self.k.dump(&set_ref(&names, SetKind::CountProxied(f)))? {
+                match (e.key, e.packets) {
+                    (Key::Addr(a), Some(n)) => {
+                        proxied.insert(a, n);
                     }
+                    (Key::Addr(_), None) => per_pod_counters = false,
+                    _ => {}
+                }
+            }
+            for e in self.k.dump(&set_ref(&names, SetKind::CountReset(f)))? {
+                match (e.key, e.packets) {
+                    (Key::IfAddr(i, a), Some(n)) => {
+                        resets.insert((i, a), n);
+                    }
+                    (Key::IfAddr(..), None) => per_pod_counters = false,
+                    _ => {}
+                }
+            }
+            for e in self.k.dump(&set_ref(&names, SetKind::Logged(f)))? {
+                if let Key::Addr(a) = e.key {
+                    logged.insert(a);
                 }
             }
         }
@@ -302,6 +364,7 @@ impl<K: Kernel> Store<K> {
             .map(|e| (e.key, e.comment.unwrap_or_default()))
             .collect();
         let mut pods = Vec::new();
+        let mut log_denied = false;
         for e in self.k.dump(&set_ref(&names, SetKind::Pods))? {
             let Key::Owner(owner) = e.key else { continue };
             let comment = e.comment.unwrap_or_default();
@@ -313,20 +376,45 @@ impl<K: Kernel> Store<K> {
                         .iter()
                         .all(|a| allowed.contains(&(i, *a)) && !intercepted.contains(a))
                 });
-            let sum = |m: &HashMap<IpAddr, u64>| {
-                per_pod_counters.then(|| addrs.iter().filter_map(|a| m.get(a)).sum())
-            };
+            let reset_of = |a: &IpAddr| attach.iface.and_then(|i| resets.get(&(i, *a)).copied());
+            for a in &addrs {
+                *counts.entry(plan::Count::Reset(Family::of(a))).or_insert(0) +=
+                    reset_of(a).unwrap_or(0);
+            }
+            log_denied |= addrs.iter().any(|a| logged.contains(a));
             pods.push(PodRecord {
                 owner,
                 comment,
-                attach,
                 exempt,
-                proxied: sum(&proxied),
-                reset: sum(&resets),
+                proxied: per_pod_counters
+                    .then(|| addrs.iter().filter_map(|a| proxied.get(a)).sum()),
+                reset: per_pod_counters.then(|| addrs.iter().filter_map(reset_of).sum()),
+                attach,
             });
         }
+        if log_denied {
+            for f in Family::ALL {
+                if let Some(n) = node_counts.get(&plan::Count::Logged(f)) {
+                    counts.insert(plan::Count::Logged(f), *n);
+                }
+            }
+        }
+        let has_dnat = chains
+            .iter()
+            .any(|(c, _, rules)| *c == ChainKind::Dnat && !rules.is_empty());
+        let mode = if has_dnat {
+            "proxy"
+        } else if !meta_dst.is_empty() {
+            "deny"
+        } else if chains.iter().any(|(_, _, r)| !r.is_empty()) || !pods.is_empty() {
+            "off"
+        } else {
+            "unknown"
+        };
         Ok(NetworkState {
             network: network.to_string(),
+            mode,
+            log_denied,
             chains,
             counts,
             per_pod_counters,

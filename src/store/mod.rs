@@ -60,23 +60,55 @@ fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
             SetKind::Meta(f),
             SetKind::Masq(f),
             SetKind::CountProxied(f),
-            SetKind::CountReset(f),
+            SetKind::Logged(f),
         ] {
             out.push((kind, Key::Addr(*a)));
         }
         if let Some(h) = host {
             out.push((SetKind::Allow(f), Key::IfAddr(h.iface, *a)));
+            out.push((SetKind::CountReset(f), Key::IfAddr(h.iface, *a)));
             if let Some(port) = h.port {
                 out.push((SetKind::GuardAddr(f), Key::Addr(*a)));
                 out.push((SetKind::GuardPort(f), Key::IfAddr(port, *a)));
             }
         }
     }
+    if let Some(HostSide {
+        port: Some(port),
+        mac,
+        ..
+    }) = host
+    {
+        out.push((SetKind::Ports, Key::Iface(port)));
+        if let Some(m) = mac {
+            out.push((SetKind::GuardMac, Key::Mac(m)));
+            out.push((SetKind::GuardPortMac, Key::IfMac(port, m)));
+        }
+    }
     out
+}
+
+/// The network's own record sets from which a node-wide union set is derived.
+fn union_sources(kind: SetKind) -> &'static [SetKind] {
+    match kind {
+        SetKind::MetaDests(Family::V4) => &[SetKind::MetaDst(Family::V4)],
+        SetKind::MetaDests(Family::V6) => &[SetKind::MetaDst(Family::V6)],
+        SetKind::MetaDestPorts => &[SetKind::MetaPorts],
+        SetKind::Proxies(Family::V4) => &[SetKind::ProxyTarget(Family::V4)],
+        SetKind::Proxies(Family::V6) => &[SetKind::ProxyTarget(Family::V6)],
+        _ => &[],
+    }
 }
 
 fn owners_of(comment: Option<&str>) -> Vec<OwnerKey> {
     plan::owners_from_comment(comment.unwrap_or(""))
+}
+
+/// Whether an ADD had to rewrite the shared objects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Converged {
+    Yes,
+    No,
 }
 
 /// One pod as the store records it, for `status`.
@@ -97,9 +129,14 @@ pub(crate) struct PodRecord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NetworkState {
     pub network: String,
+    /// `proxy` (DNAT rules), `deny` (metadata addresses but no DNAT), `off`, or `unknown`.
+    pub mode: &'static str,
+    /// Whether the network's pods' denied attempts are logged.
+    pub log_denied: bool,
     /// (chain, name, its rules)
     pub chains: Vec<(plan::ChainKind, String, Vec<crate::kernel::RuleRead>)>,
-    /// The rules' counters, summed by what they measure.
+    /// The network's counters, summed by what they measure: its own rules' for what it
+    /// intercepts and masquerades, its pods' per-pod counters for resets.
     pub counts: std::collections::BTreeMap<plan::Count, u64>,
     /// Whether the counted sets' elements carry counters on this kernel.
     pub per_pod_counters: bool,
@@ -166,20 +203,77 @@ impl<K: Kernel> Store<K> {
     ///
     /// The shared objects are rewritten only when the kernel's differ from the plan (first ADD
     /// of a network, a config change, someone else's flush), so the common ADD is a handful of
-    /// element operations and leaves the network's rules alone.
-    pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<()> {
+    /// element operations and leaves the network's rules alone. Returns whether they were:
+    /// then other pods' entries may have gone with them, and the caller restores them.
+    pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<Converged> {
         let _lock = self.lock()?;
         let current = self.check_shared(shared).is_ok();
+        let converge = |s: &mut Self| -> Result<SharedPlan> {
+            s.refuse_foreign_objects(shared)?;
+            s.with_other_networks(shared)
+        };
         if !current {
-            self.refuse_foreign_objects(shared)?;
+            let full = converge(self)?;
+            return self
+                .apply_pod_locked(&full, pod, true)
+                .map(|()| Converged::Yes);
         }
-        match self.apply_pod_locked(shared, pod, !current) {
+        match self.apply_pod_locked(shared, pod, false) {
             // The table vanished between the read and the commit (a flush by someone else).
-            Err(e) if current && e.errno() == Some(libc::ENOENT) => {
-                self.apply_pod_locked(shared, pod, true)
+            Err(e) if e.errno() == Some(libc::ENOENT) => {
+                let full = converge(self)?;
+                self.apply_pod_locked(&full, pod, true)
+                    .map(|()| Converged::Yes)
             }
-            r => r,
+            r => r.map(|()| Converged::No),
         }
+    }
+
+    /// `shared` with the node-wide union sets filled from every network: this one's plan,
+    /// and the records (metadata addresses and ports, proxy targets) of each other network
+    /// the table holds. Derived at each converge, so nothing is kept that no network declares.
+    fn with_other_networks(&mut self, shared: &SharedPlan) -> Result<SharedPlan> {
+        let mut full = shared.clone();
+        let own = shared.names.prefix_of_sets();
+        let prefixes: Vec<String> = match self.k.table_flags(TableFamily::Inet)? {
+            None => Vec::new(),
+            Some(_) => self
+                .k
+                .chain_names(TableFamily::Inet)?
+                .iter()
+                .filter_map(|c| NetNames::network_of_chain(c).map(|p| format!("{p}-")))
+                .filter(|p| *p != own)
+                .collect(),
+        };
+        let existing: HashSet<String> = if prefixes.is_empty() {
+            HashSet::new()
+        } else {
+            self.k.set_names(TableFamily::Inet)?.into_iter().collect()
+        };
+        for spec in full.sets.iter_mut().filter(|s| s.kind.is_union()) {
+            let elems = spec.elements.get_or_insert_with(Vec::new);
+            for prefix in &prefixes {
+                for src in union_sources(spec.kind) {
+                    let name = format!("{prefix}{}", src.suffix());
+                    if !existing.contains(&name) {
+                        continue;
+                    }
+                    for e in self.k.dump(&SetRef { name, kind: *src })? {
+                        let elem = match e.key {
+                            Key::Addr(a) => plan::Elem::Addr(a),
+                            Key::Port(p) => plan::Elem::Port(p),
+                            Key::AddrPort(a, p) => plan::Elem::AddrPort(a, p),
+                            _ => continue,
+                        };
+                        if !elems.contains(&elem) {
+                            elems.push(elem);
+                        }
+                    }
+                }
+            }
+            elems.sort();
+        }
+        Ok(full)
     }
 
     /// Two networks whose names map to the same object names would overwrite each other's
@@ -188,7 +282,10 @@ impl<K: Kernel> Store<K> {
         let names = &shared.names;
         for t in TableFamily::ALL {
             let rules = self.k.rules(t)?;
-            for c in plan::ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
+            for c in plan::ChainKind::ALL
+                .into_iter()
+                .filter(|c| c.table() == t && !c.is_node())
+            {
                 let chain = names.chain(c);
                 for rule in rules.get(&chain).into_iter().flatten() {
                     if let Some(other) = plan::network_of_rule_comment(&rule.comment) {
@@ -215,12 +312,33 @@ impl<K: Kernel> Store<K> {
         let mut batch = Batch::default();
         if converge {
             batch.push(Op::Converge(Box::new(shared.clone())));
-            let existing: HashSet<String> =
-                self.k.set_names(TableFamily::Inet)?.into_iter().collect();
-            for suffix in plan::LEGACY_SET_SUFFIXES {
-                let name = format!("{}{suffix}", names.prefix_of_sets());
-                if existing.contains(&name) {
-                    batch.push(Op::DeleteSet(TableFamily::Inet, name));
+            // What an earlier version left: its per-network guard chains first (their rules
+            // refer to the sets), then the sets.
+            for t in TableFamily::ALL {
+                if self.k.table_flags(t)?.is_none() {
+                    continue;
+                }
+                let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
+                for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
+                    .iter()
+                    .filter(|(lt, _)| *lt == t)
+                {
+                    let name = format!("{}{suffix}", names.prefix_of_sets());
+                    if chains.contains(&name) {
+                        batch.push(Op::DeleteChain(t, name));
+                    }
+                }
+            }
+            for t in TableFamily::ALL {
+                if self.k.table_flags(t)?.is_none() {
+                    continue;
+                }
+                let sets: HashSet<String> = self.k.set_names(t)?.into_iter().collect();
+                for (_, suffix) in plan::LEGACY_SET_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
+                    let name = format!("{}{suffix}", names.prefix_of_sets());
+                    if sets.contains(&name) {
+                        batch.push(Op::DeleteSet(t, name));
+                    }
                 }
             }
         }
@@ -323,7 +441,7 @@ impl<K: Kernel> Store<K> {
         }
         let ifs = set_ref(names, SetKind::Ifaces);
         v.preload(&ifs)?;
-        for key in owners_seen {
+        for key in owners_seen.clone() {
             if let Key::Owner(o) = key {
                 if !valid.contains(&o) {
                     v.set(&pods, &key, None)?;
@@ -331,14 +449,23 @@ impl<K: Kernel> Store<K> {
                 }
             }
         }
+        let ours: HashSet<OwnerKey> = owners_seen
+            .iter()
+            .filter_map(|k| match k {
+                Key::Owner(o) => Some(*o),
+                _ => None,
+            })
+            .collect();
         for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
             let set = set_ref(names, kind);
             for key in v.keys_in(&set) {
                 let owners = owners_of(v.get(&set, &key)?.as_deref());
+                // A node-wide set holds every network's pods: this network's GC judges only
+                // its own attachments there.
                 let live: Vec<OwnerKey> = owners
                     .iter()
                     .copied()
-                    .filter(|o| valid.contains(o))
+                    .filter(|o| valid.contains(o) || (kind.is_node() && !ours.contains(o)))
                     .collect();
                 if live != owners || live.is_empty() {
                     let next = (!live.is_empty()).then(|| plan::owners_comment(&live));

@@ -54,6 +54,7 @@ fn pod_in(cfg: &Config, cid: &str, ns: &str, addrs: &[&str], netns: &str) -> Pod
         host: Some(HostSide {
             iface: ifn("cni0"),
             port: Some(ifn(&format!("veth-{cid}"))),
+            mac: None,
         }),
     };
     plan::plan_pod(cfg, &r, &addrs)

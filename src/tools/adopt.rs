@@ -39,6 +39,9 @@ pub struct Options {
     pub netconf_dir: PathBuf,
     /// `reconcile`: restore exempt pods too, and leave conntrack alone.
     pub reconcile: bool,
+    /// Networks known besides the conflists in `netconf_dir` (the running ADD's own), by name;
+    /// they win over a conflist of the same name.
+    pub known: BTreeMap<String, Config>,
 }
 
 impl Default for Options {
@@ -47,6 +50,7 @@ impl Default for Options {
             cache_dir: DEFAULT_CACHE_DIR.into(),
             netconf_dir: DEFAULT_NETCONF_DIR.into(),
             reconcile: false,
+            known: BTreeMap::new(),
         }
     }
 }
@@ -268,7 +272,8 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
 
 /// Runs adopt (or reconcile) over the cache.
 pub fn run(opts: &Options) -> Result<Report> {
-    let networks = natguard_networks(&opts.netconf_dir)?;
+    let mut networks = natguard_networks(&opts.netconf_dir)?;
+    networks.extend(opts.known.clone());
     let mut report = Report::default();
     let ct_path = crate::kernel::conntrack::Path::from_override(
         std::env::var(crate::kernel::conntrack::PATH_ENV)

@@ -55,6 +55,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 not_ready_reason: Some(format!("cannot read natguard's state: {e}")),
                 per_pod_counters: false,
                 networks: Vec::new(),
+                guard: Vec::new(),
                 unreadable: true,
             },
             1,
@@ -74,8 +75,17 @@ pub(crate) fn collect() -> Result<NodeReport> {
         not_ready_reason,
         per_pod_counters: true,
         networks: Vec::new(),
+        guard: Vec::new(),
         unreadable: false,
     };
+    let node = store.node_counts()?;
+    r.guard = Family::ALL
+        .into_iter()
+        .map(|f| {
+            let get = |c: Count| node.get(&c).copied().unwrap_or(0);
+            (f, get(Count::Reset(f)), get(Count::Logged(f)))
+        })
+        .collect();
     for net in store.networks()?.unwrap_or_default() {
         let st = store.network_state(&net)?;
         // Vacuously true for a network without pods: no element said otherwise.
@@ -86,24 +96,14 @@ pub(crate) fn collect() -> Result<NodeReport> {
 }
 
 fn network_report(st: &store::NetworkState) -> NetworkReport {
-    let comments = || st.chains.iter().flat_map(|(_, _, rules)| rules.iter());
-    let tags: Vec<Count> = comments()
-        .filter_map(|r| plan::count_of_rule_comment(&r.comment))
-        .collect();
-    let has = |f: fn(Count) -> bool| tags.iter().any(|&c| f(c));
-    let fingerprint = comments()
+    let fingerprint = st
+        .chains
+        .iter()
+        .flat_map(|(_, _, rules)| rules.iter())
         .find_map(|r| plan::fingerprint_of_rule_comment(&r.comment))
         .unwrap_or("")
         .to_string();
-    let mode = if has(|c| matches!(c, Count::Proxied(_))) {
-        "proxy"
-    } else if has(|c| matches!(c, Count::Reset(_))) {
-        "deny"
-    } else if !fingerprint.is_empty() {
-        "off"
-    } else {
-        "unknown"
-    };
+    let mode = st.mode;
     let count = |c: Count| st.counts.get(&c).copied().unwrap_or(0);
     let families = Family::ALL
         .into_iter()
@@ -127,7 +127,7 @@ fn network_report(st: &store::NetworkState) -> NetworkReport {
         name: st.network.clone(),
         mode: mode.to_string(),
         fingerprint,
-        log_denied: has(|c| matches!(c, Count::Logged(_))),
+        log_denied: st.log_denied,
         metadata_addresses,
         metadata_ports,
         interfaces,

@@ -4,10 +4,17 @@
 //! [`Natguard`] describes one invocation: arguments, exactly this environment (nothing is
 //! inherited, except by the other plugins, as libcni passes the runtime's own on), exactly this
 //! stdin (or none at all), and optionally a seccomp filter (fault
-//! injection), a private mount namespace with one directory bind-mounted over a path (the
-//! node-wide lock without touching the host's `/run/natguard`) and a cgroup to join. The child
+//! injection), one more directory bind-mounted over a path, and a cgroup to join. The child
 //! joins the network namespace between fork and exec (`setns(2)` in `pre_exec`), so the test
 //! process never moves and no `nsenter` or `ip netns exec` sits between the test and natguard.
+//!
+//! Every invocation runs in a private mount namespace that gives the test's network namespace
+//! a node's state of its own, kept per network namespace ([`node_dir`]) so that the invocations
+//! of one test's node share it: `/run` (the node lock; the host's `/run/netns` stays visible
+//! in it), `/var/lib` (the runtimes' result cache, `/var/lib/cni/results`, which
+//! [`super::World`]'s chains write there) and `/etc/cni` where the host has one. The host's
+//! `/run/natguard`, `/var/lib/cni` and `/etc/cni` are never read or written, so a test passes
+//! the same on a machine where natguard was installed before.
 //!
 //! Every invocation has a deadline. One that has not exited by then is killed and fails the test
 //! with what it was running: a bound for failure reports, never an assertion on speed. What it
@@ -15,7 +22,7 @@
 
 use super::{natguard_bin, Netns};
 use serde_json::Value;
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fmt;
 use std::fs::File;
 use std::io::{self, Write};
@@ -280,7 +287,7 @@ impl Natguard {
             })
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        let setup = ChildSetup::new(nsfile.as_raw_fd(), self);
+        let setup = ChildSetup::new(nsfile.as_raw_fd(), NodeState::for_netns(ns), self);
         // SAFETY: only async-signal-safe syscalls (setns, unshare, mount, open, write, close,
         // prctl) run between fork and exec, on data prepared before the fork.
         unsafe {
@@ -341,9 +348,48 @@ impl Natguard {
     }
 }
 
+/// The private node state of one network namespace (see the module doc), prepared before the
+/// fork: `run` goes on `/run`, `keep` holds the host's `/run/netns` meanwhile, `covers` are
+/// (directory of the node's, host path it goes on).
+struct NodeState {
+    netns_dir: CString,
+    run: CString,
+    keep: CString,
+    covers: Vec<(CString, CString)>,
+}
+
+/// The directory that holds the node state of the invocations in `ns`: `run/` is their `/run`
+/// (`run/natguard` their `/run/natguard`), `var-lib/` their `/var/lib`, `etc-cni/` their
+/// `/etc/cni`.
+pub fn node_dir(ns: &Netns) -> PathBuf {
+    std::env::temp_dir().join(format!("ng-node-{}", ns.name))
+}
+
+impl NodeState {
+    fn for_netns(ns: &Netns) -> NodeState {
+        let base = node_dir(ns);
+        for d in ["run", "keep", "var-lib", "etc-cni"] {
+            std::fs::create_dir_all(base.join(d))
+                .unwrap_or_else(|e| panic!("create {}: {e}", base.join(d).display()));
+        }
+        let c = |d: &str| c_path(base.join(d).as_os_str());
+        NodeState {
+            netns_dir: CString::from(c"/run/netns"),
+            run: c("run"),
+            keep: c("keep"),
+            covers: [("var-lib", "/var/lib"), ("etc-cni", "/etc/cni")]
+                .into_iter()
+                .filter(|(_, host)| Path::new(host).is_dir())
+                .map(|(mine, host)| (c(mine), c_path(OsStr::new(host))))
+                .collect(),
+        }
+    }
+}
+
 /// What the child does between fork and exec, prepared before the fork.
 struct ChildSetup {
     netns_fd: libc::c_int,
+    node: NodeState,
     /// (source, target, read-only)
     mount: Option<(CString, CString, bool)>,
     cgroup_procs: Option<CString>,
@@ -363,9 +409,10 @@ fn c_path(p: &OsStr) -> CString {
 }
 
 impl ChildSetup {
-    fn new(netns_fd: libc::c_int, inv: &Natguard) -> ChildSetup {
+    fn new(netns_fd: libc::c_int, node: NodeState, inv: &Natguard) -> ChildSetup {
         ChildSetup {
             netns_fd,
+            node,
             mount: inv.mount.as_ref().map(|m| {
                 (
                     c_path(m.source.as_os_str()),
@@ -383,16 +430,40 @@ impl ChildSetup {
         // SAFETY: plain syscalls on descriptors and C strings owned by `self`.
         unsafe {
             check(libc::setns(self.netns_fd, libc::CLONE_NEWNET))?;
-            if let Some((source, target, read_only)) = &self.mount {
-                check(libc::unshare(libc::CLONE_NEWNS))?;
-                // Private propagation first: the bind mount below must not reach the host.
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            // Private propagation first: the bind mounts below must not reach the host.
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            let bind = |source: &CString, target: &CStr| {
                 check(libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
                     std::ptr::null(),
-                    c"/".as_ptr(),
+                    libc::MS_BIND | libc::MS_REC,
                     std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ))?;
+                ))
+            };
+            let n = &self.node;
+            bind(&n.netns_dir, &n.keep)?;
+            bind(&n.run, c"/run")?;
+            let rc = libc::mkdir(c"/run/netns".as_ptr(), 0o755);
+            if rc != 0 && *libc::__errno_location() != libc::EEXIST {
+                return Err(io::Error::last_os_error());
+            }
+            bind(&n.keep, c"/run/netns")?;
+            for (mine, host) in &n.covers {
+                bind(mine, host)?;
+            }
+            if let Some((source, target, read_only)) = &self.mount {
+                let rc = libc::mkdir(target.as_ptr(), 0o755);
+                if rc != 0 && *libc::__errno_location() != libc::EEXIST {
+                    return Err(io::Error::last_os_error());
+                }
                 check(libc::mount(
                     source.as_ptr(),
                     target.as_ptr(),

@@ -629,14 +629,23 @@ pub fn must_state(ns: &Netns) -> State {
     state(ns).unwrap_or_else(|| panic!("no table inet natguard in {}", ns.name))
 }
 
-pub const POD_SETS: [&str; 13] = [
+pub const POD_SETS: [&str; 15] = [
     "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "exempt4", "exempt6", "cntp4",
-    "cntp6", "cntr4", "cntr6",
+    "cntp6", "resets4", "resets6", "logged4", "logged6",
 ];
 
-/// The full name of set `suffix` of [`NET`].
+/// The node-wide per-pod sets: every network's pods, under one name.
+const NODE_SETS: [&str; 6] = [
+    "exempt4", "exempt6", "resets4", "resets6", "logged4", "logged6",
+];
+
+/// The full name of set `suffix` of [`NET`] (a node-wide set has no network prefix).
 pub fn set_name(suffix: &str) -> String {
-    format!("{NET}-{suffix}")
+    if NODE_SETS.contains(&suffix) {
+        suffix.to_string()
+    } else {
+        format!("{NET}-{suffix}")
+    }
 }
 
 /// What the per-pod sets must hold for exactly these live pods.
@@ -656,29 +665,29 @@ fn expected_pod_sets(live: &[SynPod]) -> BTreeMap<String, BTreeMap<String, Optio
             .insert(p.owner(), Some(p.attach_comment()));
         *ifaces.entry(p.host_iface()).or_default() += 1;
         for (a, f) in [(p.v4, "4"), (p.v6, "6")] {
-            // Exempt addresses are keyed by the pod's host interface and the address.
-            let (owned, key) = if p.exempt() {
-                (
-                    "exempt",
-                    json!({ "concat": [p.host_iface(), a.to_string()] }).to_string(),
-                )
+            // Exempt addresses, and the reset counters of the others, are keyed by the pod's
+            // host interface and the address.
+            let on_iface = json!({ "concat": [p.host_iface(), a.to_string()] }).to_string();
+            if p.exempt() {
+                m.get_mut(&set_name(&format!("exempt{f}")))
+                    .unwrap()
+                    .insert(on_iface, o.clone());
             } else {
-                ("meta", a.to_string())
-            };
-            m.get_mut(&set_name(&format!("{owned}{f}")))
-                .unwrap()
-                .insert(key, o.clone());
+                m.get_mut(&set_name(&format!("resets{f}")))
+                    .unwrap()
+                    .insert(on_iface, o.clone());
+            }
             m.get_mut(&set_name(&format!("masq{f}")))
                 .unwrap()
                 .insert(a.to_string(), o.clone());
-            // Per-pod counters: resets for every pod, proxied connections for intercepted ones.
-            m.get_mut(&set_name(&format!("cntr{f}")))
-                .unwrap()
-                .insert(a.to_string(), o.clone());
+            // Intercepted (DNATed) and counted per pod: the pods of proxy mode that are not
+            // exempt.
             if !p.exempt() && p.proxied {
-                m.get_mut(&set_name(&format!("cntp{f}")))
-                    .unwrap()
-                    .insert(a.to_string(), o.clone());
+                for set in ["meta", "cntp"] {
+                    m.get_mut(&set_name(&format!("{set}{f}")))
+                        .unwrap()
+                        .insert(a.to_string(), o.clone());
+                }
             }
         }
     }
@@ -767,11 +776,13 @@ pub fn shared_of(st: &State) -> Shared {
     }
 }
 
-/// The fingerprints in the rule comments ("natguard NET <fingerprint> [counter]").
+/// The fingerprints in the network's rule comments ("natguard NET <fingerprint> [counter]");
+/// the node-wide guard's ("natguard ~node ...") are the same for every config.
 pub fn fingerprints(st: &State) -> BTreeSet<String> {
     st.rules
         .values()
         .flatten()
+        .filter(|(c, _)| c.split(' ').nth(1) != Some("~node"))
         .map(|(c, _)| c.split(' ').nth(2).unwrap_or("").to_string())
         .collect()
 }

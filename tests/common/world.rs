@@ -186,9 +186,15 @@ impl World {
         json!({ "cniVersion": version, "name": name, "plugins": plugins })
     }
 
-    /// A chain driver for `list`, run in the node namespace, cache in the test dir.
+    /// A chain driver for `list`, run in the node namespace, its result cache where natguard
+    /// in the node sees the runtimes' (`/var/lib/cni/results`, see [`super::run::node_dir`]).
     pub fn chain(&self, list: Value) -> Chain {
-        Chain::new(&self.node, list, &self.dir().join("cache"))
+        Chain::new(&self.node, list, &self.cache_dir())
+    }
+
+    /// The node's `/var/lib/cni` as its invocations see it.
+    pub fn cache_dir(&self) -> std::path::PathBuf {
+        super::run::node_dir(&self.node).join("var-lib/cni")
     }
 
     /// Creates pod namespace `role` and ADDs it (container ID `cid-<role>`, CNI_ARGS of a

@@ -41,9 +41,13 @@ impl Exprs<'_> {
     }
 
     fn cmp_eq(&mut self, sreg: u32, value: &[u8]) {
+        self.cmp(sreg, NFT_CMP_EQ, value);
+    }
+
+    fn cmp(&mut self, sreg: u32, op: u32, value: &[u8]) {
         self.expr("cmp", |b| {
             b.attr_u32_be(1, sreg); // NFTA_CMP_SREG
-            b.attr_u32_be(2, 0); // NFTA_CMP_OP: NFT_CMP_EQ
+            b.attr_u32_be(2, op); // NFTA_CMP_OP
             Self::data(b, 3, value); // NFTA_CMP_DATA
         });
     }
@@ -85,12 +89,15 @@ impl Exprs<'_> {
         });
     }
 
-    fn verdict(&mut self, code: i32) {
+    fn verdict(&mut self, code: i32, chain: Option<&str>) {
         self.expr("immediate", |b| {
             b.attr_u32_be(1, NFT_REG_VERDICT);
             let d = b.nest_begin(2); // NFTA_IMMEDIATE_DATA
             let v = b.nest_begin(NFTA_DATA_VERDICT);
             b.attr_u32_be(NFTA_VERDICT_CODE, code as u32);
+            if let Some(c) = chain {
+                b.attr_str(2, c); // NFTA_VERDICT_CHAIN
+            }
             b.nest_end(v);
             b.nest_end(d);
         });
@@ -112,6 +119,20 @@ pub(super) fn addr_offsets(f: Family) -> ((u32, u32), (u32, u32)) {
     }
 }
 
+const NFT_CMP_EQ: u32 = 0;
+const NFT_CMP_NEQ: u32 = 1;
+/// `goto` (`NFT_GOTO` in `enum nft_verdicts`).
+const NFT_GOTO: i32 = -4;
+/// `fib` result and flags: the address type of the source address.
+const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
+const NFTA_FIB_F_SADDR: u32 = 1;
+/// `RTN_LOCAL`, host order, as the fib expression stores it.
+const RTN_LOCAL: u32 = 2;
+/// `ct` keys (`enum nft_ct_keys`).
+const NFT_CT_DIRECTION: u32 = 1;
+const NFT_CT_PROTO_DST: u32 = 12;
+const NFT_CT_DST_IP: u32 = 20;
+const NFT_CT_DST_IP6: u32 = 22;
 /// `meta` keys (`enum nft_meta_keys`).
 const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
@@ -124,6 +145,10 @@ const BASE_TRANSPORT: u32 = 2;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV6: u16 = 0x86dd;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88a8;
+/// Offset of the source address in an Ethernet header.
+const ETHER_SADDR_OFFSET: u32 = 6;
 /// Offset of the ethertype in an Ethernet header.
 const ETHER_TYPE_OFFSET: u32 = 12;
 /// Offset of the sender protocol address in an ARP packet for IPv4 over Ethernet.
@@ -150,11 +175,14 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.cmp_eq(NFT_REG_1, &[nfproto(*f)]);
         }
         // ether type ip → [ payload load 2b @ link header + 12 => reg 1 ] [ cmp eq 0x0800 ]
+        // (for a tag the kernel keeps out of band, nf_tables puts it back in the header it shows)
         Match::EtherType(p) => {
             let ty = match p {
                 EtherProto::Ip(Family::V4) => ETH_P_IP,
                 EtherProto::Ip(Family::V6) => ETH_P_IPV6,
                 EtherProto::Arp => ETH_P_ARP,
+                EtherProto::Vlan => ETH_P_8021Q,
+                EtherProto::QinQ => ETH_P_8021AD,
             };
             x.payload(BASE_LL, ETHER_TYPE_OFFSET, 2, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &ty.to_be_bytes());
@@ -175,11 +203,6 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
             x.payload(BASE_TRANSPORT, 2, 2, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, false);
-        }
-        // iifname @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set ]
-        Match::IifIn(s) => {
-            x.meta(NFT_META_IIFNAME, NFT_REG_1);
             x.lookup(&set(s), NFT_REG_1, false);
         }
         // iifname . ip saddr != @set → [ meta load iifname => reg32 0 ]
@@ -219,8 +242,6 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         }
         // ct original ip daddr @set → [ ct load dst_ip => reg 1, dir original ] [ lookup ]
         Match::CtOrigDaddrIn(f, s) => {
-            const NFT_CT_DST_IP: u32 = 20;
-            const NFT_CT_DST_IP6: u32 = 22;
             let key = match f {
                 Family::V4 => NFT_CT_DST_IP,
                 Family::V6 => NFT_CT_DST_IP6,
@@ -231,19 +252,68 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         // meta l4proto tcp ct original proto-dst @set → [ meta load l4proto ] [ cmp eq 6 ]
         //   [ ct load proto_dst => reg 1, dir original ] [ lookup ]
         Match::CtOrigTcpDportIn(s) => {
-            const NFT_CT_PROTO_DST: u32 = 12;
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
             x.ct_original(NFT_CT_PROTO_DST, NFT_REG_1);
             x.lookup(&set(s), NFT_REG_1, false);
         }
-        // ip daddr . tcp dport != @set → [ payload load daddr => reg32 0 ]
-        //   [ payload load 2b @ transport + 2 => reg32 1 (4 for IPv6) ] [ lookup reg32 0, inverted ]
-        Match::NotToIn(f, s) => {
+        // ct direction original → [ ct load direction => reg 1 ] [ cmp eq 0 ]
+        Match::CtDirOriginal => {
+            x.expr("ct", |b| {
+                b.attr_u32_be(1, NFT_REG_1); // NFTA_CT_DREG
+                b.attr_u32_be(2, NFT_CT_DIRECTION); // NFTA_CT_KEY
+            });
+            x.cmp_eq(NFT_REG_1, &[0]); // IP_CT_DIR_ORIGINAL
+        }
+        // ip daddr . tcp dport @set → [ payload load daddr => reg32 0 ]
+        //   [ payload load 2b @ transport + 2 => reg32 1 (4 for IPv6) ] [ lookup reg32 0 ]
+        Match::ToIn(f, s) => {
             let (_, (off, len)) = addr_offsets(*f);
             x.payload(BASE_NETWORK, off, len, NFT_REG32_00);
             x.payload(BASE_TRANSPORT, 2, 2, NFT_REG32_00 + len / 4);
-            x.lookup(&set(s), NFT_REG32_00, true);
+            x.lookup(&set(s), NFT_REG32_00, false);
+        }
+        // meta l4proto != tcp → [ meta load l4proto => reg 1 ] [ cmp neq reg 1 6 ]
+        Match::NotTcp => {
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &[libc::IPPROTO_TCP as u8]);
+        }
+        Match::IsTcp => {
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
+        }
+        // iifname "lo" → [ meta load iifname => reg 1 ] [ cmp eq reg 1 "lo\0…" (16 bytes) ]
+        Match::IifIs(name) => {
+            let mut v = name.as_bytes().to_vec();
+            v.resize(IFNAME_LEN as usize, 0);
+            x.meta(NFT_META_IIFNAME, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &v);
+        }
+        // iifname != @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set, inverted ]
+        Match::IifNotIn(s) => {
+            x.meta(NFT_META_IIFNAME, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, true);
+        }
+        Match::IifSaddrIn(f, s) => {
+            let ((off, len), _) = addr_offsets(*f);
+            iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), false);
+        }
+        // ether saddr @set → [ payload load 6b @ link header + 6 => reg 1 ] [ lookup ]
+        Match::EtherSaddrIn(s) => {
+            x.payload(BASE_LL, ETHER_SADDR_OFFSET, 6, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
+        Match::IifEtherSaddrNotIn(s) => {
+            iif_concat_lookup(x, (BASE_LL, ETHER_SADDR_OFFSET, 6), &set(s), true);
+        }
+        // fib saddr type != local → [ fib saddr type => reg 1 ] [ cmp neq reg 1 2 ] (host order)
+        Match::SaddrNotLocal => {
+            x.expr("fib", |b| {
+                b.attr_u32_be(1, NFT_REG_1); // NFTA_FIB_DREG
+                b.attr_u32_be(2, NFT_FIB_RESULT_ADDRTYPE); // NFTA_FIB_RESULT
+                b.attr_u32_be(3, NFTA_FIB_F_SADDR); // NFTA_FIB_FLAGS
+            });
+            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &RTN_LOCAL.to_ne_bytes());
         }
         // limit rate N/second burst B packets → [ limit rate N/second burst B type packets ]
         Match::Limit { per_second, burst } => {
@@ -301,8 +371,9 @@ fn lower_action(x: &mut Exprs<'_>, a: &Action) {
                 b.attr_u8(2, 0); // NFTA_REJECT_ICMP_CODE
             });
         }
-        Action::Drop => x.verdict(NF_DROP),
-        Action::Return => x.verdict(NFT_RETURN),
+        Action::Drop => x.verdict(NF_DROP, None),
+        Action::Return => x.verdict(NFT_RETURN, None),
+        Action::Goto(c) => x.verdict(NFT_GOTO, Some(c.suffix())),
         // log prefix "…" level warn → [ log prefix … level 4 ] (to the kernel log)
         Action::Log { prefix } => {
             const LOGLEVEL_WARNING: u32 = 4;

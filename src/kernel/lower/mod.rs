@@ -99,6 +99,7 @@ const BYTEORDER_BIG: u32 = 2;
 const NF_INET_PRE_ROUTING: u32 = 0;
 const NF_INET_LOCAL_IN: u32 = 1;
 const NF_INET_FORWARD: u32 = 2;
+const NF_INET_LOCAL_OUT: u32 = 3;
 const NF_INET_POST_ROUTING: u32 = 4;
 /// The bridge family's prerouting hook and its `filter` priority.
 const NF_BR_PRE_ROUTING: u32 = 0;
@@ -111,30 +112,24 @@ const NF_IP_PRI_NAT_SRC: i32 = 100;
 /// and identity SNAT bind a connection before any other component's NAT at that priority.
 const AHEAD: i32 = 10;
 
-/// The hook a chain kind attaches to.
-pub(crate) fn hook_of(c: ChainKind) -> u32 {
-    match c {
-        ChainKind::Dnat => NF_INET_PRE_ROUTING,
-        ChainKind::Input => NF_INET_LOCAL_IN,
-        ChainKind::Forward => NF_INET_FORWARD,
-        ChainKind::Snat => NF_INET_POST_ROUTING,
-        ChainKind::Guard => NF_BR_PRE_ROUTING,
-    }
-}
-
-/// The priority of a chain kind (rendered as `dstnat - 10`, ... by the plan).
-pub(crate) fn priority_of(c: ChainKind) -> i32 {
-    match c {
-        ChainKind::Dnat => NF_IP_PRI_NAT_DST - AHEAD,
-        ChainKind::Snat => NF_IP_PRI_NAT_SRC - AHEAD,
-        ChainKind::Forward | ChainKind::Input => NF_IP_PRI_FILTER - AHEAD,
-        ChainKind::Guard => NF_BR_PRI_FILTER_BRIDGED - 10 * AHEAD,
-    }
+/// The hook and priority a base chain attaches with (the priority rendered as
+/// `dstnat - 10`, ... by the plan); `None` for a regular chain.
+pub(crate) fn hook_of(c: ChainKind) -> Option<(u32, i32)> {
+    Some(match c {
+        ChainKind::Dnat => (NF_INET_PRE_ROUTING, NF_IP_PRI_NAT_DST - AHEAD),
+        ChainKind::GuardInput => (NF_INET_LOCAL_IN, NF_IP_PRI_FILTER - AHEAD),
+        ChainKind::GuardForward => (NF_INET_FORWARD, NF_IP_PRI_FILTER - AHEAD),
+        ChainKind::GuardOutput => (NF_INET_LOCAL_OUT, NF_IP_PRI_FILTER - AHEAD),
+        ChainKind::Snat => (NF_INET_POST_ROUTING, NF_IP_PRI_NAT_SRC - AHEAD),
+        ChainKind::BridgeGuard => (NF_BR_PRE_ROUTING, NF_BR_PRI_FILTER_BRIDGED - 10 * AHEAD),
+        ChainKind::Judge(_) => return None,
+    })
 }
 
 /// nft's datatype ids (`enum datatypes` in nftables' datatype.h) for set keys.
 const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
+const TYPE_ETHERADDR: u32 = 9;
 const TYPE_INET_SERVICE: u32 = 13;
 const TYPE_IFNAME: u32 = 41;
 /// A concatenation's datatype is its members' ids, `TYPE_BITS` apart (nftables' concat_type).
@@ -163,6 +158,8 @@ pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
         }
         KeyShape::Port => (TYPE_INET_SERVICE, 2),
         KeyShape::Name => (TYPE_IFNAME, IFNAME_LEN),
+        KeyShape::Mac => (TYPE_ETHERADDR, 6),
+        KeyShape::IfMac => ((TYPE_IFNAME << TYPE_BITS) | TYPE_ETHERADDR, IFNAME_LEN + 8),
     }
 }
 
@@ -231,23 +228,36 @@ pub fn del_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
     s
 }
 
+/// A NEWCHAIN: a base chain when `hook` is given (hook number, priority), else a regular
+/// chain that only a `goto` or `jump` reaches.
 pub fn new_chain(
     b: &mut MsgBuf,
     t: TableFamily,
     name: &str,
     ty: &str,
-    hook: u32,
-    prio: i32,
+    hook: Option<(u32, i32)>,
 ) -> u32 {
     let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
     b.attr_str(NFTA_CHAIN_NAME, name);
-    let h = b.nest_begin(NFTA_CHAIN_HOOK);
-    b.attr_u32_be(NFTA_HOOK_HOOKNUM, hook);
-    b.attr_u32_be(NFTA_HOOK_PRIORITY, prio as u32);
-    b.nest_end(h);
-    b.attr_u32_be(NFTA_CHAIN_POLICY, NF_ACCEPT);
-    b.attr_str(NFTA_CHAIN_TYPE, ty);
+    if let Some((hook, prio)) = hook {
+        let h = b.nest_begin(NFTA_CHAIN_HOOK);
+        b.attr_u32_be(NFTA_HOOK_HOOKNUM, hook);
+        b.attr_u32_be(NFTA_HOOK_PRIORITY, prio as u32);
+        b.nest_end(h);
+        b.attr_u32_be(NFTA_CHAIN_POLICY, NF_ACCEPT);
+        b.attr_str(NFTA_CHAIN_TYPE, ty);
+    }
+    b.end();
+    s
+}
+
+/// Deletes an empty chain.
+pub fn del_chain(b: &mut MsgBuf, t: TableFamily, name: &str) -> u32 {
+    const NFT_MSG_DELCHAIN: u16 = 5;
+    let s = begin(b, t, NFT_MSG_DELCHAIN, 0);
+    b.attr_str(NFTA_CHAIN_TABLE, TABLE);
+    b.attr_str(NFTA_CHAIN_NAME, name);
     b.end();
     s
 }
@@ -288,12 +298,8 @@ pub fn new_set(
     b.attr_u32_be(NFTA_SET_ID, id);
     // nft prints string keys (ifname) in host order and addresses in network order; a
     // concatenation starting with an ifname is marked host order too, as nft marks it.
-    let order = match kind {
-        SetKind::Pods
-        | SetKind::Attach
-        | SetKind::Ifaces
-        | SetKind::Allow(_)
-        | SetKind::GuardPort(_) => BYTEORDER_HOST,
+    let order = match kind.key_shape() {
+        KeyShape::Name | KeyShape::IfAddr(_) | KeyShape::IfMac => BYTEORDER_HOST,
         _ => BYTEORDER_BIG,
     };
     let mut ud = vec![UDATA_SET_KEYBYTEORDER, 4];
@@ -355,6 +361,14 @@ pub fn key_bytes(k: &Key) -> Vec<u8> {
             k
         }
         Key::AddrPort(a, p) => addr_port_bytes(a, *p),
+        Key::Mac(m) => m.to_vec(),
+        Key::IfMac(i, m) => {
+            // The MAC takes two whole 32-bit registers, zero-padded.
+            let mut k = i.bytes().to_vec();
+            k.extend_from_slice(m);
+            k.extend_from_slice(&[0, 0]);
+            k
+        }
     }
 }
 
@@ -376,24 +390,30 @@ pub fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
         }
     };
     let name = |b: &[u8]| crate::plan::IfName::from_bytes(b);
-    Some(match kind {
-        SetKind::Pods | SetKind::Attach => {
-            let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
-            Key::Owner(crate::plan::OwnerKey::parse_hex(
-                std::str::from_utf8(&b[..end]).ok()?,
-            )?)
-        }
-        SetKind::Ifaces => Key::Iface(name(b)?),
-        SetKind::MetaPorts => Key::Port(u16::from_be_bytes(b.try_into().ok()?)),
-        SetKind::Allow(_) | SetKind::GuardPort(_) => {
+    let mac = |b: &[u8]| -> Option<[u8; 6]> { b.get(..6)?.try_into().ok() };
+    if matches!(kind, SetKind::Pods | SetKind::Attach) {
+        let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
+        return Some(Key::Owner(crate::plan::OwnerKey::parse_hex(
+            std::str::from_utf8(&b[..end]).ok()?,
+        )?));
+    }
+    Some(match kind.key_shape() {
+        KeyShape::Name => Key::Iface(name(b)?),
+        KeyShape::Port => Key::Port(u16::from_be_bytes(b.try_into().ok()?)),
+        KeyShape::IfAddr(_) => {
             let (i, a) = b.split_at_checked(IFNAME_LEN as usize)?;
             Key::IfAddr(name(i)?, addr(a)?)
         }
-        SetKind::ProxyTarget(_) => {
+        KeyShape::AddrPort(_) => {
             let (a, p) = b.split_at_checked(b.len().checked_sub(4)?)?;
             Key::AddrPort(addr(a)?, u16::from_be_bytes([p[0], p[1]]))
         }
-        _ => Key::Addr(addr(b)?),
+        KeyShape::Mac => Key::Mac(mac(b)?),
+        KeyShape::IfMac => {
+            let (i, m) = b.split_at_checked(IFNAME_LEN as usize)?;
+            Key::IfMac(name(i)?, mac(m)?)
+        }
+        KeyShape::Addr(_) => Key::Addr(addr(b)?),
     })
 }
 

@@ -120,7 +120,7 @@ fn parser_rejects_malformed_input() {
 // -----------------------------------------------------------------------------------------
 // Metrics
 
-const ALWAYS: [(&str, &str); 9] = [
+const ALWAYS: [(&str, &str); 10] = [
     ("natguard_up", "gauge"),
     ("natguard_per_pod_counters_available", "gauge"),
     ("natguard_networks", "gauge"),
@@ -130,6 +130,7 @@ const ALWAYS: [(&str, &str); 9] = [
     ("natguard_masqueraded_connections_total", "counter"),
     ("natguard_kept_source_connections_total", "counter"),
     ("natguard_logged_attempts_total", "counter"),
+    ("natguard_guard_reset_attempts_total", "counter"),
 ];
 const PER_POD: [(&str, &str); 2] = [
     ("natguard_pod_reset_attempts_total", "counter"),
@@ -185,9 +186,13 @@ fn metrics_parse_strictly_with_every_family() {
     );
     // A family the report has no counters for is still a series, at zero.
     assert_eq!(net("natguard_reset_attempts_total", "empty", "ipv6"), 0.0);
-    for (name, _) in &ALWAYS[4..] {
+    for (name, _) in &ALWAYS[4..9] {
         assert_eq!(family(&metrics, name).samples.len(), 6, "{name}");
     }
+    // The node-wide guard's resets, every source included: one series per family.
+    let guard = family(&metrics, "natguard_guard_reset_attempts_total");
+    assert_eq!(value_of(guard, &[("family", "ipv4")]), 9.0);
+    assert_eq!(value_of(guard, &[("family", "ipv6")]), 1.0);
     let miner = [
         ("network", "pods"),
         ("namespace", "team-a"),

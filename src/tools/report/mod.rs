@@ -41,6 +41,9 @@ pub(crate) struct NodeReport {
     /// false on kernels without set-element counters (5.10 and earlier).
     pub per_pod_counters: bool,
     pub networks: Vec<NetworkReport>,
+    /// The node-wide guard's own counters, per family: (reset, logged) over every source,
+    /// the ones natguard has no pod for (a tunnel, an address a pod gave itself) included.
+    pub guard: Vec<(Family, u64, u64)>,
     /// natguard's state could not be read at all (`not_ready_reason` says why): the report
     /// knows nothing about networks or counters, and says nothing about them.
     pub unreadable: bool,
@@ -268,6 +271,42 @@ fn write_pod(out: &mut String, r: &NodeReport, p: &PodReport) {
 }
 
 /// `natguard status`: the report in plain words.
+/// The node-wide guard: what it reset over every source, and how much of that came from no pod
+/// natguard knows (the per-pod counters name the rest).
+fn write_guard(out: &mut String, r: &NodeReport) {
+    if r.guard.is_empty() {
+        return;
+    }
+    let families: Vec<String> = r
+        .guard
+        .iter()
+        .map(|(f, reset, _)| format!("{} {reset}", family_label(*f)))
+        .collect();
+    let _ = writeln!(
+        out,
+        "guard (node-wide, every network): metadata attempts reset: {}",
+        families.join(", ")
+    );
+    if r.per_pod_counters {
+        let total: u64 = r.guard.iter().map(|(_, n, _)| n).sum();
+        let of_pods: u64 = r
+            .networks
+            .iter()
+            .flat_map(|n| n.pods.iter())
+            .filter_map(|p| p.reset)
+            .sum();
+        let others = total.saturating_sub(of_pods);
+        if others > 0 {
+            let _ = writeln!(
+                out,
+                "  {others} reset attempt(s) came from sources of no pod listed below (an \
+                 address a pod gave itself, a tunnel, IPVS, a pod natguard never saw, a pod \
+                 deleted since)"
+            );
+        }
+    }
+}
+
 pub(crate) fn render_text(r: &NodeReport) -> String {
     let mut out = String::new();
     let readiness = if r.ready {
@@ -302,6 +341,7 @@ its rules and counters could not be read"
     if r.networks.is_empty() {
         let _ = writeln!(out, "no network has natguard rules on this node");
     }
+    write_guard(&mut out, r);
     for net in networks_by_name(r) {
         let _ = writeln!(
             out,
@@ -329,11 +369,7 @@ its rules and counters could not be read"
                 .iter()
                 .map(|(i, n)| format!("{} ({n} pod(s))", printable(i)))
                 .collect();
-            let _ = writeln!(
-                out,
-                "  pod interfaces (metadata fails closed from these): {}",
-                list_or_none(ifaces)
-            );
+            let _ = writeln!(out, "  pod interfaces: {}", list_or_none(ifaces));
         }
         for (f, t) in family_totals(net) {
             let mut line = format!(
@@ -455,11 +491,19 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
         .into_iter()
         .map(|n| network_json(r, n))
         .collect();
+    let guard: Vec<Value> = r
+        .guard
+        .iter()
+        .map(|(f, reset, logged)| {
+            json!({ "family": family_label(*f), "reset": reset, "logged": logged })
+        })
+        .collect();
     json!({
         "version": JSON_VERSION,
         "ready": r.ready,
         "notReadyReason": r.not_ready_reason,
         "perPodCounters": r.per_pod_counters,
+        "guard": { "families": guard },
         "networks": networks,
     })
 }
@@ -612,6 +656,13 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         "Packets of denied metadata attempts written to the kernel log (metadata.logDenied; \
          rate-limited, so at most the reset attempts).",
     );
+    let mut guard_reset = MetricFamily::new(
+        "natguard_guard_reset_attempts_total",
+        Counter,
+        &["family"],
+        "Packets of metadata TCP the node-wide guard reset, from every source (pods, and what \
+         natguard has no pod for: tunnels, addresses a pod gave itself, IPVS).",
+    );
     let mut pod_reset = MetricFamily::new(
         "natguard_pod_reset_attempts_total",
         Counter,
@@ -631,6 +682,9 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     if !r.unreadable {
         per_pod.add(vec![], u64::from(r.per_pod_counters));
         networks.add(vec![], r.networks.len() as u64);
+    }
+    for (f, n, _) in &r.guard {
+        guard_reset.add(vec![family_label(*f).to_string()], *n);
     }
     for net in &r.networks {
         pods.add(vec![net.name.clone()], net.pods.len() as u64);
@@ -670,6 +724,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         &masqueraded,
         &kept,
         &logged,
+        &guard_reset,
     ] {
         family.write(&mut out);
     }

@@ -60,6 +60,7 @@ pub(super) fn node() -> NodeReport {
         not_ready_reason: None,
         per_pod_counters: true,
         unreadable: false,
+        guard: vec![(Family::V4, 9, 2), (Family::V6, 1, 0)],
         networks: vec![
             NetworkReport {
                 name: "pods".to_string(),
@@ -226,8 +227,8 @@ fn text_first_line_networks_and_family_counters() {
         "{pods}"
     );
     assert!(pods.contains(
-        "\n  metadata destinations: 169.254.169.254, fd00:ec2::254; TCP port(s): 80\n  pod interfaces (metadata \
-         fails closed from these): cni0 (6 pod(s))\n"
+        "\n  metadata destinations: 169.254.169.254, fd00:ec2::254; TCP port(s): 80\n  pod interfaces: \
+         cni0 (6 pod(s))\n"
     ));
     let empty = section(&text, "empty:");
     assert!(empty.contains("\n  ipv6: 0 connection(s) sent to the proxy, 0 attempt(s)"));
@@ -264,7 +265,7 @@ fn text_escapes_control_characters_in_names() {
         lines[0]
     );
     assert!(text.lines().all(|l| !l.starts_with("od-")));
-    assert!(nasty.contains("): veth\\n1 (1 pod(s))\n"), "{nasty}");
+    assert!(nasty.contains(": veth\\n1 (1 pod(s))\n"), "{nasty}");
 }
 
 #[test]
@@ -355,6 +356,7 @@ fn text_not_ready_and_empty() {
         ready: false,
         not_ready_reason: Some("conntrack netlink: Operation not permitted".to_string()),
         per_pod_counters: true,
+        guard: Vec::new(),
         networks: vec![],
         unreadable: false,
     };
@@ -398,6 +400,7 @@ fn json_golden() {
         not_ready_reason: None,
         per_pod_counters: true,
         unreadable: false,
+        guard: Vec::new(),
         networks: vec![NetworkReport {
             name: "demo".to_string(),
             mode: "proxy".to_string(),
@@ -436,6 +439,9 @@ fn json_golden() {
   "ready": true,
   "notReadyReason": null,
   "perPodCounters": true,
+  "guard": {
+    "families": []
+  },
   "networks": [
     {
       "name": "demo",
@@ -545,10 +551,12 @@ fn check_shape(doc: &Value) {
             "ready",
             "notReadyReason",
             "perPodCounters",
+            "guard",
             "networks",
         ],
         "$",
     );
+    object(&top["guard"], &["families"], "$.guard");
     assert_eq!(top["version"], 1);
     check(&top["ready"], Kind::Bool, "$.ready");
     check(&top["notReadyReason"], Kind::StrOrNull, "$.notReadyReason");
