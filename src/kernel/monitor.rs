@@ -364,10 +364,7 @@ mod tests {
         );
         t.feed(&object(DELTABLE, 1, "natguard"));
         assert_eq!(t.lost(), Verdict::Lost);
-        assert_eq!(
-            t.feed(&newgen(Some(1), Some("nft"))),
-            Some(Verdict::Quiet)
-        );
+        assert_eq!(t.feed(&newgen(Some(1), Some("nft"))), Some(Verdict::Quiet));
     }
 
     #[test]

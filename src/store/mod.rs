@@ -211,77 +211,75 @@ impl<K: Kernel> Store<K> {
         pod: &PodPlan,
         converge: bool,
     ) -> Result<()> {
-        let names = &shared.names;
         let mut batch = Batch::default();
         if converge {
-            batch.push(Op::Converge(Box::new(shared.clone())));
-            let existing: HashSet<String> =
-                self.k.set_names(TableFamily::Inet)?.into_iter().collect();
-            for suffix in plan::LEGACY_SET_SUFFIXES {
-                let name = format!("{}{suffix}", names.prefix_of_sets());
-                if existing.contains(&name) {
-                    batch.push(Op::DeleteSet(TableFamily::Inet, name));
-                }
-            }
+            self.push_converge(&mut batch, shared)?;
         }
         let netns_exists = self.netns_exists;
         let mut v = view::View::new(&mut self.k);
-        let me = pod.owner;
-        let pods = set_ref(names, SetKind::Pods);
-        let att = set_ref(names, SetKind::Attach);
-        let old_rec = v.get(&pods, &Key::Owner(me))?;
-        let old_att = v
-            .get(&att, &Key::Owner(me))?
-            .map(|c| plan::parse_attach(&c));
-        // Release what an earlier ADD of this attachment owned and this one does not.
-        let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
-        let old_host = old_att.as_ref().and_then(|a| a.host());
-        let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
-        let mut release = owned_keys(&old_addrs, old_host);
-        release.extend(pod.absent.iter().copied());
-        for (kind, key) in release {
-            if !wanted.contains(&(kind, key)) {
-                leave(&mut v, &set_ref(names, kind), &key, me)?;
-            }
-        }
-        for (kind, key) in &pod.present {
-            let set = set_ref(names, *kind);
-            let mut owners = owners_of(v.get(&set, key)?.as_deref());
-            // Owners whose network namespace is gone are pruned before any is refused.
-            for o in owners.clone() {
-                if o != me && attachment_gone(&mut v, names, o, netns_exists)? {
-                    remove_attachment(&mut v, names, o, &[])?;
-                }
-            }
-            owners = owners_of(v.get(&set, key)?.as_deref());
-            owners.retain(|o| *o != me);
-            if owners.len() >= plan::MAX_OWNERS {
-                return Err(Error::TryAgain(format!(
-                    "{} in set {} already has {} live owners ({}); natguard records at most {} and drops none of them: DEL or GC the stale attachments, then retry",
-                    plan::render_key(key),
-                    set.name,
-                    owners.len(),
-                    plan::owners_comment(&owners),
-                    plan::MAX_OWNERS
-                )));
-            }
-            owners.insert(0, me);
-            v.set(&set, key, Some(plan::owners_comment(&owners)))?;
-        }
-        let old_iface = old_att.as_ref().and_then(|a| a.iface);
-        let new_iface = pod.host.map(|h| h.iface);
-        if old_iface != new_iface {
-            if let Some(i) = old_iface {
-                count_iface(&mut v, names, i, -1)?;
-            }
-            if let Some(i) = new_iface {
-                count_iface(&mut v, names, i, 1)?;
-            }
-        }
-        v.set(&pods, &Key::Owner(me), Some(pod.comment.clone()))?;
-        v.set(&att, &Key::Owner(me), Some(pod.attach.clone()))?;
+        stage_pod(&mut v, &shared.names, pod, netns_exists)?;
         v.emit(&mut batch);
         self.k.commit(&batch)
+    }
+
+    /// The converge of a network's shared objects, and the deletion of the sets earlier
+    /// versions created and this one no longer uses.
+    fn push_converge(&mut self, batch: &mut Batch, shared: &SharedPlan) -> Result<()> {
+        batch.push(Op::Converge(Box::new(shared.clone())));
+        let existing: HashSet<String> = self.k.set_names(TableFamily::Inet)?.into_iter().collect();
+        for suffix in plan::LEGACY_SET_SUFFIXES {
+            let name = format!("{}{suffix}", shared.names.prefix_of_sets());
+            if existing.contains(&name) {
+                batch.push(Op::DeleteSet(TableFamily::Inet, name));
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs many attachments at once (the watcher's repair after someone else's flush):
+    /// converges every network whose shared objects differ from its plan and installs every
+    /// pod, under one lock, in ONE batch. Returns the number of operations committed: 0 when
+    /// everything was in place, in which case nothing is written.
+    pub fn apply_pods(&mut self, pods: &[(&SharedPlan, &PodPlan)]) -> Result<usize> {
+        let _lock = self.lock()?;
+        let mut networks: Vec<&SharedPlan> = Vec::new();
+        for (s, _) in pods {
+            if !networks.iter().any(|n| n.names.network == s.names.network) {
+                networks.push(s);
+            }
+        }
+        let mut stale: Vec<&SharedPlan> = Vec::new();
+        for s in &networks {
+            if self.check_shared(s).is_err() {
+                self.refuse_foreign_objects(s)?;
+                stale.push(s);
+            }
+        }
+        match self.apply_pods_locked(&stale, pods) {
+            // A table vanished between the read and the commit: converge everything.
+            Err(e) if e.errno() == Some(libc::ENOENT) => self.apply_pods_locked(&networks, pods),
+            r => r,
+        }
+    }
+
+    fn apply_pods_locked(
+        &mut self,
+        converge: &[&SharedPlan],
+        pods: &[(&SharedPlan, &PodPlan)],
+    ) -> Result<usize> {
+        let mut batch = Batch::default();
+        for s in converge {
+            self.push_converge(&mut batch, s)?;
+        }
+        let netns_exists = self.netns_exists;
+        let mut v = view::View::new(&mut self.k);
+        for (s, p) in pods {
+            stage_pod(&mut v, &s.names, p, netns_exists)?;
+        }
+        v.emit(&mut batch);
+        let n = batch.len();
+        self.k.commit(&batch)?;
+        Ok(n)
     }
 
     /// Removes everything `owner` owns in a network; returns the number of elements changed
@@ -407,6 +405,71 @@ impl<K: Kernel> Store<K> {
     ) -> Result<FlushReport> {
         self.k.flush_undnatted(srcs, dsts, dports, path)
     }
+}
+
+/// Stages one attachment in a view: releases what an earlier ADD of the same attachment
+/// owned and this one does not, and takes ownership of every element of `pod`.
+fn stage_pod<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    names: &NetNames,
+    pod: &PodPlan,
+    netns_exists: fn(&str) -> bool,
+) -> Result<()> {
+    let me = pod.owner;
+    let pods = set_ref(names, SetKind::Pods);
+    let att = set_ref(names, SetKind::Attach);
+    let old_rec = v.get(&pods, &Key::Owner(me))?;
+    let old_att = v
+        .get(&att, &Key::Owner(me))?
+        .map(|c| plan::parse_attach(&c));
+    // Release what an earlier ADD of this attachment owned and this one does not.
+    let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
+    let old_host = old_att.as_ref().and_then(|a| a.host());
+    let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
+    let mut release = owned_keys(&old_addrs, old_host);
+    release.extend(pod.absent.iter().copied());
+    for (kind, key) in release {
+        if !wanted.contains(&(kind, key)) {
+            leave(v, &set_ref(names, kind), &key, me)?;
+        }
+    }
+    for (kind, key) in &pod.present {
+        let set = set_ref(names, *kind);
+        let mut owners = owners_of(v.get(&set, key)?.as_deref());
+        // Owners whose network namespace is gone are pruned before any is refused.
+        for o in owners.clone() {
+            if o != me && attachment_gone(v, names, o, netns_exists)? {
+                remove_attachment(v, names, o, &[])?;
+            }
+        }
+        owners = owners_of(v.get(&set, key)?.as_deref());
+        owners.retain(|o| *o != me);
+        if owners.len() >= plan::MAX_OWNERS {
+            return Err(Error::TryAgain(format!(
+                    "{} in set {} already has {} live owners ({}); natguard records at most {} and drops none of them: DEL or GC the stale attachments, then retry",
+                    plan::render_key(key),
+                    set.name,
+                    owners.len(),
+                    plan::owners_comment(&owners),
+                    plan::MAX_OWNERS
+                )));
+        }
+        owners.insert(0, me);
+        v.set(&set, key, Some(plan::owners_comment(&owners)))?;
+    }
+    let old_iface = old_att.as_ref().and_then(|a| a.iface);
+    let new_iface = pod.host.map(|h| h.iface);
+    if old_iface != new_iface {
+        if let Some(i) = old_iface {
+            count_iface(v, names, i, -1)?;
+        }
+        if let Some(i) = new_iface {
+            count_iface(v, names, i, 1)?;
+        }
+    }
+    v.set(&pods, &Key::Owner(me), Some(pod.comment.clone()))?;
+    v.set(&att, &Key::Owner(me), Some(pod.attach.clone()))?;
+    Ok(())
 }
 
 /// Takes `owner` out of the owner list of one element; the element goes with its last owner.
