@@ -13,7 +13,8 @@
 //! (`inet natguard`, `bridge natguard`, by the table name every object message carries) and was
 //! written by someone who is not natguard is [`Verdict::Foreign`]. natguard's own transactions
 //! (a CNI ADD or DEL, the watcher's own repair) are recognised by the writer's command name
-//! (`natguard`, which is what runtimes exec) or the watcher's own pid, and other components'
+//! (`natguard`, which is what runtimes exec) or the id of the thread that opened the monitor
+//! (the kernel reports the writing thread's id), and other components'
 //! transactions on their own tables are ignored whatever they do: they cost a read, never a
 //! repair. A writer that the kernel does not name (a kernel without the attributes) counts as
 //! foreign: the repair it triggers is a check that writes nothing when nothing is missing, so
@@ -170,7 +171,10 @@ impl Monitor {
         Ok(Monitor {
             sock,
             buf: vec![0u8; 1 << 16],
-            tracker: Tracker::new(std::process::id()),
+            // The kernel names a writer by its thread id: the thread that opens the monitor
+            // is the one whose own repairs it must recognise.
+            // SAFETY: gettid(2) cannot fail.
+            tracker: Tracker::new(unsafe { libc::gettid() } as u32),
         })
     }
 

@@ -21,7 +21,7 @@ use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::store::{self, Store};
-use crate::verbs::{prepare_pod, Identity};
+use crate::verbs::{prepare_pod, Identity, Prepared};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -276,12 +276,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             .as_deref(),
     )?;
     let mut store = store::open()?;
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&opts.cache_dir) {
-        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(Error::io(format!("read {}", opts.cache_dir.display()), e)),
-    };
-    files.sort();
+    let files = cache_files(&opts.cache_dir)?;
     // Metadata flows to delete: (sources, destinations, ports), per network config.
     let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
     for path in files {
@@ -336,34 +331,35 @@ fn join_args(args: &[(String, String)]) -> String {
         .join(";")
 }
 
-fn adopt_entry<K: Kernel>(
-    store: &mut Store<K>,
+/// One cache entry, validated and planned exactly as a live ADD would: the plan, and the
+/// namespace when it is exempt. `Err` is the outcome to report instead.
+fn prepare_entry(
     entry: &CacheEntry,
     networks: &BTreeMap<String, Config>,
-    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
-) -> Outcome {
+) -> std::result::Result<(Prepared, Option<String>), Outcome> {
     let Some(cfg) = networks.get(&entry.network) else {
-        return Outcome::SkippedNoNatguard;
+        return Err(Outcome::SkippedNoNatguard);
     };
     let fail = |reason: String| Outcome::Failed { reason };
     if !cni::netconf::is_network_name(&entry.network)
         || !cni::is_container_id(&entry.container_id)
         || !cni::is_ifname(&entry.ifname)
     {
-        return fail("the cache entry's network, container ID or ifname is malformed".into());
+        return Err(fail(
+            "the cache entry's network, container ID or ifname is malformed".into(),
+        ));
     }
-    let args = match CniArgs::parse(&join_args(&entry.args)) {
-        Ok(a) => a,
-        Err(e) => return fail(format!("cached CNI_ARGS: {e}")),
-    };
+    let args = CniArgs::parse(&join_args(&entry.args))
+        .map_err(|e| fail(format!("cached CNI_ARGS: {e}")))?;
     let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
     if !netns.is_empty() && !Path::new(&netns).exists() {
-        return Outcome::SkippedNetnsGone { netns };
+        return Err(Outcome::SkippedNetnsGone { netns });
     }
     let exempt = args
         .pod_namespace
         .as_deref()
-        .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
+        .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns))
+        .map(str::to_string);
     let who = Identity {
         network: &entry.network,
         container_id: &entry.container_id,
@@ -372,28 +368,109 @@ fn adopt_entry<K: Kernel>(
         args: &args,
     };
     // Exactly the checks and plan of a live ADD.
-    let p = match prepare_pod(cfg, &who, &entry.result) {
-        Ok(p) => p,
-        Err(e) => return fail(format!("cached result: {e}")),
+    let p =
+        prepare_pod(cfg, &who, &entry.result).map_err(|e| fail(format!("cached result: {e}")))?;
+    if p.addrs.is_empty() {
+        return Err(Outcome::SkippedNoAddress);
+    }
+    Ok((p, exempt))
+}
+
+fn adopt_entry<K: Kernel>(
+    store: &mut Store<K>,
+    entry: &CacheEntry,
+    networks: &BTreeMap<String, Config>,
+    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
+) -> Outcome {
+    let (p, exempt) = match prepare_entry(entry, networks) {
+        Ok(x) => x,
+        Err(o) => return o,
     };
-    let addrs = p.addrs.clone();
-    if addrs.is_empty() {
-        return Outcome::SkippedNoAddress;
-    }
     if let Err(e) = store.apply_pod(&p.shared, &p.pod) {
-        return fail(format!("installing entries: {e}"));
+        return Outcome::Failed {
+            reason: format!("installing entries: {e}"),
+        };
     }
+    let cfg = &networks[&entry.network];
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
         flows.push((
-            addrs.clone(),
+            p.addrs.clone(),
             cfg.metadata.addresses.clone(),
             cfg.metadata.ports.clone(),
         ));
     }
     Outcome::Adopted {
-        addrs,
-        exempt: exempt.map(str::to_string),
+        addrs: p.addrs,
+        exempt,
     }
+}
+
+/// What one repair did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Repair {
+    /// Attachments of the cache that were checked (and restored where needed).
+    pub pods: usize,
+    /// Operations committed: 0 when everything was in place and nothing was written.
+    pub ops: usize,
+    /// Cache entries skipped (network without natguard, netns gone, unreadable).
+    pub skipped: usize,
+    /// Why attachments could not be planned or installed.
+    pub failed: Vec<String>,
+}
+
+/// The watcher's repair after someone else changed natguard's tables: the shared objects of
+/// every network and the entries of every live pod of the cache (exempt ones included), as
+/// `reconcile` installs them, in ONE batch; flows are left alone. When the batch cannot be
+/// committed (one attachment over its owner limit, say), the pods are installed one by one,
+/// so one bad entry does not keep the others unprotected.
+pub fn repair(opts: &Options) -> Result<Repair> {
+    let networks = natguard_networks(&opts.netconf_dir)?;
+    let mut out = Repair::default();
+    let mut prepared: Vec<Prepared> = Vec::new();
+    for path in cache_files(&opts.cache_dir)? {
+        let Ok(entry) = read_cache_entry(&path) else {
+            out.skipped += 1;
+            continue;
+        };
+        match prepare_entry(&entry, &networks) {
+            Ok((p, _)) => prepared.push(p),
+            Err(Outcome::Failed { reason }) => out.failed.push(format!(
+                "{} {} {}: {reason}",
+                entry.network, entry.container_id, entry.ifname
+            )),
+            Err(_) => out.skipped += 1,
+        }
+    }
+    out.pods = prepared.len();
+    if prepared.is_empty() {
+        return Ok(out);
+    }
+    let mut store = store::open()?;
+    let all: Vec<_> = prepared.iter().map(|p| (&p.shared, &p.pod)).collect();
+    match store.apply_pods(&all) {
+        Ok(n) => out.ops = n,
+        Err(e) => {
+            crate::warn!("repair in one batch failed ({e}); installing pod by pod");
+            for p in &prepared {
+                match store.apply_pod(&p.shared, &p.pod) {
+                    Ok(()) => out.ops += 1,
+                    Err(e) => out.failed.push(format!("{}: {e}", p.pod.comment)),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The cache's files, by name.
+fn cache_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    files.sort();
+    Ok(files)
 }
 
 /// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`

@@ -56,10 +56,19 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 per_pod_counters: false,
                 networks: Vec::new(),
                 unreadable: true,
+                self_repair: read_self_repair(),
             },
             1,
         ),
     }
+}
+
+/// The record of the node's `install --watch`, if one runs (or ran) with the default
+/// readiness file.
+fn read_self_repair() -> Option<report::RepairStats> {
+    crate::tools::install::self_repair::read_state(std::path::Path::new(
+        crate::tools::install::self_repair::STATE_FILE,
+    ))
 }
 
 /// Reads the calling thread's network namespace into a [`NodeReport`].
@@ -75,6 +84,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         per_pod_counters: true,
         networks: Vec::new(),
         unreadable: false,
+        self_repair: read_self_repair(),
     };
     for net in store.networks()?.unwrap_or_default() {
         let st = store.network_state(&net)?;

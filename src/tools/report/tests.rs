@@ -60,6 +60,7 @@ pub(super) fn node() -> NodeReport {
         not_ready_reason: None,
         per_pod_counters: true,
         unreadable: false,
+        self_repair: None,
         networks: vec![
             NetworkReport {
                 name: "pods".to_string(),
@@ -357,6 +358,7 @@ fn text_not_ready_and_empty() {
         per_pod_counters: true,
         networks: vec![],
         unreadable: false,
+        self_repair: None,
     };
     assert_eq!(
         render_text(&r),
@@ -367,6 +369,7 @@ fn text_not_ready_and_empty() {
         ready: false,
         not_ready_reason: Some("read table: EPERM".to_string()),
         unreadable: true,
+        self_repair: None,
         ..NodeReport::default()
     };
     assert_eq!(
@@ -398,6 +401,7 @@ fn json_golden() {
         not_ready_reason: None,
         per_pod_counters: true,
         unreadable: false,
+        self_repair: None,
         networks: vec![NetworkReport {
             name: "demo".to_string(),
             mode: "proxy".to_string(),
