@@ -416,6 +416,9 @@ pub struct Repair {
     pub skipped: usize,
     /// Why attachments could not be planned or installed.
     pub failed: Vec<String>,
+    /// When the batch was committed (before the socket's release, which waits for the kernel's
+    /// cleanup): the moment the policy was back.
+    pub committed: Option<std::time::Instant>,
 }
 
 /// The watcher's repair after someone else changed natguard's tables: the shared objects of
@@ -448,12 +451,18 @@ pub fn repair(opts: &Options) -> Result<Repair> {
     let mut store = store::open()?;
     let all: Vec<_> = prepared.iter().map(|p| (&p.shared, &p.pod)).collect();
     match store.apply_pods(&all) {
-        Ok(n) => out.ops = n,
+        Ok(n) => {
+            out.ops = n;
+            out.committed = Some(std::time::Instant::now());
+        }
         Err(e) => {
             crate::warn!("repair in one batch failed ({e}); installing pod by pod");
             for p in &prepared {
                 match store.apply_pod(&p.shared, &p.pod) {
-                    Ok(()) => out.ops += 1,
+                    Ok(()) => {
+                        out.ops += 1;
+                        out.committed = Some(std::time::Instant::now());
+                    }
                     Err(e) => out.failed.push(format!("{}: {e}", p.pod.comment)),
                 }
             }

@@ -6,9 +6,10 @@
 //! poll(2), never longer than [`CHECK_EVERY`]) on a [`Monitor`] of nf_tables' change
 //! notifications. A transaction by someone other than natguard that touched natguard's tables,
 //! or a loss of notifications (`ENOBUFS`), opens a burst; the burst ends once no such
-//! notification came for [`QUIET`], or [`BURST_MAX`] after it began, whichever is first; then
-//! one repair runs. So a storm of flushes costs one repair per [`BURST_MAX`] at most, and other
-//! components' writes to their own tables cost a read each and never a repair.
+//! notification came for [`QUIET`], or [`BURST_MAX`] after it began, whichever is first, and
+//! no sooner than [`BURST_MAX`] after the previous repair; then one repair runs. So a storm of
+//! flushes costs one repair per [`BURST_MAX`] at most, and other components' writes to their
+//! own tables cost a read each and never a repair.
 //!
 //! A repair is [`adopt::repair`]: the shared objects of every network whose conflist lists
 //! natguard and the entries of every live pod in the runtimes' result cache, in one batch, as
@@ -32,8 +33,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A burst ends after this long without another notification that demands a repair.
-pub const QUIET: Duration = Duration::from_millis(20);
-/// ... or this long after it began, whatever keeps coming.
+pub const QUIET: Duration = Duration::from_millis(10);
+/// ... or this long after it began, whatever keeps coming. Two repairs are also at least this
+/// far apart, so someone who flushes natguard's table in a loop gets at most one repair per
+/// `BURST_MAX`, however their flushes are spaced.
 pub const BURST_MAX: Duration = Duration::from_millis(200);
 /// The periodic check without notifications: a backstop, as the timers of other agents are.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
@@ -179,15 +182,24 @@ fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
     );
     let mut burst: Option<Burst> = None;
     let mut check_due = Instant::now() + CHECK_EVERY;
+    // When the last repair ended: the next one waits until BURST_MAX after it.
+    let mut last_end: Option<Instant> = None;
+    let due = |b: &Burst, last_end: Option<Instant>| match last_end {
+        Some(e) => b.due().max(e + BURST_MAX),
+        None => b.due(),
+    };
     loop {
-        let deadline = burst.as_ref().map_or(check_due, Burst::due).min(check_due);
+        let deadline = burst
+            .as_ref()
+            .map_or(check_due, |b| due(b, last_end))
+            .min(check_due);
         if wait_readable(m.fd(), deadline.saturating_duration_since(Instant::now())) {
             let v = m.drain();
             burst = extend(burst, v, Instant::now());
         }
         let now = Instant::now();
         let cause = match &burst {
-            Some(b) if now >= b.due() => Some((b.cause.clone(), b.first)),
+            Some(b) if now >= due(b, last_end) => Some((b.cause.clone(), b.first)),
             None if now >= check_due => Some((Verdict::Quiet, now)),
             _ => None,
         };
@@ -196,17 +208,25 @@ fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
         };
         burst = None;
         check_due = Instant::now() + CHECK_EVERY;
-        repair_once(opts, &cause, since, &mut stats);
+        if repair_once(opts, &cause, since, &mut stats) {
+            last_end = Some(Instant::now());
+        }
         write_state(state_file, &stats);
     }
 }
 
-/// One repair (or check): logged, counted.
-fn repair_once(opts: &adopt::Options, cause: &Verdict, since: Instant, stats: &mut RepairStats) {
+/// One repair (or check): logged, counted. Whether it wrote something.
+fn repair_once(
+    opts: &adopt::Options,
+    cause: &Verdict,
+    since: Instant,
+    stats: &mut RepairStats,
+) -> bool {
     stats.checks += 1;
     match adopt::repair(opts) {
         Ok(r) if r.ops > 0 => {
-            let took = since.elapsed().as_secs_f64() * 1000.0;
+            let committed = r.committed.unwrap_or_else(Instant::now);
+            let took = committed.saturating_duration_since(since).as_secs_f64() * 1000.0;
             stats.repairs += 1;
             stats.last_repair = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -215,7 +235,7 @@ fn repair_once(opts: &adopt::Options, cause: &Verdict, since: Instant, stats: &m
             stats.last_repair_ms = Some(took);
             stats.last_cause = Some(cause_text(cause));
             crate::info!(
-                "self-repair: {}; restored {} pod(s) and the shared objects with one batch of {} operation(s), {took:.1} ms after the first notification",
+                "self-repair: {}; restored {} pod(s) and the shared objects with one batch ({} change(s)), committed {took:.1} ms after the first notification",
                 cause_text(cause),
                 r.pods,
                 r.ops
@@ -223,6 +243,7 @@ fn repair_once(opts: &adopt::Options, cause: &Verdict, since: Instant, stats: &m
             for f in &r.failed {
                 crate::warn!("self-repair: {f}");
             }
+            true
         }
         Ok(r) => {
             if *cause != Verdict::Quiet {
@@ -235,8 +256,12 @@ fn repair_once(opts: &adopt::Options, cause: &Verdict, since: Instant, stats: &m
             for f in &r.failed {
                 crate::warn!("self-repair: {f}");
             }
+            false
         }
-        Err(e) => crate::warn!("self-repair: {}: repair failed: {e}", cause_text(cause)),
+        Err(e) => {
+            crate::warn!("self-repair: {}: repair failed: {e}", cause_text(cause));
+            false
+        }
     }
 }
 
