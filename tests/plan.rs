@@ -259,6 +259,7 @@ fn render_case(c: &Case) -> String {
                 namespace: args.pod_namespace.as_deref(),
                 pod_name: args.pod_name.as_deref(),
                 netns: &netns,
+                annotations: Default::default(),
                 host: Some(HostSide {
                     iface: IfName::new("cni0").unwrap(),
                     port: IfName::new(&port),
@@ -498,6 +499,7 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
                 namespace: ns,
                 pod_name: None,
                 netns: "/run/netns/c",
+                annotations: Default::default(),
                 host: Some(HostSide {
                     iface: IfName::new("veth-c").unwrap(),
                     port: None,

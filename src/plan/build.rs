@@ -288,12 +288,21 @@ pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
 /// Plans what one attachment owns.
 pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let owner = OwnerKey::new(pod.network, pod.container_id, pod.ifname);
-    let exempt = pod
-        .namespace
-        .is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
+    let decision = crate::policy::decide(cfg, pod.namespace, &pod.annotations);
     let meta_on = cfg.metadata.mode != MetadataMode::Off;
-    let intercept = meta_on && !exempt;
-    let allowed = meta_on && exempt;
+    // `deny` asked in a proxy network: neither DNATed nor exempt, so the fail-closed rules
+    // reset it.
+    let intercept = meta_on
+        && match decision.policy {
+            crate::policy::Policy::Proxy => true,
+            // Without a host side the current fail-closed rules cannot see the pod's
+            // interface: proxied rather than left open.
+            crate::policy::Policy::Deny => {
+                cfg.metadata.mode == MetadataMode::Deny || pod.host.is_none()
+            }
+            _ => false,
+        };
+    let allowed = meta_on && decision.is_exempt();
     let mut present = Vec::new();
     let mut absent = Vec::new();
     let mut want = |kind: SetKind, key: Key, yes: bool| {
@@ -323,7 +332,10 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     }
     PodPlan {
         owner,
-        comment: pod_comment(pod, addrs),
+        comment: record::with_policy(
+            pod_comment(pod, addrs),
+            crate::policy::record_token(&decision),
+        ),
         attach: attach_comment(pod.host.as_ref(), pod.netns),
         addrs: addrs.to_vec(),
         host: pod.host,

@@ -51,6 +51,7 @@ fn pod_in(cfg: &Config, cid: &str, ns: &str, addrs: &[&str], netns: &str) -> Pod
         namespace: Some(ns),
         pod_name: Some(cid),
         netns,
+        annotations: Default::default(),
         host: Some(HostSide {
             iface: ifn("cni0"),
             port: Some(ifn(&format!("veth-{cid}"))),

@@ -7,6 +7,8 @@
 //! conflist in the netconf dir now lists natguard, the same plan ADD would make is applied, using
 //! natguard's config from that conflist and the namespace from the cached CNI_ARGS.
 //!
+//! Each pod's `natguard.io/` annotations are read from the cache's `capabilityArgs` (what the
+//! runtime passed as runtimeConfig), so an annotated pod gets the policy its ADD gave it.
 //! Pods of exempt namespaces get what ADD gives them (masquerade policy, and their addresses in
 //! the network's allow set, so the fail-closed reject of metadata traffic from the pod networks
 //! lets them through); their metadata traffic is not intercepted and their flows are left alone.
@@ -14,7 +16,8 @@
 //! the metadata addresses that bypassed the DNAT: those are the flows opened before the rules
 //! existed. That costs one kernel walk per metadata address, however many pods there are.
 //! `reconcile` installs the same entries and touches no flow. Both are idempotent and report one
-//! line per attachment.
+//! line per attachment. [`repair`] is reconcile in one batch, for `install --watch`'s
+//! self-repair.
 
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
@@ -200,6 +203,8 @@ struct CacheEntry {
     container_id: String,
     ifname: String,
     args: Vec<(String, String)>,
+    /// `capabilityArgs`: what the runtime passed as runtimeConfig (pod annotations among it).
+    cap_args: Option<Value>,
     result: Value,
 }
 
@@ -249,6 +254,7 @@ fn read_cache_entry(path: &Path) -> std::result::Result<CacheEntry, String> {
         container_id: s("containerId")?,
         ifname: s("ifName")?,
         args,
+        cap_args: v.get("capabilityArgs").cloned(),
         result,
     })
 }
@@ -355,17 +361,18 @@ fn prepare_entry(
     if !netns.is_empty() && !Path::new(&netns).exists() {
         return Err(Outcome::SkippedNetnsGone { netns });
     }
-    let exempt = args
-        .pod_namespace
-        .as_deref()
-        .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns))
-        .map(str::to_string);
+    // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
+    let annotations = crate::policy::parse(entry.cap_args.as_ref())
+        .map_err(|e| fail(format!("cached capabilityArgs: {e}")))?;
+    let decision = crate::policy::decide(cfg, args.pod_namespace.as_deref(), &annotations);
+    let exempt = args.pod_namespace.clone().filter(|_| decision.is_exempt());
     let who = Identity {
         network: &entry.network,
         container_id: &entry.container_id,
         ifname: &entry.ifname,
         netns: &netns,
         args: &args,
+        annotations,
     };
     // Exactly the checks and plan of a live ADD.
     let p =
