@@ -97,6 +97,10 @@ pub(crate) struct PodReport {
     pub interface: Option<String>,
     pub addrs: Vec<IpAddr>,
     pub exempt: bool,
+    /// The effective metadata policy (`proxy`, `deny`, `exempt`, `off`, `unknown`) and what
+    /// decided it (`network`, `namespace`, `annotation`; see [`crate::policy`]).
+    pub policy: String,
+    pub policy_source: String,
     /// None when per-pod counters are unavailable.
     pub proxied: Option<u64>,
     pub reset: Option<u64>,
@@ -268,6 +272,18 @@ fn write_pod(out: &mut String, r: &NodeReport, p: &PodReport) {
         );
     }
     let _ = writeln!(out, "{line}");
+    if !p.policy.is_empty() {
+        let why = match p.policy_source.as_str() {
+            "annotation" => "the pod's annotation natguard.io/metadata",
+            "namespace" => "its namespace is exempt",
+            _ => "the network's metadata.mode",
+        };
+        let _ = writeln!(
+            out,
+            "      metadata policy: {} ({why})",
+            printable(&p.policy)
+        );
+    }
 }
 
 /// `natguard status`: the report in plain words.
@@ -430,6 +446,8 @@ fn pod_json(r: &NodeReport, p: &PodReport) -> Value {
         "interface": p.interface,
         "addresses": addrs,
         "exempt": p.exempt,
+        "policy": p.policy,
+        "policySource": p.policy_source,
         "proxied": pod_counter(r, p.proxied),
         "reset": pod_counter(r, p.reset),
     })

@@ -34,6 +34,8 @@ fn pod(ns: &str, name: &str, cid: &str, addrs: &[&str], reset: u64, proxied: u64
         interface: Some(format!("veth{}", &cid[..4.min(cid.len())])),
         addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
         exempt: false,
+        policy: String::new(),
+        policy_source: String::new(),
         proxied: Some(proxied),
         reset: Some(reset),
     }
@@ -423,6 +425,8 @@ fn json_golden() {
                 PodReport {
                     interface: None,
                     exempt: true,
+                    policy: "exempt".into(),
+                    policy_source: "namespace".into(),
                     ..pod(
                         "kube-system",
                         "creds",
@@ -485,6 +489,8 @@ fn json_golden() {
             "10.244.0.3"
           ],
           "exempt": true,
+          "policy": "exempt",
+          "policySource": "namespace",
           "proxied": 0,
           "reset": 3
         },
@@ -499,6 +505,8 @@ fn json_golden() {
             "fd00::2"
           ],
           "exempt": false,
+          "policy": "",
+          "policySource": "",
           "proxied": 12,
           "reset": 0
         }
@@ -599,6 +607,8 @@ fn check_shape(doc: &Value) {
                 "interface",
                 "addresses",
                 "exempt",
+                "policy",
+                "policySource",
                 "proxied",
                 "reset",
             ];
@@ -611,6 +621,8 @@ fn check_shape(doc: &Value) {
                 Kind::StrOrNull,
                 Kind::Str, // checked below
                 Kind::Bool,
+                Kind::Str,
+                Kind::Str,
                 Kind::UintOrNull,
                 Kind::UintOrNull,
             ];
@@ -694,4 +706,19 @@ fn json_keeps_the_text_order_and_raw_strings() {
     let compact = doc.to_string();
     assert!(!compact.contains('\n'));
     assert_eq!(serde_json::from_str::<Value>(&compact).unwrap(), doc);
+}
+
+#[test]
+fn each_pod_shows_its_policy_and_where_it_came_from() {
+    let mut r = node();
+    let net = &mut r.networks[0];
+    net.pods[0].policy = "deny".into();
+    net.pods[0].policy_source = "annotation".into();
+    let text = render_text(&r);
+    assert!(
+        text.contains(
+            "\n      metadata policy: deny (the pod's annotation natguard.io/metadata)\n"
+        ),
+        "{text}"
+    );
 }
