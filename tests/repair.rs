@@ -17,6 +17,8 @@
 //!   the wall time, so it does not spin.
 //! - **A storm on natguard's table.** `nft flush table inet natguard` back to back: at most one
 //!   repair per burst bound (`BURST_MAX`), and the policy is back at the end.
+//! - **Lost notifications.** A receive buffer too small for them (`NATGUARD_MONITOR_RCVBUF`):
+//!   `ENOBUFS` leads to a full check, which repairs the flush; the watcher lives on.
 //!
 //! Needs root (network namespaces, nf_tables, mount namespaces); never skips.
 
@@ -46,6 +48,10 @@ struct Watcher {
 
 impl Watcher {
     fn start(w: &World, chain: &Chain) -> Watcher {
+        Watcher::start_with(w, chain, &[])
+    }
+
+    fn start_with(w: &World, chain: &Chain, env: &[(&str, &str)]) -> Watcher {
         let dir = w.dir();
         let netd = dir.join("net.d");
         let bin = dir.join("bin");
@@ -82,6 +88,7 @@ impl Watcher {
                 entry_file.as_os_str(),
             ])
             .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
+            .env(env)
             .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
             .spawn_in(&w.node, &log);
         let me = Watcher {
@@ -384,6 +391,61 @@ fn a_storm_of_flushes_of_natguards_table_costs_one_repair_per_burst() {
         );
         assert_eq!(metadata_of(&pod), body("proxy"), "round {round}");
     }
+}
+
+/// A receive buffer too small for a flush's notifications: the kernel drops them and the next
+/// read fails with ENOBUFS. The watcher cannot know what it missed, so it checks everything:
+/// the flush is repaired, the watcher lives on, and someone else's storm (which overflows the
+/// buffer too) costs checks that write nothing, never a repair.
+#[test]
+fn lost_notifications_lead_to_a_full_check_not_a_crash() {
+    let w = World::new("repair-lost");
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    let mut watcher = Watcher::start_with(&w, &chain, &[("NATGUARD_MONITOR_RCVBUF", "1")]);
+    let before = watcher.repairs();
+    w.node.run(&["nft", "flush", "ruleset"]);
+    watcher.wait_until("the repair after lost notifications", || {
+        metadata_of(&pod) == body("proxy") && watcher.repairs() > before
+    });
+    let log = watcher.log_text();
+    assert!(
+        log.contains("nf_tables notifications were lost (receive buffer overflow)")
+            && log.contains("restored 1 pod(s)"),
+        "the overflow was not handled as a full check: {log}"
+    );
+    // Someone else's storm overflows the small buffer too: checks, no repair.
+    let repairs = watcher.repairs();
+    let checks = watcher.checks();
+    let file = w.dir().join("other.nft");
+    let rules: String = (0..50)
+        .map(|i| format!("    ip saddr 192.0.2.{i} counter accept\n"))
+        .collect();
+    fs::write(
+        &file,
+        format!("table inet other\nflush table inet other\ntable inet other {{\n  chain c {{\n{rules}  }}\n}}\n"),
+    )
+    .unwrap();
+    for _ in 0..20 {
+        w.node.run(&["nft", "-f", &file.display().to_string()]);
+    }
+    std::thread::sleep(BURST_MAX * 2);
+    println!(
+        "small receive buffer: a flush repaired after lost notifications; 20 rewrites of another table cost {} check(s) and {} repair(s)",
+        watcher.checks() - checks,
+        watcher.repairs() - repairs
+    );
+    assert_eq!(
+        watcher.repairs(),
+        repairs,
+        "a repair for someone else's table"
+    );
+    assert!(
+        watcher.child.try_wait().unwrap().is_none(),
+        "the watcher died: {}",
+        watcher.log_text()
+    );
+    assert_eq!(metadata_of(&pod), body("proxy"));
 }
 
 /// Without `--watch` (or with `--no-repair`) nothing repairs: the flushed policy stays gone

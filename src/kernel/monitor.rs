@@ -22,7 +22,8 @@
 //!
 //! When the receive buffer overflows, the kernel drops notifications and the next read fails
 //! with `ENOBUFS`: what was lost is unknown, so the verdict is [`Verdict::Lost`] and the caller
-//! checks (and repairs) everything. The buffer is grown to [`RCVBUF`] to make that rare.
+//! checks (and repairs) everything. The buffer is grown to [`RCVBUF`] to make that rare
+//! (`NATGUARD_MONITOR_RCVBUF`, [`RCVBUF_ENV`], sets another size: the tests of that path).
 //!
 //! Limits: the command name is the kernel's `comm`, which any process can set for itself, so a
 //! component that names itself `natguard` is not repaired against. The monitor sees only its
@@ -52,6 +53,8 @@ pub const OWN_NAME: &str = "natguard";
 
 /// The receive buffer asked for: room for the notifications of a flush of a large ruleset.
 pub const RCVBUF: usize = 8 << 20;
+/// Overrides [`RCVBUF`] (bytes), so tests can make the buffer overflow.
+pub const RCVBUF_ENV: &str = "NATGUARD_MONITOR_RCVBUF";
 
 /// What a read of the notifications concluded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,7 +161,8 @@ pub struct Monitor {
 }
 
 impl Monitor {
-    pub fn open() -> Result<Self> {
+    /// A monitor with [`RCVBUF`], or with `rcvbuf` bytes (tests of the overflow path).
+    pub fn open(rcvbuf: Option<usize>) -> Result<Self> {
         let mut sock = Socket::new(NETLINK_NETFILTER)
             .map_err(|e| Error::io("open netfilter netlink socket", e))?;
         sock.bind_auto()
@@ -167,7 +171,7 @@ impl Monitor {
             .map_err(|e| Error::io("subscribe to nf_tables notifications", e))?;
         sock.set_non_blocking(true)
             .map_err(|e| Error::io("netfilter netlink socket", e))?;
-        grow_rcvbuf(&sock);
+        set_rcvbuf(&sock, rcvbuf);
         Ok(Monitor {
             sock,
             buf: vec![0u8; 1 << 16],
@@ -220,10 +224,16 @@ impl Monitor {
     }
 }
 
-fn grow_rcvbuf(sock: &Socket) {
+/// [`RCVBUF`] (forced past `rmem_max`, which needs the `CAP_NET_ADMIN` the watcher has), or
+/// exactly `want` bytes.
+fn set_rcvbuf(sock: &Socket, want: Option<usize>) {
     let fd = std::os::fd::AsRawFd::as_raw_fd(sock);
-    let v = (RCVBUF / 2) as libc::c_int; // the kernel doubles it
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+    let v = (want.unwrap_or(RCVBUF) / 2).min(i32::MAX as usize) as libc::c_int; // the kernel doubles it
+    let opts: &[libc::c_int] = match want {
+        None => &[libc::SO_RCVBUFFORCE, libc::SO_RCVBUF],
+        Some(_) => &[libc::SO_RCVBUF],
+    };
+    for &opt in opts {
         // SAFETY: setsockopt with a c_int value on our own socket.
         let r = unsafe {
             libc::setsockopt(

@@ -152,7 +152,10 @@ fn cause_text(v: &Verdict) -> String {
 pub fn start(opts: adopt::Options, state_file: PathBuf) -> bool {
     // The thread keeps the process's name, which is how its own writes are told apart.
     let (tx, rx) = std::sync::mpsc::channel();
-    let spawned = std::thread::Builder::new().spawn(move || match Monitor::open() {
+    let rcvbuf = std::env::var(crate::kernel::monitor::RCVBUF_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let spawned = std::thread::Builder::new().spawn(move || match Monitor::open(rcvbuf) {
         Ok(m) => {
             let _ = tx.send(true);
             run(m, &opts, &state_file)
