@@ -13,7 +13,7 @@
 
 mod common;
 
-use common::run::Natguard;
+use common::run::{Access, Natguard};
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
@@ -65,9 +65,18 @@ fn real() -> (Outcome, Outcome) {
     (body("cloud"), body("cloud"))
 }
 
+/// A directory of the test over `/run/natguard` (the lock, no watcher's record), so the node
+/// tools never touch the machine's.
+fn run_dir(w: &World) -> std::path::PathBuf {
+    let d = w.dir().join("run-natguard");
+    fs::create_dir_all(&d).unwrap();
+    d
+}
+
 fn status(w: &World) -> String {
     Natguard::new()
         .args(&["status"])
+        .bind_mount(&run_dir(w), "/run/natguard", Access::ReadWrite)
         .run_in(&w.node)
         .succeeded()
         .stdout
@@ -193,6 +202,7 @@ fn annotations_tighten_what_network_and_namespace_impose() {
             "--netconf-dir".as_ref(),
             netd.as_os_str(),
         ])
+        .bind_mount(&run_dir(&w), "/run/natguard", Access::ReadWrite)
         .run_in(&w.node)
         .succeeded();
     check_all("after a flush and reconcile");
