@@ -2,7 +2,8 @@
 //!
 //! This is the one module that both writes and parses the comments, so the format cannot drift
 //! between ADD (which writes), DEL and GC (which read owners and addresses back) and `status`.
-//! - A `NET-pods` element's comment: `ADDRS WHO cid=CID if=IFNAME`, addresses first (DEL parses
+//! - A `NET-pods` element's comment: `ADDRS WHO [pol=POLICY] cid=CID if=IFNAME` (`pol=` only
+//!   when the pod's annotation decided its policy), addresses first (DEL parses
 //!   them; they are never cut), cut to nft's comment limit.
 //! - A `NET-att` element's comment: the attachment's host side and network namespace.
 //! - An address element's comment: its owners' keys, newest first, comma-separated.

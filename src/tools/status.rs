@@ -1,13 +1,16 @@
 //! `natguard status [--json]`: what natguard has installed on this node and what its rules
 //! stopped, in plain words or as one JSON document.
 //!
-//! It reads the kernel only, without the node lock (a report never writes). The networks are
-//! named by the comments of natguard's rules; a network's mode is read back from the rules
+//! It reads the kernel, without the node lock (a report never writes), and the record of
+//! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one.
+//! The networks are named by the comments of natguard's rules; a network's mode is read back from the rules
 //! themselves (what they enforce, not what a config file says): a DNAT to the proxy is `proxy`,
 //! resets without a DNAT are `deny`, neither is `off`. Pods are the elements of `NET-pods`,
 //! whose comments carry the addresses, namespace, name, container ID and ifname recorded at
 //! ADD, with the host-side interface from `NET-att` (the pod's bridge port, or its routed
-//! veth). The counters are the rules' and the
+//! veth). Each pod's effective metadata policy is read from its record (`pol=` when an
+//! annotation decided, see [`crate::policy`]), else from the sets (exempt) and the network's
+//! mode. The counters are the rules' and the
 //! counted sets' ([`crate::store`] sums them). The presentation is [`super::report`].
 
 use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};

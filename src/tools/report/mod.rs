@@ -2,8 +2,9 @@
 //! [`NodeReport`] as `natguard status` text, as `natguard status --json`, and as Prometheus text
 //! exposition for `natguard metrics` and the node_exporter textfile collector.
 //!
-//! The report is filled elsewhere, from the kernel's rule and set-element counters; this module
-//! only renders it and does no I/O, so every output is unit-tested from hand-built reports.
+//! The report is filled elsewhere, from the kernel's rule and set-element counters (and the
+//! watcher's self-repair record, shown only where a watcher keeps one); this module only
+//! renders it and does no I/O, so every output is unit-tested from hand-built reports.
 //! All three outputs are deterministic for a given report. Networks are shown in name order.
 //! The text and the JSON list a network's pods with the ones that had metadata attempts reset
 //! first, because those are what an operator looks for. The metrics list series in label order,
