@@ -30,7 +30,8 @@ usage: natguard install [options]
   --cache-dir DIR              CNI result cache passed to `natguard adopt`
   --no-adopt                   do not run `natguard adopt` after installing
   --ready-file PATH            exists while natguard is in the active list (default /run/natguard/ready)
-  --watch                      keep the entry in the active list until SIGTERM
+  --watch                      keep the entry in the active list until SIGTERM, and restore
+                               natguard's tables within milliseconds when someone else flushes them
   --no-repair                  with --watch: do not restore natguard's tables when someone else
                                flushes them (see docs/self-repair.md)
   --cleanup-on-exit            with --watch: on SIGTERM/SIGINT, remove natguard's entry from the
