@@ -89,6 +89,9 @@ pub struct Metadata {
     pub proxy_ipv4: ProxyAddr<Ipv4Addr>,
     pub proxy_ipv6: ProxyAddr<Ipv6Addr>,
     pub exempt_namespaces: Vec<String>,
+    /// `exemptRequiresAnnotation`: a pod of an exempt namespace is exempt only if it also
+    /// carries `natguard.io/metadata: exempt` (see [`crate::policy`]).
+    pub exempt_requires_annotation: bool,
     /// Log denied attempts to the kernel log, rate-limited, with a fixed prefix.
     pub log_denied: bool,
     /// `acceptUnenforced`: ADD accepts a pod whose interface is not a veth (macvlan, ipvlan,
@@ -152,6 +155,7 @@ impl Default for Config {
                 proxy_ipv4: ProxyAddr::Auto,
                 proxy_ipv6: ProxyAddr::Auto,
                 exempt_namespaces: Vec::new(),
+                exempt_requires_annotation: false,
                 log_denied: false,
                 accept_unenforced: false,
             },
@@ -348,6 +352,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             "proxyIPv4",
             "proxyIPv6",
             "exemptNamespaces",
+            "exemptRequiresAnnotation",
             "logDenied",
             "acceptUnenforced",
         ],
@@ -468,6 +473,9 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     }
     if let Some(x) = o.get("acceptUnenforced") {
         m.accept_unenforced = expect_bool("metadata.acceptUnenforced", x)?;
+    }
+    if let Some(x) = o.get("exemptRequiresAnnotation") {
+        m.exempt_requires_annotation = expect_bool("metadata.exemptRequiresAnnotation", x)?;
     }
     if let Some(x) = o.get("exemptNamespaces") {
         let arr = expect_array("metadata.exemptNamespaces", x)?;

@@ -12,7 +12,8 @@
 //! - [`kernel`]: the netlink socket, the lowering of plan objects to nf_tables messages, reads,
 //!   transactions, conntrack deletes, and rtnetlink facts about interfaces;
 //! - [`plan`]: pure; (config, node facts, pod) → desired objects, their names and the record
-//!   format, rendered as nft text;
+//!   format, rendered as nft text; [`policy`]: pure, a pod's effective metadata policy from its
+//!   network, namespace and `natguard.io/` annotations;
 //! - [`config`] (natguard's own sections), `addr` (address arithmetic and the rules for a pod's
 //!   address), [`node`] (facts looked up before planning), [`lock`] (the node lock with its
 //!   deadline), [`log`] (levels, rotation, never blocking), [`error`] (one error type and its CNI
@@ -29,6 +30,7 @@ pub mod lock;
 pub mod log;
 pub mod node;
 pub mod plan;
+pub mod policy;
 pub(crate) mod store;
 pub mod tools;
 pub mod verbs;

@@ -118,12 +118,15 @@ pub(crate) struct Identity<'a> {
     /// `CNI_NETNS` (or the cached result's sandbox); empty when unknown.
     pub netns: &'a str,
     pub args: &'a cni::CniArgs,
+    /// natguard's pod annotations (runtimeConfig, or the cache's capabilityArgs).
+    pub annotations: crate::policy::Annotations,
 }
 
 /// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
 /// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
 /// looked up here, before planning. Everything is refused before the kernel is touched.
 pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
+    crate::policy::refuse_unenforceable(cfg, &who.annotations)?;
     let ips = cni::prev_result::check_shape(prev, who.ifname)?;
     let own = crate::node::own_addresses();
     if let Some((ip, why)) = ips
@@ -167,6 +170,7 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
         pod_name: who.args.pod_name.as_deref(),
         netns: who.netns,
         host,
+        annotations: who.annotations,
     };
     let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
     Ok(Prepared { shared, pod, addrs })
@@ -245,6 +249,7 @@ fn identity<'a>(env: &'a Env, conf: &'a NetConf) -> Identity<'a> {
         ifname: &env.ifname,
         netns: &env.netns,
         args: &env.args,
+        annotations: conf.annotations,
     }
 }
 

@@ -168,7 +168,7 @@ fn insert_appends_after_the_chain_and_keeps_every_other_byte() {
     assert!(after.ends_with(&CALICO[cut..]), "{after}");
     assert_eq!(
         &after[cut..after.len() - (CALICO.len() - cut)],
-        ",\n        {\n            \"type\": \"natguard\"\n        }"
+        ",\n        {\n            \"type\": \"natguard\",\n            \"capabilities\": {\n                \"io.kubernetes.cri.pod-annotations\": true\n            }\n        }"
     );
     let v = parse(&after);
     assert_eq!(
@@ -183,7 +183,10 @@ fn insert_appends_after_the_chain_and_keeps_every_other_byte() {
         .map(|p| p["type"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(types, ["calico", "portmap", "natguard"]);
-    assert_eq!(v["plugins"][2], json!({"type": "natguard"}));
+    assert_eq!(
+        v["plugins"][2],
+        json!({"type": "natguard", "capabilities": {"io.kubernetes.cri.pod-annotations": true}})
+    );
 
     // The binary is in the bin dir, executable, byte for byte the running one.
     let installed = n.bin().join("natguard");
@@ -248,7 +251,7 @@ fn config_from_flags_and_file_replaces_only_natguards_entry() {
     let v = parse(&n.read("10-calico.conflist"));
     assert_eq!(
         v["plugins"][2],
-        json!({"type": "natguard", "metadata": {"mode": "proxy", "proxyPort": 9181,
+        json!({"type": "natguard", "capabilities": {"io.kubernetes.cri.pod-annotations": true}, "metadata": {"mode": "proxy", "proxyPort": 9181,
             "proxyIPv4": "10.0.0.1", "proxyIPv6": "auto", "exemptNamespaces": ["kube-system", "creds"]},
             "masquerade": {"nonMasqueradeCIDRs": ["10.0.0.0/8", "fd00::/8"]}})
     );
@@ -272,10 +275,14 @@ fn config_from_flags_and_file_replaces_only_natguards_entry() {
     let entry = &v["plugins"][2];
     assert_eq!(
         entry,
-        &json!({"type": "natguard", "metadata": {"mode": "deny", "ports": [80, 8080]},
+        &json!({"type": "natguard", "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+            "metadata": {"mode": "deny", "ports": [80, 8080]},
             "logFile": "/var/log/natguard.log", "masquerade": {"enabled": false}})
     );
-    assert_eq!(keys(entry), ["type", "metadata", "logFile", "masquerade"]);
+    assert_eq!(
+        keys(entry),
+        ["type", "capabilities", "metadata", "logFile", "masquerade"]
+    );
     let cut = CALICO.find("\n    ],").unwrap();
     assert!(after.starts_with(&CALICO[..cut]) && after.ends_with(&CALICO[cut..]));
     assert_eq!(v["plugins"].as_array().unwrap().len(), 3);
@@ -283,7 +290,10 @@ fn config_from_flags_and_file_replaces_only_natguards_entry() {
     // Back to the defaults: the entry is replaced in place, nothing else moves.
     n.install(&[]);
     let v = parse(&n.read("10-calico.conflist"));
-    assert_eq!(v["plugins"][2], json!({"type": "natguard"}));
+    assert_eq!(
+        v["plugins"][2],
+        json!({"type": "natguard", "capabilities": {"io.kubernetes.cri.pod-annotations": true}})
+    );
     assert_eq!(v["plugins"].as_array().unwrap().len(), 3);
 }
 
@@ -306,7 +316,7 @@ fn the_first_config_by_name_is_the_active_one() {
     // Compact lists stay compact.
     assert_eq!(
         n.read("10-a.conflist"),
-        r#"{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","bridge":"a"},{"type":"natguard"}]}"#
+        r#"{"cniVersion":"1.0.0","name":"a","plugins":[{"type":"bridge","bridge":"a"},{"type":"natguard","capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}"#
     );
     assert_eq!(n.read("20-b.conflist"), bridge("b"));
 
@@ -349,7 +359,7 @@ fn a_lone_conf_becomes_a_list() {
         );
         assert_eq!(
             v["plugins"][1],
-            json!({"type": "natguard", "metadata": {"mode": "deny"}})
+            json!({"type": "natguard", "capabilities": {"io.kubernetes.cri.pod-annotations": true}, "metadata": {"mode": "deny"}})
         );
         let snap = n.snapshot();
         n.install(&["--mode", "deny"]);

@@ -259,6 +259,7 @@ fn render_case(c: &Case) -> String {
                 namespace: args.pod_namespace.as_deref(),
                 pod_name: args.pod_name.as_deref(),
                 netns: &netns,
+                annotations: Default::default(),
                 host: Some(HostSide {
                     mac: None,
                     iface: IfName::new("cni0").unwrap(),
@@ -497,6 +498,7 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
                 namespace: ns,
                 pod_name: None,
                 netns: "/run/netns/c",
+                annotations: Default::default(),
                 host: Some(HostSide {
                     mac: None,
                     iface: IfName::new("veth-c").unwrap(),

@@ -33,6 +33,7 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
         namespace: args.pod_namespace.as_deref(),
         pod_name: args.pod_name.as_deref(),
         netns: "/var/run/netns/cni-0123",
+        annotations: Default::default(),
         host: Some(host),
     };
     let p = plan::plan_pod(cfg, &pod, addrs);

@@ -155,7 +155,7 @@ defer "kill $ctr_pid"
 
 wait_until "natguard in the node's conflist" has_natguard
 wait_until "the readiness file" test -e "$host/run/natguard/ready"
-[ "$(jq -c '.plugins[-1]' "$LIST")" = '{"type":"natguard"}' ] ||
+[ "$(jq -c '.plugins[-1]' "$LIST")" = '{"type":"natguard","capabilities":{"io.kubernetes.cri.pod-annotations":true}}' ] ||
   fail "natguard's entry: $(jq -c '.plugins[-1]' "$LIST")"
 [ "$(jq -c '[.plugins[].type]' "$LIST")" = '["bridge","portmap","natguard"]' ] || fail "list: $(cat "$LIST")"
 [ "$(jq -r .cniVersion "$LIST")" = 0.4.0 ] || fail "cniVersion changed: $(cat "$LIST")"

@@ -23,7 +23,9 @@
 #    The window between a rewrite and the re-insert, held open by stopping the watcher: a pod
 #    started in it gets no ADD from natguard (not intercepted but reset by the fail-closed rule,
 #    not masqueraded by natguard); the resumed watcher puts the entry back and its adopt brings
-#    the pod under policy (in natguard's sets, answered by the proxy). SIGTERM leaves the entry.
+#    the pod under policy (in natguard's sets, answered by the proxy). Someone deletes
+#    natguard's table: the watcher's self-repair restores every pod's entries (the exempt one's
+#    too) and the next metadata connection is proxied. SIGTERM leaves the entry.
 # 4. The ordinary pods are removed while natguard is listed: nothing of them is left
 #    (natguard's table, conntrack, IPAM, the CNI cache). Then `install --watch
 #    --cleanup-on-exit` and SIGTERM: the list is the original again, the binary and the table
@@ -344,6 +346,21 @@ grep -Eq "^adopted +$NET ${podE:0:12}(\.\.\.)? eth0 \($APPS_NS/ng-window\): $ipE
   fail "the watcher's adopt after the re-insert did not adopt pod $ipE: $(cat "$W/watch.log")"
 assert_pod_installed "$NET" "$ipE" "$podE"
 probe "$podE" "pod $APPS_NS/ng-window, adopted by the watcher after the re-insert" proxy
+# self-repair: someone deletes natguard's tables; the watcher puts the shared objects and every
+# cached pod back with one batch, and new metadata connections are proxied again
+in_node nft delete table inet natguard || fail "could not delete natguard's table"
+for _ in $(seq 100); do
+  grep -q 'self-repair: nft (pid' "$W/watch.log" && in_node nft list table inet natguard >/dev/null 2>&1 && break
+  sleep 0.05
+done
+grep -q 'self-repair: nft (pid' "$W/watch.log" ||
+  fail "the watcher did not repair natguard's deleted table within 5 s: $(cat "$W/watch.log")"
+assert_pod_installed "$NET" "$ipA" "$podA"
+assert_pod_installed "$NET" "$ipE" "$podE"
+set_has "$NET" exempt4 "$ipB" || fail "exempt pod $ipB is not back in $NET-exempt4 after the repair"
+probe "$podE" "pod $APPS_NS/ng-window, after the watcher's repair" proxy
+jq -e '.repairs >= 1' "$W/repair.json" >/dev/null || fail "the watcher's record counts no repair: $(cat "$W/repair.json" 2>&1)"
+log "$(grep 'self-repair: nft (pid' "$W/watch.log" | tail -n 1 | cut -d' ' -f4-)"
 kill -TERM $watch_pid
 wait $watch_pid || fail "install --watch exited $? on SIGTERM: $(cat "$W/watch.log")"
 has_entry || fail "install --watch without --cleanup-on-exit took the entry out on SIGTERM: $(cat "$LIST")"

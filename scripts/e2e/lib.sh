@@ -125,7 +125,8 @@ natguard_bin() {
 # natguard_conf [EXTRA_JSON]: natguard's entry for a conflist (defaults plus an exempt namespace).
 natguard_conf() {
   jq -cn --arg log "$W/natguard.log" --arg ex "$EXEMPT_NS" --argjson extra "${1:-{\}}" \
-    '{type: "natguard", metadata: {mode: "proxy", exemptNamespaces: [$ex]}, logFile: $log} * $extra'
+    '{type: "natguard", capabilities: {"io.kubernetes.cri.pod-annotations": true},
+      metadata: {mode: "proxy", exemptNamespaces: [$ex]}, logFile: $log} * $extra'
 }
 
 # bridge_conf BRIDGE SUBNET [IPMASQ]: Debian's bridge + host-local (default IPAM dir).
@@ -220,7 +221,13 @@ check_probe() {
   in=$(sed -n 's/^in=//p' <<<"$out")
   outv=$(sed -n 's/^out=//p' <<<"$out")
   [[ $ip =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || fail "$who: no pod address in probe output: $out"
-  [ "$meta" = "$want_meta" ] || fail "$who ($ip): 169.254.169.254 answered '$meta', want '$want_meta'"
+  if [ "$want_meta" = reset ]; then
+    # a TCP reset: busybox wget says "Connection refused" (or "reset"), never a body
+    [[ $meta =~ (refused|reset) ]] ||
+      fail "$who ($ip): 169.254.169.254 answered '$meta', want a TCP reset"
+  else
+    [ "$meta" = "$want_meta" ] || fail "$who ($ip): 169.254.169.254 answered '$meta', want '$want_meta'"
+  fi
   [ "$in" = "$ip" ] || fail "$who ($ip): $REMOTE_IN (non-masquerade CIDR) saw source '$in', want the pod address"
   [ "$outv" = "$NODE_IP" ] || fail "$who ($ip): $REMOTE_OUT saw source '$outv', want the node's $NODE_IP (masquerade)"
   log "$who ($ip): metadata -> $meta, $REMOTE_IN sees $in, $REMOTE_OUT sees $outv"
@@ -241,13 +248,20 @@ set_has() {
   grep -Eq "$(ip_re "$3")" <<<"$out"
 }
 
-# assert_pod_installed NET IP CID [exempt]: natguard has the pod under policy.
+# assert_pod_installed NET IP CID [exempt|deny]: natguard has the pod under policy (deny: the
+# pod asked for it with natguard.io/metadata).
 assert_pod_installed() {
   local net=$1 ip=$2 cid=$3 exempt=${4:-}
   nft_table >/dev/null || fail "no nftables table inet natguard in $NODE"
   set_has "$net" masq4 "$ip" || fail "pod $ip is not in $net-masq4"
   if [ "$exempt" = exempt ]; then
     set_has "$net" meta4 "$ip" && fail "exempt pod $ip is in $net-meta4"
+  elif [ "$exempt" = deny ]; then
+    # natguard.io/metadata: deny in a proxy network: neither DNATed nor exempt
+    set_has "$net" meta4 "$ip" && fail "pod $ip (annotated deny) is in $net-meta4"
+    set_has "$net" exempt4 "$ip" && fail "pod $ip (annotated deny) is in $net-exempt4"
+    in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -F -- "pol=deny" >/dev/null ||
+      fail "pod $ip (annotated deny): its owner entry does not record pol=deny"
   else
     set_has "$net" meta4 "$ip" || fail "pod $ip is not in $net-meta4"
   fi

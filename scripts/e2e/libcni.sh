@@ -9,7 +9,10 @@
 # Checks: traffic of an ordinary and an exempt pod; the cached result is the bridge's result
 # passed through natguard unchanged; CHECK passes, and fails once natguard's kernel state of
 # the pod is gone; DEL with an empty netns (a runtime's late DEL), DEL again (no cache left:
-# no prevResult), and nothing left behind.
+# no prevResult), and nothing left behind. Pod annotations through libcni's runtimeConfig
+# (CAP_ARGS, filtered by natguard's declared io.kubernetes.cri.pod-annotations capability):
+# natguard.io/metadata=deny resets an ordinary pod's metadata, natguard.io/metadata=proxy
+# intercepts a pod of the exempt namespace, and CHECK passes for both.
 . "$(dirname "$0")/lib.sh"
 e2e_init libcni
 need flock /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/tuning
@@ -54,6 +57,36 @@ jq -e '.cniVersion == "1.0.0" and ([.interfaces[].name] | index("eth0") != null 
 [ "$(check_probe "$(probe_in "$pod2")" "pod2 $EXEMPT_NS/creds" cloud)" = "$ip2" ] || exit 1
 assert_pod_installed "$NET" "$ip1" lc1-ng-e2e
 assert_pod_installed "$NET" "$ip2" lc2-ng-e2e exempt
+
+# pod annotations, as containerd and CRI-O pass them (libcni's runtimeConfig from CAP_ARGS)
+bare_pod pod3 pod3
+bare_pod pod4 pod4
+bare_pod pod5 pod5
+defer "CNI_ARGS='$(args ng-e2e-apps denied)' lib del '$W/$NET.conflist' '' lc3-ng-e2e"
+defer "CNI_ARGS='$(args "$EXEMPT_NS" sysproxy)' lib del '$W/$NET.conflist' '' lc4-ng-e2e"
+ann() { echo "{\"io.kubernetes.cri.pod-annotations\":{\"natguard.io/metadata\":\"$1\",\"other.io/x\":\"y\"}}"; }
+res3=$(CNI_ARGS=$(args ng-e2e-apps denied) CAP_ARGS=$(ann deny) lib add "$W/$NET.conflist" "$pod3" lc3-ng-e2e) ||
+  fail "ADD pod3 (natguard.io/metadata=deny): $res3"
+res4=$(CNI_ARGS=$(args "$EXEMPT_NS" sysproxy) CAP_ARGS=$(ann proxy) lib add "$W/$NET.conflist" "$pod4" lc4-ng-e2e) ||
+  fail "ADD pod4 (natguard.io/metadata=proxy): $res4"
+ip3=$(jq -r '.ips[0].address | sub("/.*"; "")' <<<"$res3")
+ip4=$(jq -r '.ips[0].address | sub("/.*"; "")' <<<"$res4")
+[ "$(check_probe "$(probe_in "$pod3")" "pod3 ng-e2e-apps/denied (annotated deny)" reset)" = "$ip3" ] || exit 1
+[ "$(check_probe "$(probe_in "$pod4")" "pod4 $EXEMPT_NS/sysproxy (annotated proxy)" proxy)" = "$ip4" ] || exit 1
+assert_pod_installed "$NET" "$ip3" lc3-ng-e2e deny
+assert_pod_installed "$NET" "$ip4" lc4-ng-e2e
+CNI_ARGS=$(args ng-e2e-apps denied) CAP_ARGS=$(ann deny) lib check "$W/$NET.conflist" "$pod3" lc3-ng-e2e ||
+  fail "CHECK of the annotated deny pod failed"
+if out=$(CNI_ARGS=$(args ng-e2e-apps typo) CAP_ARGS=$(ann Deny) lib add "$W/$NET.conflist" "$pod5" lc5-ng-e2e 2>&1); then
+  fail "ADD with natguard.io/metadata=Deny was accepted: $out"
+fi
+grep -q '"Deny" is not one of' <<<"$out" || fail "ADD with an unknown value did not name it: $out"
+CNI_ARGS=$(args ng-e2e-apps typo) lib del "$W/$NET.conflist" "$pod5" lc5-ng-e2e || fail "DEL of the refused ADD"
+CNI_ARGS=$(args ng-e2e-apps denied) lib del "$W/$NET.conflist" "$pod3" lc3-ng-e2e || fail "DEL pod3"
+CNI_ARGS=$(args "$EXEMPT_NS" sysproxy) lib del "$W/$NET.conflist" "$pod4" lc4-ng-e2e || fail "DEL pod4"
+assert_pod_gone "$NET" "$ip3" lc3-ng-e2e
+assert_pod_gone "$NET" "$ip4" lc4-ng-e2e
+log "annotations via libcni's runtimeConfig: deny -> reset, proxy in $EXEMPT_NS -> proxy, a bad value refused"
 
 # CHECK gets the cached result as prevResult (portMappings left out: portmap 1.1.1's CHECK
 # fails for IPv4-only pods with mappings, containernetworking/plugins#819)

@@ -1,6 +1,7 @@
 //! The network configuration a runtime passes on stdin: the CNI keys (`cniVersion`, `name`,
 //! `type`, `prevResult`, `cni.dev/valid-attachments`) around natguard's own sections, which
-//! [`crate::config`] parses. Unknown top-level keys belong to the runtime and are ignored.
+//! [`crate::config`] parses, and natguard's pod annotations in `runtimeConfig`, which
+//! [`crate::policy`] parses. Unknown top-level keys belong to the runtime and are ignored.
 
 use super::CniVersion;
 use crate::config::{
@@ -30,6 +31,8 @@ pub struct NetConf {
     /// `cni.dev/valid-attachments`, present on GC.
     pub valid_attachments: Option<Vec<Attachment>>,
     pub natguard: Config,
+    /// natguard's pod annotations, from `runtimeConfig["io.kubernetes.cri.pod-annotations"]`.
+    pub annotations: crate::policy::Annotations,
 }
 
 /// CNI network names: an alphanumeric, then alphanumerics, `_`, `.` or `-` (spec 1.0).
@@ -134,6 +137,7 @@ pub fn netconf_from_value(v: &Value) -> Result<NetConf> {
         Some(x) => Some(parse_attachments(x)?),
     };
     let natguard = parse_plugin_config(v)?;
+    let annotations = crate::policy::parse(obj.get("runtimeConfig"))?;
     Ok(NetConf {
         cni_version,
         name,
@@ -141,6 +145,7 @@ pub fn netconf_from_value(v: &Value) -> Result<NetConf> {
         prev_result,
         valid_attachments,
         natguard,
+        annotations,
     })
 }
 
@@ -158,6 +163,7 @@ pub fn netconf_for_del(bytes: &[u8]) -> Result<NetConf> {
         "logLevel",
         "logFileMaxSize",
         "cni.dev/valid-attachments",
+        "runtimeConfig",
     ] {
         obj.remove(k);
     }

@@ -6,6 +6,7 @@
 //! - `nft`: one transaction per invocation, and the reads that CHECK, DEL, GC and `status` need.
 //! - [`conntrack`]: ctnetlink deletes of a pod's flows.
 //! - `link`: rtnetlink facts about an interface (bridge, bridge port).
+//! - [`monitor`]: nf_tables change notifications, told apart by writer (`install --watch`).
 //!
 //! `lower` and `nft` are public only so root tests can check nfnetlink's reply semantics on
 //! hand-built batches; the store above reaches all of it through the narrow [`Kernel`] trait: typed keys and
@@ -18,6 +19,7 @@ pub mod conntrack;
 pub(crate) mod fake;
 pub(crate) mod link;
 pub mod lower;
+pub mod monitor;
 pub mod netlink;
 pub mod nft;
 pub(crate) mod podside;

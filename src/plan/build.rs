@@ -361,15 +361,15 @@ pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
 /// Plans what one attachment owns.
 pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let owner = OwnerKey::new(pod.network, pod.container_id, pod.ifname);
-    let exempt = pod
-        .namespace
-        .is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
+    let decision = crate::policy::decide(cfg, pod.namespace, &pod.annotations);
     let meta_on = cfg.metadata.mode != MetadataMode::Off;
-    let proxy = cfg.metadata.mode == MetadataMode::Proxy;
-    // With metadata interception off for the network, its pods are treated as exempt: the
-    // node-wide guard still judges them, and "off" means the operator lets them through.
-    let intercept = proxy && !exempt;
-    let allowed = !meta_on || exempt;
+    // Only a pod whose policy is `proxy` in a proxy network is DNATed; with `deny` (asked by
+    // the network or the pod) it is neither DNATed nor exempt, so the node-wide guard resets
+    // it. With metadata interception off for the network, its pods are treated as exempt:
+    // the guard still judges them, and "off" means the operator lets them through.
+    let intercept =
+        cfg.metadata.mode == MetadataMode::Proxy && decision.policy == crate::policy::Policy::Proxy;
+    let allowed = !meta_on || decision.is_exempt();
     let mut present = Vec::new();
     let mut absent = Vec::new();
     let mut want = |kind: SetKind, key: Key, yes: bool| {
@@ -413,7 +413,10 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     }
     PodPlan {
         owner,
-        comment: pod_comment(pod, addrs),
+        comment: record::with_policy(
+            pod_comment(pod, addrs),
+            crate::policy::record_token(&decision),
+        ),
         attach: attach_comment(pod.host.as_ref(), pod.netns),
         addrs: addrs.to_vec(),
         host: pod.host,

@@ -788,6 +788,8 @@ pub struct PodRef<'a> {
     /// `CNI_NETNS`: lets a later ADD tell whether this attachment still exists.
     pub netns: &'a str,
     pub host: Option<HostSide>,
+    /// The pod's `natguard.io/` annotations (runtimeConfig), which can tighten its policy.
+    pub annotations: crate::policy::Annotations,
 }
 
 #[cfg(test)]

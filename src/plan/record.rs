@@ -2,7 +2,8 @@
 //!
 //! This is the one module that both writes and parses the comments, so the format cannot drift
 //! between ADD (which writes), DEL and GC (which read owners and addresses back) and `status`.
-//! - A `NET-pods` element's comment: `ADDRS WHO cid=CID if=IFNAME`, addresses first (DEL parses
+//! - A `NET-pods` element's comment: `ADDRS WHO [pol=POLICY] cid=CID if=IFNAME` (`pol=` only
+//!   when the pod's annotation decided its policy), addresses first (DEL parses
 //!   them; they are never cut), cut to nft's comment limit.
 //! - A `NET-att` element's comment: the attachment's host side and network namespace.
 //! - An address element's comment: its owners' keys, newest first, comma-separated.
@@ -40,6 +41,31 @@ pub fn pod_comment(pod: &PodRef<'_>, addrs: &[IpAddr]) -> String {
         s.truncate(cut);
     }
     s
+}
+
+/// A pod comment with a policy token (`pol=deny`, see `crate::policy::record_token`) after
+/// its WHO, still within nft's comment limit; unchanged without a token.
+pub fn with_policy(comment: String, token: Option<String>) -> String {
+    let Some(t) = token else { return comment };
+    let mut parts: Vec<&str> = comment.splitn(3, ' ').collect();
+    parts.insert(parts.len().min(2), &t);
+    let mut s = parts.join(" ");
+    if s.len() > MAX_COMMENT {
+        let mut cut = MAX_COMMENT;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}
+
+/// The policy token of a `NET-pods` element comment (`deny` for `pol=deny`), if any.
+pub fn policy_from_comment(comment: &str) -> Option<&str> {
+    comment
+        .split(' ')
+        .skip(2)
+        .find_map(|p| p.strip_prefix("pol="))
 }
 
 /// How many owners an address element records (7 keys of 16 hex digits fit in a comment).

@@ -37,6 +37,7 @@ fn comments_keep_addresses_first() {
         namespace: Some(&"x".repeat(63)),
         pod_name: Some(&"y".repeat(200)),
         netns: "/run/netns/p",
+        annotations: Default::default(),
         host: None,
     };
     let addrs: Vec<IpAddr> = vec![

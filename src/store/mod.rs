@@ -308,98 +308,122 @@ impl<K: Kernel> Store<K> {
         pod: &PodPlan,
         converge: bool,
     ) -> Result<()> {
-        let names = &shared.names;
         let mut batch = Batch::default();
         if converge {
-            batch.push(Op::Converge(Box::new(shared.clone())));
-            // What an earlier version left: its per-network guard chains first (their rules
-            // refer to the sets), then the sets.
-            for t in TableFamily::ALL {
-                if self.k.table_flags(t)?.is_none() {
-                    continue;
-                }
-                let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
-                for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
-                    .iter()
-                    .filter(|(lt, _)| *lt == t)
-                {
-                    let name = format!("{}{suffix}", names.prefix_of_sets());
-                    if chains.contains(&name) {
-                        batch.push(Op::DeleteChain(t, name));
-                    }
-                }
-            }
-            for t in TableFamily::ALL {
-                if self.k.table_flags(t)?.is_none() {
-                    continue;
-                }
-                let sets: HashSet<String> = self.k.set_names(t)?.into_iter().collect();
-                for (_, suffix) in plan::LEGACY_SET_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
-                    let name = format!("{}{suffix}", names.prefix_of_sets());
-                    if sets.contains(&name) {
-                        batch.push(Op::DeleteSet(t, name));
-                    }
-                }
-            }
+            self.push_converge(&mut batch, shared)?;
         }
         let netns_exists = self.netns_exists;
         let mut v = view::View::new(&mut self.k);
-        let me = pod.owner;
-        let pods = set_ref(names, SetKind::Pods);
-        let att = set_ref(names, SetKind::Attach);
-        let old_rec = v.get(&pods, &Key::Owner(me))?;
-        let old_att = v
-            .get(&att, &Key::Owner(me))?
-            .map(|c| plan::parse_attach(&c));
-        // Release what an earlier ADD of this attachment owned and this one does not.
-        let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
-        let old_host = old_att.as_ref().and_then(|a| a.host());
-        let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
-        let mut release = owned_keys(&old_addrs, old_host);
-        release.extend(pod.absent.iter().copied());
-        for (kind, key) in release {
-            if !wanted.contains(&(kind, key)) {
-                leave(&mut v, &set_ref(names, kind), &key, me)?;
-            }
-        }
-        for (kind, key) in &pod.present {
-            let set = set_ref(names, *kind);
-            let mut owners = owners_of(v.get(&set, key)?.as_deref());
-            // Owners whose network namespace is gone are pruned before any is refused.
-            for o in owners.clone() {
-                if o != me && attachment_gone(&mut v, names, o, netns_exists)? {
-                    remove_attachment(&mut v, names, o, &[])?;
-                }
-            }
-            owners = owners_of(v.get(&set, key)?.as_deref());
-            owners.retain(|o| *o != me);
-            if owners.len() >= plan::MAX_OWNERS {
-                return Err(Error::TryAgain(format!(
-                    "{} in set {} already has {} live owners ({}); natguard records at most {} and drops none of them: DEL or GC the stale attachments, then retry",
-                    plan::render_key(key),
-                    set.name,
-                    owners.len(),
-                    plan::owners_comment(&owners),
-                    plan::MAX_OWNERS
-                )));
-            }
-            owners.insert(0, me);
-            v.set(&set, key, Some(plan::owners_comment(&owners)))?;
-        }
-        let old_iface = old_att.as_ref().and_then(|a| a.iface);
-        let new_iface = pod.host.map(|h| h.iface);
-        if old_iface != new_iface {
-            if let Some(i) = old_iface {
-                count_iface(&mut v, names, i, -1)?;
-            }
-            if let Some(i) = new_iface {
-                count_iface(&mut v, names, i, 1)?;
-            }
-        }
-        v.set(&pods, &Key::Owner(me), Some(pod.comment.clone()))?;
-        v.set(&att, &Key::Owner(me), Some(pod.attach.clone()))?;
+        stage_pod(&mut v, &shared.names, pod, netns_exists)?;
         v.emit(&mut batch);
         self.k.commit(&batch)
+    }
+
+    /// The converge of a network's shared objects, and the deletion of the sets earlier
+    /// versions created and this one no longer uses.
+    /// The converge of a network's shared objects, then what an earlier version left: its
+    /// per-network guard chains first (their rules refer to the sets), then the sets.
+    fn push_converge(&mut self, batch: &mut Batch, shared: &SharedPlan) -> Result<()> {
+        batch.push(Op::Converge(Box::new(shared.clone())));
+        let prefix = shared.names.prefix_of_sets();
+        for t in TableFamily::ALL {
+            if self.k.table_flags(t)?.is_none() {
+                continue;
+            }
+            let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
+            for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
+                .iter()
+                .filter(|(lt, _)| *lt == t)
+            {
+                let name = format!("{prefix}{suffix}");
+                if chains.contains(&name) {
+                    batch.push(Op::DeleteChain(t, name));
+                }
+            }
+        }
+        for t in TableFamily::ALL {
+            if self.k.table_flags(t)?.is_none() {
+                continue;
+            }
+            let sets: HashSet<String> = self.k.set_names(t)?.into_iter().collect();
+            for (_, suffix) in plan::LEGACY_SET_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
+                let name = format!("{prefix}{suffix}");
+                if sets.contains(&name) {
+                    batch.push(Op::DeleteSet(t, name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs many attachments at once (the watcher's repair after someone else's flush):
+    /// converges every network whose shared objects differ from its plan and installs every
+    /// pod, under one lock, in ONE batch. Returns the number of operations committed: 0 when
+    /// everything was in place, in which case nothing is written.
+    pub fn apply_pods(&mut self, pods: &[(&SharedPlan, &PodPlan)]) -> Result<usize> {
+        let _lock = self.lock()?;
+        let mut networks: Vec<&SharedPlan> = Vec::new();
+        for (s, _) in pods {
+            if !networks.iter().any(|n| n.names.network == s.names.network) {
+                networks.push(s);
+            }
+        }
+        let mut stale: Vec<&SharedPlan> = Vec::new();
+        for s in &networks {
+            if self.check_shared(s).is_err() {
+                self.refuse_foreign_objects(s)?;
+                stale.push(s);
+            }
+        }
+        match self.apply_pods_locked(&stale, pods) {
+            // A table vanished between the read and the commit: converge everything.
+            Err(e) if e.errno() == Some(libc::ENOENT) => self.apply_pods_locked(&networks, pods),
+            r => r,
+        }
+    }
+
+    fn apply_pods_locked(
+        &mut self,
+        converge: &[&SharedPlan],
+        pods: &[(&SharedPlan, &PodPlan)],
+    ) -> Result<usize> {
+        let mut batch = Batch::default();
+        // Every network converged in this batch fills the node-wide union sets: each with the
+        // union over all of them and the networks the table still records.
+        let mut full = Vec::with_capacity(converge.len());
+        for s in converge {
+            full.push(self.with_other_networks(s)?);
+        }
+        let mut union: HashMap<SetKind, Vec<plan::Elem>> = HashMap::new();
+        for p in &full {
+            for spec in p.sets.iter().filter(|s| s.kind.is_union()) {
+                let into = union.entry(spec.kind).or_default();
+                for e in spec.elements.iter().flatten() {
+                    if !into.contains(e) {
+                        into.push(e.clone());
+                    }
+                }
+            }
+        }
+        for p in &mut full {
+            for spec in p.sets.iter_mut().filter(|s| s.kind.is_union()) {
+                let mut elems = union.get(&spec.kind).cloned().unwrap_or_default();
+                elems.sort();
+                spec.elements = Some(elems);
+            }
+        }
+        for s in &full {
+            self.push_converge(&mut batch, s)?;
+        }
+        let netns_exists = self.netns_exists;
+        let mut v = view::View::new(&mut self.k);
+        for (s, p) in pods {
+            stage_pod(&mut v, &s.names, p, netns_exists)?;
+        }
+        v.emit(&mut batch);
+        let n = batch.len();
+        self.k.commit(&batch)?;
+        Ok(n)
     }
 
     /// Removes everything `owner` owns in a network; returns the number of elements changed
@@ -534,6 +558,71 @@ impl<K: Kernel> Store<K> {
     ) -> Result<FlushReport> {
         self.k.flush_undnatted(srcs, dsts, dports, path)
     }
+}
+
+/// Stages one attachment in a view: releases what an earlier ADD of the same attachment
+/// owned and this one does not, and takes ownership of every element of `pod`.
+fn stage_pod<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    names: &NetNames,
+    pod: &PodPlan,
+    netns_exists: fn(&str) -> bool,
+) -> Result<()> {
+    let me = pod.owner;
+    let pods = set_ref(names, SetKind::Pods);
+    let att = set_ref(names, SetKind::Attach);
+    let old_rec = v.get(&pods, &Key::Owner(me))?;
+    let old_att = v
+        .get(&att, &Key::Owner(me))?
+        .map(|c| plan::parse_attach(&c));
+    // Release what an earlier ADD of this attachment owned and this one does not.
+    let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
+    let old_host = old_att.as_ref().and_then(|a| a.host());
+    let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
+    let mut release = owned_keys(&old_addrs, old_host);
+    release.extend(pod.absent.iter().copied());
+    for (kind, key) in release {
+        if !wanted.contains(&(kind, key)) {
+            leave(v, &set_ref(names, kind), &key, me)?;
+        }
+    }
+    for (kind, key) in &pod.present {
+        let set = set_ref(names, *kind);
+        let mut owners = owners_of(v.get(&set, key)?.as_deref());
+        // Owners whose network namespace is gone are pruned before any is refused.
+        for o in owners.clone() {
+            if o != me && attachment_gone(v, names, o, netns_exists)? {
+                remove_attachment(v, names, o, &[])?;
+            }
+        }
+        owners = owners_of(v.get(&set, key)?.as_deref());
+        owners.retain(|o| *o != me);
+        if owners.len() >= plan::MAX_OWNERS {
+            return Err(Error::TryAgain(format!(
+                    "{} in set {} already has {} live owners ({}); natguard records at most {} and drops none of them: DEL or GC the stale attachments, then retry",
+                    plan::render_key(key),
+                    set.name,
+                    owners.len(),
+                    plan::owners_comment(&owners),
+                    plan::MAX_OWNERS
+                )));
+        }
+        owners.insert(0, me);
+        v.set(&set, key, Some(plan::owners_comment(&owners)))?;
+    }
+    let old_iface = old_att.as_ref().and_then(|a| a.iface);
+    let new_iface = pod.host.map(|h| h.iface);
+    if old_iface != new_iface {
+        if let Some(i) = old_iface {
+            count_iface(v, names, i, -1)?;
+        }
+        if let Some(i) = new_iface {
+            count_iface(v, names, i, 1)?;
+        }
+    }
+    v.set(&pods, &Key::Owner(me), Some(pod.comment.clone()))?;
+    v.set(&att, &Key::Owner(me), Some(pod.attach.clone()))?;
+    Ok(())
 }
 
 /// Takes `owner` out of the owner list of one element; the element goes with its last owner.

@@ -51,6 +51,7 @@ fn pod_in(cfg: &Config, cid: &str, ns: &str, addrs: &[&str], netns: &str) -> Pod
         namespace: Some(ns),
         pod_name: Some(cid),
         netns,
+        annotations: Default::default(),
         host: Some(HostSide {
             iface: ifn("cni0"),
             port: Some(ifn(&format!("veth-{cid}"))),
@@ -427,4 +428,28 @@ fn an_upgrade_deletes_the_sets_earlier_versions_left() {
         .unwrap();
     let last = s.kernel().commits.last().unwrap();
     assert!(!last.ops.iter().any(|o| matches!(o, Op::DeleteSet(..))));
+}
+
+#[test]
+fn a_repair_restores_every_pod_in_one_batch_and_then_writes_nothing() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let a = pod(&cfg, "a", "default", &["10.1.0.5", "fd00:1::5"]);
+    let b = pod(&cfg, "b", "kube-system", &["10.1.0.6"]);
+    s.apply_pod(&sh, &a).unwrap();
+    s.apply_pod(&sh, &b).unwrap();
+    // Someone flushes the ruleset.
+    *s.kernel() = Fake::default();
+    let n = s.apply_pods(&[(&sh, &a), (&sh, &b)]).unwrap();
+    assert!(n > 0);
+    let commits = &s.kernel().commits;
+    assert_eq!(commits.len(), 1, "one batch: {commits:?}");
+    assert!(matches!(commits[0].ops[0], Op::Converge(_)));
+    s.check_shared(&sh).unwrap();
+    s.check_pod(&names(), &a).unwrap();
+    s.check_pod(&names(), &b).unwrap();
+    // Everything in place: a check that writes nothing.
+    assert_eq!(s.apply_pods(&[(&sh, &a), (&sh, &b)]).unwrap(), 0);
+    assert_eq!(s.kernel().commits.len(), 1);
 }

@@ -7,6 +7,8 @@
 //! conflist in the netconf dir now lists natguard, the same plan ADD would make is applied, using
 //! natguard's config from that conflist and the namespace from the cached CNI_ARGS.
 //!
+//! Each pod's `natguard.io/` annotations are read from the cache's `capabilityArgs` (what the
+//! runtime passed as runtimeConfig), so an annotated pod gets the policy its ADD gave it.
 //! Pods of exempt namespaces get what ADD gives them (masquerade policy, and their addresses in
 //! the network's allow set, so the fail-closed reject of metadata traffic from the pod networks
 //! lets them through); their metadata traffic is not intercepted and their flows are left alone.
@@ -14,14 +16,15 @@
 //! the metadata addresses that bypassed the DNAT: those are the flows opened before the rules
 //! existed. That costs one kernel walk per metadata address, however many pods there are.
 //! `reconcile` installs the same entries and touches no flow. Both are idempotent and report one
-//! line per attachment.
+//! line per attachment. [`repair`] is reconcile in one batch, for `install --watch`'s
+//! self-repair.
 
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::store::{self, Store};
-use crate::verbs::{prepare_pod, Identity};
+use crate::verbs::{prepare_pod, Identity, Prepared};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -204,6 +207,8 @@ struct CacheEntry {
     container_id: String,
     ifname: String,
     args: Vec<(String, String)>,
+    /// `capabilityArgs`: what the runtime passed as runtimeConfig (pod annotations among it).
+    cap_args: Option<Value>,
     result: Value,
 }
 
@@ -253,6 +258,7 @@ fn read_cache_entry(path: &Path) -> std::result::Result<CacheEntry, String> {
         container_id: s("containerId")?,
         ifname: s("ifName")?,
         args,
+        cap_args: v.get("capabilityArgs").cloned(),
         result,
     })
 }
@@ -281,12 +287,7 @@ pub fn run(opts: &Options) -> Result<Report> {
             .as_deref(),
     )?;
     let mut store = store::open()?;
-    let mut files: Vec<PathBuf> = match std::fs::read_dir(&opts.cache_dir) {
-        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(e) => return Err(Error::io(format!("read {}", opts.cache_dir.display()), e)),
-    };
-    files.sort();
+    let files = cache_files(&opts.cache_dir)?;
     // Metadata flows to delete: (sources, destinations, ports), per network config.
     let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
     for path in files {
@@ -341,64 +342,156 @@ fn join_args(args: &[(String, String)]) -> String {
         .join(";")
 }
 
-fn adopt_entry<K: Kernel>(
-    store: &mut Store<K>,
+/// One cache entry, validated and planned exactly as a live ADD would: the plan, and the
+/// namespace when it is exempt. `Err` is the outcome to report instead.
+fn prepare_entry(
     entry: &CacheEntry,
     networks: &BTreeMap<String, Config>,
-    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
-) -> Outcome {
+) -> std::result::Result<(Prepared, Option<String>), Outcome> {
     let Some(cfg) = networks.get(&entry.network) else {
-        return Outcome::SkippedNoNatguard;
+        return Err(Outcome::SkippedNoNatguard);
     };
     let fail = |reason: String| Outcome::Failed { reason };
     if !cni::netconf::is_network_name(&entry.network)
         || !cni::is_container_id(&entry.container_id)
         || !cni::is_ifname(&entry.ifname)
     {
-        return fail("the cache entry's network, container ID or ifname is malformed".into());
+        return Err(fail(
+            "the cache entry's network, container ID or ifname is malformed".into(),
+        ));
     }
-    let args = match CniArgs::parse(&join_args(&entry.args)) {
-        Ok(a) => a,
-        Err(e) => return fail(format!("cached CNI_ARGS: {e}")),
-    };
+    let args = CniArgs::parse(&join_args(&entry.args))
+        .map_err(|e| fail(format!("cached CNI_ARGS: {e}")))?;
     let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
     if !netns.is_empty() && !Path::new(&netns).exists() {
-        return Outcome::SkippedNetnsGone { netns };
+        return Err(Outcome::SkippedNetnsGone { netns });
     }
-    let exempt = args
-        .pod_namespace
-        .as_deref()
-        .filter(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));
+    // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
+    let annotations = crate::policy::parse(entry.cap_args.as_ref())
+        .map_err(|e| fail(format!("cached capabilityArgs: {e}")))?;
+    let decision = crate::policy::decide(cfg, args.pod_namespace.as_deref(), &annotations);
+    let exempt = args.pod_namespace.clone().filter(|_| decision.is_exempt());
     let who = Identity {
         network: &entry.network,
         container_id: &entry.container_id,
         ifname: &entry.ifname,
         netns: &netns,
         args: &args,
+        annotations,
     };
     // Exactly the checks and plan of a live ADD.
-    let p = match prepare_pod(cfg, &who, &entry.result) {
-        Ok(p) => p,
-        Err(e) => return fail(format!("cached result: {e}")),
+    let p =
+        prepare_pod(cfg, &who, &entry.result).map_err(|e| fail(format!("cached result: {e}")))?;
+    if p.addrs.is_empty() {
+        return Err(Outcome::SkippedNoAddress);
+    }
+    Ok((p, exempt))
+}
+
+fn adopt_entry<K: Kernel>(
+    store: &mut Store<K>,
+    entry: &CacheEntry,
+    networks: &BTreeMap<String, Config>,
+    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
+) -> Outcome {
+    let (p, exempt) = match prepare_entry(entry, networks) {
+        Ok(x) => x,
+        Err(o) => return o,
     };
-    let addrs = p.addrs.clone();
-    if addrs.is_empty() {
-        return Outcome::SkippedNoAddress;
-    }
     if let Err(e) = store.apply_pod(&p.shared, &p.pod) {
-        return fail(format!("installing entries: {e}"));
+        return Outcome::Failed {
+            reason: format!("installing entries: {e}"),
+        };
     }
+    let cfg = &networks[&entry.network];
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
         flows.push((
-            addrs.clone(),
+            p.addrs.clone(),
             cfg.metadata.addresses.clone(),
             cfg.metadata.ports.clone(),
         ));
     }
     Outcome::Adopted {
-        addrs,
-        exempt: exempt.map(str::to_string),
+        addrs: p.addrs,
+        exempt,
     }
+}
+
+/// What one repair did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Repair {
+    /// Attachments of the cache that were checked (and restored where needed).
+    pub pods: usize,
+    /// Operations committed: 0 when everything was in place and nothing was written.
+    pub ops: usize,
+    /// Cache entries skipped (network without natguard, netns gone, unreadable).
+    pub skipped: usize,
+    /// Why attachments could not be planned or installed.
+    pub failed: Vec<String>,
+    /// When the batch was committed (before the socket's release, which waits for the kernel's
+    /// cleanup): the moment the policy was back.
+    pub committed: Option<std::time::Instant>,
+}
+
+/// The watcher's repair after someone else changed natguard's tables: the shared objects of
+/// every network and the entries of every live pod of the cache (exempt ones included), as
+/// `reconcile` installs them, in ONE batch; flows are left alone. When the batch cannot be
+/// committed (one attachment over its owner limit, say), the pods are installed one by one,
+/// so one bad entry does not keep the others unprotected.
+pub fn repair(opts: &Options) -> Result<Repair> {
+    let networks = natguard_networks(&opts.netconf_dir)?;
+    let mut out = Repair::default();
+    let mut prepared: Vec<Prepared> = Vec::new();
+    for path in cache_files(&opts.cache_dir)? {
+        let Ok(entry) = read_cache_entry(&path) else {
+            out.skipped += 1;
+            continue;
+        };
+        match prepare_entry(&entry, &networks) {
+            Ok((p, _)) => prepared.push(p),
+            Err(Outcome::Failed { reason }) => out.failed.push(format!(
+                "{} {} {}: {reason}",
+                entry.network, entry.container_id, entry.ifname
+            )),
+            Err(_) => out.skipped += 1,
+        }
+    }
+    out.pods = prepared.len();
+    if prepared.is_empty() {
+        return Ok(out);
+    }
+    let mut store = store::open()?;
+    let all: Vec<_> = prepared.iter().map(|p| (&p.shared, &p.pod)).collect();
+    match store.apply_pods(&all) {
+        Ok(n) => {
+            out.ops = n;
+            out.committed = Some(std::time::Instant::now());
+        }
+        Err(e) => {
+            crate::warn!("repair in one batch failed ({e}); installing pod by pod");
+            for p in &prepared {
+                match store.apply_pod(&p.shared, &p.pod) {
+                    Ok(_) => {
+                        out.ops += 1;
+                        out.committed = Some(std::time::Instant::now());
+                    }
+                    Err(e) => out.failed.push(format!("{}: {e}", p.pod.comment)),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The cache's files, by name.
+fn cache_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    files.sort();
+    Ok(files)
 }
 
 /// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`

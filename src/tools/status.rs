@@ -1,13 +1,16 @@
 //! `natguard status [--json]`: what natguard has installed on this node and what its rules
 //! stopped, in plain words or as one JSON document.
 //!
-//! It reads the kernel only, without the node lock (a report never writes). The networks are
-//! named by the comments of natguard's rules; a network's mode is read back from the rules
+//! It reads the kernel, without the node lock (a report never writes), and the record of
+//! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one.
+//! The networks are named by the comments of natguard's rules; a network's mode is read back from the rules
 //! themselves (what they enforce, not what a config file says): a DNAT to the proxy is `proxy`,
 //! resets without a DNAT are `deny`, neither is `off`. Pods are the elements of `NET-pods`,
 //! whose comments carry the addresses, namespace, name, container ID and ifname recorded at
 //! ADD, with the host-side interface from `NET-att` (the pod's bridge port, or its routed
-//! veth). The counters are the rules' and the
+//! veth). Each pod's effective metadata policy is read from its record (`pol=` when an
+//! annotation decided, see [`crate::policy`]), else from the sets (exempt) and the network's
+//! mode. The counters are the rules' and the
 //! counted sets' ([`crate::store`] sums them). The presentation is [`super::report`].
 
 use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};
@@ -57,10 +60,19 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 networks: Vec::new(),
                 guard: Vec::new(),
                 unreadable: true,
+                self_repair: read_self_repair(),
             },
             1,
         ),
     }
+}
+
+/// The record of the node's `install --watch`, if one runs (or ran) with the default
+/// readiness file.
+fn read_self_repair() -> Option<report::RepairStats> {
+    crate::tools::install::self_repair::read_state(std::path::Path::new(
+        crate::tools::install::self_repair::STATE_FILE,
+    ))
 }
 
 /// Reads the calling thread's network namespace into a [`NodeReport`].
@@ -77,6 +89,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         networks: Vec::new(),
         guard: Vec::new(),
         unreadable: false,
+        self_repair: read_self_repair(),
     };
     let node = store.node_counts()?;
     r.guard = Family::ALL
@@ -132,13 +145,13 @@ fn network_report(st: &store::NetworkState) -> NetworkReport {
         metadata_ports,
         interfaces,
         families,
-        pods: st.pods.iter().map(pod_report).collect(),
+        pods: st.pods.iter().map(|p| pod_report(p, mode)).collect(),
     }
 }
 
 /// A pod from its `NET-pods` record (`ADDRS NS/NAME cid=CID if=IFNAME`, possibly cut at nft's
 /// comment limit) and its `NET-att` record. `-` is what ADD records for a missing name.
-fn pod_report(p: &store::PodRecord) -> PodReport {
+fn pod_report(p: &store::PodRecord, network_mode: &str) -> PodReport {
     let known = |s: &str| (!s.is_empty() && s != "-").then(|| s.to_string());
     let (ns, name) = plan::who_from_comment(&p.comment)
         .split_once('/')
@@ -151,6 +164,12 @@ fn pod_report(p: &store::PodRecord) -> PodReport {
             .unwrap_or("")
             .to_string()
     };
+    // An annotation's decision is recorded; otherwise the sets and the rules say it.
+    let (policy, source) = match plan::policy_from_comment(&p.comment) {
+        Some(t) => (t, "annotation"),
+        None if p.exempt => ("exempt", "namespace"),
+        None => (network_mode, "network"),
+    };
     PodReport {
         namespace: known(ns),
         name: known(name),
@@ -160,6 +179,8 @@ fn pod_report(p: &store::PodRecord) -> PodReport {
         interface: p.attach.port.or(p.attach.iface).map(|i| i.to_string()),
         addrs: plan::addrs_from_comment(&p.comment),
         exempt: p.exempt,
+        policy: policy.to_string(),
+        policy_source: source.to_string(),
         proxied: p.proxied,
         reset: p.reset,
     }
@@ -186,9 +207,10 @@ mod tests {
 
     #[test]
     fn pods_are_read_from_their_records() {
-        let p = pod_report(&record(
-            "10.244.0.2,fd00::2 default/web cid=0123456789ab if=eth0",
-        ));
+        let p = pod_report(
+            &record("10.244.0.2,fd00::2 default/web cid=0123456789ab if=eth0"),
+            "proxy",
+        );
         assert_eq!(p.namespace.as_deref(), Some("default"));
         assert_eq!(p.name.as_deref(), Some("web"));
         assert_eq!(p.container_id, "0123456789ab");
@@ -196,12 +218,43 @@ mod tests {
         assert_eq!(p.interface.as_deref(), Some("cni0"));
         let mut bridged = record("10.244.0.4 a/b cid=x if=eth0");
         bridged.attach.port = IfName::new("veth1a2b");
-        assert_eq!(pod_report(&bridged).interface.as_deref(), Some("veth1a2b"));
+        assert_eq!(
+            pod_report(&bridged, "proxy").interface.as_deref(),
+            Some("veth1a2b")
+        );
         assert_eq!(p.addrs.len(), 2);
         assert_eq!((p.proxied, p.reset), (Some(2), None));
         // What ADD records without CNI_ARGS names, and a record cut before its ifname.
-        let p = pod_report(&record("10.244.0.3 -/- cid=abc"));
+        let p = pod_report(&record("10.244.0.3 -/- cid=abc"), "deny");
         assert_eq!((p.namespace, p.name), (None, None));
         assert_eq!((p.container_id.as_str(), p.ifname.as_str()), ("abc", ""));
+        assert_eq!(
+            (p.policy.as_str(), p.policy_source.as_str()),
+            ("deny", "network")
+        );
+        // An annotation's decision is read from the record, wherever the record goes on.
+        let p = pod_report(
+            &record("10.244.0.4 default/web pol=deny cid=abc if=eth0"),
+            "proxy",
+        );
+        assert_eq!(
+            (p.policy.as_str(), p.policy_source.as_str()),
+            ("deny", "annotation")
+        );
+        assert_eq!(
+            (p.container_id.as_str(), p.ifname.as_str()),
+            ("abc", "eth0")
+        );
+        let mut ex = record("10.244.0.5 kube-system/dns cid=abc if=eth0");
+        ex.exempt = true;
+        let p = pod_report(&ex, "proxy");
+        assert_eq!(
+            (p.policy.as_str(), p.policy_source.as_str()),
+            ("exempt", "namespace")
+        );
+        assert_eq!(
+            (p.container_id.as_str(), p.ifname.as_str()),
+            ("abc", "eth0")
+        );
     }
 }

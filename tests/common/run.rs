@@ -270,6 +270,34 @@ impl Natguard {
         s
     }
 
+    /// Starts the invocation in `ns` without waiting (a long-running `install --watch`), with
+    /// stdin from /dev/null and stdout and stderr appended to `log`. The caller stops it.
+    pub fn spawn_in(&self, ns: &Netns, log: &Path) -> std::process::Child {
+        let what = self.describe(ns);
+        let nsfile = File::open(ns.path()).unwrap_or_else(|e| panic!("open {}: {e}", ns.path()));
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("open {}: {e}", log.display()));
+        let mut cmd = Command::new(self.program.clone().unwrap_or_else(natguard_bin));
+        if !self.inherit_env {
+            cmd.env_clear();
+        }
+        cmd.args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("dup log"))
+            .stderr(out);
+        let setup = ChildSetup::new(nsfile.as_raw_fd(), NodeState::for_netns(ns), self);
+        // SAFETY: as in run_in.
+        unsafe {
+            cmd.pre_exec(move || setup.apply());
+        }
+        cmd.spawn()
+            .unwrap_or_else(|e| panic!("cannot start {what}: {e}"))
+    }
+
     /// Runs the invocation in `ns` and waits for it, at most for its deadline.
     pub fn run_in(&self, ns: &Netns) -> Invocation {
         let what = self.describe(ns);

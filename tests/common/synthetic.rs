@@ -174,6 +174,7 @@ impl SynPod {
                 namespace: self.k8s_ns.as_deref(),
                 pod_name: self.k8s_ns.as_ref().map(|_| self.name.as_str()),
                 netns: "",
+                annotations: Default::default(),
                 host: None,
             },
             &self.addrs(),

@@ -30,7 +30,10 @@ usage: natguard install [options]
   --cache-dir DIR              CNI result cache passed to `natguard adopt`
   --no-adopt                   do not run `natguard adopt` after installing
   --ready-file PATH            exists while natguard is in the active list (default /run/natguard/ready)
-  --watch                      keep the entry in the active list until SIGTERM
+  --watch                      keep the entry in the active list until SIGTERM, and restore
+                               natguard's tables within milliseconds when someone else flushes them
+  --no-repair                  with --watch: do not restore natguard's tables when someone else
+                               flushes them (see docs/self-repair.md)
   --cleanup-on-exit            with --watch: on SIGTERM/SIGINT, remove natguard's entry from the
                                active list (not the binary, not the kernel state); new pods then
                                start without natguard
@@ -66,6 +69,8 @@ pub(crate) struct InstallOpts {
     pub(crate) mode: RunMode,
     /// On SIGTERM/SIGINT, `--watch` takes natguard's entry out of the active list.
     pub(crate) cleanup_on_exit: bool,
+    /// `--watch` restores natguard's tables when someone else changes them (not `--no-repair`).
+    pub(crate) repair: bool,
     /// `--watch` keeps natguard's metrics in this file.
     pub(crate) metrics: Option<MetricsFile>,
 }
@@ -166,6 +171,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut watch = false;
     let mut check = false;
     let mut cleanup_on_exit = false;
+    let mut repair = true;
     let mut metrics_file: Option<PathBuf> = None;
     let mut metrics_interval: Option<Duration> = None;
     let mut flags = EntryFlags::default();
@@ -191,6 +197,10 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--cleanup-on-exit" => {
                 no_value(&flag, &inline)?;
                 cleanup_on_exit = true
+            }
+            "--no-repair" => {
+                no_value(&flag, &inline)?;
+                repair = false
             }
             "--check" => {
                 no_value(&flag, &inline)?;
@@ -282,6 +292,11 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--cleanup-on-exit needs --watch: it acts when the watcher is stopped",
         ));
     }
+    if !repair && mode != RunMode::Watch {
+        return Err(usage(
+            "--no-repair needs --watch: only the watcher repairs natguard's tables",
+        ));
+    }
     if metrics_file.is_some() && mode != RunMode::Watch {
         return Err(usage(
             "--metrics-file needs --watch: the watcher is what keeps the file up to date",
@@ -314,6 +329,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         ready_file,
         mode,
         cleanup_on_exit,
+        repair,
         metrics,
     }))
 }

@@ -1,13 +1,15 @@
 //! natguard's entry for the list, built from `--config` and the flags that override its fields,
 //! and checked with the plugin's own config parser before it is written anywhere.
 //!
-//! The entry keeps the order of the keys of `--config`; a flag replaces the one field it names
+//! The entry declares the `io.kubernetes.cri.pod-annotations` capability, so runtimes pass the
+//! pod's annotations (see [`crate::policy`]). It keeps the order of the keys of `--config`; a flag replaces the one field it names
 //! inside `metadata` or `masquerade` and leaves the rest of that section alone. A `--config`
 //! holding a whole list (`plugins`, `name`, `cniVersion`) is refused: the list's own name and
 //! version are kept, only natguard's entry is natguard's to give.
 
 use super::PLUGIN_TYPE;
 use crate::error::{Error, Result};
+use crate::policy::POD_ANNOTATIONS_CAPABILITY;
 use serde_json::{Map, Value};
 use std::net::IpAddr;
 use std::path::Path;
@@ -46,9 +48,13 @@ pub(crate) fn check_cidr(s: &str) -> Result<()> {
 pub(crate) fn build_entry(config_file: Option<&Path>, flags: &EntryFlags) -> Result<Value> {
     let mut entry = Map::new();
     entry.insert("type".into(), Value::String(PLUGIN_TYPE.into()));
+    let mut caps = Map::new();
+    caps.insert(POD_ANNOTATIONS_CAPABILITY.into(), Value::Bool(true));
+    entry.insert("capabilities".into(), Value::Object(caps));
     if let Some(path) = config_file {
         merge_config_file(&mut entry, path)?;
     }
+    declare_pod_annotations(&mut entry)?;
     let mut meta = Vec::new();
     if let Some(m) = &flags.mode {
         meta.push(("mode", Value::String(m.clone())));
@@ -95,6 +101,27 @@ pub(crate) fn build_entry(config_file: Option<&Path>, flags: &EntryFlags) -> Res
         }
     }
     Ok(Value::Object(entry))
+}
+
+/// natguard reads the pod's `natguard.io/` annotations from runtimeConfig, which containerd and
+/// CRI-O fill only for a plugin that declares the capability: the entry always declares it,
+/// beside whatever capabilities `--config` gives.
+fn declare_pod_annotations(entry: &mut Map<String, Value>) -> Result<()> {
+    match entry.get_mut("capabilities") {
+        Some(Value::Object(caps)) => {
+            caps.insert(POD_ANNOTATIONS_CAPABILITY.into(), Value::Bool(true));
+            Ok(())
+        }
+        Some(other) => Err(usage(format!(
+            "\"capabilities\" is {other}, expected an object of capability names"
+        ))),
+        None => {
+            let mut caps = Map::new();
+            caps.insert(POD_ANNOTATIONS_CAPABILITY.into(), Value::Bool(true));
+            entry.insert("capabilities".into(), Value::Object(caps));
+            Ok(())
+        }
+    }
 }
 
 /// The keys of a `--config` file, in their order, over `entry`.
@@ -156,7 +183,7 @@ mod tests {
         let e = build_entry(None, &flags).unwrap();
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
-            r#"{"type":"natguard","metadata":{"mode":"deny","proxyPort":9000,"exemptNamespaces":["kube-system","creds"]},"masquerade":{"enabled":false}}"#
+            r#"{"type":"natguard","capabilities":{"io.kubernetes.cri.pod-annotations":true},"metadata":{"mode":"deny","proxyPort":9000,"exemptNamespaces":["kube-system","creds"]},"masquerade":{"enabled":false}}"#
         );
         validate_entry(&e).unwrap();
         assert!(validate_entry(&json!({"type":"natguard","metadata":{"mode":"allow"}})).is_err());
@@ -164,5 +191,25 @@ mod tests {
             &json!({"type":"natguard","masquerade":{"nonMasqueradeCIDRs":["10.0.0.0/33"]}})
         )
         .is_err());
+    }
+
+    #[test]
+    fn the_entry_declares_the_pod_annotations_capability() {
+        let dir = std::env::temp_dir().join(format!("ng-entry-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("c.json");
+        std::fs::write(
+            &f,
+            r#"{"capabilities":{"portMappings":true},"logLevel":"info"}"#,
+        )
+        .unwrap();
+        let e = build_entry(Some(&f), &EntryFlags::default()).unwrap();
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"natguard","capabilities":{"portMappings":true,"io.kubernetes.cri.pod-annotations":true},"logLevel":"info"}"#
+        );
+        std::fs::write(&f, r#"{"capabilities":[]}"#).unwrap();
+        assert!(build_entry(Some(&f), &EntryFlags::default()).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

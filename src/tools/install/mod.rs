@@ -20,6 +20,7 @@ pub(crate) mod atomic;
 mod entry;
 mod flow;
 mod netconf_dir;
+pub(crate) mod self_repair;
 mod splice;
 mod uninstall;
 mod watch;

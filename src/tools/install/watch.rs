@@ -2,8 +2,10 @@
 //! primary plugin rewrite their lists, until SIGTERM or SIGINT.
 //!
 //! The watcher waits on inotify for the netconf dir (or the `--conflist` file's dir) and on a
-//! self-pipe that the signal handlers write to, with poll(2), so there is no thread and a signal
-//! is never lost between two checks. After an event on a config name it waits until the dir has
+//! self-pipe that the signal handlers write to, with poll(2), so a signal is never lost between
+//! two checks. Beside it, on a thread of its own, [`self_repair`] restores natguard's tables
+//! within milliseconds when someone else flushes them (off with `--no-adopt` or
+//! `--no-repair`). After an event on a config name it waits until the dir has
 //! been quiet for a moment (bounded, so the entry is back well within a second) and runs one
 //! install pass. Its own writes wake it once and that pass finds nothing to do, so it never
 //! loops. Every pass that writes the list runs `natguard adopt`, which brings the pods that
@@ -29,6 +31,7 @@ use super::flow::{
     install_binary, install_conflist, retrying, run_adopt, set_ready, Outcome, Write,
 };
 use super::netconf_dir::{active_file, entry_present, is_conf_name};
+use super::self_repair;
 use super::uninstall::remove_entries;
 use super::InstallOpts;
 use crate::error::{Error, Result};
@@ -100,6 +103,19 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
     crate::info!("watching {}", dir.display());
     // When the follow-up adopt after a write is due.
     let mut adopt_due = reconcile(opts, Pass::First);
+    // Self-repair touches the kernel, as adopt does: `--no-adopt` turns both off.
+    if opts.adopt && opts.repair {
+        let adopt_opts = crate::tools::adopt::Options {
+            cache_dir: opts
+                .cache_dir
+                .clone()
+                .unwrap_or_else(|| crate::tools::adopt::DEFAULT_CACHE_DIR.into()),
+            netconf_dir: opts.netconf_dir.clone(),
+            reconcile: true,
+            known: Default::default(),
+        };
+        self_repair::start(adopt_opts, self_repair::state_file_beside(&opts.ready_file));
+    }
     let mut resync_due = Instant::now() + RESYNC_EVERY;
     let mut metrics = opts.metrics.as_ref().map(MetricsTicks::new);
     loop {

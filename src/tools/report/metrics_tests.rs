@@ -375,3 +375,50 @@ fn short_ids_cut_at_characters() {
         "\u{e9}".repeat(12)
     );
 }
+
+#[test]
+fn repairs_are_exported_only_where_a_watcher_repairs() {
+    let text = render_prometheus(&node());
+    assert!(!text.contains("natguard_repair"), "{text}");
+    let mut r = node();
+    r.self_repair = Some(RepairStats {
+        pid: 42,
+        repairs: 3,
+        checks: 5,
+        last_repair: Some(1_700_000_000.75),
+        last_repair_ms: Some(21.5),
+        last_cause: Some("nft (pid 9) changed 4 object(s) of natguard's tables".into()),
+    });
+    let text = render_prometheus(&r);
+    parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for line in [
+        "# TYPE natguard_repairs_total counter",
+        "natguard_repairs_total 3",
+        "natguard_repair_checks_total 5",
+        "# TYPE natguard_last_repair_timestamp_seconds gauge",
+        "natguard_last_repair_timestamp_seconds 1700000000",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+    // A watcher that has not repaired yet: counters at 0, no timestamp.
+    r.self_repair = Some(RepairStats {
+        pid: 42,
+        ..RepairStats::default()
+    });
+    let text = render_prometheus(&r);
+    assert!(
+        text.lines().any(|l| l == "natguard_repairs_total 0"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("natguard_last_repair_timestamp_seconds"),
+        "{text}"
+    );
+    let status = render_text(&r);
+    assert!(
+        status.contains("self-repair (install --watch, pid 42): 0 repair(s) in 0 check(s)"),
+        "{status}"
+    );
+    assert_eq!(render_json(&r)["selfRepair"]["repairs"], 0);
+    assert!(render_json(&node())["selfRepair"].is_null());
+}

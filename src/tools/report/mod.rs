@@ -2,8 +2,9 @@
 //! [`NodeReport`] as `natguard status` text, as `natguard status --json`, and as Prometheus text
 //! exposition for `natguard metrics` and the node_exporter textfile collector.
 //!
-//! The report is filled elsewhere, from the kernel's rule and set-element counters; this module
-//! only renders it and does no I/O, so every output is unit-tested from hand-built reports.
+//! The report is filled elsewhere, from the kernel's rule and set-element counters (and the
+//! watcher's self-repair record, shown only where a watcher keeps one); this module only
+//! renders it and does no I/O, so every output is unit-tested from hand-built reports.
 //! All three outputs are deterministic for a given report. Networks are shown in name order.
 //! The text and the JSON list a network's pods with the ones that had metadata attempts reset
 //! first, because those are what an operator looks for. The metrics list series in label order,
@@ -21,6 +22,7 @@
 //! and the JSON is escaped by serde.
 
 use crate::plan::{Family, LOG_PREFIX};
+pub(crate) use crate::tools::install::self_repair::RepairStats;
 use serde_json::{json, Value};
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -47,6 +49,8 @@ pub(crate) struct NodeReport {
     /// natguard's state could not be read at all (`not_ready_reason` says why): the report
     /// knows nothing about networks or counters, and says nothing about them.
     pub unreadable: bool,
+    /// What `install --watch` has repaired; `None` without a watcher's record.
+    pub self_repair: Option<RepairStats>,
 }
 
 /// One CNI network with natguard rules.
@@ -97,6 +101,10 @@ pub(crate) struct PodReport {
     pub interface: Option<String>,
     pub addrs: Vec<IpAddr>,
     pub exempt: bool,
+    /// The effective metadata policy (`proxy`, `deny`, `exempt`, `off`, `unknown`) and what
+    /// decided it (`network`, `namespace`, `annotation`; see [`crate::policy`]).
+    pub policy: String,
+    pub policy_source: String,
     /// None when per-pod counters are unavailable.
     pub proxied: Option<u64>,
     pub reset: Option<u64>,
@@ -268,6 +276,18 @@ fn write_pod(out: &mut String, r: &NodeReport, p: &PodReport) {
         );
     }
     let _ = writeln!(out, "{line}");
+    if !p.policy.is_empty() {
+        let why = match p.policy_source.as_str() {
+            "annotation" => "the pod's annotation natguard.io/metadata",
+            "namespace" => "its namespace is exempt",
+            _ => "the network's metadata.mode",
+        };
+        let _ = writeln!(
+            out,
+            "      metadata policy: {} ({why})",
+            printable(&p.policy)
+        );
+    }
 }
 
 /// `natguard status`: the report in plain words.
@@ -307,6 +327,27 @@ fn write_guard(out: &mut String, r: &NodeReport) {
     }
 }
 
+/// The watcher's self-repair, in one line.
+fn write_self_repair(out: &mut String, sr: &RepairStats) {
+    let _ = write!(
+        out,
+        "self-repair (install --watch, pid {}): {} repair(s) in {} check(s)",
+        sr.pid, sr.repairs, sr.checks
+    );
+    if let (Some(at), Some(ms)) = (sr.last_repair, sr.last_repair_ms) {
+        let ago = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| (d.as_secs_f64() - at).max(0.0))
+            .unwrap_or(0.0);
+        let _ = write!(
+            out,
+            "; last {ago:.0} s ago, {ms:.1} ms after the first notification, because {}",
+            printable(sr.last_cause.as_deref().unwrap_or("of a change"))
+        );
+    }
+    let _ = writeln!(out);
+}
+
 pub(crate) fn render_text(r: &NodeReport) -> String {
     let mut out = String::new();
     let readiness = if r.ready {
@@ -337,6 +378,9 @@ its rules and counters could not be read"
             "per-pod counters: unavailable on this kernel (needs 5.11 or later for set-element \
              counters); per-network counters are complete"
         );
+    }
+    if let Some(sr) = &r.self_repair {
+        write_self_repair(&mut out, sr);
     }
     if r.networks.is_empty() {
         let _ = writeln!(out, "no network has natguard rules on this node");
@@ -439,6 +483,8 @@ fn pod_json(r: &NodeReport, p: &PodReport) -> Value {
         "interface": p.interface,
         "addresses": addrs,
         "exempt": p.exempt,
+        "policy": p.policy,
+        "policySource": p.policy_source,
         "proxied": pod_counter(r, p.proxied),
         "reset": pod_counter(r, p.reset),
     })
@@ -498,14 +544,19 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
             json!({ "family": family_label(*f), "reset": reset, "logged": logged })
         })
         .collect();
-    json!({
+    let mut doc = json!({
         "version": JSON_VERSION,
         "ready": r.ready,
         "notReadyReason": r.not_ready_reason,
         "perPodCounters": r.per_pod_counters,
         "guard": { "families": guard },
         "networks": networks,
-    })
+    });
+    // Only where a watcher repairs: without --watch the document is unchanged.
+    if let Some(sr) = &r.self_repair {
+        doc["selfRepair"] = sr.to_json();
+    }
+    doc
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -547,6 +598,10 @@ impl MetricFamily {
         debug_assert_eq!(label_values.len(), self.labels.len());
         let v = self.samples.entry(label_values).or_default();
         *v = v.saturating_add(value);
+    }
+
+    fn has_samples(&self) -> bool {
+        !self.samples.is_empty()
     }
 
     fn write(&self, out: &mut String) {
@@ -677,6 +732,32 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
          address families).",
     );
 
+    let mut repairs = MetricFamily::new(
+        "natguard_repairs_total",
+        Counter,
+        &[],
+        "Repairs of natguard's tables by install --watch after someone else changed them.",
+    );
+    let mut checks = MetricFamily::new(
+        "natguard_repair_checks_total",
+        Counter,
+        &[],
+        "Checks of natguard's tables by install --watch (repairs included).",
+    );
+    let mut last_repair = MetricFamily::new(
+        "natguard_last_repair_timestamp_seconds",
+        Gauge,
+        &[],
+        "Unix time of install --watch's last repair of natguard's tables.",
+    );
+    if let Some(sr) = &r.self_repair {
+        repairs.add(vec![], sr.repairs);
+        checks.add(vec![], sr.checks);
+        if let Some(t) = sr.last_repair {
+            last_repair.add(vec![], t as u64);
+        }
+    }
+
     up.add(vec![], u64::from(r.ready));
     // What could not be read is left out, not reported as zero.
     if !r.unreadable {
@@ -731,6 +812,14 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     if r.per_pod_counters {
         pod_reset.write(&mut out);
         pod_proxied.write(&mut out);
+    }
+    // Only where a watcher repairs: without --watch, nothing of it.
+    if r.self_repair.is_some() {
+        repairs.write(&mut out);
+        checks.write(&mut out);
+        if last_repair.has_samples() {
+            last_repair.write(&mut out);
+        }
     }
     out
 }

@@ -34,6 +34,8 @@ fn pod(ns: &str, name: &str, cid: &str, addrs: &[&str], reset: u64, proxied: u64
         interface: Some(format!("veth{}", &cid[..4.min(cid.len())])),
         addrs: addrs.iter().map(|a| a.parse().unwrap()).collect(),
         exempt: false,
+        policy: String::new(),
+        policy_source: String::new(),
         proxied: Some(proxied),
         reset: Some(reset),
     }
@@ -61,6 +63,7 @@ pub(super) fn node() -> NodeReport {
         per_pod_counters: true,
         unreadable: false,
         guard: vec![(Family::V4, 9, 2), (Family::V6, 1, 0)],
+        self_repair: None,
         networks: vec![
             NetworkReport {
                 name: "pods".to_string(),
@@ -359,6 +362,7 @@ fn text_not_ready_and_empty() {
         guard: Vec::new(),
         networks: vec![],
         unreadable: false,
+        self_repair: None,
     };
     assert_eq!(
         render_text(&r),
@@ -369,6 +373,7 @@ fn text_not_ready_and_empty() {
         ready: false,
         not_ready_reason: Some("read table: EPERM".to_string()),
         unreadable: true,
+        self_repair: None,
         ..NodeReport::default()
     };
     assert_eq!(
@@ -401,6 +406,7 @@ fn json_golden() {
         per_pod_counters: true,
         unreadable: false,
         guard: Vec::new(),
+        self_repair: None,
         networks: vec![NetworkReport {
             name: "demo".to_string(),
             mode: "proxy".to_string(),
@@ -422,6 +428,8 @@ fn json_golden() {
                 PodReport {
                     interface: None,
                     exempt: true,
+                    policy: "exempt".into(),
+                    policy_source: "namespace".into(),
                     ..pod(
                         "kube-system",
                         "creds",
@@ -487,6 +495,8 @@ fn json_golden() {
             "10.244.0.3"
           ],
           "exempt": true,
+          "policy": "exempt",
+          "policySource": "namespace",
           "proxied": 0,
           "reset": 3
         },
@@ -501,6 +511,8 @@ fn json_golden() {
             "fd00::2"
           ],
           "exempt": false,
+          "policy": "",
+          "policySource": "",
           "proxied": 12,
           "reset": 0
         }
@@ -603,6 +615,8 @@ fn check_shape(doc: &Value) {
                 "interface",
                 "addresses",
                 "exempt",
+                "policy",
+                "policySource",
                 "proxied",
                 "reset",
             ];
@@ -615,6 +629,8 @@ fn check_shape(doc: &Value) {
                 Kind::StrOrNull,
                 Kind::Str, // checked below
                 Kind::Bool,
+                Kind::Str,
+                Kind::Str,
                 Kind::UintOrNull,
                 Kind::UintOrNull,
             ];
@@ -698,4 +714,19 @@ fn json_keeps_the_text_order_and_raw_strings() {
     let compact = doc.to_string();
     assert!(!compact.contains('\n'));
     assert_eq!(serde_json::from_str::<Value>(&compact).unwrap(), doc);
+}
+
+#[test]
+fn each_pod_shows_its_policy_and_where_it_came_from() {
+    let mut r = node();
+    let net = &mut r.networks[0];
+    net.pods[0].policy = "deny".into();
+    net.pods[0].policy_source = "annotation".into();
+    let text = render_text(&r);
+    assert!(
+        text.contains(
+            "\n      metadata policy: deny (the pod's annotation natguard.io/metadata)\n"
+        ),
+        "{text}"
+    );
 }

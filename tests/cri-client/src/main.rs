@@ -7,7 +7,9 @@
 //!
 //! ```text
 //! cri-client version                             runtime name, version, API version
-//! cri-client runp NAME NAMESPACE UID [H:C[/udp]..]  RunPodSandbox, prints the sandbox id
+//! cri-client runp NAME NAMESPACE UID [H:C[/udp]..] [KEY=VALUE..]
+//!                                                RunPodSandbox with these port mappings and
+//!                                                pod annotations, prints the sandbox id
 //! cri-client ip POD                              the pod's IPv4 address as CRI reports it
 //! cri-client stopp POD | rmp POD                 StopPodSandbox | RemovePodSandbox
 //! cri-client lsp                                 "id namespace/name state" per sandbox
@@ -29,7 +31,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 type Error = Box<dyn std::error::Error>;
 
-const USAGE: &str = "usage: cri-client version | runp NAME NAMESPACE UID [HOST:CTR[/udp]...] | ip POD | stopp POD | rmp POD | lsp | cniconfig | run POD IMAGE CMD [ARG...]";
+const USAGE: &str = "usage: cri-client version | runp NAME NAMESPACE UID [HOST:CTR[/udp]...] [KEY=VALUE...] | ip POD | stopp POD | rmp POD | lsp | cniconfig | run POD IMAGE CMD [ARG...]";
 
 async fn connect(sock: String) -> Result<Channel, Error> {
     // The URI is ignored: every connection goes to the unix socket.
@@ -67,7 +69,13 @@ fn port_mapping(spec: &str) -> Result<PortMapping, Error> {
 }
 
 /// The sandbox config kubelet would send for a pod (the parts CNI cares about).
-fn sandbox_config(name: &str, ns: &str, uid: &str, ports: Vec<PortMapping>) -> PodSandboxConfig {
+fn sandbox_config(
+    name: &str,
+    ns: &str,
+    uid: &str,
+    ports: Vec<PortMapping>,
+    annotations: HashMap<String, String>,
+) -> PodSandboxConfig {
     let labels: HashMap<String, String> = [
         ("io.kubernetes.pod.name", name),
         ("io.kubernetes.pod.namespace", ns),
@@ -87,6 +95,7 @@ fn sandbox_config(name: &str, ns: &str, uid: &str, ports: Vec<PortMapping>) -> P
         log_directory: log_dir(ns, name, uid),
         port_mappings: ports,
         labels,
+        annotations,
         linux: Some(LinuxPodSandboxConfig {
             security_context: Some(LinuxSandboxSecurityContext {
                 namespace_options: Some(NamespaceOption {
@@ -124,6 +133,7 @@ async fn run_container(
     let mut rt = RuntimeServiceClient::new(ch.clone());
     let mut img = ImageServiceClient::new(ch);
     let st = pod_status(&mut rt, pod).await?;
+    let annotations = st.annotations.clone();
     let md = st.metadata.unwrap_or_default();
     let spec = ImageSpec {
         image: image.into(),
@@ -156,7 +166,7 @@ async fn run_container(
         linux: Some(LinuxContainerConfig::default()),
         ..Default::default()
     };
-    let sandbox = sandbox_config(&md.name, &md.namespace, &md.uid, vec![]);
+    let sandbox = sandbox_config(&md.name, &md.namespace, &md.uid, vec![], annotations);
     let id = rt
         .create_container(CreateContainerRequest {
             pod_sandbox_id: pod.into(),
@@ -226,13 +236,20 @@ async fn real_main(args: Vec<String>) -> Result<i32, Error> {
         }
         "runp" => {
             let (name, ns, uid) = (arg(1)?, arg(2)?, arg(3)?);
-            let ports = args[4..]
-                .iter()
+            let (anns, ports): (Vec<&String>, Vec<&String>) =
+                args[4..].iter().partition(|a| a.contains('='));
+            let ports = ports
+                .into_iter()
                 .map(|p| port_mapping(p))
                 .collect::<Result<Vec<_>, _>>()?;
+            let annotations: HashMap<String, String> = anns
+                .into_iter()
+                .filter_map(|a| a.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
             std::fs::create_dir_all(log_dir(&ns, &name, &uid))?;
             let req = RunPodSandboxRequest {
-                config: Some(sandbox_config(&name, &ns, &uid, ports)),
+                config: Some(sandbox_config(&name, &ns, &uid, ports, annotations)),
                 runtime_handler: String::new(),
             };
             println!(

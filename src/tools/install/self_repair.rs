@@ -1,0 +1,346 @@
+//! The watcher's self-repair: natguard's tables restored within milliseconds of someone else
+//! deleting, flushing or emptying them, instead of at the next ADD.
+//!
+//! It runs on a thread of its own, so neither side's debounce delays the other: the directory
+//! watch may wait up to 400 ms for a list to settle, a repair should not. The thread waits (with
+//! poll(2), never longer than [`CHECK_EVERY`]) on a [`Monitor`] of nf_tables' change
+//! notifications. A transaction by someone other than natguard that touched natguard's tables,
+//! or a loss of notifications (`ENOBUFS`), opens a burst; the burst ends once no such
+//! notification came for [`QUIET`], or [`BURST_MAX`] after it began, whichever is first, and
+//! no sooner than [`BURST_MAX`] after the previous repair; then one repair runs. So a storm of
+//! flushes costs one repair per [`BURST_MAX`] at most, and other components' writes to their
+//! own tables cost a read each and never a repair.
+//!
+//! A repair is [`adopt::repair`]: the shared objects of every network whose conflist lists
+//! natguard and the entries of every live pod in the runtimes' result cache, in one batch, as
+//! `reconcile` installs them. It writes nothing when nothing is missing, so the same call is
+//! also the periodic check (every [`CHECK_EVERY`]) that catches what no notification said. Its
+//! own notifications carry natguard's name and are ignored.
+//!
+//! What happened is kept in [`STATE_FILE`] (JSON, replaced atomically after every repair or
+//! check): repairs (checks that wrote something), checks, the time and cause of the last repair
+//! and how long it took from the first notification. `natguard status` and `natguard metrics`
+//! read it; without `--watch` there is no such file and they show nothing of it.
+//!
+//! The thread is not joined: on a signal the watcher's main loop exits the process, and a
+//! repair cut short is a batch the kernel applied whole or not at all.
+
+use super::atomic::write_atomic;
+use crate::kernel::monitor::{Monitor, Verdict};
+use crate::tools::adopt;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A burst ends after this long without another notification that demands a repair.
+pub const QUIET: Duration = Duration::from_millis(10);
+/// ... or this long after it began, whatever keeps coming. Two repairs are also at least this
+/// far apart, so someone who flushes natguard's table in a loop gets at most one repair per
+/// `BURST_MAX`, however their flushes are spaced.
+pub const BURST_MAX: Duration = Duration::from_millis(200);
+/// The periodic check without notifications: a backstop, as the timers of other agents are.
+pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+/// Where the watcher records its repairs, for `status` and `metrics`.
+pub const STATE_FILE: &str = "/run/natguard/repair.json";
+
+/// The state file of a watcher whose readiness file is `ready_file`: beside it, so that
+/// `--ready-file` moves both (the default is [`STATE_FILE`]).
+pub fn state_file_beside(ready_file: &Path) -> PathBuf {
+    super::atomic::parent(ready_file).join("repair.json")
+}
+
+/// What the watcher has repaired so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RepairStats {
+    pub pid: u32,
+    /// Repairs: checks that wrote something.
+    pub repairs: u64,
+    /// Every check (event-driven, after a loss, periodic), repairs included.
+    pub checks: u64,
+    /// Unix time of the last repair, in seconds.
+    pub last_repair: Option<f64>,
+    /// From the first notification of the burst to the committed repair.
+    pub last_repair_ms: Option<f64>,
+    /// Who changed natguard's tables before the last repair.
+    pub last_cause: Option<String>,
+}
+
+impl RepairStats {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "pid": self.pid,
+            "repairs": self.repairs,
+            "checks": self.checks,
+            "lastRepair": self.last_repair,
+            "lastRepairMs": self.last_repair_ms,
+            "lastCause": self.last_cause,
+        })
+    }
+
+    pub fn from_json(v: &Value) -> Option<RepairStats> {
+        Some(RepairStats {
+            pid: v.get("pid")?.as_u64()? as u32,
+            repairs: v.get("repairs")?.as_u64()?,
+            checks: v.get("checks")?.as_u64()?,
+            last_repair: v.get("lastRepair").and_then(Value::as_f64),
+            last_repair_ms: v.get("lastRepairMs").and_then(Value::as_f64),
+            last_cause: v
+                .get("lastCause")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        })
+    }
+}
+
+/// The watcher's record, if a watcher has written one; `None` without `--watch` (or when the
+/// file is unreadable: it is a report, never an input to policy).
+pub fn read_state(path: &Path) -> Option<RepairStats> {
+    let bytes = std::fs::read(path).ok()?;
+    if bytes.len() > 64 * 1024 {
+        return None;
+    }
+    RepairStats::from_json(&serde_json::from_slice(&bytes).ok()?)
+}
+
+/// A burst of notifications that demand a repair.
+#[derive(Debug, Clone, PartialEq)]
+struct Burst {
+    first: Instant,
+    last: Instant,
+    cause: Verdict,
+}
+
+impl Burst {
+    /// When the repair is due: [`QUIET`] after the last notification, at most [`BURST_MAX`]
+    /// after the first.
+    fn due(&self) -> Instant {
+        (self.last + QUIET).min(self.first + BURST_MAX)
+    }
+}
+
+/// Adds a verdict read at `now` to the burst under way (or opens one).
+fn extend(burst: Option<Burst>, v: Verdict, now: Instant) -> Option<Burst> {
+    if !v.needs_repair() {
+        return burst;
+    }
+    Some(match burst {
+        None => Burst {
+            first: now,
+            last: now,
+            cause: v,
+        },
+        Some(b) => Burst {
+            first: b.first,
+            last: now,
+            // The first foreign writer names the burst; a loss overrides it.
+            cause: if v == Verdict::Lost { v } else { b.cause },
+        },
+    })
+}
+
+fn cause_text(v: &Verdict) -> String {
+    match v {
+        Verdict::Foreign { writer, objects } => {
+            format!("{writer} changed {objects} object(s) of natguard's tables")
+        }
+        Verdict::Lost => "nf_tables notifications were lost (receive buffer overflow)".into(),
+        Verdict::Quiet => "periodic check".into(),
+    }
+}
+
+/// Starts the repair thread; false (logged) when nf_tables notifications are unavailable.
+pub fn start(opts: adopt::Options, state_file: PathBuf) -> bool {
+    // The thread keeps the process's name, which is how its own writes are told apart.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let rcvbuf = std::env::var(crate::kernel::monitor::RCVBUF_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let spawned = std::thread::Builder::new().spawn(move || match Monitor::open(rcvbuf) {
+        Ok(m) => {
+            let _ = tx.send(true);
+            run(m, &opts, &state_file)
+        }
+        Err(e) => {
+            crate::warn!("self-repair is off: cannot subscribe to nf_tables notifications: {e}");
+            let _ = tx.send(false);
+        }
+    });
+    if let Err(e) = spawned {
+        crate::warn!("self-repair is off: cannot start its thread: {e}");
+        return false;
+    }
+    rx.recv_timeout(Duration::from_secs(5)).unwrap_or(false)
+}
+
+fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
+    let mut stats = RepairStats {
+        pid: std::process::id(),
+        ..RepairStats::default()
+    };
+    write_state(state_file, &stats);
+    crate::info!(
+        "self-repair: watching nf_tables notifications; a change of natguard's tables by anyone else is repaired within {} ms of the last one (at most {} ms into a burst)",
+        QUIET.as_millis(),
+        BURST_MAX.as_millis()
+    );
+    let mut burst: Option<Burst> = None;
+    let mut check_due = Instant::now() + CHECK_EVERY;
+    // When the last repair ended: the next one waits until BURST_MAX after it.
+    let mut last_end: Option<Instant> = None;
+    let due = |b: &Burst, last_end: Option<Instant>| match last_end {
+        Some(e) => b.due().max(e + BURST_MAX),
+        None => b.due(),
+    };
+    loop {
+        let deadline = burst
+            .as_ref()
+            .map_or(check_due, |b| due(b, last_end))
+            .min(check_due);
+        if wait_readable(m.fd(), deadline.saturating_duration_since(Instant::now())) {
+            let v = m.drain();
+            burst = extend(burst, v, Instant::now());
+        }
+        let now = Instant::now();
+        let cause = match &burst {
+            Some(b) if now >= due(b, last_end) => Some((b.cause.clone(), b.first)),
+            None if now >= check_due => Some((Verdict::Quiet, now)),
+            _ => None,
+        };
+        let Some((cause, since)) = cause else {
+            continue;
+        };
+        burst = None;
+        check_due = Instant::now() + CHECK_EVERY;
+        if repair_once(opts, &cause, since, &mut stats) {
+            last_end = Some(Instant::now());
+        }
+        write_state(state_file, &stats);
+    }
+}
+
+/// One repair (or check): logged, counted. Whether it wrote something.
+fn repair_once(
+    opts: &adopt::Options,
+    cause: &Verdict,
+    since: Instant,
+    stats: &mut RepairStats,
+) -> bool {
+    stats.checks += 1;
+    match adopt::repair(opts) {
+        Ok(r) if r.ops > 0 => {
+            let committed = r.committed.unwrap_or_else(Instant::now);
+            let took = committed.saturating_duration_since(since).as_secs_f64() * 1000.0;
+            stats.repairs += 1;
+            stats.last_repair = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .ok()
+                .map(|d| d.as_secs_f64());
+            stats.last_repair_ms = Some(took);
+            stats.last_cause = Some(cause_text(cause));
+            crate::info!(
+                "self-repair: {}; restored {} pod(s) and the shared objects with one batch ({} change(s)), committed {took:.1} ms after the first notification",
+                cause_text(cause),
+                r.pods,
+                r.ops
+            );
+            for f in &r.failed {
+                crate::warn!("self-repair: {f}");
+            }
+            true
+        }
+        Ok(r) => {
+            if *cause != Verdict::Quiet {
+                crate::info!(
+                    "self-repair: {}; natguard's {} pod(s) and shared objects were intact, nothing written",
+                    cause_text(cause),
+                    r.pods
+                );
+            }
+            for f in &r.failed {
+                crate::warn!("self-repair: {f}");
+            }
+            false
+        }
+        Err(e) => {
+            crate::warn!("self-repair: {}: repair failed: {e}", cause_text(cause));
+            false
+        }
+    }
+}
+
+fn write_state(path: &Path, stats: &RepairStats) {
+    let text = format!("{}\n", stats.to_json());
+    if let Err(e) = write_atomic(path, text.as_bytes(), 0o644, None, &|| true) {
+        crate::debug!("self-repair: {}: {e}", path.display());
+    }
+}
+
+/// poll(2) on one descriptor, at most `timeout`; whether it is readable.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> bool {
+    let mut pfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // Rounded up, so a due time is never missed by a sub-millisecond early wake.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+    r > 0 && pfd.revents != 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn foreign(w: &str) -> Verdict {
+        Verdict::Foreign {
+            writer: w.into(),
+            objects: 1,
+        }
+    }
+
+    #[test]
+    fn a_burst_ends_when_quiet_or_at_its_bound() {
+        let t0 = Instant::now();
+        let b = extend(None, foreign("nft"), t0).unwrap();
+        assert_eq!(b.due(), t0 + QUIET);
+        // Quiet verdicts neither open nor extend a burst.
+        assert_eq!(extend(None, Verdict::Quiet, t0), None);
+        let b2 = extend(Some(b.clone()), Verdict::Quiet, t0 + QUIET).unwrap();
+        assert_eq!(b2, b);
+        // Notifications every 10 ms keep it open, but never past BURST_MAX.
+        let mut b = Some(b);
+        let mut t = t0;
+        while t < t0 + BURST_MAX * 3 {
+            t += Duration::from_millis(10);
+            b = extend(b, foreign("other"), t);
+        }
+        let b = b.unwrap();
+        assert_eq!(b.due(), t0 + BURST_MAX);
+        assert_eq!(b.cause, foreign("nft"), "the first writer names the burst");
+        let lost = extend(Some(b), Verdict::Lost, t).unwrap();
+        assert_eq!(lost.cause, Verdict::Lost);
+    }
+
+    #[test]
+    fn the_state_round_trips() {
+        let s = RepairStats {
+            pid: 7,
+            repairs: 2,
+            checks: 5,
+            last_repair: Some(1.5e9),
+            last_repair_ms: Some(23.5),
+            last_cause: Some("nft (pid 9) changed 3 object(s) of natguard's tables".into()),
+        };
+        assert_eq!(RepairStats::from_json(&s.to_json()), Some(s));
+        let fresh = RepairStats::default();
+        assert_eq!(RepairStats::from_json(&fresh.to_json()), Some(fresh));
+        assert_eq!(RepairStats::from_json(&json!({"repairs": 1})), None);
+        assert_eq!(read_state(Path::new("/nonexistent/repair.json")), None);
+        assert_eq!(
+            state_file_beside(Path::new(super::super::DEFAULT_READY_FILE)),
+            Path::new(STATE_FILE)
+        );
+    }
+}

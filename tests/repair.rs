@@ -1,0 +1,514 @@
+//! `natguard install --watch` repairs natguard's tables when someone else flushes them, within
+//! milliseconds, and does not react to anyone's changes of their own tables.
+//!
+//! The standard world (`common::World`: a bridge pod network, the REAL metadata server in the
+//! "cloud" namespace, the node-local proxy) with a default pod; the watcher runs as the real
+//! binary in the node namespace, in a private mount namespace with a directory of the test
+//! bind-mounted over `/run/natguard` (its lock and its repair record), with the test's
+//! netconf dir, bin dir and CNI cache. Three cases:
+//!
+//! - **The window.** `nft flush ruleset` in the node namespace, then the pod's metadata
+//!   request is repeated until it is answered by the proxy again; several runs, median and
+//!   worst printed. While the policy is gone the request reaches the real metadata server:
+//!   that is the window this feature closes. Only a deadline bounds it; nothing is asserted
+//!   about its length.
+//! - **Someone else's storm.** Another component rewrites a table of its own in a loop: the
+//!   watcher repairs nothing, and its CPU time (from `/proc/<pid>/stat`) stays a small part of
+//!   the wall time, so it does not spin.
+//! - **A storm on natguard's table.** `nft flush table inet natguard` back to back: at most one
+//!   repair per burst bound (`BURST_MAX`), and the policy is back at the end.
+//! - **Lost notifications.** A receive buffer too small for them (`NATGUARD_MONITOR_RCVBUF`):
+//!   `ENOBUFS` leads to a full check, which repairs the flush; the watcher lives on.
+//!
+//! Needs root (network namespaces, nf_tables, mount namespaces); never skips.
+
+mod common;
+
+use common::run::{Access, Natguard};
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// `BURST_MAX` of `src/tools/install/self_repair.rs`: a burst never delays a repair longer.
+const BURST_MAX: Duration = Duration::from_millis(200);
+/// How long the policy may take to come back before the test fails (a deadline, not a bound
+/// on the window that is measured).
+const RESTORE_DEADLINE: Duration = Duration::from_secs(10);
+const RUNS: usize = 7;
+
+/// A running `natguard install --watch`, stopped on drop.
+struct Watcher {
+    child: Child,
+    run_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Watcher {
+    fn start(w: &World, chain: &Chain) -> Watcher {
+        Watcher::start_with(w, chain, &[])
+    }
+
+    fn start_with(w: &World, chain: &Chain, env: &[(&str, &str)]) -> Watcher {
+        let dir = w.dir();
+        let netd = dir.join("net.d");
+        let bin = dir.join("bin");
+        let run_dir = dir.join("run-natguard");
+        for d in [&netd, &bin, &run_dir] {
+            fs::create_dir_all(d).unwrap();
+        }
+        fs::write(
+            netd.join("10-repair.conflist"),
+            serde_json::to_vec_pretty(&chain.list).unwrap(),
+        )
+        .unwrap();
+        let entry = chain.list["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["type"] == "natguard")
+            .unwrap()
+            .clone();
+        let entry_file = dir.join("natguard-entry.json");
+        fs::write(&entry_file, serde_json::to_vec(&entry).unwrap()).unwrap();
+        let log = dir.join("watcher.log");
+        let child = Natguard::new()
+            .args(&[
+                "install".as_ref(),
+                "--watch".as_ref(),
+                "--cni-bin-dir".as_ref(),
+                bin.as_os_str(),
+                "--netconf-dir".as_ref(),
+                netd.as_os_str(),
+                "--cache-dir".as_ref(),
+                dir.join("cache").join("results").as_os_str(),
+                "--config".as_ref(),
+                entry_file.as_os_str(),
+            ])
+            .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
+            .env(env)
+            .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
+            .spawn_in(&w.node, &log);
+        let me = Watcher {
+            child,
+            run_dir,
+            log,
+        };
+        me.wait_until(
+            "the watcher to subscribe to nf_tables notifications",
+            || me.state().is_some(),
+        );
+        me
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The watcher's record (`/run/natguard/repair.json` inside its mount namespace).
+    fn state(&self) -> Option<Value> {
+        let bytes = fs::read(self.run_dir.join("repair.json")).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn repairs(&self) -> u64 {
+        self.state()
+            .and_then(|s| s["repairs"].as_u64())
+            .unwrap_or(0)
+    }
+
+    fn checks(&self) -> u64 {
+        self.state().and_then(|s| s["checks"].as_u64()).unwrap_or(0)
+    }
+
+    /// utime + stime of the watcher (all its threads), in seconds.
+    fn cpu_seconds(&self) -> f64 {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap();
+        // Fields after the command name (which may contain spaces) in parentheses.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // state is field 3; utime and stime are fields 14 and 15 (1-based, whole line).
+        let ticks: u64 = f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap();
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        ticks as f64 / hz
+    }
+
+    fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + RESTORE_DEADLINE;
+        while !f() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; watcher log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// `natguard status` / `metrics` as an operator on the node runs them.
+    fn tool(&self, w: &World, args: &[&str]) -> String {
+        let inv = Natguard::new()
+            .args(args)
+            .bind_mount(&self.run_dir, "/run/natguard", Access::ReadOnly)
+            .run_in(&w.node);
+        inv.stdout
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        // SAFETY: plain syscall on our own child, not reaped yet.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A world with one default pod under natguard, and a watcher over it.
+fn setup(test: &str) -> (World, Chain, Pod, Watcher) {
+    let w = World::new(test);
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    assert_eq!(
+        http_get(&pod.ns, sa(META4, HTTP_PORT)),
+        body("proxy"),
+        "before the watcher"
+    );
+    let watcher = Watcher::start(&w, &chain);
+    (w, chain, pod, watcher)
+}
+
+/// Whether the pod's metadata request is under natguard's policy (answered by the proxy).
+/// While the policy is gone it is answered by the real metadata server.
+fn metadata_of(pod: &Pod) -> Outcome {
+    http_get(&pod.ns, sa(META4, HTTP_PORT))
+}
+
+fn median_and_worst(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (v[v.len() / 2], *v.last().unwrap())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// `nft flush ruleset`, then the time until the pod's metadata connection is proxied again.
+#[test]
+fn a_flushed_ruleset_is_repaired_within_milliseconds() {
+    let (w, chain, pod, watcher) = setup("repair-window");
+    let mut windows = Vec::new();
+    let mut from_start = Vec::new();
+    let mut reported = Vec::new();
+    let mut leaked = 0usize;
+    for run in 0..RUNS {
+        let before = watcher.repairs();
+        let started = Instant::now();
+        w.node.run(&["nft", "flush", "ruleset"]);
+        let flushed = Instant::now();
+        let deadline = flushed + RESTORE_DEADLINE;
+        loop {
+            match metadata_of(&pod) {
+                o if o == body("proxy") => break,
+                // The window: the real metadata server answers a pod.
+                o if o == body("cloud") => leaked += 1,
+                // A request that began in the window and was cut by the restored fail-closed
+                // rule: the policy is back.
+                Outcome::Refused => break,
+                o => panic!("run {run}: unexpected outcome {o:?} after the flush"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run}: the policy did not come back within {RESTORE_DEADLINE:?}; watcher log:\n{}",
+                watcher.log_text()
+            );
+        }
+        windows.push(flushed.elapsed());
+        from_start.push(started.elapsed());
+        watcher.wait_until("the repair to be recorded", || watcher.repairs() > before);
+        assert_eq!(
+            watcher.repairs(),
+            before + 1,
+            "run {run}: one flush, one repair"
+        );
+        reported.push(Duration::from_secs_f64(
+            watcher.state().unwrap()["lastRepairMs"].as_f64().unwrap() / 1000.0,
+        ));
+        // The repaired state is exactly what ADD installs: CHECK of the pod passes.
+        chain
+            .check(&pod.att)
+            .unwrap_or_else(|e| panic!("run {run}: CHECK after the repair: {e}"));
+        // Independent flushes: further apart than the spacing of two repairs.
+        std::thread::sleep(BURST_MAX + Duration::from_millis(50));
+    }
+    let (med, worst) = median_and_worst(windows);
+    let (smed, sworst) = median_and_worst(from_start);
+    let (rmed, rworst) = median_and_worst(reported);
+    // nft returns only after its socket's release, which waits for the kernel's cleanup of
+    // the flush (an RCU grace period): "after it returned" is a lower bound of the window,
+    // "from its start" an upper one (it includes nft's own start).
+    println!(
+        "repair window over {RUNS} runs, until the pod's metadata request is proxied or reset again: from the start of `nft flush ruleset` median {:.1} ms, worst {:.1} ms; after it returned median {:.1} ms, worst {:.1} ms",
+        ms(smed),
+        ms(sworst),
+        ms(med),
+        ms(worst)
+    );
+    println!(
+        "watcher's own figure (first notification -> repair committed): median {:.1} ms, worst {:.1} ms; requests answered by the real metadata server meanwhile: {leaked}",
+        ms(rmed),
+        ms(rworst)
+    );
+    let status = watcher.tool(&w, &["status"]);
+    assert!(
+        status.contains(&format!(
+            "self-repair (install --watch, pid {}): {RUNS} repair(s)",
+            watcher.pid()
+        )),
+        "status: {status}"
+    );
+    assert!(status.contains("nft (pid"), "the cause is named: {status}");
+    let metrics = watcher.tool(&w, &["metrics"]);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == format!("natguard_repairs_total {RUNS}")),
+        "metrics: {metrics}"
+    );
+    assert!(
+        metrics.contains("natguard_last_repair_timestamp_seconds "),
+        "metrics: {metrics}"
+    );
+    let log = watcher.log_text();
+    assert!(
+        log.contains("self-repair: nft (pid") && log.contains("restored 1 pod(s)"),
+        "every repair is logged: {log}"
+    );
+}
+
+/// Another component rewrites its own table in a loop: no repair, no spinning.
+#[test]
+fn another_components_own_table_storm_costs_no_repair_and_no_spin() {
+    let (w, _chain, pod, watcher) = setup("repair-storm");
+    let rules: String = (0..50)
+        .map(|i| format!("    ip saddr 192.0.2.{i} counter accept\n"))
+        .collect();
+    let file = w.dir().join("other.nft");
+    fs::write(
+        &file,
+        format!(
+            "table inet other\nflush table inet other\ntable inet other {{\n  chain c {{\n    type filter hook forward priority 0; policy accept;\n{rules}  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let script = format!(
+        "n=0; while :; do nft -f {} || exit 1; n=$((n+1)); echo $n > {}; done",
+        file.display(),
+        w.dir().join("other.count").display()
+    );
+    let (repairs0, checks0) = (watcher.repairs(), watcher.checks());
+    let cpu0 = watcher.cpu_seconds();
+    let t0 = Instant::now();
+    let other = w.h.spawn(&w.node, "other", &["sh", "-c", &script]);
+    std::thread::sleep(Duration::from_secs(3));
+    w.h.kill(other);
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu = watcher.cpu_seconds() - cpu0;
+    let rewrites: u64 = fs::read_to_string(w.dir().join("other.count"))
+        .unwrap_or_default()
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    println!(
+        "storm: {rewrites} rewrites of another table in {wall:.2} s; watcher: {} repair(s), {} check(s), {:.3} s CPU ({:.1}% of wall time)",
+        watcher.repairs() - repairs0,
+        watcher.checks() - checks0,
+        cpu,
+        100.0 * cpu / wall
+    );
+    assert!(rewrites > 20, "the other component barely ran: {rewrites}");
+    assert_eq!(
+        watcher.repairs(),
+        repairs0,
+        "a repair for someone else's table"
+    );
+    assert_eq!(
+        watcher.checks(),
+        checks0,
+        "a check for someone else's table"
+    );
+    assert!(
+        cpu < 0.2 * wall,
+        "the watcher spins: {cpu:.3} s of CPU in {wall:.2} s"
+    );
+    assert_eq!(metadata_of(&pod), body("proxy"));
+}
+
+/// natguard's own table flushed again and again: at most one repair per burst bound.
+#[test]
+fn a_storm_of_flushes_of_natguards_table_costs_one_repair_per_burst() {
+    let (w, _chain, pod, watcher) = setup("repair-burst");
+    const FLUSHES: usize = 20;
+    let script =
+        format!("for i in $(seq {FLUSHES}); do nft flush table inet natguard || exit 1; done");
+    for round in 0..3 {
+        let before = watcher.repairs();
+        let t0 = Instant::now();
+        w.node.run(&["sh", "-c", &script]);
+        let burst = t0.elapsed();
+        watcher.wait_until("the repair after the burst", || {
+            metadata_of(&pod) == body("proxy") && watcher.repairs() > before
+        });
+        // Let any repair still due run, then count.
+        std::thread::sleep(BURST_MAX * 2);
+        let repairs = watcher.repairs() - before;
+        let bound = 1 + (burst.as_secs_f64() / BURST_MAX.as_secs_f64()).ceil() as u64;
+        println!(
+            "round {round}: {FLUSHES} flushes of natguard's table in {:.1} ms -> {repairs} repair(s) (bound {bound})",
+            ms(burst)
+        );
+        assert!(
+            (1..=bound).contains(&repairs),
+            "round {round}: {repairs} repairs for one burst of {:.1} ms (at most {bound}); log:\n{}",
+            ms(burst),
+            watcher.log_text()
+        );
+        assert_eq!(metadata_of(&pod), body("proxy"), "round {round}");
+    }
+}
+
+/// A receive buffer too small for a flush's notifications: the kernel drops them and the next
+/// read fails with ENOBUFS. The watcher cannot know what it missed, so it checks everything:
+/// the flush is repaired, the watcher lives on, and someone else's storm (which overflows the
+/// buffer too) costs checks that write nothing, never a repair.
+#[test]
+fn lost_notifications_lead_to_a_full_check_not_a_crash() {
+    let w = World::new("repair-lost");
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    let mut watcher = Watcher::start_with(&w, &chain, &[("NATGUARD_MONITOR_RCVBUF", "1")]);
+    let before = watcher.repairs();
+    w.node.run(&["nft", "flush", "ruleset"]);
+    watcher.wait_until("the repair after lost notifications", || {
+        metadata_of(&pod) == body("proxy") && watcher.repairs() > before
+    });
+    let log = watcher.log_text();
+    assert!(
+        log.contains("nf_tables notifications were lost (receive buffer overflow)")
+            && log.contains("restored 1 pod(s)"),
+        "the overflow was not handled as a full check: {log}"
+    );
+    // Someone else's storm overflows the small buffer too: checks, no repair.
+    let repairs = watcher.repairs();
+    let checks = watcher.checks();
+    let file = w.dir().join("other.nft");
+    let rules: String = (0..50)
+        .map(|i| format!("    ip saddr 192.0.2.{i} counter accept\n"))
+        .collect();
+    fs::write(
+        &file,
+        format!("table inet other\nflush table inet other\ntable inet other {{\n  chain c {{\n{rules}  }}\n}}\n"),
+    )
+    .unwrap();
+    for _ in 0..20 {
+        w.node.run(&["nft", "-f", &file.display().to_string()]);
+    }
+    std::thread::sleep(BURST_MAX * 2);
+    println!(
+        "small receive buffer: a flush repaired after lost notifications; 20 rewrites of another table cost {} check(s) and {} repair(s)",
+        watcher.checks() - checks,
+        watcher.repairs() - repairs
+    );
+    assert_eq!(
+        watcher.repairs(),
+        repairs,
+        "a repair for someone else's table"
+    );
+    assert!(
+        watcher.child.try_wait().unwrap().is_none(),
+        "the watcher died: {}",
+        watcher.log_text()
+    );
+    assert_eq!(metadata_of(&pod), body("proxy"));
+}
+
+/// Without `--watch` (or with `--no-repair`) nothing repairs: the flushed policy stays gone
+/// until the next ADD.
+#[test]
+fn no_repair_without_the_watcher_s_repair() {
+    let w = World::new("repair-off");
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    let run_dir = w.dir().join("run-natguard");
+    fs::create_dir_all(&run_dir).unwrap();
+    let netd = w.dir().join("net.d");
+    let bin = w.dir().join("bin");
+    fs::create_dir_all(&netd).unwrap();
+    fs::create_dir_all(&bin).unwrap();
+    fs::write(
+        netd.join("10-repair.conflist"),
+        serde_json::to_vec(&chain.list).unwrap(),
+    )
+    .unwrap();
+    let log = w.dir().join("watcher.log");
+    let mut child = Natguard::new()
+        .args(&[
+            "install".as_ref(),
+            "--watch".as_ref(),
+            "--no-repair".as_ref(),
+            "--cni-bin-dir".as_ref(),
+            bin.as_os_str(),
+            "--netconf-dir".as_ref(),
+            netd.as_os_str(),
+            "--cache-dir".as_ref(),
+            w.dir().join("cache").join("results").as_os_str(),
+        ])
+        .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
+        .spawn_in(&w.node, &log);
+    let deadline = Instant::now() + RESTORE_DEADLINE;
+    while !read(&log).contains("natguard adopt: done") {
+        assert!(
+            Instant::now() < deadline,
+            "watcher not ready: {}",
+            read(&log)
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    w.node.run(&["nft", "flush", "ruleset"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let open = metadata_of(&pod);
+    // SAFETY: plain syscall on our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let _ = child.wait();
+    assert_eq!(
+        open,
+        body("cloud"),
+        "nothing repaired: the window stays open"
+    );
+    assert!(
+        !run_dir.join("repair.json").exists(),
+        "no repair record without repair"
+    );
+}
+
+fn read(p: &Path) -> String {
+    fs::read_to_string(p).unwrap_or_default()
+}
