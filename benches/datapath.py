@@ -151,6 +151,8 @@ class Topo:
         if self.alt != "natguard":
             return
         real = 2 * self.nets
+        if total <= real + self.synthetic:
+            return
         t0 = time.time()
         procs = []
         for k in range(real + self.synthetic, total):
@@ -220,6 +222,7 @@ class Driver:
         self.root_ino = int(a.root_netns_ino)
         self.natguard, self.netload = os.path.abspath(a.natguard), os.path.abspath(a.netload)
         self.created = []
+        self.out = a.out
         self.results = []  # (nets, pods, path, test, {alt: [values]}, load)
 
 
@@ -227,6 +230,7 @@ def run_cell(d, topos, pods, runs, secs):
     for t in topos.values():
         t.grow(pods)
     ref = topos["none"]
+    pods = max(pods, 2 * ref.nets)  # the real pods: 2 per network
     for k, (label, _, _, _) in enumerate(ref.paths()):
         for test in ("udp", "tcp"):
             load0 = os.getloadavg()[0]
@@ -238,6 +242,8 @@ def run_cell(d, topos, pods, runs, secs):
                     _, src, dst_ns, dst_ip = t.paths()[k]
                     vals[alt].append(t.udp(src, dst_ns, dst_ip, secs) if test == "udp" else t.tcp(src, dst_ip, secs))
             d.results.append((ref.nets, pods, label, test, vals, load0))
+            with open(os.path.join(d.out, "bench-datapath.md"), "w") as f:
+                f.write(report(d, runs, secs)[0] + "\n")
             m = {a: statistics.median(v) for a, v in vals.items()}
             log(f"datapath {ref.nets} nets {pods} pods {label} {test}: " + ", ".join(f"{a} {m[a]:.1f}" for a in ALTS))
 
@@ -283,8 +289,8 @@ def main():
     ap.add_argument("--root-netns-ino", required=True)
     ap.add_argument("--nets", default="1,3")
     ap.add_argument("--pods", default="2,1000")
-    ap.add_argument("--runs", type=int, default=5)
-    ap.add_argument("--secs", type=float, default=1.0)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--secs", type=float, default=0.7)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     if os.stat("/proc/self/ns/net").st_ino != int(a.root_netns_ino):

@@ -5,6 +5,7 @@
 #   scripts/bench.sh [--quick] [--profile] [--out DIR] [--runs N] [--pods 10,1000,10000]
 #                    [--ct 0,100000] [--stacks v4,dual] [--bin PATH]
 #                    [--only per-pod,burst,ifaces,datapath] [--dp-runs N] [--dp-secs S]
+#                    [--dp-nets 1,3] [--dp-pods 2,1000]
 #
 # Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3),
 # builds the release binary unless --bin is given, creates three throwaway network namespaces
@@ -40,7 +41,7 @@ STACKS=v4,dual
 BIN=""
 PROFILE=""
 ONLY=per-pod,burst,ifaces,datapath
-DP_RUNS=5 DP_SECS=1 DP_NETS=1,3 DP_PODS=2,1000 BURST_RUNS=5 BURST_CT=0,100000 BURST_STACKS=v4,dual
+DP_RUNS=7 DP_SECS=0.7 DP_NETS=1,3 DP_PODS=2,1000 BURST_RUNS=5 BURST_CT=0,100000 BURST_STACKS=v4,dual
 ARGS=("$@")
 
 usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -50,6 +51,8 @@ while [ $# -gt 0 ]; do
     --only) ONLY=$2; shift ;;
     --dp-runs) DP_RUNS=$2; shift ;;
     --dp-secs) DP_SECS=$2; shift ;;
+    --dp-nets) DP_NETS=$2; shift ;;
+    --dp-pods) DP_PODS=$2; shift ;;
     --profile) PROFILE=--profile ;;
     --out) OUT=$2; shift ;;
     --runs) RUNS=$2; shift ;;
