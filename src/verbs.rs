@@ -275,6 +275,10 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
 
 /// Deletes the addresses' conntrack entries; a failure is logged, never returned.
 fn flush_conntrack<K: Kernel>(store: &mut Store<K>, addrs: &[IpAddr], path: Path, verb: &str) {
+    let run_dir = std::path::Path::new(crate::lock::LOCK_PATH)
+        .parent()
+        .unwrap_or(std::path::Path::new("/run/natguard"));
+    let path = crate::kernel::conntrack::auto_path(path, addrs, run_dir);
     match store.flush_conntrack(addrs, path) {
         Ok(r) => info!(
             "conntrack: deleted {} entries in {} kernel walks ({})",
