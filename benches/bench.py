@@ -921,7 +921,7 @@ def ifaces_setup(b, names):
 
 def ifaces_cell(b, nodes, runs):
     """ADD then DEL of a new IPv4 pod (with its conntrack entries) on each node, rotated."""
-    data = {n: {"ADD": [], "DEL": []} for n, _, _ in nodes}
+    data = {n: {"ADD": [], "DEL": [], "ADD cpu": [], "DEL cpu": []} for n, _, _ in nodes}
     load0 = os.getloadavg()[0]
     cts = {}
     for n, ns, _ in nodes:
@@ -937,8 +937,9 @@ def ifaces_cell(b, nodes, runs):
                 d = b.natguard_op("DEL", pod)
                 cts[n].delete_tuples(pod_entries(pod.addrs))
             if r >= 0:
-                data[n]["ADD"].append(a.wall_us / 1e3)
-                data[n]["DEL"].append(d.wall_us / 1e3)
+                for o, x in (("ADD", a), ("DEL", d)):
+                    data[n][o].append(x.wall_us / 1e3)
+                    data[n][o + " cpu"].append(x.cpu_us / 1e3)
     c = {"nodes": [(n, naddr) for n, _, naddr in nodes], "data": data, "runs": runs,
          "load": (load0, os.getloadavg()[0])}
     log("ifaces: " + ", ".join(f"{n}: ADD {med(data[n]['ADD']):.2f} DEL {med(data[n]['DEL']):.2f}" for n in data))
@@ -979,21 +980,28 @@ def report_extra(b):
         p("")
         p("natguard ADD and DEL of a new IPv4 pod on nodes with 12, 122 and 512 interfaces (veth "
           f"pairs, up, one IPv4 /32 on one end), alternated in the same cell, {c['runs']} runs, "
-          f"medians in ms; load1 {c['load'][0]:.2f}/{c['load'][1]:.2f}.")
+          f"medians in ms; load1 {c['load'][0]:.2f}/{c['load'][1]:.2f}. Wall time and CPU time "
+          "(user+sys of the process). The work that could grow with the node (asking the kernel "
+          "about interfaces and addresses) is CPU work of the process and of the kernel on its "
+          "behalf, so CPU time shows it even when other load on the machine makes wall time "
+          "noisy; the target is judged on CPU time, wall ratios are shown beside it.")
         p("")
-        p("| interfaces | addresses | ADD | DEL | ADD / 12 | DEL / 12 |")
-        p("|---|---|---|---|---|---|")
+        p("| interfaces | addresses | ADD wall | DEL wall | ADD CPU | DEL CPU | ADD CPU / 12 | DEL CPU / 12 | ADD wall / 12 | DEL wall / 12 |")
+        p("|---|---|---|---|---|---|---|---|---|---|")
         base = c["nodes"][0][0]
-        a0, d0 = med(c["data"][base]["ADD"]), med(c["data"][base]["DEL"])
+        m = {n: {k: med(v) for k, v in c["data"][n].items()} for n, _ in c["nodes"]}
+        b0 = m[base]
         oks, ms = [], []
         for n, naddr in c["nodes"]:
-            a, d = med(c["data"][n]["ADD"]), med(c["data"][n]["DEL"])
-            p(f"| {n} | {naddr} | {a:.2f} | {d:.2f} | {a / a0:.2f}× | {d / d0:.2f}× |")
+            x = m[n]
+            ra, rd = x["ADD cpu"] / b0["ADD cpu"], x["DEL cpu"] / b0["DEL cpu"]
+            p(f"| {n} | {naddr} | {x['ADD']:.2f} | {x['DEL']:.2f} | {x['ADD cpu']:.2f} | {x['DEL cpu']:.2f} | "
+              f"{ra:.2f}× | {rd:.2f}× | {x['ADD'] / b0['ADD']:.2f}× | {x['DEL'] / b0['DEL']:.2f}× |")
             if n != base:
-                oks += [a / a0 <= 1.1, d / d0 <= 1.1]
-                ms.append(f"{n}: ADD {a / a0:.2f}×, DEL {d / d0:.2f}×")
+                oks += [ra <= 1.1, rd <= 1.1]
+                ms.append(f"{n}: ADD {ra:.2f}×, DEL {rd:.2f}× (wall {x['ADD'] / b0['ADD']:.2f}×, {x['DEL'] / b0['DEL']:.2f}×)")
         p("")
-        T.append((f"ADD and DEL at 122 and 512 interfaces ≤ 1.1× of {base}", "; ".join(ms),
+        T.append((f"ADD and DEL at 122 and 512 interfaces ≤ 1.1× of {base} (CPU time)", "; ".join(ms),
                   "**met**" if all(oks) else "**missed**"))
     return "\n".join(L), T
 
