@@ -1198,46 +1198,47 @@ def report(b, meta, elapsed, started):
     for k, xs in meta["floors"]:
         p(f"| {k} | {fmt(med(xs), 2)} | {fmt(q(xs, 0.9), 2)} |")
     p("")
-    p("## Results")
-    p("")
-    p("| pods | ct entries | stack | alternative | ADD wall med | ADD p90 | ADD CPU | DEL wall med | DEL p90 | DEL CPU | peak RSS own / tree MiB (anon + file) | ratio ADD | ratio DEL |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in b.cells:
-        ng = {o: stats(c["data"]["natguard"][o]) for o in ("ADD", "DEL")}
-        for alt in ALTS:
-            if alt not in c["data"]:
-                if alt.startswith("portmap"):
-                    p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {alt} | not run (> {PORTMAP_MAX:,} pods) ||||||||")
-                continue
-            st = {o: stats(c["data"][alt][o]) for o in ("ADD", "DEL")}
-            ra = "" if alt == "natguard" else fmt(ng["ADD"]["med"] / st["ADD"]["med"], 3)
-            rd = "" if alt == "natguard" else fmt(ng["DEL"]["med"] / st["DEL"]["med"], 3)
-            name = f"**{alt}**" if alt == "natguard" else alt
-            p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {name} | {fmt(st['ADD']['med'], 2)} | {fmt(st['ADD']['p90'], 2)} | "
-              f"{fmt(st['ADD']['cpu'], 2)} | {fmt(st['DEL']['med'], 2)} | {fmt(st['DEL']['p90'], 2)} | {fmt(st['DEL']['cpu'], 2)} | "
-              f"{fmt(rss(c, alt)[0], 2)} / {fmt(rss(c, alt)[1], 2)} ({fmt(rss(c, alt)[2], 2)} + {fmt(rss(c, alt)[3], 2)}) | {ra} | {rd} |")
-    p("")
-    p("Per cell: natguard's conntrack work (from its log, one untimed probe ADD/DEL), the kernel's "
-      "filtered walk at that conntrack size, and natguard's ADD minus those walks. The conntrack hash "
-      "table is shared by all namespaces: entries of other namespaces on the machine (column "
-      "\"machine-wide\", from the nf_conntrack slab) lengthen every walk, and a busy machine "
-      "(load1 above the core count) lengthens RCU grace periods, which every nf_tables commit "
-      "followed by closing its netlink socket waits for (see the profile section of `--profile`).")
-    p("")
-    p("| pods | ct entries | stack | runs | secs | load1 start/end | ct entries machine-wide start/end | ADD: deleted / walks / path | DEL: walks | kernel walk med (p90) | natguard ADD − walks | noflush ADD |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in b.cells:
-        w = c["walks"]
-        add_w = w["ADD"][1] if w["ADD"] else 0
-        fl = med(c["floor"])
-        ng = med([s.wall_us / 1e3 for s in c["data"]["natguard"]["ADD"]])
-        nf = med([s.wall_us / 1e3 for s in c["data"]["natguard-noflush"]["ADD"]])
-        wa = f"{w['ADD'][0]} / {w['ADD'][1]} / {w['ADD'][2]}" if w["ADD"] else "no conntrack log line"
-        wd = str(w["DEL"][1]) if w["DEL"] else "–"
-        c["minus"] = ng - add_w * fl
-        p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {c['runs']} | {c['secs']:.0f} | {c['load'][0]:.2f}/{c['load'][1]:.2f} | "
-          f"{c['ct_all'][0]:,}/{c['ct_all'][1]:,} | {wa} | {wd} | {fmt(fl, 2)} ({fmt(q(c['floor'], 0.9), 2)}) | {fmt(c['minus'], 2)} | {fmt(nf, 2)} |")
-    p("")
+    if b.cells:
+        p("## Results")
+        p("")
+        p("| pods | ct entries | stack | alternative | ADD wall med | ADD p90 | ADD CPU | DEL wall med | DEL p90 | DEL CPU | peak RSS own / tree MiB (anon + file) | ratio ADD | ratio DEL |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for c in b.cells:
+            ng = {o: stats(c["data"]["natguard"][o]) for o in ("ADD", "DEL")}
+            for alt in ALTS:
+                if alt not in c["data"]:
+                    if alt.startswith("portmap"):
+                        p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {alt} | not run (> {PORTMAP_MAX:,} pods) ||||||||")
+                    continue
+                st = {o: stats(c["data"][alt][o]) for o in ("ADD", "DEL")}
+                ra = "" if alt == "natguard" else fmt(ng["ADD"]["med"] / st["ADD"]["med"], 3)
+                rd = "" if alt == "natguard" else fmt(ng["DEL"]["med"] / st["DEL"]["med"], 3)
+                name = f"**{alt}**" if alt == "natguard" else alt
+                p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {name} | {fmt(st['ADD']['med'], 2)} | {fmt(st['ADD']['p90'], 2)} | "
+                  f"{fmt(st['ADD']['cpu'], 2)} | {fmt(st['DEL']['med'], 2)} | {fmt(st['DEL']['p90'], 2)} | {fmt(st['DEL']['cpu'], 2)} | "
+                  f"{fmt(rss(c, alt)[0], 2)} / {fmt(rss(c, alt)[1], 2)} ({fmt(rss(c, alt)[2], 2)} + {fmt(rss(c, alt)[3], 2)}) | {ra} | {rd} |")
+        p("")
+        p("Per cell: natguard's conntrack work (from its log, one untimed probe ADD/DEL), the kernel's "
+          "filtered walk at that conntrack size, and natguard's ADD minus those walks. The conntrack hash "
+          "table is shared by all namespaces: entries of other namespaces on the machine (column "
+          "\"machine-wide\", from the nf_conntrack slab) lengthen every walk, and a busy machine "
+          "(load1 above the core count) lengthens RCU grace periods, which every nf_tables commit "
+          "followed by closing its netlink socket waits for (see the profile section of `--profile`).")
+        p("")
+        p("| pods | ct entries | stack | runs | secs | load1 start/end | ct entries machine-wide start/end | ADD: deleted / walks / path | DEL: walks | kernel walk med (p90) | natguard ADD − walks | noflush ADD |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for c in b.cells:
+            w = c["walks"]
+            add_w = w["ADD"][1] if w["ADD"] else 0
+            fl = med(c["floor"])
+            ng = med([s.wall_us / 1e3 for s in c["data"]["natguard"]["ADD"]])
+            nf = med([s.wall_us / 1e3 for s in c["data"]["natguard-noflush"]["ADD"]])
+            wa = f"{w['ADD'][0]} / {w['ADD'][1]} / {w['ADD'][2]}" if w["ADD"] else "no conntrack log line"
+            wd = str(w["DEL"][1]) if w["DEL"] else "–"
+            c["minus"] = ng - add_w * fl
+            p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {c['runs']} | {c['secs']:.0f} | {c['load'][0]:.2f}/{c['load'][1]:.2f} | "
+              f"{c['ct_all'][0]:,}/{c['ct_all'][1]:,} | {wa} | {wd} | {fmt(fl, 2)} ({fmt(q(c['floor'], 0.9), 2)}) | {fmt(c['minus'], 2)} | {fmt(nf, 2)} |")
+        p("")
     extra, extra_targets = report_extra(b)
     if extra:
         p(extra)
