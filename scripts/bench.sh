@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # scripts/bench.sh: natguard's per-pod cost next to Debian's portmap (iptables-nft and
-# iptables-legacy) and the naive `iptables -t nat -A` + `conntrack -D -s` path, in one run.
+# iptables-legacy) and the naive `iptables -t nat -A` + `conntrack -D -s` path, bursts of ADDs,
+# nodes with many interfaces, and what forwarded packets pay, in one run (docs/benchmarks.md).
 #
 #   scripts/bench.sh [--quick] [--profile] [--out DIR] [--runs N] [--pods 10,1000,10000]
 #                    [--ct 0,100000] [--stacks v4,dual] [--bin PATH]
 #                    [--only per-pod,burst,ifaces,datapath] [--dp-runs N] [--dp-secs S]
 #                    [--dp-nets 1,3] [--dp-pods 2,1000]
 #
-# Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3),
-# builds the release binary unless --bin is given, creates three throwaway network namespaces
+# Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3,
+# procps), builds the release binary unless --bin is given, creates throwaway network namespaces
 #   ng-bench-<pid>-node    natguard, the naive CLI path, the unrelated conntrack entries
 #   ng-bench-<pid>-pmnft   portmap with iptables-nft    (PATH points `iptables` at it)
 #   ng-bench-<pid>-pmleg   portmap with iptables-legacy
@@ -17,12 +18,15 @@
 #   ng-bench-<pid>-dp*     the datapath cell's nodes, pods and remote hosts (benches/datapath.py)
 # and deletes them on exit. Everything runs in a private mount namespace with a tmpfs on /run,
 # so natguard's lock and runtime files (/run/natguard) and the namespaces' mount points are the
-# run's own and never the machine's. The root namespace's firewall and conntrack table are never touched.
+# run's own and never the machine's. The root namespace's firewall and conntrack table are
+# never touched.
 # The measuring itself is benches/bench.py (see its header for the method).
 #
 # Output: a Markdown table on stdout and in DIR/bench-results.md (default DIR: /tmp), raw samples
-# in DIR/bench-samples.tsv. A full run takes about 10 minutes on 2 cores; --quick (one cell:
-# 10 pods, 1,000 conntrack entries, dual-stack, 5 runs) well under a minute. --profile adds a
+# in DIR/bench-samples.tsv. A full run takes 20 to 30 minutes on 2 cores; --quick (one per-pod
+# cell: 10 pods, 1,000 conntrack entries, dual-stack, 5 runs; one IPv4 burst round at ~0
+# entries; the interface cell; one datapath round of 0.3 s per measurement, 1 network, 2 pods)
+# well under a minute. --profile adds a
 # section on where natguard's wall time goes (strace, perf stat, callgrind instruction counts,
 # and the cost of closing a netfilter socket right after an nf_tables commit); it installs
 # strace and valgrind if they are missing. Wall times depend on how busy the machine is
