@@ -33,6 +33,11 @@ in the root namespace (it refuses to). What it measures, and how:
   entry, timed around send+ACK from an already open socket: the cost of one filtered walk of the
   conntrack table, the least any cleanup of a pod's flows can cost.
 
+* Bursts (`burst`): 32 natguard ADDs started, blocked reading their stdin, and released at
+  once, against one ADD released the same way in the same round (see burst_cell).
+* Many interfaces (`ifaces`): ADD and DEL on nodes with 12, 122 and 512 interfaces, alternated
+  (see ifaces_setup, ifaces_cell). The datapath cell is benches/datapath.py.
+
 Output: a Markdown report on stdout and in OUT/bench-results.md, raw samples in
 OUT/bench-samples.tsv.
 """
