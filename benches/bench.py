@@ -33,6 +33,11 @@ in the root namespace (it refuses to). What it measures, and how:
   entry, timed around send+ACK from an already open socket: the cost of one filtered walk of the
   conntrack table, the least any cleanup of a pod's flows can cost.
 
+* Bursts (`burst`): 32 natguard ADDs started, blocked reading their stdin, and released at
+  once, against one ADD released the same way in the same round (see burst_cell).
+* Many interfaces (`ifaces`): ADD and DEL on nodes with 12, 122 and 512 interfaces, alternated
+  (see ifaces_setup, ifaces_cell). The datapath cell is benches/datapath.py.
+
 Output: a Markdown report on stdout and in OUT/bench-results.md, raw samples in
 OUT/bench-samples.tsv.
 """
@@ -518,6 +523,8 @@ class Bench:
         self.templates = {}
         self.rows = []  # raw samples
         self.cells = []  # per-cell summaries
+        self.bursts = []  # burst cells
+        self.ifaces = None  # the many-interface cell
 
     # ---- node setup
     def setup(self):
@@ -694,18 +701,29 @@ class Bench:
             f"(IPv4 nat table now {nrules} lines)")
 
     # ---- unrelated conntrack entries
-    def set_background(self, n):
-        """n unrelated entries in the node namespace. The reference node gets none of its own: the
-        conntrack hash table is one for all namespaces, so its walks already visit these."""
-        self.ct.flush()
+    def set_background(self, n, with_ref=True):
+        """n unrelated entries in the node namespace and as many in the reference node's. The
+        hash table is one for all namespaces, so either namespace's walks visit both sets; but a
+        namespace without entries of its own skips its walks altogether (the kernel checks the
+        namespace's count first), so a reference node without them would compare a DEL that
+        walks with one that does not. The cells that do not use the reference node
+        (`with_ref=False`) leave it empty, so the machine holds n entries, not 2n."""
         t0 = time.time()
+        for ct, ns in ((self.ct, None), (self.ct_ref, self.ns[REF])):
+            ct.flush()
+            if n and (ns is None or with_ref):
+                ct.create(unrelated_entries(n))
+            if ns:
+                with ns:
+                    got = ct_count()
+            else:
+                got = ct_count()
+            want = n if (ns is None or with_ref) else 0
+            if got != want:
+                die(f"conntrack: {got} entries in {ns.name if ns else 'the node namespace'}, wanted {want}")
         if n:
-            self.ct.create(unrelated_entries(n))
-        got = ct_count()
-        if got != n:
-            die(f"conntrack: {got} entries in the node namespace, wanted {n}")
-        if n:
-            log(f"conntrack: {n} unrelated entries created in {time.time() - t0:.2f} s")
+            log(f"conntrack: {n} unrelated entries created in the node namespace"
+                f"{' and in the reference one' if with_ref else ''} in {time.time() - t0:.2f} s")
 
     def ctnl_for(self, alt):
         return self.ct_ref if alt == REF else self.ct
@@ -801,6 +819,196 @@ class Bench:
         log(f"cell pods={n} ct={ct} {stack}: {runs} runs in {c['secs']:.1f} s; natguard ADD median {ng:.2f} ms")
         return c
 
+
+
+# --------------------------------------------------------------------------------------------
+# Bursts (32 ADDs released at once) and many-interface nodes
+# --------------------------------------------------------------------------------------------
+
+BURST = 32
+
+
+def release(b, pods, dual):
+    """Starts one natguard ADD per pod, each blocked reading its stdin, then writes every stdin at
+    once (the release) and reaps them in the order they exit. Returns the ms from the release to
+    each exit, sorted. The processes are started before the release so that what is measured is
+    natguard's work and its waits, not 32 exec(2)s."""
+    kids = {}
+    for pod in pods:
+        r, w = os.pipe()
+        out = os.memfd_create("burst-out", os.MFD_CLOEXEC)
+        pid = os.posix_spawn(b.natguard, [b.natguard], pod.env("ADD", b.node_path),
+                             file_actions=[(os.POSIX_SPAWN_DUP2, r, 0), (os.POSIX_SPAWN_DUP2, out, 1),
+                                           (os.POSIX_SPAWN_DUP2, out, 2)])
+        os.close(r)
+        kids[pid] = (pod, w, out)
+    time.sleep(0.3 + 0.01 * len(pods))  # every child is blocked in read(0)
+    confs = [(w, natguard_conf(pod, True)) for pod, w, _ in kids.values()]
+    t0 = time.perf_counter()
+    for w, c in confs:
+        os.write(w, c)
+        os.close(w)
+    done = []
+    while len(done) < len(kids):
+        pid, status, _ = os.wait4(-1, 0)
+        t = (time.perf_counter() - t0) * 1e3
+        pod, _, out = kids[pid]
+        if os.waitstatus_to_exitcode(status) != 0:
+            die(f"burst ADD of {pod.name} failed: {_read_fd(out)[:2000]}")
+        os.close(out)
+        done.append(t)
+    return sorted(done)
+
+
+def burst_cell(b, ct, dual, runs):
+    """`runs` rounds of: one ADD alone, then BURST ADDs released at once (each pod with its 2
+    conntrack entries per address), then the DELs, untimed. Returns the cell's summary."""
+    stack = "dual" if dual else "v4"
+    load0 = os.getloadavg()[0]
+    single, last, mid = [], [], []
+    for r in range(-1, runs):
+        one = [b.next_pod(dual)]
+        b.ct.create(pod_entries(one[0].addrs))
+        s = release(b, one, dual)[0]
+        b.ct.delete_tuples(pod_entries(one[0].addrs))
+        pods = [b.next_pod(dual) for _ in range(BURST)]
+        b.ct.create(pod_entries([a for p in pods for a in p.addrs]))
+        ts = release(b, pods, dual)
+        left = b.ct  # every pod's entries must be gone before its ADD replied
+        for pod in one + pods:
+            b.natguard_op("DEL", pod)
+        left.delete_tuples(pod_entries([a for p in pods for a in p.addrs]))
+        if r < 0:
+            continue
+        single.append(s)
+        last.append(ts[-1])
+        mid.append(statistics.median(ts))
+    c = {"ct": ct, "stack": stack, "runs": runs, "single": single, "last": last, "mid": mid,
+         "pods": b.state_n["natguard"],
+         "load": (load0, os.getloadavg()[0])}
+    log(f"burst ct={ct} {stack}: single {med(single):.1f} ms, all {BURST} replied {med(last):.1f} ms, "
+        f"median {med(mid):.1f} ms")
+    return c
+
+
+def ifaces_setup(b, names):
+    """A node namespace per interface count: lo, the uplink pair and its addresses as on the
+    bench node, then veth pairs (both ends up, an IPv4 /32 on one end, IPv6 link-local on
+    both), and a bridge for an odd count, until the namespace has N interfaces."""
+    out = []
+    for name in names:
+        n = int(name.rsplit("-if", 1)[1])
+        ns = Netns(name, b.root_ino)
+        with ns:
+            run(["ip", "link", "set", "lo", "up"])
+            run(["ip", "link", "add", "name", "ngb0", "type", "veth", "peer", "name", "ngb1"])
+            run(["ip", "link", "set", "ngb1", "up"])
+            run(["ip", "addr", "add", f"{NODE_V4}/24", "dev", "ngb0"])
+            run(["ip", "addr", "add", f"{NODE_V6}/64", "dev", "ngb0", "nodad"])
+            run(["ip", "link", "set", "ngb0", "up"])
+            run(["ip", "route", "add", "default", "via", "10.250.0.254", "dev", "ngb0"])
+            run(["ip", "-6", "route", "add", "default", "via", "fd00:250::fe", "dev", "ngb0"])
+            lines = []
+            for k in range((n - 3) // 2):
+                lines += [f"link add name hv{k} type veth peer name hp{k}",
+                          f"addr add 10.251.{k // 250}.{k % 250 + 1}/32 dev hv{k}",
+                          f"link set hv{k} up", f"link set hp{k} up"]
+            if (n - 3) % 2:
+                lines += ["link add name hbr0 type bridge"]
+            run(["ip", "-batch", "-"], stdin="\n".join(lines) + "\n")
+            got = len(run(["ip", "-o", "link"]).splitlines())
+            if got != n:
+                die(f"{name}: {got} interfaces, wanted {n}")
+            naddr = len(run(["ip", "-o", "addr"]).splitlines())
+        out.append((n, ns, naddr))
+    return out
+
+
+def ifaces_cell(b, nodes, runs):
+    """ADD then DEL of a new IPv4 pod (with its conntrack entries) on each node, rotated."""
+    data = {n: {"ADD": [], "DEL": [], "ADD cpu": [], "DEL cpu": []} for n, _, _ in nodes}
+    load0 = os.getloadavg()[0]
+    cts = {}
+    for n, ns, _ in nodes:
+        with ns:
+            cts[n] = Ctnl()
+    for r in range(-2, runs):
+        k = r % len(nodes)
+        for n, ns, _ in nodes[k:] + nodes[:k]:
+            pod = b.next_pod(False)
+            with ns:
+                cts[n].create(pod_entries(pod.addrs))
+                a = b.natguard_op("ADD", pod)
+                d = b.natguard_op("DEL", pod)
+                cts[n].delete_tuples(pod_entries(pod.addrs))
+            if r >= 0:
+                for o, x in (("ADD", a), ("DEL", d)):
+                    data[n][o].append(x.wall_us / 1e3)
+                    data[n][o + " cpu"].append(x.cpu_us / 1e3)
+    c = {"nodes": [(n, naddr) for n, _, naddr in nodes], "data": data, "runs": runs,
+         "load": (load0, os.getloadavg()[0])}
+    log("ifaces: " + ", ".join(f"{n}: ADD {med(data[n]['ADD']):.2f} DEL {med(data[n]['DEL']):.2f}" for n in data))
+    return c
+
+
+def report_extra(b):
+    """The burst and many-interface sections, with their targets; returns (markdown, targets)."""
+    L, T = [], []
+    p = L.append
+    if b.bursts:
+        p("## Bursts")
+        p("")
+        p(f"{BURST} natguard ADDs on the node ({b.bursts[0]['pods']:,} pods already there), each new pod "
+          "with 2 conntrack entries per address, all started and "
+          "blocked on their stdin, then released at once; against one ADD released the same way in the "
+          "same round. ms from the release to each process's exit (its reply). all replied = the "
+          f"last of the {BURST}; median = the median of the {BURST}; max = the worst round's last.")
+        p("")
+        p("| ct entries | stack | rounds | single ADD | all replied | median ADD | max | all/single | median/single | load1 start/end |")
+        p("|---|---|---|---|---|---|---|---|---|---|")
+        oks_all, oks_mid, ms = [], [], []
+        for c in b.bursts:
+            s, l, m = med(c["single"]), med(c["last"]), med(c["mid"])
+            p(f"| {c['ct']:,} | {c['stack']} | {c['runs']} | {s:.1f} | {l:.1f} | {m:.1f} | {max(c['last']):.1f} | "
+              f"{l / s:.1f}× | {m / s:.1f}× | {c['load'][0]:.2f}/{c['load'][1]:.2f} |")
+            big = c["ct"] >= 100000
+            oks_all.append(l / s <= (8 if big else 6))
+            oks_mid.append(m / s <= (6 if big else 3))
+            ms.append(f"{c['ct']:,}/{c['stack']}: {l / s:.1f}× / {m / s:.1f}×")
+        p("")
+        T.append((f"{BURST} simultaneous ADDs: all replied ≤ 6× one ADD (~0 entries) and ≤ 8× (100,000); "
+                  "median ≤ 3× and ≤ 6× (all/single / median/single per ct/stack)", "; ".join(ms),
+                  "**met**" if all(oks_all + oks_mid) else "**missed**"))
+    if b.ifaces:
+        c = b.ifaces
+        p("## Many interfaces")
+        p("")
+        p("natguard ADD and DEL of a new IPv4 pod on nodes with 12, 122 and 512 interfaces (veth "
+          f"pairs, up, one IPv4 /32 on one end), alternated in the same cell, {c['runs']} runs, "
+          f"medians in ms; load1 {c['load'][0]:.2f}/{c['load'][1]:.2f}. Wall time and CPU time "
+          "(user+sys of the process). The work that could grow with the node (asking the kernel "
+          "about interfaces and addresses) is CPU work of the process and of the kernel on its "
+          "behalf, so CPU time shows it even when other load on the machine makes wall time "
+          "noisy; the target is judged on CPU time, wall ratios are shown beside it.")
+        p("")
+        p("| interfaces | addresses | ADD wall | DEL wall | ADD CPU | DEL CPU | ADD CPU / 12 | DEL CPU / 12 | ADD wall / 12 | DEL wall / 12 |")
+        p("|---|---|---|---|---|---|---|---|---|---|")
+        base = c["nodes"][0][0]
+        m = {n: {k: med(v) for k, v in c["data"][n].items()} for n, _ in c["nodes"]}
+        b0 = m[base]
+        oks, ms = [], []
+        for n, naddr in c["nodes"]:
+            x = m[n]
+            ra, rd = x["ADD cpu"] / b0["ADD cpu"], x["DEL cpu"] / b0["DEL cpu"]
+            p(f"| {n} | {naddr} | {x['ADD']:.2f} | {x['DEL']:.2f} | {x['ADD cpu']:.2f} | {x['DEL cpu']:.2f} | "
+              f"{ra:.2f}× | {rd:.2f}× | {x['ADD'] / b0['ADD']:.2f}× | {x['DEL'] / b0['DEL']:.2f}× |")
+            if n != base:
+                oks += [ra <= 1.1, rd <= 1.1]
+                ms.append(f"{n}: ADD {ra:.2f}×, DEL {rd:.2f}× (wall {x['ADD'] / b0['ADD']:.2f}×, {x['DEL'] / b0['DEL']:.2f}×)")
+        p("")
+        T.append((f"ADD and DEL at 122 and 512 interfaces ≤ 1.1× of {base} (CPU time)", "; ".join(ms),
+                  "**met**" if all(oks) else "**missed**"))
+    return "\n".join(L), T
 
 # --------------------------------------------------------------------------------------------
 # Profile (--profile): where natguard's wall time goes
@@ -976,8 +1184,8 @@ def report(b, meta, elapsed, started):
     p("")
     p(f"`{REF}` is natguard in a second node namespace that always holds 10 pods, alternated with "
       "the others: its ratio column is natguard at N pods over natguard at 10 pods, measured side "
-      "by side. (The conntrack hash table is shared by all namespaces, so its conntrack walks visit "
-      "the node's unrelated entries too.)")
+      "by side. It holds as many unrelated conntrack entries of its own as the node, so both "
+      "namespaces' walks are the same walk of the shared hash table.")
     p("")
     p("Pods on the node are dual-stack; the new pod is IPv4 (v4) or dual-stack (dual). Before each "
       "ADD of natguard and of the naive path, the new pod's addresses get 2 conntrack entries each "
@@ -995,51 +1203,55 @@ def report(b, meta, elapsed, started):
     for k, xs in meta["floors"]:
         p(f"| {k} | {fmt(med(xs), 2)} | {fmt(q(xs, 0.9), 2)} |")
     p("")
-    p("## Results")
-    p("")
-    p("| pods | ct entries | stack | alternative | ADD wall med | ADD p90 | ADD CPU | DEL wall med | DEL p90 | DEL CPU | peak RSS own / tree MiB (anon + file) | ratio ADD | ratio DEL |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in b.cells:
-        ng = {o: stats(c["data"]["natguard"][o]) for o in ("ADD", "DEL")}
-        for alt in ALTS:
-            if alt not in c["data"]:
-                if alt.startswith("portmap"):
-                    p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {alt} | not run (> {PORTMAP_MAX:,} pods) ||||||||")
-                continue
-            st = {o: stats(c["data"][alt][o]) for o in ("ADD", "DEL")}
-            ra = "" if alt == "natguard" else fmt(ng["ADD"]["med"] / st["ADD"]["med"], 3)
-            rd = "" if alt == "natguard" else fmt(ng["DEL"]["med"] / st["DEL"]["med"], 3)
-            name = f"**{alt}**" if alt == "natguard" else alt
-            p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {name} | {fmt(st['ADD']['med'], 2)} | {fmt(st['ADD']['p90'], 2)} | "
-              f"{fmt(st['ADD']['cpu'], 2)} | {fmt(st['DEL']['med'], 2)} | {fmt(st['DEL']['p90'], 2)} | {fmt(st['DEL']['cpu'], 2)} | "
-              f"{fmt(rss(c, alt)[0], 2)} / {fmt(rss(c, alt)[1], 2)} ({fmt(rss(c, alt)[2], 2)} + {fmt(rss(c, alt)[3], 2)}) | {ra} | {rd} |")
-    p("")
-    p("Per cell: natguard's conntrack work (from its log, one untimed probe ADD/DEL), the kernel's "
-      "filtered walk at that conntrack size, and natguard's ADD minus those walks. The conntrack hash "
-      "table is shared by all namespaces: entries of other namespaces on the machine (column "
-      "\"machine-wide\", from the nf_conntrack slab) lengthen every walk, and a busy machine "
-      "(load1 above the core count) lengthens RCU grace periods, which every nf_tables commit "
-      "followed by closing its netlink socket waits for (see the profile section of `--profile`).")
-    p("")
-    p("| pods | ct entries | stack | runs | secs | load1 start/end | ct entries machine-wide start/end | ADD: deleted / walks / path | DEL: walks | kernel walk med (p90) | natguard ADD − walks | noflush ADD |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for c in b.cells:
-        w = c["walks"]
-        add_w = w["ADD"][1] if w["ADD"] else 0
-        fl = med(c["floor"])
-        ng = med([s.wall_us / 1e3 for s in c["data"]["natguard"]["ADD"]])
-        nf = med([s.wall_us / 1e3 for s in c["data"]["natguard-noflush"]["ADD"]])
-        wa = f"{w['ADD'][0]} / {w['ADD'][1]} / {w['ADD'][2]}" if w["ADD"] else "no conntrack log line"
-        wd = str(w["DEL"][1]) if w["DEL"] else "–"
-        c["minus"] = ng - add_w * fl
-        p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {c['runs']} | {c['secs']:.0f} | {c['load'][0]:.2f}/{c['load'][1]:.2f} | "
-          f"{c['ct_all'][0]:,}/{c['ct_all'][1]:,} | {wa} | {wd} | {fmt(fl, 2)} ({fmt(q(c['floor'], 0.9), 2)}) | {fmt(c['minus'], 2)} | {fmt(nf, 2)} |")
-    p("")
+    if b.cells:
+        p("## Results")
+        p("")
+        p("| pods | ct entries | stack | alternative | ADD wall med | ADD p90 | ADD CPU | DEL wall med | DEL p90 | DEL CPU | peak RSS own / tree MiB (anon + file) | ratio ADD | ratio DEL |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for c in b.cells:
+            ng = {o: stats(c["data"]["natguard"][o]) for o in ("ADD", "DEL")}
+            for alt in ALTS:
+                if alt not in c["data"]:
+                    if alt.startswith("portmap"):
+                        p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {alt} | not run (> {PORTMAP_MAX:,} pods) ||||||||")
+                    continue
+                st = {o: stats(c["data"][alt][o]) for o in ("ADD", "DEL")}
+                ra = "" if alt == "natguard" else fmt(ng["ADD"]["med"] / st["ADD"]["med"], 3)
+                rd = "" if alt == "natguard" else fmt(ng["DEL"]["med"] / st["DEL"]["med"], 3)
+                name = f"**{alt}**" if alt == "natguard" else alt
+                p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {name} | {fmt(st['ADD']['med'], 2)} | {fmt(st['ADD']['p90'], 2)} | "
+                  f"{fmt(st['ADD']['cpu'], 2)} | {fmt(st['DEL']['med'], 2)} | {fmt(st['DEL']['p90'], 2)} | {fmt(st['DEL']['cpu'], 2)} | "
+                  f"{fmt(rss(c, alt)[0], 2)} / {fmt(rss(c, alt)[1], 2)} ({fmt(rss(c, alt)[2], 2)} + {fmt(rss(c, alt)[3], 2)}) | {ra} | {rd} |")
+        p("")
+        p("Per cell: natguard's conntrack work (from its log, one untimed probe ADD/DEL), the kernel's "
+          "filtered walk at that conntrack size, and natguard's ADD minus those walks. The conntrack hash "
+          "table is shared by all namespaces: entries of other namespaces on the machine (column "
+          "\"machine-wide\", from the nf_conntrack slab) lengthen every walk, and a busy machine "
+          "(load1 above the core count) lengthens RCU grace periods, which every nf_tables commit "
+          "followed by closing its netlink socket waits for (see the profile section of `--profile`).")
+        p("")
+        p("| pods | ct entries | stack | runs | secs | load1 start/end | ct entries machine-wide start/end | ADD: deleted / walks / path | DEL: walks | kernel walk med (p90) | natguard ADD − walks | noflush ADD |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for c in b.cells:
+            w = c["walks"]
+            add_w = w["ADD"][1] if w["ADD"] else 0
+            fl = med(c["floor"])
+            ng = med([s.wall_us / 1e3 for s in c["data"]["natguard"]["ADD"]])
+            nf = med([s.wall_us / 1e3 for s in c["data"]["natguard-noflush"]["ADD"]])
+            wa = f"{w['ADD'][0]} / {w['ADD'][1]} / {w['ADD'][2]}" if w["ADD"] else "no conntrack log line"
+            wd = str(w["DEL"][1]) if w["DEL"] else "–"
+            c["minus"] = ng - add_w * fl
+            p(f"| {c['n']:,} | {c['ct']:,} | {c['stack']} | {c['runs']} | {c['secs']:.0f} | {c['load'][0]:.2f}/{c['load'][1]:.2f} | "
+              f"{c['ct_all'][0]:,}/{c['ct_all'][1]:,} | {wa} | {wd} | {fmt(fl, 2)} ({fmt(q(c['floor'], 0.9), 2)}) | {fmt(c['minus'], 2)} | {fmt(nf, 2)} |")
+        p("")
+    extra, extra_targets = report_extra(b)
+    if extra:
+        p(extra)
     p("## Targets")
     p("")
     p("| target | measured | verdict |")
     p("|---|---|---|")
-    for t, m, v in targets(b, meta):
+    for t, m, v in targets(b, meta) + extra_targets:
         p(f"| {t} | {m} | {v} |")
     p("")
     return "\n".join(L)
@@ -1047,6 +1259,8 @@ def report(b, meta, elapsed, started):
 
 def targets(b, meta):
     out = []
+    if not b.cells:
+        return out
 
     def cellmed(c, alt, o="ADD"):
         return med([s.wall_us / 1e3 for s in c["data"][alt][o]]) if alt in c["data"] else float("nan")
@@ -1190,7 +1404,13 @@ def main():
     ap.add_argument("--commit", default="?")
     ap.add_argument("--timeit", required=True)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--ns-ifaces", default="")
+    ap.add_argument("--only", default="per-pod,burst,ifaces")
+    ap.add_argument("--burst-runs", type=int, default=5)
+    ap.add_argument("--burst-ct", default="0,100000")
+    ap.add_argument("--burst-stacks", default="v4,dual")
     a = ap.parse_args()
+    only = set(a.only.split(","))
     global TIMEIT
     TIMEIT = os.path.abspath(a.timeit)
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
@@ -1228,6 +1448,8 @@ def main():
     meta["floors"].append(("process start: portmap VERSION (wall)", [spawn([b.portmap], venv, ver)[0].wall_us / 1e3 for _ in range(reps)]))
 
     floors_done = set()
+    if "per-pod" not in only:
+        pods = []
     for n in pods:
         b.grow_natguard(n)
         b.grow_naive(n)
@@ -1243,7 +1465,15 @@ def main():
                 meta["floors"].append((f"CLI: `conntrack -D -s <unused ip>` (process + dump), {tag}", b.cli_walk(reps)))
             for dual in stacks:
                 b.cell(n, ct, dual, a.runs)
+    if "burst" in only:
+        b.grow_natguard(max(10, b.state_n["natguard"]))
+        for ct in [int(x) for x in a.burst_ct.split(",")]:
+            b.set_background(ct, with_ref=False)
+            for dual in [x == "dual" for x in a.burst_stacks.split(",")]:
+                b.bursts.append(burst_cell(b, ct, dual, a.burst_runs))
     b.set_background(0)
+    if "ifaces" in only and a.ns_ifaces:
+        b.ifaces = ifaces_cell(b, ifaces_setup(b, a.ns_ifaces.split(",")), a.runs)
     prof = profile(b, a.runs) if a.profile else ""
 
     elapsed = time.time() - t_start

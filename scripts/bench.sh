@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
 # scripts/bench.sh: natguard's per-pod cost next to Debian's portmap (iptables-nft and
-# iptables-legacy) and the naive `iptables -t nat -A` + `conntrack -D -s` path, in one run.
+# iptables-legacy) and the naive `iptables -t nat -A` + `conntrack -D -s` path, bursts of ADDs,
+# nodes with many interfaces, and what forwarded packets pay, in one run (docs/benchmarks.md).
 #
 #   scripts/bench.sh [--quick] [--profile] [--out DIR] [--runs N] [--pods 10,1000,10000]
 #                    [--ct 0,100000] [--stacks v4,dual] [--bin PATH]
+#                    [--only per-pod,burst,ifaces,datapath] [--dp-runs N] [--dp-secs S]
+#                    [--dp-nets 1,3] [--dp-pods 2,1000]
 #
-# Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3),
-# builds the release binary unless --bin is given, creates three throwaway network namespaces
+# Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3,
+# procps), builds the release binary unless --bin is given, creates throwaway network namespaces
 #   ng-bench-<pid>-node    natguard, the naive CLI path, the unrelated conntrack entries
 #   ng-bench-<pid>-pmnft   portmap with iptables-nft    (PATH points `iptables` at it)
 #   ng-bench-<pid>-pmleg   portmap with iptables-legacy
 #   ng-bench-<pid>-ref     natguard with 10 pods: the flat-scaling reference
-# and deletes them on exit. The root namespace's firewall and conntrack table are never touched.
+#   ng-bench-<pid>-if<N>   a node with N interfaces (12, 122, 512): the many-interface cell
+#   ng-bench-<pid>-dp*     the datapath cell's nodes, pods and remote hosts (benches/datapath.py)
+# and deletes them on exit. Everything runs in a private mount namespace with a tmpfs on /run,
+# so natguard's lock and runtime files (/run/natguard) and the namespaces' mount points are the
+# run's own and never the machine's. The root namespace's firewall and conntrack table are
+# never touched.
 # The measuring itself is benches/bench.py (see its header for the method).
 #
 # Output: a Markdown table on stdout and in DIR/bench-results.md (default DIR: /tmp), raw samples
-# in DIR/bench-samples.tsv. A full run takes about 10 minutes on 2 cores; --quick (one cell:
-# 10 pods, 1,000 conntrack entries, dual-stack, 5 runs) well under a minute. --profile adds a
+# in DIR/bench-samples.tsv. A full run takes 20 to 30 minutes on 2 cores; --quick (one per-pod
+# cell: 10 pods, 1,000 conntrack entries, dual-stack, 5 runs; one IPv4 burst round at ~0
+# entries; the interface cell; one datapath round of 0.3 s per measurement, 1 network, 2 pods)
+# well under a minute. --profile adds a
 # section on where natguard's wall time goes (strace, perf stat, callgrind instruction counts,
 # and the cost of closing a netfilter socket right after an nf_tables commit); it installs
 # strace and valgrind if they are missing. Wall times depend on how busy the machine is
 # (check `uptime` first); CPU times and the ratios of the same run much less.
+# The cells (--only picks some): per-pod (the table above), burst (32 ADDs released at once
+# against one), ifaces (ADD and DEL on nodes with 12, 122 and 512 interfaces) and datapath
+# (packet rate and request/response latency through the node: benches/datapath.py).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -31,11 +44,19 @@ CT=0,100000
 STACKS=v4,dual
 BIN=""
 PROFILE=""
+ONLY=per-pod,burst,ifaces,datapath
+DP_RUNS=7 DP_SECS=0.7 DP_NETS=1,3 DP_PODS=2,1000 BURST_RUNS=5 BURST_CT=0,100000 BURST_STACKS=v4,dual
+ARGS=("$@")
 
 usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual ;;
+    --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual DP_RUNS=1 DP_SECS=0.3 DP_NETS=1 DP_PODS=2 BURST_RUNS=1 BURST_CT=0 BURST_STACKS=v4 ;;
+    --only) ONLY=$2; shift ;;
+    --dp-runs) DP_RUNS=$2; shift ;;
+    --dp-secs) DP_SECS=$2; shift ;;
+    --dp-nets) DP_NETS=$2; shift ;;
+    --dp-pods) DP_PODS=$2; shift ;;
     --profile) PROFILE=--profile ;;
     --out) OUT=$2; shift ;;
     --runs) RUNS=$2; shift ;;
@@ -60,6 +81,7 @@ command -v conntrack >/dev/null || need+=(conntrack)
 [ -x /usr/lib/cni/portmap ] || need+=(containernetworking-plugins)
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v ip >/dev/null || need+=(iproute2)
+command -v sysctl >/dev/null || need+=(procps)
 if [ -n "$PROFILE" ]; then
   command -v strace >/dev/null || need+=(strace)
   command -v valgrind >/dev/null || need+=(valgrind)
@@ -69,8 +91,10 @@ fi
 [ ${#need[@]} -eq 0 ] || ensure_packages "${need[@]}" >/dev/null
 modprobe -a nf_conntrack nf_conntrack_netlink nf_tables ip_tables ip6_tables iptable_nat ip6table_nat 2>/dev/null || true
 
-BUILT=""
-if [ -z "$BIN" ]; then
+BUILT=${NG_BENCH_BUILT:-}
+if [ -n "${NG_BENCH_PRIVATE:-}" ]; then
+  BIN=$NG_BENCH_BIN # built (or given) before entering the private mount namespace
+elif [ -z "$BIN" ]; then
   BUILT=1
   BIN=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
   log "building the release binary"
@@ -78,13 +102,22 @@ if [ -z "$BIN" ]; then
 fi
 [ -x "$BIN" ] || { log "no natguard binary at $BIN"; exit 1; }
 
+# --- a private mount namespace with /run of its own (see the header), entered once
+if [ -z "${NG_BENCH_PRIVATE:-}" ]; then
+  NG_BENCH_PRIVATE=1 NG_BENCH_BIN=$BIN NG_BENCH_BUILT=$BUILT \
+    exec unshare --mount --propagation private "$0" "${ARGS[@]}"
+fi
+mount -t tmpfs -o mode=0755 ng-bench-run /run
+
 # --- throwaway namespaces and PATH directories that pick the iptables backend
 TAG=ng-bench-$$
 NODE=$TAG-node PMNFT=$TAG-pmnft PMLEG=$TAG-pmleg REFNS=$TAG-ref
 W=$(mktemp -d /tmp/ng-bench.XXXXXX)
 cleanup() {
   local ns
-  for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS"; do ip netns del "$ns" 2>/dev/null || true; done
+  for ns in $(ip netns list | awk -v t="$TAG-" 'index($1, t) == 1 {print $1}'); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
   rm -rf "$W"
 }
 trap cleanup EXIT
@@ -92,6 +125,8 @@ trap 'exit 130' INT TERM
 # the spawner that reaps each measured process with wait4 (benches/tools/timeit.rs)
 rustc -O -C target-feature=+crt-static -C panic=abort -C strip=symbols --edition 2021 \
   "$REPO/benches/tools/timeit.rs" -o "$W/timeit"
+rustc -O -C target-feature=+crt-static -C panic=abort -C strip=symbols --edition 2021 \
+  "$REPO/benches/tools/netload.rs" -o "$W/netload"
 for b in nft legacy; do
   mkdir -p "$W/bin-$b"
   for t in iptables ip6tables; do
@@ -99,7 +134,7 @@ for b in nft legacy; do
   done
 done
 ROOT_INO=$(stat -L -c %i /proc/self/ns/net) # the namespace we were started in: never measured in
-for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS"; do ip netns add "$ns"; done
+for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS" "$TAG-if12" "$TAG-if122" "$TAG-if512"; do ip netns add "$ns"; done
 mkdir -p "$OUT"
 
 if [ -n "$BUILT" ]; then
@@ -114,6 +149,17 @@ log "pods=$PODS ct=$CT stacks=$STACKS runs=$RUNS out=$OUT (load: $(cut -d' ' -f1
 # The driver runs inside the node namespace; it enters the portmap namespaces by setns(2).
 ip netns exec "$NODE" /usr/bin/python3 "$REPO/benches/bench.py" \
   --natguard "$BIN" --ns-pmnft "$PMNFT" --ns-pmlegacy "$PMLEG" --ns-ref "$REFNS" \
+  --ns-ifaces "$TAG-if12,$TAG-if122,$TAG-if512" --only "$ONLY" \
+  --burst-runs "$BURST_RUNS" --burst-ct "$BURST_CT" --burst-stacks "$BURST_STACKS" \
   --bin-nft "$W/bin-nft" --bin-legacy "$W/bin-legacy" --root-netns-ino "$ROOT_INO" \
   --out "$OUT" --pods "$PODS" --ct "$CT" --stacks "$STACKS" --runs "$RUNS" --commit "$COMMIT" \
   --timeit "$W/timeit" $PROFILE
+case ",$ONLY," in
+  *,datapath,*)
+    log "datapath: networks $DP_NETS, pods $DP_PODS, $DP_RUNS rounds of $DP_SECS s (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+    /usr/bin/python3 "$REPO/benches/datapath.py" --natguard "$BIN" --netload "$W/netload" \
+      --tag "$TAG-dp" --work "$W" --root-netns-ino "$ROOT_INO" --out "$OUT" \
+      --nets "$DP_NETS" --pods "$DP_PODS" --runs "$DP_RUNS" --secs "$DP_SECS"
+    cat "$OUT/bench-datapath.md" >>"$OUT/bench-results.md"
+    ;;
+esac

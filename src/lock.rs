@@ -5,12 +5,19 @@
 //! on the same file, so neither changes. What this module adds is that waiting is bounded and
 //! that nothing at that path can make a verb hang:
 //!
-//! - **Bounded wait.** The lock is polled with `LOCK_NB` and short sleeps for at most [`WAIT`]
-//!   (10 s). An invocation holds it for about a millisecond, so even 64 verbs in a queue wait a
-//!   fraction of a second; 10 s is only reached when something holds it and does not let go (a
-//!   stopped process, an operator's `flock`). The verb then fails with CNI code 11 (try again),
-//!   which kubelet retries, long before its own runtime request timeout (2 minutes by default)
-//!   would kill the plugin with no message at all.
+//! - **Bounded wait, woken at release.** A waiter blocks in `flock(LOCK_EX)`, which the kernel
+//!   wakes when the holder lets go, so a lock released after its usual millisecond is taken at
+//!   once and a queue of verbs runs back to back (polling with sleeps left the lock idle between
+//!   a release and the next attempt). The wait is bounded by a per-thread timer
+//!   (`timer_create` with `SIGEV_THREAD_ID`) that sends [`WAKE_SIGNAL`], whose handler does
+//!   nothing and is installed without `SA_RESTART`, so the blocked `flock` returns `EINTR`: first
+//!   at the deadline, [`WAIT`] (10 s), then every [`RECHECK`], so a signal that arrives just
+//!   before the thread blocks cannot leave it blocked. An invocation holds the lock for about a
+//!   millisecond, so even 64 verbs in a queue wait a fraction of a second; 10 s is only reached
+//!   when something holds it and does not let go (a stopped process, an operator's `flock`). The
+//!   verb then fails with CNI code 11 (try again), which kubelet retries, long before its own
+//!   runtime request timeout (2 minutes by default) would kill the plugin with no message at all.
+//!   Where no timer can be made, the wait falls back to polling with `LOCK_NB` and short sleeps.
 //! - **Opening never blocks.** `O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC`, then `fstat`:
 //!   only a regular file is locked. A FIFO would block `open(2)` forever without `O_NONBLOCK`, a
 //!   symlink could point anywhere, and a directory or device is not natguard's. The file is
@@ -39,8 +46,14 @@ pub const LOCK_PATH: &str = "/run/natguard/lock";
 /// How long a verb waits for the node-wide lock before it fails with code 11.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-/// First and longest pause between two attempts: short enough that a lock released after its
-/// usual millisecond is taken within about that, long enough that 64 waiters cost no CPU.
+/// The signal the wait's timer interrupts a blocked `flock` with (its handler does nothing).
+pub const WAKE_SIGNAL: libc::c_int = libc::SIGALRM;
+
+/// After the deadline's signal, the timer fires again this often until the wait sees it: a
+/// signal delivered between the deadline check and the blocking `flock` is not lost for longer.
+const RECHECK: Duration = Duration::from_millis(50);
+
+/// First and longest pause between two attempts of the polling fallback.
 const FIRST_PAUSE: Duration = Duration::from_micros(200);
 const LONGEST_PAUSE: Duration = Duration::from_millis(10);
 
@@ -131,31 +144,147 @@ pub fn acquire_at(path: &Path, wait: Duration) -> Result<Lock, LockError> {
     };
     let file = open_regular(path).map_err(unusable)?;
     let start = Instant::now();
+    let taken = match file.try_lock() {
+        Ok(()) => true,
+        Err(TryLockError::WouldBlock) => match Timer::arm(wait) {
+            Some(timer) => block(&file, start, wait, &timer),
+            None => poll(&file, start, wait),
+        }
+        .map_err(unusable)?,
+        Err(TryLockError::Error(e)) if e.kind() == io::ErrorKind::Interrupted => {
+            poll(&file, start, wait).map_err(unusable)?
+        }
+        Err(TryLockError::Error(e)) => return Err(unusable(e)),
+    };
+    if !taken {
+        return Err(LockError::Busy {
+            path: path.to_path_buf(),
+            waited: wait,
+        });
+    }
+    crate::debug!(
+        "lock {} taken after {} ms",
+        path.display(),
+        start.elapsed().as_millis()
+    );
+    Ok(Lock { _file: file })
+}
+
+/// Blocks in `flock(LOCK_EX)` until the lock is taken (`true`) or `wait` has passed since
+/// `start` (`false`); `timer` interrupts the block (see the module doc).
+fn block(file: &File, start: Instant, wait: Duration, _timer: &Timer) -> io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    loop {
+        if start.elapsed() >= wait {
+            return Ok(false);
+        }
+        // SAFETY: flock on a descriptor this function borrows.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+            return Ok(true);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The fallback without a timer: `LOCK_NB` attempts with growing pauses, until `wait` has passed.
+fn poll(file: &File, start: Instant, wait: Duration) -> io::Result<bool> {
     let mut pause = FIRST_PAUSE;
     loop {
         match file.try_lock() {
-            Ok(()) => {
-                crate::debug!(
-                    "lock {} taken after {} ms",
-                    path.display(),
-                    start.elapsed().as_millis()
-                );
-                return Ok(Lock { _file: file });
-            }
+            Ok(()) => return Ok(true),
             Err(TryLockError::WouldBlock) => {}
             Err(TryLockError::Error(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(TryLockError::Error(e)) => return Err(unusable(e)),
+            Err(TryLockError::Error(e)) => return Err(e),
         }
         let waited = start.elapsed();
         if waited >= wait {
-            return Err(LockError::Busy {
-                path: path.to_path_buf(),
-                waited: wait,
-            });
+            return Ok(false);
         }
         std::thread::sleep(pause.min(wait - waited));
         pause = (pause * 2).min(LONGEST_PAUSE);
     }
+}
+
+/// A POSIX timer that sends [`WAKE_SIGNAL`] to the calling thread after the wait, then every
+/// [`RECHECK`], with the signal unblocked in this thread; deleted (and the thread's signal mask
+/// restored) on drop.
+struct Timer {
+    id: libc::timer_t,
+    old_mask: libc::sigset_t,
+}
+
+impl Timer {
+    fn arm(wait: Duration) -> Option<Timer> {
+        install_wake_handler()?;
+        // SAFETY: plain syscalls on values owned here; the sigevent is zeroed, then the fields
+        // the kernel reads for SIGEV_THREAD_ID are set.
+        unsafe {
+            let mut ev: libc::sigevent = std::mem::zeroed();
+            ev.sigev_notify = libc::SIGEV_THREAD_ID;
+            ev.sigev_signo = WAKE_SIGNAL;
+            ev.sigev_notify_thread_id = libc::gettid();
+            let mut id: libc::timer_t = std::ptr::null_mut();
+            if libc::timer_create(libc::CLOCK_MONOTONIC, &mut ev, &mut id) != 0 {
+                return None;
+            }
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            let mut old_mask: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, WAKE_SIGNAL);
+            libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, &mut old_mask);
+            let t = Timer { id, old_mask };
+            let spec = libc::itimerspec {
+                it_value: timespec(wait.max(Duration::from_millis(1))),
+                it_interval: timespec(RECHECK),
+            };
+            if libc::timer_settime(id, 0, &spec, std::ptr::null_mut()) != 0 {
+                return None; // t is dropped: timer deleted, mask restored
+            }
+            Some(t)
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        // SAFETY: the timer was created by Timer::arm and is deleted once; the mask is the one
+        // this thread had before.
+        unsafe {
+            libc::timer_delete(self.id);
+            libc::pthread_sigmask(libc::SIG_SETMASK, &self.old_mask, std::ptr::null_mut());
+        }
+    }
+}
+
+fn timespec(d: Duration) -> libc::timespec {
+    libc::timespec {
+        tv_sec: d.as_secs() as libc::time_t,
+        tv_nsec: d.subsec_nanos() as libc::c_long,
+    }
+}
+
+/// Installs the do-nothing handler of [`WAKE_SIGNAL`] once per process, without `SA_RESTART`
+/// so that it interrupts a blocked `flock`. It stays installed: a timer's signal still pending
+/// after the wait then does nothing, instead of the default action (ending the process).
+/// `None` if the handler could not be installed (the wait then polls).
+fn install_wake_handler() -> Option<()> {
+    static INSTALLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    extern "C" fn wake(_: libc::c_int) {}
+    let ok = *INSTALLED.get_or_init(|| {
+        // SAFETY: a handler that does nothing is async-signal-safe; sigaction is given a fully
+        // initialised struct.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = wake as *const () as libc::sighandler_t;
+            sa.sa_flags = 0;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(WAKE_SIGNAL, &sa, std::ptr::null_mut()) == 0
+        }
+    });
+    ok.then_some(())
 }
 
 /// Opens `path` for locking without blocking or following a symlink; only a regular file is
@@ -229,6 +358,35 @@ mod tests {
         assert!(e.to_string().contains(path.to_str().unwrap()), "{e}");
         drop(held);
         acquire_at(&path, Duration::from_millis(30)).expect("a released lock is taken");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A waiter blocked on the lock takes it when the holder lets go, long before its deadline,
+    /// and the deadline holds while the lock is kept.
+    #[test]
+    fn a_waiter_takes_the_lock_when_it_is_released() {
+        let d = scratch("wake");
+        let path = d.join("lock");
+        let held = acquire_at(&path, WAIT).unwrap();
+        let p = path.clone();
+        let waiter = std::thread::spawn(move || acquire_at(&p, WAIT).map(|_| ()));
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            !waiter.is_finished(),
+            "the waiter must wait while the lock is held"
+        );
+        drop(held);
+        // A deadline for the test, not a timing claim: the waiter returns, with the lock.
+        waiter
+            .join()
+            .unwrap()
+            .expect("the released lock is taken by the waiter");
+        let held = acquire_at(&path, WAIT).unwrap();
+        let start = Instant::now();
+        let e = acquire_at(&path, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(e, LockError::Busy { .. }), "{e}");
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        drop(held);
         let _ = std::fs::remove_dir_all(&d);
     }
 

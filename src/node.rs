@@ -1,6 +1,12 @@
 //! Facts about the node that the plan needs, looked up before planning.
 //!
-//! - The node's own addresses (`getifaddrs`): a pod may never be given one of them.
+//! - Which of a pod's addresses are the node's own: a pod may never be given one of them. The
+//!   kernel is asked about those addresses only (one rtnetlink route lookup each, answered as
+//!   `RTN_LOCAL` for an address of the node), so the cost does not grow with the node's
+//!   interfaces: a node with a hundred pods has a hundred veths. An address the kernel does not
+//!   deliver locally (on an interface that is down, or still tentative in IPv6's duplicate
+//!   address detection) is not the node's yet. Without an rtnetlink socket, every interface's
+//!   addresses are listed instead (`getifaddrs`).
 //! - Where a pod's packets enter the node: the host-side interfaces the primary plugin reports
 //!   in prevResult, resolved with rtnetlink into the interface the IP layer sees (the routed
 //!   veth, or the bridge) and, on a bridge, the pod's port.
@@ -55,8 +61,27 @@ pub fn facts(cfg: &Config) -> NodeFacts {
     }
 }
 
+/// Those of `addrs` that are the node's own (see the module doc).
+pub fn own_among(addrs: &[IpAddr]) -> Vec<IpAddr> {
+    if addrs.is_empty() {
+        return Vec::new();
+    }
+    let Ok(mut links) = link::Links::open() else {
+        return own_addresses();
+    };
+    let mut own = Vec::new();
+    for &a in addrs {
+        match links.is_local(a) {
+            Ok(true) => own.push(a),
+            Ok(false) => {}
+            Err(_) => return own_addresses(),
+        }
+    }
+    own
+}
+
 /// Every address configured on an interface of the calling thread's network namespace.
-pub fn own_addresses() -> Vec<IpAddr> {
+fn own_addresses() -> Vec<IpAddr> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs fills `head` with a list we walk read-only and free once.

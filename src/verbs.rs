@@ -128,7 +128,7 @@ pub(crate) struct Identity<'a> {
 pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
     crate::policy::refuse_unenforceable(cfg, &who.annotations)?;
     let ips = cni::prev_result::check_shape(prev, who.ifname)?;
-    let own = crate::node::own_addresses();
+    let own = crate::node::own_among(&ips.iter().map(|ip| ip.addr).collect::<Vec<_>>());
     if let Some((ip, why)) = ips
         .iter()
         .find_map(|ip| not_a_pod_address_here(cfg, &own, ip).map(|why| (ip, why)))
@@ -179,7 +179,8 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
 /// Why `ip` cannot be a pod's address on this node, if it cannot: the one rule by which ADD
 /// refuses a primary plugin's result and DEL filters what it flushes. Besides the addresses no
 /// pod can hold, a pod claiming a metadata address or one of the node's own would make natguard
-/// exempt, or flush, traffic that is not the pod's.
+/// exempt, or flush, traffic that is not the pod's. `own`: those of the pod's addresses that are
+/// the node's ([`crate::node::own_among`]).
 fn not_a_pod_address_here(cfg: &Config, own: &[IpAddr], ip: &PodIp) -> Option<String> {
     if let Some(why) = crate::addr::not_a_pod_address(ip.addr, ip.prefix) {
         Some(why)
@@ -324,6 +325,10 @@ fn restore_cached_pods(network: &str, cfg: &Config) {
 
 /// Deletes the addresses' conntrack entries; a failure is logged, never returned.
 fn flush_conntrack<K: Kernel>(store: &mut Store<K>, addrs: &[IpAddr], path: Path, verb: &str) {
+    let run_dir = std::path::Path::new(crate::lock::LOCK_PATH)
+        .parent()
+        .unwrap_or(std::path::Path::new("/run/natguard"));
+    let path = crate::kernel::conntrack::auto_path(path, addrs, run_dir);
     match store.flush_conntrack(addrs, path) {
         Ok(r) => info!(
             "conntrack: deleted {} entries in {} kernel walks ({})",
@@ -345,11 +350,7 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
         .as_ref()
         .and_then(|p| cni::prev_result::pod_ips(p, &env.ifname).ok())
         .unwrap_or_default();
-    let own = if ips.is_empty() {
-        Vec::new()
-    } else {
-        crate::node::own_addresses()
-    };
+    let own = crate::node::own_among(&ips.iter().map(|ip| ip.addr).collect::<Vec<_>>());
     let mut addrs: Vec<IpAddr> = ips
         .iter()
         .filter(|ip| not_a_pod_address_here(&conf.natguard, &own, ip).is_none())

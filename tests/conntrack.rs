@@ -482,3 +482,112 @@ fn entries_vanishing_between_dump_and_delete_are_not_errors() {
         assert_eq!(dump(), want);
     });
 }
+
+/// The kernel's IPv6 address filter, checked by this test on its own: two IPv6 entries in the
+/// test's namespace, one dump filtered on the first one's original source. `true` when exactly
+/// that entry comes back (a correct kernel), `false` when exactly the other one does (inverted).
+fn ipv6_filter_is_correct_here() -> bool {
+    let a = ip("fd00:7::1");
+    let b = ip("fd00:7::2");
+    create(&[
+        plain(UDP, "fd00:7::1", "fd00:7::9", 1000, 53),
+        plain(UDP, "fd00:7::2", "fd00:7::9", 1000, 53),
+    ]);
+    let mut sock = NfSocket::open().unwrap();
+    let mut m = sock.msgbuf();
+    m.begin(CT_GET, NLM_F_DUMP, 10, 0);
+    let t = m.nest_begin(1); // CTA_TUPLE_ORIG
+    let n = m.nest_begin(1); // CTA_TUPLE_IP
+    let IpAddr::V6(a6) = a else { unreachable!() };
+    m.attr(3, &a6.octets()); // CTA_IP_V6_SRC
+    m.nest_end(n);
+    m.nest_end(t);
+    let f = m.nest_begin(25); // CTA_FILTER
+    m.attr(1, &1u32.to_ne_bytes()); // ORIG_FLAGS: CTA_FILTER_F_CTA_IP_SRC
+    m.nest_end(f);
+    m.end();
+    let srcs: Vec<IpAddr> = sock
+        .request(&m, "filtered IPv6 dump")
+        .unwrap()
+        .iter()
+        .map(|m| parse_tuple(m.nf_attrs().get(1).unwrap().nested(), true).1)
+        .collect();
+    match srcs.as_slice() {
+        [s] if *s == a => true,
+        [s] if *s == b => false,
+        other => panic!("a filtered IPv6 dump returned {other:?}: neither correct nor inverted"),
+    }
+}
+
+/// natguard's probe (in a throwaway namespace of its own) agrees with the test's own check; its
+/// verdict is cached for this boot only: a cached verdict of another boot id is ignored and
+/// replaced, a verdict of this boot is used.
+#[test]
+fn the_ipv6_filter_probe_matches_the_kernel_and_is_cached_per_boot() {
+    use conntrack::ipv6_probe::{ipv6_filter, Ipv6Filter, Source, CACHE_FILE};
+    let (_h, ns) = namespace("v6probe");
+    let correct = in_netns(&ns, ipv6_filter_is_correct_here);
+    let want = if correct {
+        Ipv6Filter::Correct
+    } else {
+        Ipv6Filter::Inverted
+    };
+    let dir = std::env::temp_dir().join(format!("ng-ct6-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join(CACHE_FILE);
+    // Another boot's verdict, the opposite of the truth: not trusted.
+    let lie = if correct { "inverted" } else { "correct" };
+    std::fs::write(
+        &file,
+        format!("00000000-0000-0000-0000-000000000000 {lie}\n"),
+    )
+    .unwrap();
+    assert_eq!(ipv6_filter(&dir), (want, Source::Probe));
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let cached = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(
+        cached.split_whitespace().next(),
+        Some(boot.trim()),
+        "{cached}"
+    );
+    assert_eq!(ipv6_filter(&dir), (want, Source::Cache));
+    // The choice of path follows the verdict, and only for IPv6 addresses.
+    let chosen = conntrack::auto_path(Path::Auto, &pod_addrs(), &dir);
+    assert_eq!(
+        chosen,
+        if correct {
+            Path::Ipv6Filtered
+        } else {
+            Path::Auto
+        }
+    );
+    assert_eq!(
+        conntrack::auto_path(Path::Auto, &[ip(POD4)], &dir),
+        Path::Auto
+    );
+    assert_eq!(
+        conntrack::auto_path(Path::Fallback, &pod_addrs(), &dir),
+        Path::Fallback
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// On a kernel whose IPv6 filter is correct, the filtered IPv6 deletes remove exactly the pod's
+/// entries in four walks and no family dump; on an inverted one natguard never takes that path
+/// (checked above), and this test checks instead that the family dump is what Auto does.
+#[test]
+fn ipv6_filtered_deletes_are_exact_where_the_kernel_filter_is_correct() {
+    let (_h, ns) = namespace("v6check");
+    if in_netns(&ns, ipv6_filter_is_correct_here) {
+        let (report, _) = flush_case("v6filtered", 20_000, Path::Ipv6Filtered);
+        assert_eq!((report.path, report.walks), ("filtered", 4), "{report:?}");
+    } else {
+        let (report, _) = flush_case("v6inverted", 20_000, Path::Auto);
+        assert_eq!(
+            (report.path, report.walks),
+            ("filtered+ipv6-dump", 3),
+            "{report:?}"
+        );
+    }
+}

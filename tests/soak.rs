@@ -6,8 +6,8 @@
 //! Checked: every ADD and DEL exits 0 within its deadline; while the churn runs, the per-pod
 //! elements never exceed what the live pods need; afterwards natguard's tables hold only the
 //! network's shared objects; no process natguard started is left (no zombie of ours); nothing
-//! but the lock is left in /run/natguard; and a GC of thousands of stale attachments returns
-//! and removes them all.
+//! but the lock and the conntrack IPv6 filter probe's per-boot verdict is left in
+//! /run/natguard; and a GC of thousands of stale attachments returns and removes them all.
 //!
 //! CI runs 2,000 ADD/DEL cycles; `NATGUARD_SOAK_CYCLES=20000 cargo test --release --test soak`
 //! is the full run (scripts/bench.sh documents it). Needs root; never skips.
@@ -248,7 +248,8 @@ fn months_of_churn_leave_only_what_is_alive() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "lock")
+        // The lock, and the per-boot verdict of the conntrack IPv6 filter probe.
+        .filter(|n| n != "lock" && n != natguard::kernel::conntrack::ipv6_probe::CACHE_FILE)
         .collect();
     assert!(run_dir.is_empty(), "left in /run/natguard: {run_dir:?}");
     let mut d = durations.lock().unwrap().clone();

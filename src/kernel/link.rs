@@ -1,6 +1,8 @@
 //! Interface facts from rtnetlink: whether an interface is a bridge and the bridge an interface
-//! is a port of (`RTM_GETLINK`), and the interface a route to an address leaves by
-//! (`RTM_GETROUTE`), for primary plugins that report no host-side interface. Asked over netlink
+//! is a port of (`RTM_GETLINK`), the interface a route to an address leaves by
+//! (`RTM_GETROUTE`), for primary plugins that report no host-side interface, and whether an
+//! address is the node's own (the same route lookup, answered with a route of type
+//! `RTN_LOCAL`: one lookup per address, whatever the number of interfaces). Asked over netlink
 //! rather than read from /sys, because /sys shows the namespace it was mounted in, not
 //! necessarily the caller's. One [`Links`] socket answers every lookup of an ADD, each reply
 //! awaited at most [`REPLY_DEADLINE`].
@@ -14,6 +16,9 @@ const RTM_NEWLINK: u16 = 16;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWROUTE: u16 = 24;
 const RTMSG_LEN: usize = 12;
+/// `rtm_type`'s offset in `struct rtmsg`, and the type of a route to one of the node's addresses.
+const RTM_TYPE_OFFSET: usize = 7;
+const RTN_LOCAL: u8 = 2;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const IFINFOMSG_LEN: usize = 16;
@@ -81,6 +86,14 @@ fn route_reply_oif(msgs: &[Msg]) -> Option<String> {
     index_attr(&Attrs::new(m.body.get(RTMSG_LEN..).unwrap_or(&[])), RTA_OIF)
 }
 
+/// Whether a route reply is a route to one of the namespace's own addresses.
+fn route_reply_is_local(msgs: &[Msg]) -> bool {
+    msgs.iter()
+        .find(|m| m.msg_type == RTM_NEWROUTE)
+        .and_then(|m| m.body.get(RTM_TYPE_OFFSET).copied())
+        == Some(RTN_LOCAL)
+}
+
 /// The link a `RTM_GETLINK` reply describes.
 fn link_reply(msgs: &[Msg]) -> Option<Link> {
     let m = msgs.iter().find(|m| m.msg_type == RTM_NEWLINK)?;
@@ -116,6 +129,24 @@ impl Links {
         {
             Ok(msgs) => Ok(route_reply_oif(&msgs)),
             Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `addr` is an address of this namespace: the kernel routes it locally
+    /// (`RTN_LOCAL`, from the local table that holds every address of an interface that is up).
+    /// No route at all is not local.
+    pub fn is_local(&mut self, addr: std::net::IpAddr) -> Result<bool> {
+        let mut b = self.sock.msgbuf();
+        getroute_request(&mut b, addr);
+        match self
+            .sock
+            .request(&b, &format!("look up the route to {addr}"))
+        {
+            Ok(msgs) => Ok(route_reply_is_local(&msgs)),
+            Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => {
+                Ok(false)
+            }
             Err(e) => Err(e),
         }
     }
@@ -233,5 +264,34 @@ mod tests {
         });
         assert_eq!(route_reply_oif(&gone), None);
         assert_eq!(link_reply(&route), None);
+    }
+
+    #[test]
+    fn a_route_of_type_local_is_an_own_address() {
+        let typed = |t: u8| {
+            let mut b = MsgBuf::new(1);
+            b.begin_header(RTM_NEWROUTE, 0);
+            let mut rtmsg = [0u8; RTMSG_LEN];
+            rtmsg[RTM_TYPE_OFFSET] = t;
+            b.bytes(&rtmsg);
+            b.end();
+            parse_msgs(b.as_bytes())
+        };
+        assert!(route_reply_is_local(&typed(RTN_LOCAL)));
+        for t in [1u8, 3, 4, 5] {
+            // unicast, broadcast, anycast, multicast
+            assert!(!route_reply_is_local(&typed(t)), "type {t}");
+        }
+        assert!(!route_reply_is_local(&[]));
+    }
+
+    /// The loopback address is local in every namespace, a documentation address is not.
+    #[test]
+    fn the_kernel_answers_loopback_as_local() {
+        let Ok(mut l) = Links::open() else {
+            panic!("no rtnetlink socket")
+        };
+        assert!(l.is_local("127.0.0.1".parse().unwrap()).unwrap());
+        assert!(!l.is_local("192.0.2.77".parse().unwrap()).unwrap());
     }
 }

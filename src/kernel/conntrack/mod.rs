@@ -45,13 +45,20 @@
 //! true when they are EQUAL, and then skips the entry: an IPv6 address filter selects every entry
 //! whose address differs (Linux 5.8 up to at least 6.18, where this was observed). A filtered
 //! DELETE naming an IPv6 address would flush the whole IPv6 table except the pod's entries, so no
-//! request here ever carries an IPv6 address in a filter. IPv6 is served by ONE dump of the IPv6
+//! request here carries an IPv6 address in a filter unless the kernel was found to be correct
+//! (below). Otherwise IPv6 is served by ONE dump of the IPv6
 //! family (the family filter works) that covers every IPv6 address and both directions, matched
 //! here and deleted by exact tuple; it runs on its own thread, alongside the IPv4 walks. A
 //! dual-stack pod therefore costs three walks: two filtered IPv4 deletes and one IPv6 dump.
 //! When no thread can be started (a pids cgroup at its limit: `EAGAIN`), a walk runs on the
 //! caller's thread after the others instead: slower, never skipped.
 //! Filters on protocol, ports and status are not affected and are still used for IPv6.
+//!
+//! Kernels whose IPv6 filter is correct (Debian's 6.12) are told apart by a probe in a
+//! throwaway network namespace, cached for the boot ([`ipv6_probe`]). There the caller's
+//! [`Path::Auto`] becomes [`Path::Ipv6Filtered`] ([`auto_path`]): IPv6 addresses get the same
+//! two filtered deletes as IPv4 ones, and the family dump is not needed. The path label is then
+//! `filtered`, without `+ipv6-dump`.
 //!
 //! # Kernel behaviour this relies on (checked on 6.18)
 //!
@@ -89,7 +96,7 @@ use super::netlink::{
     TRANSIENT_RETRIES,
 };
 use crate::error::{Error, Result};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The environment variable the binary reads to force a path (`filtered`, `fallback` or
@@ -108,6 +115,10 @@ pub enum Path {
     Fallback,
     /// One unfiltered dump, matched here, plus delete by exact tuple.
     FullDump,
+    /// [`Path::Auto`] with IPv6 addresses by filtered deletes too. Only for a kernel whose IPv6
+    /// filter a probe found correct ([`auto_path`]): on an inverted one it would delete every
+    /// IPv6 entry but the pod's.
+    Ipv6Filtered,
 }
 
 /// What a flush did.
@@ -146,7 +157,7 @@ fn label(ran: Ran, ipv6_dump: bool, requested: Path) -> &'static str {
         (Ran::Dump, true) => "dump+delete+ipv6-dump",
         (Ran::Nothing, true) => "ipv6-dump",
         (Ran::Nothing, false) => match requested {
-            Path::Auto | Path::Filtered => PATH_FILTERED,
+            Path::Auto | Path::Filtered | Path::Ipv6Filtered => PATH_FILTERED,
             Path::Fallback => PATH_DUMP,
             Path::FullDump => PATH_FULL,
         },
@@ -166,6 +177,35 @@ impl Path {
             ))),
         }
     }
+}
+
+/// The path to flush `addrs` along: `path` itself, except that [`Path::Auto`] becomes
+/// [`Path::Ipv6Filtered`] when `addrs` hold an IPv6 address and this boot's probe
+/// ([`ipv6_probe::ipv6_filter`], cached in `cache_dir`) found the kernel's IPv6 filter correct.
+/// The choice is logged at debug level.
+pub fn auto_path(path: Path, addrs: &[IpAddr], cache_dir: &std::path::Path) -> Path {
+    if path != Path::Auto || !addrs.iter().any(|a| a.to_canonical().is_ipv6()) {
+        return path;
+    }
+    let (v, from) = ipv6_probe::ipv6_filter(cache_dir);
+    let chosen = if v == ipv6_probe::Ipv6Filter::Correct {
+        Path::Ipv6Filtered
+    } else {
+        Path::Auto
+    };
+    crate::debug!(
+        "conntrack: the kernel's IPv6 address filter is {v:?} ({}); IPv6 addresses by {}",
+        match from {
+            ipv6_probe::Source::Cache => "probed earlier this boot",
+            ipv6_probe::Source::Probe => "probed now",
+        },
+        if chosen == Path::Ipv6Filtered {
+            "filtered deletes"
+        } else {
+            "one dump of the IPv6 family"
+        }
+    );
+    chosen
 }
 
 /// Requests the kernel refused during one flush, so each is asked at most once per call.
@@ -195,15 +235,24 @@ pub fn flush_addresses_on(
 ) -> Result<FlushReport> {
     let refused = Refused::default();
     let addrs = normalize(addrs);
+    let v6_filtered = path == Path::Ipv6Filtered;
+    // The filtered wants: IPv4 addresses, and IPv6 ones where the kernel's filter is correct.
     let wants4: Vec<Want> = addrs
         .iter()
-        .filter_map(|a| match a {
-            IpAddr::V4(v4) => Some(*v4),
-            IpAddr::V6(_) => None,
+        .flat_map(|a| {
+            [Dir::Orig, Dir::Reply].map(|dir| match *a {
+                IpAddr::V4(addr) => Some(Want::Source4 { addr, dir }),
+                IpAddr::V6(addr) if v6_filtered => Some(Want::Source6 { addr, dir }),
+                IpAddr::V6(_) => None,
+            })
         })
-        .flat_map(|addr| [Dir::Orig, Dir::Reply].map(|dir| Want::Source4 { addr, dir }))
+        .flatten()
         .collect();
-    let v6: Vec<IpAddr> = addrs.iter().copied().filter(IpAddr::is_ipv6).collect();
+    let v6: Vec<IpAddr> = if v6_filtered {
+        Vec::new()
+    } else {
+        addrs.iter().copied().filter(IpAddr::is_ipv6).collect()
+    };
     let want6 = (!v6.is_empty()).then_some(Want::Sources6 { addrs: &v6 });
     let mut report = FlushReport {
         deleted: 0,
@@ -229,7 +278,7 @@ pub fn flush_addresses_on(
             report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
             return Ok(report);
         }
-        Path::Auto | Path::Filtered => {}
+        Path::Auto | Path::Filtered | Path::Ipv6Filtered => {}
     }
 
     // IPv4 by filtered deletes on this thread; meanwhile the IPv6 family dump on its own thread
@@ -239,7 +288,7 @@ pub fn flush_addresses_on(
         let h6 = want6
             .as_ref()
             .map(|w| (w, spawn_walk(s, w, "natguard-ct6")));
-        let r4 = filtered_delete_all(sock, &wants4, path == Path::Auto);
+        let r4 = filtered_delete_all(sock, &wants4, path != Path::Filtered);
         (r4, h6.map(|(w, h)| finish_walk(h, sock, w)))
     });
     let done = r4?;
@@ -407,6 +456,8 @@ enum Dir {
 enum Want<'a> {
     /// IPv4 entries whose `dir` tuple has source `addr` (the kernel matches the address).
     Source4 { addr: Ipv4Addr, dir: Dir },
+    /// The same for IPv6, only on a kernel whose IPv6 filter is correct ([`Path::Ipv6Filtered`]).
+    Source6 { addr: Ipv6Addr, dir: Dir },
     /// IPv6 entries whose original or reply source is one of `addrs`. The kernel only narrows
     /// to the IPv6 family: its IPv6 address match is inverted (see the module documentation).
     Sources6 { addrs: &'a [IpAddr] },
@@ -424,23 +475,28 @@ impl Want<'_> {
     fn family(&self) -> u8 {
         match *self {
             Want::Source4 { .. } => AF_INET,
-            Want::Sources6 { .. } => AF_INET6,
+            Want::Source6 { .. } | Want::Sources6 { .. } => AF_INET6,
             Want::Undnatted { family, .. } => family,
         }
     }
 
     /// Writes the kernel-side filter: tuple attributes holding the values, `CTA_FILTER` saying
-    /// which of their fields count, and a status match. Never an IPv6 address.
+    /// which of their fields count, and a status match. An IPv6 address only for
+    /// [`Want::Source6`] (a kernel whose IPv6 filter is correct).
     fn write_filter(&self, b: &mut MsgBuf) {
         match *self {
-            Want::Source4 { addr, dir } => {
+            Want::Source4 { dir, .. } | Want::Source6 { dir, .. } => {
                 let (tuple, flags) = match dir {
                     Dir::Orig => (CTA_TUPLE_ORIG, CTA_FILTER_ORIG_FLAGS),
                     Dir::Reply => (CTA_TUPLE_REPLY, CTA_FILTER_REPLY_FLAGS),
                 };
                 let t = b.nest_begin(tuple);
                 let ip = b.nest_begin(CTA_TUPLE_IP);
-                b.attr(CTA_IP_V4_SRC, &addr.octets());
+                match *self {
+                    Want::Source4 { addr, .. } => b.attr(CTA_IP_V4_SRC, &addr.octets()),
+                    Want::Source6 { addr, .. } => b.attr(CTA_IP_V6_SRC, &addr.octets()),
+                    _ => unreachable!(),
+                }
                 b.nest_end(ip);
                 b.nest_end(t);
                 let f = b.nest_begin(CTA_FILTER);
@@ -492,6 +548,10 @@ impl Want<'_> {
             Want::Source4 { addr, dir } => {
                 let t = if dir == Dir::Orig { &e.orig } else { &e.reply };
                 t.src == IpAddr::V4(addr)
+            }
+            Want::Source6 { addr, dir } => {
+                let t = if dir == Dir::Orig { &e.orig } else { &e.reply };
+                t.src == IpAddr::V6(addr)
             }
             Want::Sources6 { addrs } => addrs.contains(&e.orig.src) || addrs.contains(&e.reply.src),
             Want::Undnatted {
@@ -548,8 +608,8 @@ fn entry_count(sock: &mut NfSocket) -> Result<u64> {
 /// (when `may_fall_back`) at the first one the kernel refuses, leaving the rest to a fallback.
 fn filtered_delete_all(sock: &mut NfSocket, wants: &[Want], may_fall_back: bool) -> Result<usize> {
     for (done, want) in wants.iter().enumerate() {
-        if !matches!(want, Want::Source4 { .. }) {
-            // The IPv6 address match is inverted: a filtered delete would flush the rest.
+        if !matches!(want, Want::Source4 { .. } | Want::Source6 { .. }) {
+            // A set of addresses or sources is no kernel filter.
             return Err(Error::Protocol(format!(
                 "conntrack: no filtered delete for {want:?}"
             )));
@@ -725,6 +785,7 @@ fn delete_exact(sock: &mut NfSocket, e: &Entry) -> Result<bool> {
     }
 }
 
+pub mod ipv6_probe;
 mod wire;
 use wire::*;
 

@@ -15,6 +15,7 @@ pub(super) const IPCTNL_MSG_CT_GET_STATS: u16 = 5;
 pub(super) const CTA_TUPLE_ORIG: u16 = 1;
 pub(super) const CTA_TUPLE_REPLY: u16 = 2;
 pub(super) const CTA_STATUS: u16 = 3;
+pub(super) const CTA_TIMEOUT: u16 = 7;
 pub(super) const CTA_ID: u16 = 12;
 pub(super) const CTA_ZONE: u16 = 18;
 pub(super) const CTA_FILTER: u16 = 25;
@@ -47,6 +48,7 @@ pub(super) const IPS_DST_NAT: u32 = 1 << 5;
 pub(super) const AF_INET: u8 = libc::AF_INET as u8;
 pub(super) const AF_INET6: u8 = libc::AF_INET6 as u8;
 pub(super) const IPPROTO_TCP: u8 = libc::IPPROTO_TCP as u8;
+pub(super) const IPPROTO_UDP: u8 = libc::IPPROTO_UDP as u8;
 
 pub(super) const fn ct_msg(msg: u16) -> u16 {
     ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | msg
