@@ -25,6 +25,8 @@ pub const MAX_NON_MASQUERADE_CIDRS: usize = 4096;
 pub const MAX_METADATA_PORTS: usize = 1024;
 pub const MAX_METADATA_ADDRESSES: usize = 64;
 pub const MAX_EXEMPT_NAMESPACES: usize = 1024;
+/// At most this many `metadata.allowInterfaces`.
+pub const MAX_ALLOW_INTERFACES: usize = 64;
 
 /// Refuses a list longer than `max`, before its entries are parsed.
 fn check_len(path: &str, arr: &[Value], max: usize) -> Result<()> {
@@ -98,6 +100,9 @@ pub struct Metadata {
     /// a moved host device, an SR-IOV VF), whose traffic never crosses this node's netfilter,
     /// so natguard cannot enforce anything for it. Off by default: such a pod is refused.
     pub accept_unenforced: bool,
+    /// `allowInterfaces`: interfaces whose metadata TCP the node-wide guard lets through to
+    /// the real API (containers on a bridge no CNI network manages). Empty by default.
+    pub allow_interfaces: Vec<crate::plan::IfName>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,6 +163,7 @@ impl Default for Config {
                 exempt_requires_annotation: false,
                 log_denied: false,
                 accept_unenforced: false,
+                allow_interfaces: Vec::new(),
             },
             masquerade: Masquerade {
                 enabled: true,
@@ -355,6 +361,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             "exemptRequiresAnnotation",
             "logDenied",
             "acceptUnenforced",
+            "allowInterfaces",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -473,6 +480,23 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
     }
     if let Some(x) = o.get("acceptUnenforced") {
         m.accept_unenforced = expect_bool("metadata.acceptUnenforced", x)?;
+    }
+    if let Some(x) = o.get("allowInterfaces") {
+        let arr = expect_array("metadata.allowInterfaces", x)?;
+        check_len("metadata.allowInterfaces", arr, MAX_ALLOW_INTERFACES)?;
+        for (i, n) in arr.iter().enumerate() {
+            let p = format!("metadata.allowInterfaces[{i}]");
+            let s = expect_str(&p, n)?;
+            let name = crate::plan::IfName::new(s).ok_or_else(|| {
+                cfg_err(format!(
+                    "{p}: {} is not an interface name (1 to 15 bytes, no NUL)",
+                    q(s)
+                ))
+            })?;
+            if !m.allow_interfaces.contains(&name) {
+                m.allow_interfaces.push(name);
+            }
+        }
     }
     if let Some(x) = o.get("exemptRequiresAnnotation") {
         m.exempt_requires_annotation = expect_bool("metadata.exemptRequiresAnnotation", x)?;

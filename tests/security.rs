@@ -1869,3 +1869,43 @@ fn after_a_flushed_ruleset_the_next_add_restores_every_pod() {
     }
     f.finish("flush, then ADD");
 }
+
+/// Containers on a bridge no CNI network manages (docker0 style) are no pod natguard knows: the
+/// guard resets their metadata TCP, until the operator lets that bridge through explicitly with
+/// `metadata.allowInterfaces` (empty by default). Even then, pods keep being judged as before.
+#[test]
+fn a_bridge_no_network_manages_is_reset_until_allowed_explicitly() {
+    let w = real_world("sec-allow-ifs");
+    w.node.bridge("dock0");
+    w.node.addr("dock0", "172.30.0.1/24");
+    let ctr = w.h.netns("ctr");
+    veth(&w.node, "dockp0", &ctr, "eth0");
+    w.node.enslave("dockp0", "dock0");
+    ctr.addr("eth0", "172.30.0.2/24");
+    ctr.route("default", "172.30.0.1");
+    let meta4 = sa(META4, HTTP_PORT);
+    let plain = w.chain(w.list("allowifs", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&plain, "pod", "default");
+    let got = http_get(&ctr, meta4);
+    assert!(
+        !is_real(&got),
+        "a container on an unmanaged bridge reached REAL: {got:?}"
+    );
+    let allowing = w.chain(w.list(
+        "allowifs",
+        "1.1.0",
+        0,
+        Some(exempt_cfg(
+            &w,
+            json!({ "metadata": { "allowInterfaces": ["dock0"] } }),
+        )),
+    ));
+    let _second = w.add_pod(&allowing, "second", "default");
+    assert_eq!(
+        http_get(&ctr, meta4),
+        body(REAL),
+        "allowInterfaces lets dock0 through"
+    );
+    let got = http_get(&pod.ns, meta4);
+    assert_eq!(got, body("proxy"), "the pods are still judged as before");
+}

@@ -72,6 +72,9 @@ impl Fake {
                                     set.ranges.push((v, v));
                                 }
                                 (Elem::Range(_, s, e), _) => set.ranges.push((*s, *e)),
+                                (Elem::Iface(i), _) => {
+                                    set.elems.insert(Key::Iface(*i), None);
+                                }
                             }
                         }
                     }

@@ -110,6 +110,13 @@ fn plan_node_rules() -> Vec<Rule> {
             Action::Return,
             None,
         ));
+        // What an operator allowed explicitly (`metadata.allowInterfaces`; empty by default).
+        rules.push(rule(
+            judge,
+            vec![Match::IifIn(SetKind::AllowedIfaces)],
+            Action::Return,
+            None,
+        ));
         rules.push(rule(
             judge,
             vec![
@@ -315,6 +322,13 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 } else {
                     Vec::new()
                 }),
+                SetKind::AllowIfaces | SetKind::AllowedIfaces => Some(
+                    md.allow_interfaces
+                        .iter()
+                        .filter(|_| meta_on)
+                        .map(|i| Elem::Iface(*i))
+                        .collect(),
+                ),
                 SetKind::ProxyTarget(f) | SetKind::Proxies(f) => {
                     let proxy = match f {
                         Family::V4 => node.proxy_v4.map(IpAddr::V4),

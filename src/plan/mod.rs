@@ -247,6 +247,12 @@ pub enum SetKind {
     MetaDests(Family),
     /// Node-wide: every network's metadata ports.
     MetaDestPorts,
+    /// The network's `metadata.allowInterfaces`: the record from which the node-wide
+    /// [`SetKind::AllowedIfaces`] is derived.
+    AllowIfaces,
+    /// Node-wide: every network's `metadata.allowInterfaces`, whose metadata TCP the guard lets
+    /// through (containers on a bridge no CNI network manages; empty by default).
+    AllowedIfaces,
     /// Node-wide: every network's proxy target, the one destination a connection first headed
     /// for a metadata address may have been sent to.
     Proxies(Family),
@@ -286,6 +292,8 @@ impl SetKind {
             SetKind::MetaDests(f) => format!("metadata{}", f.suffix()),
             SetKind::MetaDestPorts => "metaports".into(),
             SetKind::Proxies(f) => format!("proxies{}", f.suffix()),
+            SetKind::AllowIfaces => "allowifs".into(),
+            SetKind::AllowedIfaces => "allowedifs".into(),
             SetKind::Allow(f) => format!("exempt{}", f.suffix()),
             SetKind::CountReset(f) => format!("resets{}", f.suffix()),
             SetKind::Logged(f) => format!("logged{}", f.suffix()),
@@ -303,6 +311,7 @@ impl SetKind {
             SetKind::MetaDests(_)
                 | SetKind::MetaDestPorts
                 | SetKind::Proxies(_)
+                | SetKind::AllowedIfaces
                 | SetKind::Allow(_)
                 | SetKind::CountReset(_)
                 | SetKind::Logged(_)
@@ -318,7 +327,10 @@ impl SetKind {
     pub fn is_union(self) -> bool {
         matches!(
             self,
-            SetKind::MetaDests(_) | SetKind::MetaDestPorts | SetKind::Proxies(_)
+            SetKind::MetaDests(_)
+                | SetKind::MetaDestPorts
+                | SetKind::Proxies(_)
+                | SetKind::AllowedIfaces
         )
     }
     /// Sets whose every element carries a counter (where the kernel supports it).
@@ -352,7 +364,12 @@ impl SetKind {
             }
             SetKind::ProxyTarget(f) | SetKind::Proxies(f) => KeyShape::AddrPort(f),
             SetKind::MetaPorts | SetKind::MetaDestPorts => KeyShape::Port,
-            SetKind::Pods | SetKind::Attach | SetKind::Ifaces | SetKind::Ports => KeyShape::Name,
+            SetKind::Pods
+            | SetKind::Attach
+            | SetKind::Ifaces
+            | SetKind::Ports
+            | SetKind::AllowIfaces
+            | SetKind::AllowedIfaces => KeyShape::Name,
             SetKind::GuardMac => KeyShape::Mac,
             SetKind::GuardPortMac => KeyShape::IfMac,
         }
@@ -385,7 +402,7 @@ impl SetKind {
     pub fn is_owned(self) -> bool {
         self.is_per_pod() && !matches!(self, SetKind::Pods | SetKind::Attach | SetKind::Ifaces)
     }
-    pub const ALL: [SetKind; 34] = [
+    pub const ALL: [SetKind; 36] = [
         SetKind::Pods,
         SetKind::Attach,
         SetKind::Ifaces,
@@ -407,6 +424,8 @@ impl SetKind {
         SetKind::MetaDestPorts,
         SetKind::Proxies(Family::V4),
         SetKind::Proxies(Family::V6),
+        SetKind::AllowIfaces,
+        SetKind::AllowedIfaces,
         SetKind::Allow(Family::V4),
         SetKind::Allow(Family::V6),
         SetKind::CountReset(Family::V4),
@@ -490,6 +509,8 @@ pub enum Match {
     TcpDportIn(SetKind),
     /// `iifname "NAME"`
     IifIs(&'static str),
+    /// `meta iifname @set`
+    IifIn(SetKind),
     /// `meta iifname != @set`
     IifNotIn(SetKind),
     /// `meta iifname . ip saddr @set`
@@ -617,6 +638,8 @@ pub struct Rule {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Elem {
     Addr(IpAddr),
+    /// An interface name.
+    Iface(IfName),
     /// An address and a port (a concatenation).
     AddrPort(IpAddr, u16),
     /// An inclusive address range of one family.
@@ -633,7 +656,7 @@ impl Elem {
                 Some((v, v))
             }
             Elem::Range(_, s, e) => Some((*s, *e)),
-            Elem::Port(_) | Elem::AddrPort(..) => None,
+            Elem::Port(_) | Elem::AddrPort(..) | Elem::Iface(_) => None,
         }
     }
     /// The key of a plain-set element.
@@ -642,6 +665,7 @@ impl Elem {
             Elem::Addr(a) => Some(Key::Addr(*a)),
             Elem::Port(p) => Some(Key::Port(*p)),
             Elem::AddrPort(a, p) => Some(Key::AddrPort(*a, *p)),
+            Elem::Iface(i) => Some(Key::Iface(*i)),
             Elem::Range(..) => None,
         }
     }
@@ -657,7 +681,7 @@ pub enum Key {
     Port(u16),
     /// An attachment (the `NET-pods` and `NET-att` sets).
     Owner(OwnerKey),
-    /// An interface (the `NET-ifs` set).
+    /// An interface (`NET-ifs`, `ports`, `allowedifs`).
     Iface(IfName),
     /// An interface and an address (`NET-exempt4/6`, `NET-xport4/6`).
     IfAddr(IfName, IpAddr),

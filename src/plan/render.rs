@@ -17,6 +17,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::EtherType(EtherProto::Vlan) => "ether type 8021q".into(),
         Match::EtherType(EtherProto::QinQ) => "ether type 8021ad".into(),
         Match::IifIs(name) => format!("iifname \"{name}\""),
+        Match::IifIn(s) => format!("iifname @{}", set(s)),
         Match::IifNotIn(s) => format!("iifname != @{}", set(s)),
         Match::IifSaddrIn(f, s) => format!("iifname . {} saddr @{}", f.nft(), set(s)),
         Match::EtherSaddrIn(s) => format!("ether saddr @{}", set(s)),
@@ -83,6 +84,7 @@ pub fn render_elem(e: &Elem) -> String {
         Elem::Addr(a) => a.to_string(),
         Elem::AddrPort(a, p) => format!("{a} . {p}"),
         Elem::Port(p) => p.to_string(),
+        Elem::Iface(i) => format!("\"{i}\""),
         Elem::Range(f, s, e) => {
             // Print as a prefix when the range is one.
             let span = e - s;

@@ -96,6 +96,7 @@ fn union_sources(kind: SetKind) -> &'static [SetKind] {
         SetKind::MetaDestPorts => &[SetKind::MetaPorts],
         SetKind::Proxies(Family::V4) => &[SetKind::ProxyTarget(Family::V4)],
         SetKind::Proxies(Family::V6) => &[SetKind::ProxyTarget(Family::V6)],
+        SetKind::AllowedIfaces => &[SetKind::AllowIfaces],
         _ => &[],
     }
 }
@@ -263,6 +264,7 @@ impl<K: Kernel> Store<K> {
                             Key::Addr(a) => plan::Elem::Addr(a),
                             Key::Port(p) => plan::Elem::Port(p),
                             Key::AddrPort(a, p) => plan::Elem::AddrPort(a, p),
+                            Key::Iface(i) => plan::Elem::Iface(i),
                             _ => continue,
                         };
                         if !elems.contains(&elem) {

@@ -289,6 +289,11 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.meta(NFT_META_IIFNAME, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &v);
         }
+        // iifname @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set ]
+        Match::IifIn(s) => {
+            x.meta(NFT_META_IIFNAME, NFT_REG_1);
+            x.lookup(&set(s), NFT_REG_1, false);
+        }
         // iifname != @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set, inverted ]
         Match::IifNotIn(s) => {
             x.meta(NFT_META_IIFNAME, NFT_REG_1);

@@ -442,6 +442,7 @@ pub fn elem_data(e: &Elem, interval: bool) -> Vec<ElemData> {
     };
     match e {
         Elem::Port(p) => vec![plain(p.to_be_bytes().to_vec())],
+        Elem::Iface(i) => vec![plain(i.bytes().to_vec())],
         Elem::AddrPort(a, p) => vec![plain(addr_port_bytes(a, *p))],
         Elem::Addr(a) if !interval => vec![plain(ip_bytes(a))],
         Elem::Addr(a) => {
