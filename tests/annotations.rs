@@ -193,7 +193,7 @@ fn annotations_tighten_what_network_and_namespace_impose() {
         serde_json::to_vec(&chain.list).unwrap(),
     )
     .unwrap();
-    let cache = w.dir().join("cache").join("results");
+    let cache = w.cache_dir().join("results");
     Natguard::new()
         .args(&[
             "reconcile".as_ref(),

@@ -83,7 +83,7 @@ impl Watcher {
                 "--netconf-dir".as_ref(),
                 netd.as_os_str(),
                 "--cache-dir".as_ref(),
-                dir.join("cache").join("results").as_os_str(),
+                w.cache_dir().join("results").as_os_str(),
                 "--config".as_ref(),
                 entry_file.as_os_str(),
             ])
@@ -477,7 +477,7 @@ fn no_repair_without_the_watcher_s_repair() {
             "--netconf-dir".as_ref(),
             netd.as_os_str(),
             "--cache-dir".as_ref(),
-            w.dir().join("cache").join("results").as_os_str(),
+            w.cache_dir().join("results").as_os_str(),
         ])
         .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
         .spawn_in(&w.node, &log);
