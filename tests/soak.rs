@@ -152,12 +152,30 @@ fn element_counts(ns: &Netns) -> BTreeMap<String, usize> {
 
 /// Elements of the sets that hold per-pod state (everything but the config's own sets).
 fn per_pod_elements(counts: &BTreeMap<String, usize>) -> usize {
-    const SHARED: [&str; 7] = [
-        "-mdst4", "-mdst6", "-mports", "-nomasq4", "-nomasq6", "-pxy4", "-pxy6",
+    const SHARED: [&str; 8] = [
+        "-mdst4",
+        "-mdst6",
+        "-mports",
+        "-nomasq4",
+        "-nomasq6",
+        "-pxy4",
+        "-pxy6",
+        "-allowifs",
+    ];
+    // The node-wide sets derived from the networks' configs.
+    const NODE_SHARED: [&str; 6] = [
+        "metadata4",
+        "metadata6",
+        "metaports",
+        "proxies4",
+        "proxies6",
+        "allowedifs",
     ];
     counts
         .iter()
-        .filter(|(name, _)| !SHARED.iter().any(|s| name.ends_with(s)))
+        .filter(|(name, _)| {
+            !SHARED.iter().any(|s| name.ends_with(s)) && !NODE_SHARED.contains(&name.as_str())
+        })
         .map(|(_, n)| n)
         .sum()
 }
