@@ -51,7 +51,11 @@
 //!   an `ENOBUFS` overflow or a timeout nobody knows whether it was committed
 //!   ([`BatchError::Unknown`]): the verb fails with code 11 and the runtime's retry re-reads the
 //!   kernel's state, which is safe because every verb is idempotent. Reads (GET, dumps) are
-//!   retried on `ENOBUFS` and `EBUSY`, but not after a timeout.
+//!   retried on `ENOBUFS`, `EBUSY` and `EINTR` (a dump the kernel marked `NLM_F_DUMP_INTR`),
+//!   but not after a timeout.
+//! * A dump ends with `NLMSG_DONE`, which carries the dump's own errno (`dump_done_errno`): a
+//!   dump the kernel stopped with an error fails with that errno ([`ReplyReader`]); what was
+//!   read before it is never returned as if it were the whole list.
 
 use crate::error::{Error, Result};
 use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};

@@ -497,8 +497,7 @@ impl NfSocket {
             .map(|f| u16::from_ne_bytes([f[0], f[1]]) & NLM_F_DUMP == NLM_F_DUMP)
             .unwrap_or(false);
         self.send(buf)?;
-        let mut out = Vec::new();
-        let mut interrupted = false;
+        let mut reader = ReplyReader::new(seq, dump, what);
         loop {
             let msgs = match self.recv_within(self.reply_timeout)? {
                 Received::Msgs(m) => m,
@@ -511,34 +510,8 @@ impl NfSocket {
                 Received::TimedOut => return Err(self.timed_out(what)),
             };
             for m in msgs {
-                if m.seq != seq {
-                    continue;
-                }
-                // The kernel changed the table under a multi-part dump: its answer may be
-                // inconsistent. Read it to the end, then EINTR makes `request_retry` ask again.
-                interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
-                match m.msg_type {
-                    NLMSG_DONE if interrupted => {
-                        return Err(Error::netlink(
-                            format!("{what} (dump interrupted)"),
-                            libc::EINTR,
-                        ))
-                    }
-                    NLMSG_DONE => return Ok(out),
-                    NLMSG_ERROR => {
-                        let code = m.error_code().unwrap_or(0);
-                        if code == 0 {
-                            return Ok(out);
-                        }
-                        return Err(reply_error(&m, what.to_string(), code));
-                    }
-                    _ => {
-                        let more = dump && m.flags & NLM_F_MULTI != 0;
-                        out.push(m);
-                        if !more {
-                            return Ok(out);
-                        }
-                    }
+                if let Some(end) = reader.take(m) {
+                    return end;
                 }
             }
         }
@@ -560,6 +533,105 @@ impl NfSocket {
             }
         }
     }
+}
+
+/// The replies of one request, read message by message until the exchange ends: a dump ends
+/// with `NLMSG_DONE`, a single GET with its one reply, anything with an error.
+///
+/// `NLMSG_DONE` carries the dump's own outcome (the kernel's `dump_done_errno`: 0, or the
+/// negative errno that stopped the dump callback, with the extended ACK text after it). A dump
+/// that ended with an error is an error, never the short list read so far; one the kernel
+/// marked `NLM_F_DUMP_INTR` (the table changed under it) is read to its end and then fails with
+/// `EINTR`, which [`NfSocket::request_retry`] sends again.
+pub(crate) struct ReplyReader<'a> {
+    seq: u32,
+    dump: bool,
+    what: &'a str,
+    interrupted: bool,
+    out: Vec<Msg>,
+}
+
+impl<'a> ReplyReader<'a> {
+    pub(crate) fn new(seq: u32, dump: bool, what: &'a str) -> Self {
+        ReplyReader {
+            seq,
+            dump,
+            what,
+            interrupted: false,
+            out: Vec::new(),
+        }
+    }
+
+    fn interrupted_error(&self) -> Error {
+        Error::netlink(
+            format!(
+                "{} (dump interrupted: the kernel's state changed during it)",
+                self.what
+            ),
+            libc::EINTR,
+        )
+    }
+
+    /// Takes one received message; `Some` once the exchange has ended, with its outcome.
+    pub(crate) fn take(&mut self, m: Msg) -> Option<Result<Vec<Msg>>> {
+        if m.seq != self.seq {
+            return None;
+        }
+        self.interrupted |= m.flags & NLM_F_DUMP_INTR != 0;
+        match m.msg_type {
+            NLMSG_DONE => {
+                let code = done_errno(&m);
+                if code < 0 {
+                    return Some(Err(done_error(&m, self.what, code)));
+                }
+                if self.interrupted {
+                    return Some(Err(self.interrupted_error()));
+                }
+                Some(Ok(std::mem::take(&mut self.out)))
+            }
+            NLMSG_ERROR => {
+                let code = m.error_code().unwrap_or(0);
+                if code != 0 {
+                    return Some(Err(reply_error(&m, self.what.to_string(), code)));
+                }
+                if self.interrupted {
+                    return Some(Err(self.interrupted_error()));
+                }
+                Some(Ok(std::mem::take(&mut self.out)))
+            }
+            _ => {
+                let more = self.dump && m.flags & NLM_F_MULTI != 0;
+                self.out.push(m);
+                (!more).then(|| Ok(std::mem::take(&mut self.out)))
+            }
+        }
+    }
+}
+
+/// The errno a `NLMSG_DONE` carries (0 or negative); 0 when its body is too short to hold one
+/// (kernels before 2.6.x sent an empty DONE for some families).
+fn done_errno(m: &Msg) -> i32 {
+    m.body
+        .get(..4)
+        .map(|b| i32::from_ne_bytes(b.try_into().unwrap()))
+        .unwrap_or(0)
+}
+
+/// The error of a dump the kernel ended with `NLMSG_DONE` and a negative errno, with its
+/// extended ACK text (attributes straight after the errno) if any.
+fn done_error(m: &Msg, what: &str, code: i32) -> Error {
+    const NLM_F_ACK_TLVS: u16 = 0x200;
+    const NLMSGERR_ATTR_MSG: u16 = 1;
+    let text = (m.flags & NLM_F_ACK_TLVS != 0)
+        .then(|| Attrs::new(m.body.get(4..).unwrap_or(&[])).get(NLMSGERR_ATTR_MSG))
+        .flatten()
+        .map(|a| a.str().to_string())
+        .filter(|t| !t.is_empty());
+    let w = match text {
+        Some(t) => format!("{what} (the dump failed: {t})"),
+        None => format!("{what} (the dump failed)"),
+    };
+    Error::netlink(w, -code)
 }
 
 /// The error a NLMSG_ERROR reply carries, with the kernel's extended ACK text if any.

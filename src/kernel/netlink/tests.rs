@@ -56,3 +56,147 @@ fn malformed_attributes_end_iteration() {
     assert_eq!(Attrs::new(&junk).count(), 0);
     assert!(parse_msgs(&[1, 2, 3]).is_empty());
 }
+
+/// A reply message as the kernel would queue it: header fields and body.
+fn reply(msg_type: u16, flags: u16, seq: u32, body: &[u8]) -> Msg {
+    Msg {
+        msg_type,
+        flags,
+        seq,
+        body: body.to_vec(),
+    }
+}
+
+/// An element of a dump (any netfilter message type; the reader does not look inside).
+fn part(seq: u32) -> Msg {
+    reply(0x0a0d, NLM_F_MULTI, seq, &[2, 0, 0, 0])
+}
+
+/// NLMSG_DONE carrying `errno` (0 or negative, as `dump_done_errno`), optionally with an
+/// extended ACK message after it.
+fn done(seq: u32, errno: i32, flags: u16, ext_msg: Option<&str>) -> Msg {
+    let mut body = errno.to_ne_bytes().to_vec();
+    let mut flags = flags | NLM_F_MULTI;
+    if let Some(t) = ext_msg {
+        flags |= 0x200; // NLM_F_ACK_TLVS
+        let mut b = MsgBuf::new(0);
+        b.begin_header(0, 0);
+        b.attr_str(1, t); // NLMSGERR_ATTR_MSG
+        b.end();
+        body.extend_from_slice(&b.as_bytes()[NLMSG_HDRLEN..]);
+    }
+    reply(NLMSG_DONE, flags, seq, &body)
+}
+
+/// Feeds messages to a reader until it ends the exchange.
+fn read_all(dump: bool, msgs: Vec<Msg>) -> Option<Result<Vec<Msg>>> {
+    let mut r = ReplyReader::new(9, dump, "list set x");
+    for m in msgs {
+        if let Some(end) = r.take(m) {
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_dump_that_ends_with_done_and_no_errno_is_complete() {
+    let out = read_all(true, vec![part(9), part(9), done(9, 0, 0, None)])
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.len(), 2);
+    // An empty DONE body (no errno at all) is success too.
+    let out = read_all(true, vec![part(9), reply(NLMSG_DONE, NLM_F_MULTI, 9, &[])])
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.len(), 1);
+}
+
+#[test]
+fn a_dump_the_kernel_ended_with_an_errno_is_an_error_not_a_short_list() {
+    for errno in [libc::ENOMEM, libc::EMSGSIZE, libc::ENOBUFS, libc::EINVAL] {
+        let e = read_all(true, vec![part(9), done(9, -errno, 0, None)])
+            .unwrap()
+            .unwrap_err();
+        assert_eq!(e.errno(), Some(errno), "{e}");
+        assert!(
+            e.to_string().contains("list set x (the dump failed)"),
+            "{e}"
+        );
+    }
+    // The extended ACK text after the errno is kept.
+    let e = read_all(
+        true,
+        vec![part(9), done(9, -libc::ENOMEM, 0, Some("out of memory"))],
+    )
+    .unwrap()
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("the dump failed: out of memory"),
+        "{e}"
+    );
+    // EINTR in DONE is an interrupted dump: retryable, so `request_retry` asks again.
+    let e = read_all(true, vec![part(9), done(9, -libc::EINTR, 0, None)])
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINTR));
+    assert!(is_retryable(&e));
+}
+
+#[test]
+fn an_interrupted_dump_is_read_to_its_end_then_fails_with_eintr() {
+    // NLM_F_DUMP_INTR on a part: the reader still waits for DONE (nothing is left queued for
+    // the next request), then fails.
+    let mut r = ReplyReader::new(9, true, "list rules");
+    assert!(r.take(part(9)).is_none());
+    assert!(r
+        .take(reply(
+            0x0a07,
+            NLM_F_MULTI | NLM_F_DUMP_INTR,
+            9,
+            &[2, 0, 0, 0]
+        ))
+        .is_none());
+    assert!(r.take(part(9)).is_none());
+    let e = r.take(done(9, 0, 0, None)).unwrap().unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINTR));
+    assert!(e.to_string().contains("dump interrupted"), "{e}");
+    assert!(is_retryable(&e));
+    // The flag on DONE alone (set by nl_dump_check_consistent there) counts too.
+    let e = read_all(true, vec![part(9), done(9, 0, NLM_F_DUMP_INTR, None)])
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::EINTR));
+}
+
+#[test]
+fn replies_of_other_requests_are_ignored_and_a_single_get_ends_with_its_reply() {
+    // A stale DONE with an error, for an earlier sequence number, is not this dump's.
+    let out = read_all(
+        true,
+        vec![
+            done(8, -libc::ENOMEM, 0, None),
+            part(9),
+            done(9, 0, 0, None),
+        ],
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(out.len(), 1);
+    // A GET without NLM_F_DUMP ends with its one reply, whatever its flags.
+    let out = read_all(false, vec![part(9)]).unwrap().unwrap();
+    assert_eq!(out.len(), 1);
+    // NLMSG_ERROR with an errno ends any request with it; with 0 it is an ACK.
+    let mut err = (-libc::ENOENT).to_ne_bytes().to_vec();
+    err.extend_from_slice(&[0u8; NLMSG_HDRLEN]);
+    let e = read_all(true, vec![reply(NLMSG_ERROR, 0, 9, &err)])
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(e.errno(), Some(libc::ENOENT));
+    let mut ack = 0i32.to_ne_bytes().to_vec();
+    ack.extend_from_slice(&[0u8; NLMSG_HDRLEN]);
+    let out = read_all(true, vec![part(9), reply(NLMSG_ERROR, 0, 9, &ack)])
+        .unwrap()
+        .unwrap();
+    assert_eq!(out.len(), 1);
+}
