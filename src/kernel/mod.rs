@@ -95,7 +95,13 @@ pub(crate) trait Kernel {
     fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>>;
     /// The ranges of an interval set; empty when the set does not exist.
     fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>>;
-    /// Commits a batch whole or not at all. An empty batch sends nothing.
+    /// Starts a read-modify-write: notes the nf_tables generation, so that the next `commit`
+    /// lands only if no writer committed since (else it fails with `ERESTART`,
+    /// [`is_stale`]). Call it before the first read the batch is built from.
+    fn begin_read(&mut self) -> Result<()>;
+    /// Commits a batch whole or not at all. An empty batch sends nothing. After
+    /// [`Kernel::begin_read`], the batch carries the generation read there (once: the commit
+    /// uses it up).
     fn commit(&mut self, batch: &Batch) -> Result<()>;
     /// Whether nf_tables and ctnetlink answer.
     fn probe(&mut self) -> Result<()>;
@@ -116,6 +122,8 @@ pub(crate) struct Netfilter {
     sock: NfSocket,
     /// Give counted sets per-element counters; off once the kernel refused them.
     set_counters: bool,
+    /// The generation read by `begin_read`, for the next commit.
+    generation: Option<u32>,
 }
 
 impl Netfilter {
@@ -123,11 +131,12 @@ impl Netfilter {
         Ok(Netfilter {
             sock: NfSocket::open()?,
             set_counters: true,
+            generation: None,
         })
     }
 
-    fn commit_once(&mut self, batch: &Batch) -> Result<()> {
-        let mut tx = nft::Tx::new(&mut self.sock);
+    fn commit_once(&mut self, batch: &Batch, generation: Option<u32>) -> Result<()> {
+        let mut tx = nft::Tx::new(&mut self.sock, generation);
         for op in &batch.ops {
             match op {
                 Op::Converge(plan) => tx.converge_shared(plan, self.set_counters),
@@ -158,6 +167,12 @@ impl Netfilter {
 pub(crate) fn retry_without_set_counters(batch: &Batch, e: &Error) -> bool {
     batch.ops.iter().any(|o| matches!(o, Op::Converge(_)))
         && matches!(e.errno(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+}
+
+/// Whether a commit was refused because another writer committed after its
+/// [`Kernel::begin_read`]: nothing of it was applied, and it must be read and built again.
+pub(crate) fn is_stale(e: &Error) -> bool {
+    nft::is_stale(e)
 }
 
 /// Errors that mean "nf_tables is not there at all", so there is nothing of natguard's to
@@ -197,17 +212,27 @@ impl Kernel for Netfilter {
             &set.name,
         )?))
     }
+    fn begin_read(&mut self) -> Result<()> {
+        self.generation = Some(nft::generation(&mut self.sock)?);
+        Ok(())
+    }
     fn commit(&mut self, batch: &Batch) -> Result<()> {
+        let generation = self.generation.take();
         if batch.ops.is_empty() {
             return Ok(());
         }
-        match self.commit_once(batch) {
+        #[cfg(debug_assertions)]
+        if generation.is_some() {
+            test_hooks::pause_before_commit();
+        }
+        // A refused batch changed nothing, so the fallback is still built from that generation.
+        match self.commit_once(batch, generation) {
             Err(e) if self.set_counters && retry_without_set_counters(batch, &e) => {
                 crate::warn!(
                     "the kernel refused counted sets ({e}); per-pod counters are unavailable, per-network counters still count"
                 );
                 self.set_counters = false;
-                self.commit_once(batch)
+                self.commit_once(batch, generation)
             }
             r => r,
         }
@@ -229,6 +254,38 @@ impl Kernel for Netfilter {
         path: conntrack::Path,
     ) -> Result<FlushReport> {
         conntrack::flush_undnatted_flows_with(&mut self.sock, srcs, dsts, dports, path)
+    }
+}
+
+/// Hooks for root tests, compiled into debug builds only.
+#[cfg(debug_assertions)]
+pub mod test_hooks {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    static PAUSE: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+    /// Makes the first commit that carries a generation pause after its reads: it creates
+    /// `PATH.read`, then waits (at most 10 s) until `PATH.go` exists, so a test can commit as
+    /// another writer in between. `main` sets it from `NATGUARD_TEST_PAUSE_BEFORE_COMMIT`.
+    pub fn set_pause_before_commit(path: PathBuf) {
+        *PAUSE.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+    }
+
+    pub(crate) fn pause_before_commit() {
+        let Some(p) = PAUSE.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let with = |ext: &str| {
+            let mut s = p.clone().into_os_string();
+            s.push(ext);
+            PathBuf::from(s)
+        };
+        let _ = std::fs::write(with(".read"), b"");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !with(".go").exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 }
 

@@ -8,11 +8,18 @@
 //! comment C" is add, delete, add; "make sure E is absent" is add, delete. Neither needs to
 //! know the current state, and neither can fail with EEXIST or ENOENT.
 //!
+//! Generations: [`generation`] reads the namespace's nf_tables generation (`NFT_MSG_GETGEN`);
+//! a read-modify-write reads it before its first read and [`Tx::new`] sends it in the batch's
+//! BATCH_BEGIN (`NFNL_BATCH_GENID`). If any writer committed in between, the kernel refuses
+//! the whole batch with `ERESTART` ([`is_stale`]) and nothing of it is applied.
+//!
 //! Reading: single-element GETs (the kernel looks the key up, so cost does not depend on the
 //! number of pods), and dumps of one set or one table's rules for CHECK, GC and `status`.
 
 use super::lower::*;
-use super::netlink::{BatchError, Msg, MsgBuf, NfSocket};
+use super::netlink::{
+    BatchError, Msg, MsgBuf, NfSocket, NFNL_BATCH_GENID, NFNL_MSG_BATCH_BEGIN, NFNL_SUBSYS_NFTABLES,
+};
 use crate::error::{Error, Result};
 use crate::plan::{SharedPlan, TableFamily};
 
@@ -92,12 +99,21 @@ pub struct Tx {
 }
 
 impl Tx {
-    pub fn new(sock: &mut NfSocket) -> Self {
-        Self::on(sock.msgbuf())
+    /// A transaction on `sock`; with `generation`, the kernel commits it only if nf_tables is
+    /// still at that generation (else `ERESTART`).
+    pub fn new(sock: &mut NfSocket, generation: Option<u32>) -> Self {
+        Self::on(sock.msgbuf(), generation)
     }
 
-    fn on(mut buf: MsgBuf) -> Self {
-        begin_batch(&mut buf);
+    fn on(mut buf: MsgBuf, generation: Option<u32>) -> Self {
+        match generation {
+            Some(g) => {
+                buf.begin(NFNL_MSG_BATCH_BEGIN, 0, 0, NFNL_SUBSYS_NFTABLES as u16);
+                buf.attr_u32_be(NFNL_BATCH_GENID, g);
+                buf.end();
+            }
+            None => begin_batch(&mut buf),
+        }
         Tx {
             buf,
             what: Vec::new(),
@@ -114,7 +130,12 @@ impl Tx {
 
     #[cfg(test)]
     pub(crate) fn for_test() -> Self {
-        Self::on(MsgBuf::new(1))
+        Self::on(MsgBuf::new(1), None)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test_at(generation: u32) -> Self {
+        Self::on(MsgBuf::new(1), Some(generation))
     }
 
     fn note(&mut self, seq: u32, what: impl Into<String>) {
@@ -265,7 +286,7 @@ impl Tx {
     }
 
     /// Sends the batch and reads its outcome; resends it only when the kernel rejected it
-    /// whole with a "try again" errno.
+    /// whole with a "try again" errno other than `ERESTART` (a stale generation stays stale).
     pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
         if self.what.is_empty() {
             return Ok(());
@@ -286,7 +307,9 @@ impl Tx {
             match sock.transact_batch(&self.buf, &what) {
                 Ok(()) => return Ok(()),
                 Err(BatchError::Rejected(e))
-                    if e.is_transient() && attempt < super::netlink::TRANSIENT_RETRIES =>
+                    if e.is_transient()
+                        && !is_stale(&e)
+                        && attempt < super::netlink::TRANSIENT_RETRIES =>
                 {
                     attempt += 1;
                     super::netlink::backoff(attempt);
@@ -458,6 +481,34 @@ pub fn set_names(sock: &mut NfSocket, t: TableFamily) -> Result<Vec<String>> {
     }
 }
 
+/// The namespace's nf_tables generation (`NFTA_GEN_ID` of `NFT_MSG_GETGEN`): every commit of
+/// any writer moves it on.
+pub fn generation(sock: &mut NfSocket) -> Result<u32> {
+    let msgs = sock.request_retry(
+        &|b| {
+            get_gen(b);
+        },
+        "read the nf_tables generation",
+    )?;
+    generation_of(&msgs)
+}
+
+/// The generation id in a GETGEN reply.
+fn generation_of(msgs: &[Msg]) -> Result<u32> {
+    const NFTA_GEN_ID: u16 = 1;
+    msgs.iter()
+        .find_map(|m| m.nf_attrs().get(NFTA_GEN_ID)?.u32_be())
+        .ok_or_else(|| {
+            Error::Protocol("read the nf_tables generation: the reply has no NFTA_GEN_ID".into())
+        })
+}
+
+/// Whether a commit was refused because nf_tables moved past the generation it carried:
+/// another writer committed between the read it was built from and the commit.
+pub fn is_stale(e: &Error) -> bool {
+    e.errno() == Some(libc::ERESTART)
+}
+
 /// Whether nf_tables answers at all (STATUS): a GETGEN round trip.
 pub fn probe(sock: &mut NfSocket) -> Result<()> {
     sock.request_retry(
@@ -494,4 +545,54 @@ pub fn is_unavailable(e: &Error) -> bool {
         e.errno(),
         Some(libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT | libc::EOPNOTSUPP)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::netlink::parse_msgs;
+
+    /// The BATCH_BEGIN of a transaction built from a read carries that read's generation, as
+    /// the big-endian `NFNL_BATCH_GENID` attribute after the nfgenmsg; one without carries none.
+    #[test]
+    fn a_batch_built_from_a_read_carries_its_generation_in_batch_begin() {
+        let mut tx = Tx::for_test_at(0x0102_0304);
+        tx.delete_table(TableFamily::Inet);
+        let msgs = parse_msgs(&tx.encoded());
+        let begin = &msgs[0];
+        assert_eq!(begin.msg_type, NFNL_MSG_BATCH_BEGIN);
+        assert_eq!(
+            begin.body[2..4],
+            (NFNL_SUBSYS_NFTABLES as u16).to_be_bytes()
+        );
+        let genid = begin.nf_attrs().get(NFNL_BATCH_GENID).unwrap();
+        assert_eq!(genid.payload, [1, 2, 3, 4]);
+
+        let mut tx = Tx::for_test();
+        tx.delete_table(TableFamily::Inet);
+        let msgs = parse_msgs(&tx.encoded());
+        assert_eq!(msgs[0].nf_attrs().count(), 0);
+    }
+
+    #[test]
+    fn the_generation_is_read_from_a_getgen_reply() {
+        let mut b = MsgBuf::new(5);
+        b.begin(0x0a00 | 15, 0, 0, 0); // NFT_MSG_NEWGEN
+        b.attr_u32_be(1, 77); // NFTA_GEN_ID
+        b.attr_u32_be(2, 1234); // NFTA_GEN_PROC_PID
+        b.end();
+        assert_eq!(generation_of(&parse_msgs(b.as_bytes())).unwrap(), 77);
+        let mut empty = MsgBuf::new(5);
+        empty.begin(0x0a00 | 15, 0, 0, 0);
+        empty.end();
+        assert!(generation_of(&parse_msgs(empty.as_bytes())).is_err());
+    }
+
+    #[test]
+    fn only_erestart_means_stale() {
+        assert!(is_stale(&Error::netlink("commit", libc::ERESTART)));
+        for errno in [libc::EBUSY, libc::EAGAIN, libc::ENOENT, libc::EINVAL] {
+            assert!(!is_stale(&Error::netlink("commit", errno)), "{errno}");
+        }
+    }
 }

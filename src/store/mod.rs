@@ -169,17 +169,15 @@ impl<K: Kernel> Store<K> {
     /// element operations and leaves the network's rules alone.
     pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<()> {
         let _lock = self.lock()?;
-        let current = self.check_shared(shared).is_ok();
-        if !current {
-            self.refuse_foreign_objects(shared)?;
-        }
-        match self.apply_pod_locked(shared, pod, !current) {
-            // The table vanished between the read and the commit (a flush by someone else).
-            Err(e) if current && e.errno() == Some(libc::ENOENT) => {
-                self.apply_pod_locked(shared, pod, true)
+        // Someone else's commit after the read (a flush, a deleted table) makes the kernel
+        // refuse the batch; it is then read and built again (`view`).
+        self.read_modify_write("ADD", |s| {
+            let current = s.check_shared(shared).is_ok();
+            if !current {
+                s.refuse_foreign_objects(shared)?;
             }
-            r => r,
-        }
+            s.apply_pod_locked(shared, pod, !current)
+        })
     }
 
     /// Two networks whose names map to the same object names would overwrite each other's
@@ -293,18 +291,22 @@ impl<K: Kernel> Store<K> {
         addrs: &mut Vec<IpAddr>,
     ) -> Result<usize> {
         let _lock = self.lock_for_del()?;
-        let mut v = view::View::new(&mut self.k);
-        let recorded = remove_attachment(&mut v, names, owner, addrs)?;
-        for a in recorded {
-            if !addrs.contains(&a) {
-                addrs.push(a);
+        let given = addrs.len();
+        self.read_modify_write("DEL", |s| {
+            addrs.truncate(given);
+            let mut v = view::View::new(&mut s.k);
+            let recorded = remove_attachment(&mut v, names, owner, addrs)?;
+            for a in recorded {
+                if !addrs.contains(&a) {
+                    addrs.push(a);
+                }
             }
-        }
-        let mut batch = Batch::default();
-        v.emit(&mut batch);
-        let n = batch.len();
-        self.k.commit(&batch)?;
-        Ok(n)
+            let mut batch = Batch::default();
+            v.emit(&mut batch);
+            let n = batch.len();
+            s.k.commit(&batch)?;
+            Ok(n)
+        })
     }
 
     /// Removes every attachment of a network that is not in `valid`, every owner not in
@@ -313,6 +315,10 @@ impl<K: Kernel> Store<K> {
     /// changed.
     pub fn gc(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let _lock = self.lock()?;
+        self.read_modify_write("GC", |s| s.gc_once(names, valid))
+    }
+
+    fn gc_once(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
         let att = set_ref(names, SetKind::Attach);

@@ -19,6 +19,11 @@
 //!   by the per-message replies. Errors that stop the batch before its messages are processed
 //!   (`ERESTART` for a stale generation id, `ENOMEM`, `EOPNOTSUPP`) are answered on the
 //!   BATCH_BEGIN sequence number alone.
+//! * A batch whose BATCH_BEGIN carries `NFNL_BATCH_GENID` is refused with `ERESTART`, before
+//!   any of its messages runs, when the namespace's nf_tables generation is no longer that one:
+//!   another writer (natguard, `nft`, kube-proxy, firewalld...) committed since it was read.
+//!   natguard sends the generation it read before a read-modify-write, so a batch built from
+//!   a stale read never lands; the store reads again and rebuilds it (`store::view`).
 //! * `NLM_F_ACK` on BATCH_BEGIN or BATCH_END is answered on 6.18, but older kernels ignore
 //!   it, so natguard does not rely on it.
 //! * A batch that is malformed as a whole (a second BATCH_BEGIN inside it) is dropped without
@@ -45,9 +50,10 @@
 //!   fails with `EAGAIN` ("try again", CNI code 11) and a message saying no reply came; it is
 //!   never repeated, so a verb is bounded by a few seconds, lock included.
 //! * A batch is resent only when the kernel rejected it with a "try again" errno (`EBUSY`,
-//!   `ERESTART`, ...; [`BatchError::Rejected`]: nothing of it was applied, so sending it again
-//!   is harmless), or when `sendmsg` itself failed (the kernel never saw it), at most
-//!   [`TRANSIENT_RETRIES`] times. After
+//!   ...; [`BatchError::Rejected`]: nothing of it was applied, so sending it again is
+//!   harmless), or when `sendmsg` itself failed (the kernel never saw it), at most
+//!   [`TRANSIENT_RETRIES`] times. `ERESTART` is not resent: the same bytes carry the same
+//!   stale generation, so it is the caller's to read again and rebuild. After
 //!   an `ENOBUFS` overflow or a timeout nobody knows whether it was committed
 //!   ([`BatchError::Unknown`]): the verb fails with code 11 and the runtime's retry re-reads the
 //!   kernel's state, which is safe because every verb is idempotent. Reads (GET, dumps) are
@@ -84,6 +90,9 @@ pub const NFNL_SUBSYS_CTNETLINK: u8 = 1;
 pub const NFNL_SUBSYS_NFTABLES: u8 = 10;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 pub const NFNL_MSG_BATCH_END: u16 = 0x11;
+/// The batch-begin attribute holding the nf_tables generation the batch was built from
+/// (`enum nfnl_batch_attributes`, a big-endian u32).
+pub const NFNL_BATCH_GENID: u16 = 1;
 
 const fn align4(n: usize) -> usize {
     (n + 3) & !3
