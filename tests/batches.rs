@@ -264,7 +264,7 @@ fn nfnetlink_reports_errors_without_ack_and_aborts_the_whole_batch() {
             }
         };
         match sock.transact_batch(&b, &what) {
-            Err(BatchError::Rejected(e)) => {
+            Err(BatchError::Rejected(e, _)) => {
                 assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
                 assert!(e.to_string().contains("flush the missing set"), "{e}");
             }
@@ -392,7 +392,10 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
             std::thread::sleep(Duration::from_millis(5));
         }
         ns.run(&["nft", "flush", "chain", "inet", "natguard", &dnat]);
-        assert!(!rules_of(&ns).contains("dnat ip to"), "the other writer's flush");
+        assert!(
+            !rules_of(&ns).contains("dnat ip to"),
+            "the other writer's flush"
+        );
         std::fs::write(&go, b"").unwrap();
         adding.join().unwrap()
     });

@@ -135,7 +135,11 @@ impl Netfilter {
         })
     }
 
-    fn commit_once(&mut self, batch: &Batch, generation: Option<u32>) -> Result<()> {
+    fn commit_once(
+        &mut self,
+        batch: &Batch,
+        generation: Option<u32>,
+    ) -> std::result::Result<(), nft::Refused> {
         let mut tx = nft::Tx::new(&mut self.sock, generation);
         for op in &batch.ops {
             match op {
@@ -157,16 +161,8 @@ impl Netfilter {
                 Op::DeleteTable(t) => tx.delete_table(*t),
             }
         }
-        tx.commit(&mut self.sock)
+        tx.commit_checked(&mut self.sock)
     }
-}
-
-/// Whether a failed converge may be for want of set-element counters (kernels before 5.11
-/// refuse a set declared with them), so that it is retried with plain sets: per-pod counters
-/// are then unavailable, per-network counters still count.
-pub(crate) fn retry_without_set_counters(batch: &Batch, e: &Error) -> bool {
-    batch.ops.iter().any(|o| matches!(o, Op::Converge(_)))
-        && matches!(e.errno(), Some(libc::EINVAL | libc::EOPNOTSUPP))
 }
 
 /// Whether a commit was refused because another writer committed after its
@@ -227,14 +223,16 @@ impl Kernel for Netfilter {
         }
         // A refused batch changed nothing, so the fallback is still built from that generation.
         match self.commit_once(batch, generation) {
-            Err(e) if self.set_counters && retry_without_set_counters(batch, &e) => {
+            Err(r) if self.set_counters && r.means_no_set_counters() => {
                 crate::warn!(
-                    "the kernel refused counted sets ({e}); per-pod counters are unavailable, per-network counters still count"
+                    "the kernel cannot give set {} element counters ({}); per-pod counters are unavailable, per-network counters still count",
+                    r.counted_set.as_deref().unwrap_or(""),
+                    r.error
                 );
                 self.set_counters = false;
-                self.commit_once(batch, generation)
+                self.commit_once(batch, generation).map_err(|r| r.error)
             }
-            r => r,
+            r => r.map_err(|r| r.error),
         }
     }
     fn probe(&mut self) -> Result<()> {
@@ -320,26 +318,56 @@ mod tests {
         )))
     }
 
-    /// Only a converge that the kernel refused as invalid or unsupported is retried without
-    /// set counters: a refused element, a missing table or a busy kernel is not about them.
+    /// Only `EOPNOTSUPP` in answer to a NEWSET that declares element counters means "no set
+    /// counters on this kernel"; `EINVAL` there (a malformed attribute), or any error on
+    /// another message (a refused element, a missing table, a busy kernel), is not.
     #[test]
-    fn only_a_refused_converge_is_retried_without_set_counters() {
-        let with = Batch {
-            ops: vec![converge()],
+    fn only_eopnotsupp_on_a_counted_newset_means_no_set_counters() {
+        let refused = |errno: i32, counted: bool| nft::Refused {
+            error: Error::netlink("commit", errno),
+            counted_set: counted.then(|| "net1-cntp4".to_string()),
         };
-        let without = Batch {
-            ops: vec![Op::DeleteTable(TableFamily::Inet)],
+        assert!(refused(libc::EOPNOTSUPP, true).means_no_set_counters());
+        for errno in [
+            libc::EINVAL,
+            libc::ENOENT,
+            libc::EBUSY,
+            libc::ENOBUFS,
+            libc::EPERM,
+        ] {
+            assert!(
+                !refused(errno, true).means_no_set_counters(),
+                "errno {errno}"
+            );
+        }
+        for errno in [libc::EOPNOTSUPP, libc::EINVAL] {
+            assert!(
+                !refused(errno, false).means_no_set_counters(),
+                "errno {errno}"
+            );
+        }
+        let decode = nft::Refused {
+            error: Error::Protocol("short reply".into()),
+            counted_set: Some("net1-cntp4".into()),
         };
-        for errno in [libc::EINVAL, libc::EOPNOTSUPP] {
-            let e = Error::netlink("commit", errno);
-            assert!(retry_without_set_counters(&with, &e), "errno {errno}");
-            assert!(!retry_without_set_counters(&without, &e), "errno {errno}");
-        }
-        for errno in [libc::ENOENT, libc::EBUSY, libc::ENOBUFS, libc::EPERM] {
-            let e = Error::netlink("commit", errno);
-            assert!(!retry_without_set_counters(&with, &e), "errno {errno}");
-        }
-        let decode = Error::Protocol("short reply".into());
-        assert!(!retry_without_set_counters(&with, &decode));
+        assert!(!decode.means_no_set_counters());
+    }
+
+    /// The converge batch knows which of its messages are the NEWSETs that declare element
+    /// counters, so a refusal is matched to its message by sequence number: exactly the
+    /// counted sets, and none when counters are off.
+    #[test]
+    fn the_converge_batch_marks_the_newsets_that_carry_counters() {
+        let Op::Converge(plan) = converge() else {
+            unreachable!()
+        };
+        let counted = plan.sets.iter().filter(|s| s.kind.is_counted()).count();
+        assert!(counted >= 2, "{counted}");
+        let mut tx = nft::Tx::for_test();
+        tx.converge_shared(&plan, true);
+        assert_eq!(tx.counted_set_seqs().len(), counted);
+        let mut tx = nft::Tx::for_test();
+        tx.converge_shared(&plan, false);
+        assert!(tx.counted_set_seqs().is_empty());
     }
 }

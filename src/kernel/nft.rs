@@ -96,6 +96,32 @@ pub struct Tx {
     buf: MsgBuf,
     /// What each message does, by sequence number, for error messages.
     what: Vec<(u32, String)>,
+    /// The NEWSET messages that declare element counters, by sequence number, with the set.
+    counted_sets: Vec<(u32, String)>,
+}
+
+/// A transaction the kernel did not commit.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: Error,
+    /// The set, when the kernel's error answered a NEWSET that declares element counters.
+    pub counted_set: Option<String>,
+}
+
+impl Refused {
+    /// Whether this is the kernel's answer to a set it cannot give element counters: a
+    /// NEWSET carrying `NFTA_SET_EXPR` (a counter) refused with `EOPNOTSUPP`, the errno
+    /// `nf_tables_newset` returns when no set backend takes an element expression or the
+    /// expression cannot live in a set (`nft_select_set_ops`, `nft_set_elem_expr_alloc`).
+    /// `EINVAL`, or an error on any other message, is a bad batch and is reported as one.
+    ///
+    /// Kernels before 5.7 ignore `NFTA_SET_EXPR` (an attribute past their `NFTA_SET_MAX`,
+    /// parsed liberally), and 5.7 to 5.10 accept it and give each element a counter that
+    /// lookups never update (`nft_set_elem_update_expr` came with 5.11): neither answers
+    /// with an error, so neither reaches this fallback.
+    pub fn means_no_set_counters(&self) -> bool {
+        self.counted_set.is_some() && self.error.errno() == Some(libc::EOPNOTSUPP)
+    }
 }
 
 impl Tx {
@@ -117,6 +143,7 @@ impl Tx {
         Tx {
             buf,
             what: Vec::new(),
+            counted_sets: Vec::new(),
         }
     }
 
@@ -163,6 +190,9 @@ impl Tx {
                 set_counters,
             );
             self.note(s, format!("create set {} {}", t.nft(), set.name));
+            if set_counters && set.kind.is_counted() {
+                self.counted_sets.push((s, set.name.clone()));
+            }
         }
         for c in crate::plan::ChainKind::ALL {
             let name = plan.names.chain(c);
@@ -287,7 +317,12 @@ impl Tx {
 
     /// Sends the batch and reads its outcome; resends it only when the kernel rejected it
     /// whole with a "try again" errno other than `ERESTART` (a stale generation stays stale).
-    pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
+    pub fn commit(self, sock: &mut NfSocket) -> Result<()> {
+        self.commit_checked(sock).map_err(|r| r.error)
+    }
+
+    /// [`Tx::commit`], saying which message the kernel's refusal answered.
+    pub fn commit_checked(mut self, sock: &mut NfSocket) -> std::result::Result<(), Refused> {
         if self.what.is_empty() {
             return Ok(());
         }
@@ -300,13 +335,19 @@ impl Tx {
                 .map(|(_, w)| w.clone())
                 .unwrap_or_else(|| "nftables transaction".into())
         };
+        let counted_set = |seq: Option<u32>| {
+            self.counted_sets
+                .iter()
+                .find(|(s, _)| Some(*s) == seq)
+                .map(|(_, n)| n.clone())
+        };
         // Only a batch the kernel rejected as a whole is sent again: one whose replies were
         // lost may have been committed, and is never resent.
         let mut attempt = 0;
         loop {
             match sock.transact_batch(&self.buf, &what) {
                 Ok(()) => return Ok(()),
-                Err(BatchError::Rejected(e))
+                Err(BatchError::Rejected(e, _))
                     if e.is_transient()
                         && !is_stale(&e)
                         && attempt < super::netlink::TRANSIENT_RETRIES =>
@@ -314,9 +355,26 @@ impl Tx {
                     attempt += 1;
                     super::netlink::backoff(attempt);
                 }
-                Err(BatchError::Rejected(e)) | Err(BatchError::Unknown(e)) => return Err(e),
+                Err(BatchError::Rejected(error, seq)) => {
+                    return Err(Refused {
+                        error,
+                        counted_set: counted_set(seq),
+                    })
+                }
+                Err(BatchError::Unknown(error)) => {
+                    return Err(Refused {
+                        error,
+                        counted_set: None,
+                    })
+                }
             }
         }
+    }
+
+    /// The sequence numbers of the NEWSETs that declare element counters (unit tests).
+    #[cfg(test)]
+    pub(crate) fn counted_set_seqs(&self) -> Vec<u32> {
+        self.counted_sets.iter().map(|(s, _)| *s).collect()
     }
 }
 

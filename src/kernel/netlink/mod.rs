@@ -98,8 +98,10 @@ const fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
+static NEXT_BUF_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// A buffer of one or more netlink messages, built in place.
-#[derive(Default, Debug, Clone)]
+#[derive(Debug, Clone)]
 pub struct MsgBuf {
     buf: Vec<u8>,
     msg_start: Option<usize>,
@@ -110,6 +112,12 @@ pub struct MsgBuf {
     seqs: Vec<(u32, bool)>,
     /// An attribute or nest grew past the 16-bit `nla_len`: the buffer must not be sent.
     oversized: bool,
+    /// Something could not be encoded (a value past its field's width): the buffer must not
+    /// be sent, and this says what.
+    unencodable: Option<String>,
+    /// Which buffer this is (a clone is the same buffer), so a socket can tell a resend of
+    /// the buffer it sent last from another one built on the same sequence numbers.
+    id: u64,
 }
 
 impl MsgBuf {
@@ -121,7 +129,14 @@ impl MsgBuf {
             next_seq: first_seq,
             seqs: Vec::new(),
             oversized: false,
+            unencodable: None,
+            id: NEXT_BUF_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// Which buffer this is (see the field).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Starts a netfilter message: `nlmsghdr` then `nfgenmsg {family, version 0, res_id}`.
@@ -210,6 +225,39 @@ impl MsgBuf {
 
     pub fn attr_u16_be(&mut self, ty: u16, v: u16) {
         self.attr(ty, &v.to_be_bytes());
+    }
+
+    /// An attribute holding one libnftnl user-data TLV: `udata_type`, a one-byte length, then
+    /// `text` with its NUL (how nft stores a rule's or an element's comment). The length byte
+    /// is checked here, where it is written: a text of more than 254 bytes cannot be encoded,
+    /// and marks the buffer so that it is refused instead of sent with a cut length.
+    pub fn attr_udata_text(&mut self, ty: u16, udata_type: u8, text: &str) {
+        let Ok(len) = u8::try_from(text.len() + 1) else {
+            self.unencodable.get_or_insert_with(|| {
+                format!(
+                    "a {}-byte comment (a user-data text holds at most {} bytes)",
+                    text.len(),
+                    u8::MAX - 1
+                )
+            });
+            return;
+        };
+        let mut v = Vec::with_capacity(text.len() + 3);
+        v.push(udata_type);
+        v.push(len);
+        v.extend_from_slice(text.as_bytes());
+        v.push(0);
+        self.attr(ty, &v);
+    }
+
+    /// The encoded size of [`MsgBuf::attr_udata_text`]'s attribute, padding included.
+    pub fn udata_text_attr_size(text: &str) -> usize {
+        align4(4 + 2 + text.len() + 1)
+    }
+
+    /// What could not be encoded, if anything: the buffer must not be sent.
+    pub fn unencodable(&self) -> Option<&str> {
+        self.unencodable.as_deref()
     }
 
     /// Opens a nested attribute; close it with [`MsgBuf::nest_end`].

@@ -20,9 +20,10 @@ pub fn is_retryable(e: &Error) -> bool {
 /// Why an nf_tables batch did not succeed.
 #[derive(Debug)]
 pub enum BatchError {
-    /// Nothing of the batch was applied: the kernel answered with an error, or `sendmsg`
-    /// failed and the kernel never saw it. Resending is safe (worth it for a "try again" errno).
-    Rejected(Error),
+    /// Nothing of the batch was applied: the kernel answered with an error (on the message
+    /// whose sequence number is given: the first error reply), or `sendmsg` failed and the
+    /// kernel never saw it (`None`). Resending is safe (worth it for a "try again" errno).
+    Rejected(Error, Option<u32>),
     /// The batch may or may not have been committed: replies were lost (`ENOBUFS`) or none came
     /// in time. It must not be resent.
     Unknown(Error),
@@ -45,7 +46,14 @@ pub struct NfSocket {
     /// The kernel's `sk_sndbuf` and `sk_rcvbuf`, once read.
     sndbuf: Option<usize>,
     rcvbuf: Option<usize>,
+    /// The buffer sent last: its id, first sequence number and message count.
+    last_sent: Option<(u64, u32, u32)>,
 }
+
+/// The most messages one buffer may hold: far beyond any batch natguard builds (a GC of
+/// thousands of pods is tens of thousands), far below where sequence numbers could wrap
+/// into a range still awaiting replies.
+pub const MAX_MESSAGES: usize = 1 << 24;
 
 // Sockets dropped after `defer_release`, for `release_deferred`.
 static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -197,6 +205,7 @@ impl NfSocket {
             reply_timeout: REPLY_TIMEOUT,
             sndbuf: None,
             rcvbuf: None,
+            last_sent: None,
         })
     }
 
@@ -209,11 +218,41 @@ impl NfSocket {
         std::os::fd::AsRawFd::as_raw_fd(&*self.sock)
     }
 
-    /// A fresh buffer whose sequence numbers continue this socket's.
+    /// A fresh buffer whose sequence numbers continue this socket's. Its range is sized
+    /// when it is sent (sending moves the socket past its last message), so a
+    /// batch of any length never shares a number with the buffer after it, and replies to
+    /// one exchange are never taken for another's. Build and send one buffer at a time.
     pub fn msgbuf(&mut self) -> MsgBuf {
-        let b = MsgBuf::new(self.seq);
-        self.seq = self.seq.wrapping_add(1 << 16);
-        b
+        MsgBuf::new(self.seq)
+    }
+
+    /// Claims the sequence numbers of `buf` as it is sent: a fresh buffer (starting where the
+    /// socket stands) moves the socket past its last message; the buffer sent last may be
+    /// sent again (a batch the kernel rejected whole). Anything else would reuse numbers of
+    /// an earlier exchange, whose late replies could then be read as this one's: refused.
+    pub(super) fn claim_seqs(&mut self, buf: &MsgBuf) -> Result<()> {
+        let Some(&(first, _)) = buf.seqs().first() else {
+            return Ok(());
+        };
+        let count = buf.message_count();
+        if count > MAX_MESSAGES {
+            return Err(Error::Protocol(format!(
+                "internal error: a netlink buffer of {count} messages (at most {MAX_MESSAGES})"
+            )));
+        }
+        let range = (buf.id(), first, count as u32);
+        if first == self.seq {
+            self.seq = first.wrapping_add(count as u32);
+            self.last_sent = Some(range);
+            return Ok(());
+        }
+        if self.last_sent == Some(range) {
+            return Ok(());
+        }
+        Err(Error::Protocol(format!(
+            "internal error: a netlink buffer starting at sequence number {first} was sent out of turn (the socket is at {})",
+            self.seq
+        )))
     }
 
     /// Grows the send buffer so that `len` bytes go out in one `sendmsg`: netlink refuses a
@@ -274,6 +313,13 @@ impl NfSocket {
                 "internal error: a netlink attribute longer than 65,535 bytes was built".into(),
             ));
         }
+        if let Some(what) = buf.unencodable() {
+            // Builders bound what they encode; reaching this is a bug, never a kernel refusal.
+            return Err(Error::Protocol(format!(
+                "internal error: {what} was built into a netlink message"
+            )));
+        }
+        self.claim_seqs(buf)?;
         self.make_send_room(buf.len())?;
         let kernel = SocketAddr::new(0, 0);
         let n =
@@ -412,15 +458,18 @@ impl NfSocket {
     ) -> std::result::Result<(), BatchError> {
         let begin_seq = buf.seqs().first().map(|s| s.0);
         let Some(last) = buf.acked_seqs().last() else {
-            return Err(BatchError::Rejected(Error::Protocol(
-                "internal error: an nf_tables batch without an acknowledged message".into(),
-            )));
+            return Err(BatchError::Rejected(
+                Error::Protocol(
+                    "internal error: an nf_tables batch without an acknowledged message".into(),
+                ),
+                None,
+            ));
         };
         let mine = |seq: u32| buf.has_seq(seq);
         self.make_recv_room(buf.message_count());
         // A failed sendmsg delivered nothing.
-        self.send(buf).map_err(BatchError::Rejected)?;
-        let mut first_err: Option<Error> = None;
+        self.send(buf).map_err(|e| BatchError::Rejected(e, None))?;
+        let mut first_err: Option<(Error, u32)> = None;
         let mut done = false;
         while !done {
             match self.recv_within(self.reply_timeout) {
@@ -437,7 +486,7 @@ impl NfSocket {
                             } else {
                                 what(m.seq)
                             };
-                            first_err = Some(reply_error(&m, w, code));
+                            first_err = Some((reply_error(&m, w, code), m.seq));
                         }
                         done |= m.seq == last;
                     }
@@ -468,7 +517,7 @@ impl NfSocket {
             }
         }
         match first_err {
-            Some(e) => Err(BatchError::Rejected(e)),
+            Some((e, seq)) => Err(BatchError::Rejected(e, Some(seq))),
             None => Ok(()),
         }
     }

@@ -200,3 +200,70 @@ fn replies_of_other_requests_are_ignored_and_a_single_get_ends_with_its_reply() 
         .unwrap();
     assert_eq!(out.len(), 1);
 }
+
+/// A buffer of `n` messages from `sock`.
+fn filled(sock: &mut NfSocket, n: usize) -> MsgBuf {
+    let mut b = sock.msgbuf();
+    for _ in 0..n {
+        b.begin(0x0a00, 0, 1, 0);
+        b.end();
+    }
+    b
+}
+
+/// Sequence ranges are sized to each buffer when it is sent: a batch longer than 65,536
+/// messages does not run into the next buffer's numbers, the same buffer may go again (a
+/// rejected batch), and a buffer built before another was sent is refused, never sent with
+/// numbers that are already in use. (An unprivileged netfilter socket; nothing is sent.)
+#[test]
+fn sequence_ranges_are_sized_to_each_buffer_and_checked() {
+    let mut sock = NfSocket::open().expect("open a netfilter netlink socket");
+    let big = filled(&mut sock, 70_000);
+    sock.claim_seqs(&big).unwrap();
+    let next = filled(&mut sock, 3);
+    let first = next.seqs()[0].0;
+    assert!(
+        !big.has_seq(first),
+        "the next buffer starts after the 70,000th message"
+    );
+    assert_eq!(first, big.seqs()[0].0.wrapping_add(70_000));
+    sock.claim_seqs(&next).unwrap();
+    // The buffer sent last may be resent; an older one, or one built out of turn, may not.
+    sock.claim_seqs(&next).unwrap();
+    assert!(sock.claim_seqs(&big).is_err());
+    let a = filled(&mut sock, 2);
+    let b = filled(&mut sock, 2);
+    sock.claim_seqs(&a).unwrap();
+    let e = sock.claim_seqs(&b).unwrap_err();
+    assert!(e.to_string().contains("out of turn"), "{e}");
+    // An empty buffer claims nothing.
+    let empty = sock.msgbuf();
+    sock.claim_seqs(&empty).unwrap();
+}
+
+/// A comment's one-byte length is checked where it is written: 254 bytes fit (255 with the
+/// NUL), 255 do not, and mark the buffer instead of being sent with a wrapped length.
+#[test]
+fn a_comment_past_its_length_byte_marks_the_buffer() {
+    let mut b = MsgBuf::new(1);
+    b.begin(0x0a06, 0, 1, 0);
+    let fits = "x".repeat(254);
+    b.attr_udata_text(7, 0, &fits);
+    b.end();
+    assert!(b.unencodable().is_none());
+    let msgs = parse_msgs(b.as_bytes());
+    let attr = msgs[0].nf_attrs().get(7).unwrap();
+    assert_eq!(attr.payload[..2], [0, 255]);
+    assert_eq!(attr.payload.len(), 2 + 255);
+    assert_eq!(
+        MsgBuf::udata_text_attr_size(&fits),
+        (4 + attr.payload.len()).next_multiple_of(4)
+    );
+
+    let mut b = MsgBuf::new(1);
+    b.begin(0x0a06, 0, 1, 0);
+    b.attr_udata_text(7, 0, &"x".repeat(255));
+    b.end();
+    let what = b.unencodable().unwrap();
+    assert!(what.contains("255-byte comment"), "{what}");
+}
