@@ -96,7 +96,7 @@ fn run_cni() -> i32 {
                 let _ = out.write_all(b"\n");
                 let _ = out.flush();
             }
-            natguard::kernel::netlink::release_deferred();
+            let _ = natguard::kernel::netlink::release_deferred();
             0
         }
         Err(e) => {
@@ -104,7 +104,7 @@ fn run_cni() -> i32 {
                 .ok()
                 .and_then(|v| natguard::cni::netconf::cni_version_of(&v).ok().flatten());
             let code = print_error(version, &e);
-            natguard::kernel::netlink::release_deferred();
+            let _ = natguard::kernel::netlink::release_deferred();
             code
         }
     }

@@ -48,6 +48,8 @@ pub struct NfSocket {
     rcvbuf: Option<usize>,
     /// The buffer sent last: its id, first sequence number and message count.
     last_sent: Option<(u64, u32, u32)>,
+    /// A netfilter socket, whose release [`defer_release`] defers (rtnetlink's is not).
+    deferrable: bool,
 }
 
 /// The most messages one buffer may hold: far beyond any batch natguard builds (a GC of
@@ -55,51 +57,112 @@ pub struct NfSocket {
 /// into a range still awaiting replies.
 pub const MAX_MESSAGES: usize = 1 << 24;
 
-// Sockets dropped after `defer_release`, for `release_deferred`.
+// Netfilter sockets dropped after `defer_release`, for `release_deferred`.
 static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
 
-/// From now on, dropped sockets are kept open for [`release_deferred`].
+/// From now on, dropped netfilter sockets are kept open for [`release_deferred`].
 pub fn defer_release() {
     DEFER_RELEASE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// How [`release_deferred`] released the sockets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Release {
+    /// There were none.
+    Nothing,
+    /// Registered in an io_uring that was closed after them: the ring's teardown, on a kernel
+    /// worker, dropped the last references.
+    HandedOver(usize),
+    /// Closed in this process, which paid the kernel's wait; why io_uring was not used.
+    Closed(usize, String),
 }
 
 /// Releasing a netfilter netlink socket waits until the kernel has freed every committed
 /// nf_tables transaction of the namespace (`nft_rcv_nl_event` flushes the destroy work, which
 /// waits for an RCU grace period: 7 to 9 ms here), even though the transaction took effect at
 /// commit. A CNI invocation has nothing left to do by then, so [`defer_release`] keeps its
-/// sockets open until [`release_deferred`], which hands them to the kernel instead of closing
-/// them in this process.
+/// netfilter sockets open until [`release_deferred`], which hands them to the kernel instead
+/// of closing them in this process. rtnetlink sockets have no such wait and are closed when
+/// dropped.
 ///
-/// The hand-over registers the sockets in an io_uring instance and closes everything: the
-/// ring's teardown runs on a kernel worker (`io_ring_exit_work`), which drops the registered
-/// files there, and a file released by a kernel thread is closed by the delayed-fput worker.
-/// So the socket release, and its wait, happen in kernel workers after this process is gone.
-/// No process is created (nothing for a subreaper to reap, nothing a pid limit can refuse) and
-/// no other descriptor is kept: only the netlink sockets are registered. Where io_uring is not
-/// available (`kernel.io_uring_disabled`, a seccomp profile), the sockets are closed here and
-/// the invocation pays the wait. The worker's release holds nf_tables' commit mutex while it
-/// waits, so a commit in the same namespace during that grace period waits for its end, as it
-/// would behind a release in this process; nothing else is affected.
+/// The hand-over registers the sockets in a new io_uring instance, closes this process's
+/// descriptors of them, and closes the ring last: the ring then holds the last references,
+/// so its teardown (`io_ring_exit_work`, a kernel worker) releases the sockets, and the wait
+/// happens there, whatever the timing of that worker. No process is created (nothing for a
+/// subreaper to reap, nothing a pid limit can refuse) and no other descriptor is kept: only
+/// the netlink sockets are registered. The worker's release holds nf_tables' commit mutex
+/// while it waits, so a commit in the same namespace during that grace period waits for its
+/// end, as it would behind a release in this process; nothing else is affected.
 ///
-/// Call it last, after the reply is written. Returns whether the kernel took the sockets over
-/// (false: they were closed here, or there were none).
-pub fn release_deferred() -> bool {
+/// io_uring is not touched where the process runs under any seccomp filter (`Seccomp:` in
+/// `/proc/self/status` is not 0, or cannot be read): a filter whose action for
+/// `io_uring_setup` is to kill the process would turn a successful ADD, already replied to,
+/// into a dead plugin. Nor where `kernel.io_uring_disabled` is set. There, and when the
+/// kernel refuses the ring, the sockets are closed here and the invocation pays the wait.
+/// The outcome is logged at debug level.
+///
+/// Call it last, after the reply is written.
+pub fn release_deferred() -> Release {
     let fds = std::mem::take(&mut *DEFERRED_FDS.lock().unwrap_or_else(|e| e.into_inner()));
-    if fds.is_empty() {
-        return false;
+    let n = fds.len();
+    if n == 0 {
+        return Release::Nothing;
     }
-    let handed = hand_to_kernel(&fds);
-    for fd in fds {
-        // SAFETY: each fd was a socket of ours, kept open by Drop for exactly this close.
-        unsafe { libc::close(fd) };
+    let status = std::fs::read_to_string("/proc/self/status").ok();
+    let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").ok();
+    let outcome = match io_uring_allowed(status.as_deref(), disabled.as_deref()) {
+        Err(why) => Err(why.to_string()),
+        Ok(()) => hand_to_kernel(&fds),
+    };
+    let release = match outcome {
+        Ok(()) => Release::HandedOver(n),
+        Err(why) => {
+            for fd in fds {
+                // SAFETY: each fd was a socket of ours, kept open by Drop for exactly this close.
+                unsafe { libc::close(fd) };
+            }
+            Release::Closed(n, why)
+        }
+    };
+    match &release {
+        Release::HandedOver(n) => {
+            crate::debug!("released {n} netfilter socket(s): handed to the kernel through io_uring")
+        }
+        Release::Closed(n, why) => {
+            crate::debug!("released {n} netfilter socket(s): closed here ({why})")
+        }
+        Release::Nothing => {}
     }
-    handed
+    release
 }
 
-/// Registers `fds` as fixed files of a new io_uring and closes the ring: the ring's teardown,
-/// on a kernel worker, drops the last references. False if the kernel refused either step.
-fn hand_to_kernel(fds: &[std::os::fd::RawFd]) -> bool {
+/// Whether io_uring may be used for the hand-over, from `/proc/self/status` and
+/// `/proc/sys/kernel/io_uring_disabled` (either `None` when unreadable; the sysctl exists from
+/// 6.6 on). `Err` says why not.
+pub fn io_uring_allowed(status: Option<&str>, disabled: Option<&str>) -> Result<(), &'static str> {
+    let Some(status) = status else {
+        return Err("/proc/self/status is unreadable, so a seccomp filter cannot be ruled out");
+    };
+    let seccomp = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Seccomp:"))
+        .map(str::trim);
+    match seccomp {
+        Some("0") => {}
+        Some(_) => return Err("the process runs under a seccomp filter"),
+        None => return Err("/proc/self/status has no Seccomp line"),
+    }
+    match disabled.map(str::trim) {
+        None | Some("0") => Ok(()),
+        Some(_) => Err("kernel.io_uring_disabled is set"),
+    }
+}
+
+/// Registers `fds` as fixed files of a new io_uring, closes them, then closes the ring, so
+/// that the ring's teardown holds and drops the last references. On `Err` (the kernel refused
+/// the ring or the registration) the descriptors are still open, for the caller to close.
+fn hand_to_kernel(fds: &[std::os::fd::RawFd]) -> Result<(), String> {
     const IORING_REGISTER_FILES: libc::c_long = 2;
     // struct io_uring_params (120 bytes), zeroed: no flags, the kernel fills in the rest.
     let mut params = [0u32; 30];
@@ -112,7 +175,8 @@ fn hand_to_kernel(fds: &[std::os::fd::RawFd]) -> bool {
         )
     };
     if ring < 0 {
-        return false;
+        let e = std::io::Error::last_os_error();
+        return Err(format!("io_uring_setup: {e}"));
     }
     let ring = ring as libc::c_int;
     // SAFETY: `fds` is a valid array of `fds.len()` descriptors for the duration of the call.
@@ -125,14 +189,29 @@ fn hand_to_kernel(fds: &[std::os::fd::RawFd]) -> bool {
             fds.len() as libc::c_long,
         )
     };
-    // SAFETY: the ring fd was created above and is closed once.
+    let registered = if r == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "io_uring_register: {}",
+            std::io::Error::last_os_error()
+        ))
+    };
+    if registered.is_ok() {
+        for &fd in fds {
+            // SAFETY: each fd was a socket of ours, kept open by Drop for exactly this close;
+            // the ring holds its own reference to the file.
+            unsafe { libc::close(fd) };
+        }
+    }
+    // SAFETY: the ring fd was created above and is closed once, after the sockets.
     unsafe { libc::close(ring) };
-    r == 0
+    registered
 }
 
 impl Drop for NfSocket {
     fn drop(&mut self) {
-        if DEFER_RELEASE.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.deferrable && DEFER_RELEASE.load(std::sync::atomic::Ordering::SeqCst) {
             let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.sock);
             DEFERRED_FDS
                 .lock()
@@ -206,6 +285,7 @@ impl NfSocket {
             sndbuf: None,
             rcvbuf: None,
             last_sent: None,
+            deferrable: protocol == NETLINK_NETFILTER,
         })
     }
 

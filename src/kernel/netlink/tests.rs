@@ -267,3 +267,26 @@ fn a_comment_past_its_length_byte_marks_the_buffer() {
     let what = b.unencodable().unwrap();
     assert!(what.contains("255-byte comment"), "{what}");
 }
+
+/// io_uring is used for the socket hand-over only when the process provably runs under no
+/// seccomp filter and io_uring is not disabled.
+#[test]
+fn io_uring_is_used_only_without_seccomp_and_when_not_disabled() {
+    let status = |mode: &str| {
+        format!("Name:\tnatguard\nNoNewPrivs:\t1\nSeccomp:\t{mode}\nSeccomp_filters:\t1\n")
+    };
+    assert_eq!(io_uring_allowed(Some(&status("0")), None), Ok(()));
+    assert_eq!(io_uring_allowed(Some(&status("0")), Some("0\n")), Ok(()));
+    for mode in ["1", "2"] {
+        assert!(io_uring_allowed(Some(&status(mode)), Some("0\n"))
+            .unwrap_err()
+            .contains("seccomp"));
+    }
+    for disabled in ["1\n", "2\n"] {
+        assert!(io_uring_allowed(Some(&status("0")), Some(disabled))
+            .unwrap_err()
+            .contains("io_uring_disabled"));
+    }
+    assert!(io_uring_allowed(None, None).is_err());
+    assert!(io_uring_allowed(Some("Name:\tx\n"), None).is_err());
+}
