@@ -253,8 +253,8 @@ fn ct_insert(ns: &Netns, args: &[&str]) {
 }
 
 /// With the pids limit reached natguard can start no thread, so the IPv6 conntrack walk, which
-/// normally runs on a thread of its own, runs inline. Either the pod's IPv6 entries are gone
-/// or ADD says why not; it must not succeed having silently skipped them.
+/// normally runs on a thread of its own, runs inline: ADD succeeds (conntrack failures never
+/// fail a verb, and here nothing fails) and the pod's entries of both families are gone.
 #[test]
 fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
     require_tools(&["conntrack"]);
@@ -344,31 +344,27 @@ fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
         "the pids limit refused nothing; the test did not test anything (stderr: {})",
         ran.stderr
     );
-    match ran.exit {
-        Some(0) => {
-            let left = conntrack_list(&ns, &[]);
-            assert_eq!(
-                left.len(),
-                2,
-                "ADD succeeded but left pod entries: {left:#?}\nstderr: {}",
-                ran.stderr
-            );
-            for l in &left {
-                assert!(
-                    !mentions(l, pod4) && !mentions(l, pod6),
-                    "pod entry left: {l}\nstderr: {}",
-                    ran.stderr
-                );
-            }
-        }
-        _ => {
-            let r: Value = serde_json::from_str(ran.stdout.trim()).expect("a CNI error");
-            assert!(
-                r["msg"].as_str().is_some_and(|m| m.contains("conntrack")),
-                "ADD failed without saying the conntrack cleanup could not run: {}",
-                ran.stdout
-            );
-        }
+    // README, "CNI contract": conntrack failures never fail a verb. So the ADD succeeds, and
+    // the walk that could not get a thread ran inline: the pod's entries of both families are
+    // gone and the unrelated ones stay.
+    assert_eq!(
+        ran.exit,
+        Some(0),
+        "ADD at the pids limit must succeed: {ran}"
+    );
+    let left = conntrack_list(&ns, &[]);
+    assert_eq!(
+        left.len(),
+        2,
+        "ADD left pod entries or deleted others: {left:#?}\nstderr: {}",
+        ran.stderr
+    );
+    for l in &left {
+        assert!(
+            !mentions(l, pod4) && !mentions(l, pod6),
+            "pod entry left: {l}\nstderr: {}",
+            ran.stderr
+        );
     }
 }
 
