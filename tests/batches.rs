@@ -108,11 +108,10 @@ fn add_all(ns: &Netns, cfg: &Value, pods: Vec<SynPod>) {
     }
 }
 
-/// A GC of many stale dual-stack attachments is one batch of thousands of messages. It used
-/// to ask for an ACK per message: from about 60 attachments the ACKs overflowed the receive
-/// buffer, the batch that had been committed was sent again, and GC waited forever for the
-/// lost ACKs, holding the node lock; past the send buffer's size the batch was refused with
-/// EMSGSIZE. It must return, and leave exactly the pods it was told to keep.
+/// A GC of many stale dual-stack attachments is one batch of thousands of messages, which asks
+/// for one ACK (an ACK per message would overflow the receive buffer from about 60
+/// attachments) and grows the send buffer to the batch (else EMSGSIZE). It must return, and
+/// leave exactly the pods it was told to keep.
 fn gc_of_stale_attachments(test: &str, stale: u32) {
     let h = Harness::new(test);
     let ns = h.netns("node");

@@ -126,9 +126,9 @@ fn pods_never_reach_the_real_metadata_server() {
 
 /// A pod that sends from an address of its subnet that natguard did not record (a second
 /// address on its interface: any pod with NET_ADMIN, or NET_RAW and a userspace stack) must
-/// not reach the real metadata server either. Today interception matches `ip saddr @NET-meta4`
-/// (the recorded pod addresses), so such traffic is neither DNATed nor rejected and reaches the
-/// cloud.
+/// not reach the real metadata server either: it is not DNATed (interception matches the
+/// recorded pod addresses, `ip saddr @NET-meta4`), and the fail-closed rules reset it because
+/// it comes from one of the network's pod interfaces.
 #[test]
 fn pod_with_an_unrecorded_source_address_never_reaches_metadata() {
     let w = World::new("sec-spoof");
