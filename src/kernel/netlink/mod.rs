@@ -64,7 +64,6 @@
 //!   read before it is never returned as if it were the whole list.
 
 use crate::error::{Error, Result};
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
 pub const NLMSG_HDRLEN: usize = 16;
 pub const NFGEN_HDRLEN: usize = 4;

@@ -3,6 +3,11 @@
 //! rtnetlink, answers the interface and route lookups of `kernel::link`.
 
 use super::*;
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use rustix::io::Errno;
+use rustix::net::netlink::SocketAddrNetlink;
+use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, SocketType};
 
 /// Socket memory budgeted per reply that may come back (an error with its extended ACK).
 const REPLY_BUDGET: usize = 1024;
@@ -39,7 +44,8 @@ enum Received {
 
 /// A netfilter netlink socket in the network namespace of the calling thread.
 pub struct NfSocket {
-    sock: std::mem::ManuallyDrop<Socket>,
+    /// `None` only while being dropped.
+    sock: Option<OwnedFd>,
     seq: u32,
     recv_buf: Vec<u8>,
     reply_timeout: std::time::Duration,
@@ -59,7 +65,7 @@ pub const MAX_MESSAGES: usize = 1 << 24;
 
 // Netfilter sockets dropped after `defer_release`, for `release_deferred`.
 static DEFER_RELEASE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-static DEFERRED_FDS: std::sync::Mutex<Vec<std::os::fd::RawFd>> = std::sync::Mutex::new(Vec::new());
+static DEFERRED_FDS: std::sync::Mutex<Vec<OwnedFd>> = std::sync::Mutex::new(Vec::new());
 
 /// From now on, dropped netfilter sockets are kept open for [`release_deferred`].
 pub fn defer_release() {
@@ -111,19 +117,18 @@ pub fn release_deferred() -> Release {
     }
     let status = std::fs::read_to_string("/proc/self/status").ok();
     let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").ok();
-    let outcome = match io_uring_allowed(status.as_deref(), disabled.as_deref()) {
+    // With the hand-over, the ring is closed only after the sockets (below): it holds the
+    // last references.
+    let ring = match io_uring_allowed(status.as_deref(), disabled.as_deref()) {
         Err(why) => Err(why.to_string()),
-        Ok(()) => hand_to_kernel(&fds),
+        Ok(()) => register_in_a_ring(&fds),
     };
+    let outcome = ring.as_ref().map(|_| ()).map_err(Clone::clone);
+    // Registered or not, this process's descriptors are closed here (dropped).
+    drop(fds);
     let release = match outcome {
         Ok(()) => Release::HandedOver(n),
-        Err(why) => {
-            for fd in fds {
-                // SAFETY: each fd was a socket of ours, kept open by Drop for exactly this close.
-                unsafe { libc::close(fd) };
-            }
-            Release::Closed(n, why)
-        }
+        Err(why) => Release::Closed(n, why),
     };
     match &release {
         Release::HandedOver(n) => {
@@ -159,133 +164,102 @@ pub fn io_uring_allowed(status: Option<&str>, disabled: Option<&str>) -> Result<
     }
 }
 
-/// Registers `fds` as fixed files of a new io_uring, closes them, then closes the ring, so
-/// that the ring's teardown holds and drops the last references. On `Err` (the kernel refused
-/// the ring or the registration) the descriptors are still open, for the caller to close.
-fn hand_to_kernel(fds: &[std::os::fd::RawFd]) -> Result<(), String> {
-    const IORING_REGISTER_FILES: libc::c_long = 2;
-    // struct io_uring_params (120 bytes), zeroed: no flags, the kernel fills in the rest.
-    let mut params = [0u32; 30];
-    // SAFETY: io_uring_setup writes into a buffer of the size of struct io_uring_params.
-    let ring = unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_setup,
-            1 as libc::c_long,
-            params.as_mut_ptr(),
+/// Registers `fds` as fixed files of a new io_uring and returns the ring: once the caller has
+/// closed its descriptors, closing the ring makes its teardown (a kernel worker) drop the last
+/// references. `Err` when the kernel refused the ring or the registration.
+fn register_in_a_ring(fds: &[OwnedFd]) -> std::result::Result<OwnedFd, String> {
+    let mut params = rustix::io_uring::io_uring_params::default();
+    // SAFETY: `params` is a valid, zeroed io_uring_params the kernel fills in; the ring is
+    // used for nothing but the registration below.
+    let ring = unsafe { rustix::io_uring::io_uring_setup(1, &mut params) }
+        .map_err(|e| format!("io_uring_setup: {e}"))?;
+    let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+    // SAFETY: `raw` is an array of `raw.len()` open descriptors, alive for the call; the kernel
+    // takes its own references to the files.
+    unsafe {
+        rustix::io_uring::io_uring_register(
+            &ring,
+            rustix::io_uring::IoringRegisterOp::RegisterFiles,
+            raw.as_ptr().cast(),
+            raw.len() as u32,
         )
-    };
-    if ring < 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(format!("io_uring_setup: {e}"));
     }
-    let ring = ring as libc::c_int;
-    // SAFETY: `fds` is a valid array of `fds.len()` descriptors for the duration of the call.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_io_uring_register,
-            ring as libc::c_long,
-            IORING_REGISTER_FILES,
-            fds.as_ptr(),
-            fds.len() as libc::c_long,
-        )
-    };
-    let registered = if r == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "io_uring_register: {}",
-            std::io::Error::last_os_error()
-        ))
-    };
-    if registered.is_ok() {
-        for &fd in fds {
-            // SAFETY: each fd was a socket of ours, kept open by Drop for exactly this close;
-            // the ring holds its own reference to the file.
-            unsafe { libc::close(fd) };
-        }
-    }
-    // SAFETY: the ring fd was created above and is closed once, after the sockets.
-    unsafe { libc::close(ring) };
-    registered
+    .map_err(|e| format!("io_uring_register: {e}"))?;
+    Ok(ring)
 }
 
 impl Drop for NfSocket {
     fn drop(&mut self) {
+        let Some(fd) = self.sock.take() else { return };
         if self.deferrable && DEFER_RELEASE.load(std::sync::atomic::Ordering::SeqCst) {
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&*self.sock);
             DEFERRED_FDS
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(fd);
-        } else {
-            // SAFETY: dropped exactly once, here.
-            unsafe { std::mem::ManuallyDrop::drop(&mut self.sock) };
         }
     }
 }
 
-fn sockopt_int(fd: libc::c_int, opt: libc::c_int) -> Option<usize> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: getsockopt into a c_int of the given size.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            opt,
-            &mut v as *mut _ as *mut libc::c_void,
-            &mut len,
-        )
-    };
-    (r == 0 && v >= 0).then_some(v as usize)
-}
-
-fn set_sockopt_int(fd: libc::c_int, level: libc::c_int, opt: libc::c_int, v: libc::c_int) -> bool {
-    // SAFETY: plain setsockopt on a socket we own, with a c_int option value.
+/// Turns on a netlink socket option that takes an int (`NETLINK_EXT_ACK`, `NETLINK_CAP_ACK`),
+/// which rustix does not wrap. Best effort: kernels without the option keep working.
+fn set_netlink_flag(fd: BorrowedFd<'_>, opt: libc::c_int) {
+    let v: libc::c_int = 1;
+    // SAFETY: plain setsockopt on a socket we own, with a c_int option value of its size.
     unsafe {
         libc::setsockopt(
-            fd,
-            level,
+            fd.as_raw_fd(),
+            libc::SOL_NETLINK,
             opt,
             &v as *const _ as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        ) == 0
-    }
+        )
+    };
+}
+
+/// An errno as natguard's error.
+fn netlink_error(what: impl Into<String>, e: Errno) -> Error {
+    Error::netlink(what, e.raw_os_error())
 }
 
 impl NfSocket {
     pub fn open() -> Result<Self> {
-        Self::open_protocol(NETLINK_NETFILTER, "netfilter netlink")
+        Self::open_protocol(Some(rustix::net::netlink::NETFILTER), "netfilter netlink")
     }
 
     /// An rtnetlink socket with the same deadlines, for interface and route lookups.
     pub fn open_route() -> Result<Self> {
-        Self::open_protocol(netlink_sys::protocols::NETLINK_ROUTE, "rtnetlink")
+        // NETLINK_ROUTE is protocol 0, which rustix spells `None`.
+        Self::open_protocol(None, "rtnetlink")
     }
 
-    fn open_protocol(protocol: isize, name: &str) -> Result<Self> {
-        let mut sock =
-            Socket::new(protocol).map_err(|e| Error::io(format!("open {name} socket"), e))?;
-        sock.bind_auto()
-            .map_err(|e| Error::io(format!("bind {name} socket"), e))?;
+    fn open_protocol(protocol: Option<rustix::net::Protocol>, name: &str) -> Result<Self> {
+        let sock = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC,
+            protocol,
+        )
+        .map_err(|e| Error::io(format!("open {name} socket"), e.into()))?;
+        // Port id 0: the kernel picks one.
+        rustix::net::bind(&sock, &SocketAddrNetlink::new(0, 0))
+            .map_err(|e| Error::io(format!("bind {name} socket"), e.into()))?;
         // Errors carry the kernel's extended ACK text, and not the whole request back.
-        let fd = std::os::fd::AsRawFd::as_raw_fd(&sock);
         for opt in [libc::NETLINK_EXT_ACK, libc::NETLINK_CAP_ACK] {
-            set_sockopt_int(fd, libc::SOL_NETLINK, opt, 1);
+            set_netlink_flag(sock.as_fd(), opt);
         }
         let seq = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs() as u32)
             .unwrap_or(1);
         Ok(NfSocket {
-            sock: std::mem::ManuallyDrop::new(sock),
+            sock: Some(sock),
             seq,
             recv_buf: vec![0u8; 1 << 16],
             reply_timeout: REPLY_TIMEOUT,
             sndbuf: None,
             rcvbuf: None,
             last_sent: None,
-            deferrable: protocol == NETLINK_NETFILTER,
+            deferrable: protocol == Some(rustix::net::netlink::NETFILTER),
         })
     }
 
@@ -294,8 +268,8 @@ impl NfSocket {
         self.reply_timeout = t;
     }
 
-    fn fd(&self) -> libc::c_int {
-        std::os::fd::AsRawFd::as_raw_fd(&*self.sock)
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.sock.as_ref().expect("socket is open").as_fd()
     }
 
     /// A fresh buffer whose sequence numbers continue this socket's. Its range is sized
@@ -339,21 +313,20 @@ impl NfSocket {
     /// message longer than `sk_sndbuf - 32` with `EMSGSIZE`.
     fn make_send_room(&mut self, len: usize) -> Result<()> {
         let need = len + 64;
-        let fd = self.fd();
         let have = match self.sndbuf {
             Some(h) => h,
-            None => sockopt_int(fd, libc::SO_SNDBUF).unwrap_or(0),
+            None => sockopt::socket_send_buffer_size(self.fd()).unwrap_or(0),
         };
         self.sndbuf = Some(have);
         if have >= need {
             return Ok(());
         }
         // The kernel doubles the value it is given.
-        let ask = need.div_ceil(2).min(i32::MAX as usize) as libc::c_int;
-        if !set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, ask) {
-            set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, ask);
+        let ask = need.div_ceil(2).min(i32::MAX as usize);
+        if sockopt::set_socket_send_buffer_size_force(self.fd(), ask).is_err() {
+            let _ = sockopt::set_socket_send_buffer_size(self.fd(), ask);
         }
-        let got = sockopt_int(fd, libc::SO_SNDBUF).unwrap_or(have);
+        let got = sockopt::socket_send_buffer_size(self.fd()).unwrap_or(have);
         self.sndbuf = Some(got);
         if got < need {
             return Err(Error::netlink(
@@ -369,21 +342,20 @@ impl NfSocket {
     /// Grows the receive buffer for `replies` possible replies (best effort, see [`MAX_RCVBUF`]).
     fn make_recv_room(&mut self, replies: usize) {
         let want = replies.saturating_mul(REPLY_BUDGET).min(MAX_RCVBUF);
-        let fd = self.fd();
         let have = match self.rcvbuf {
             Some(h) => h,
             None if want <= 128 * REPLY_BUDGET => return, // far below every default
-            None => sockopt_int(fd, libc::SO_RCVBUF).unwrap_or(0),
+            None => sockopt::socket_recv_buffer_size(self.fd()).unwrap_or(0),
         };
         self.rcvbuf = Some(have);
         if have >= want {
             return;
         }
-        let ask = want.div_ceil(2) as libc::c_int;
-        if !set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, ask) {
-            set_sockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, ask);
+        let ask = want.div_ceil(2);
+        if sockopt::set_socket_recv_buffer_size_force(self.fd(), ask).is_err() {
+            let _ = sockopt::set_socket_recv_buffer_size(self.fd(), ask);
         }
-        self.rcvbuf = Some(sockopt_int(fd, libc::SO_RCVBUF).unwrap_or(have));
+        self.rcvbuf = Some(sockopt::socket_recv_buffer_size(self.fd()).unwrap_or(have));
     }
 
     fn send(&mut self, buf: &MsgBuf) -> Result<()> {
@@ -401,14 +373,9 @@ impl NfSocket {
         }
         self.claim_seqs(buf)?;
         self.make_send_room(buf.len())?;
-        let kernel = SocketAddr::new(0, 0);
-        let n =
-            self.sock
-                .send_to(buf.as_bytes(), &kernel, 0)
-                .map_err(|e| match e.raw_os_error() {
-                    Some(errno) => Error::netlink("send netlink request", errno),
-                    None => Error::io("send netlink request", e),
-                })?;
+        let kernel = SocketAddrNetlink::new(0, 0);
+        let n = rustix::net::sendto(self.fd(), buf.as_bytes(), SendFlags::empty(), &kernel)
+            .map_err(|e| netlink_error("send netlink request", e))?;
         if n != buf.as_bytes().len() {
             return Err(Error::Protocol(format!(
                 "short netlink send: {n} of {} bytes",
@@ -423,49 +390,36 @@ impl NfSocket {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let mut pfd = libc::pollfd {
-                fd: self.fd(),
-                events: libc::POLLIN,
-                revents: 0,
+            let wait = Timespec {
+                tv_sec: left.as_secs() as _,
+                tv_nsec: left.subsec_nanos() as _,
             };
-            let ms = left.as_millis().min(i32::MAX as u128) as libc::c_int;
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
+            let fd = self.fd();
+            let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+            match rustix::event::poll(&mut pfd, Some(&wait)) {
+                Ok(0) => return Ok(Received::TimedOut),
+                Ok(_) => {}
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(Error::io("wait for a netlink reply", e.into())),
+            }
+            let fd = self.sock.as_ref().expect("socket is open");
+            match rustix::net::recv(
+                fd,
+                &mut self.recv_buf[..],
+                RecvFlags::DONTWAIT | RecvFlags::TRUNC,
+            ) {
+                Ok((_, n)) => {
+                    if n > self.recv_buf.len() {
+                        return Err(Error::Protocol(format!(
+                            "a {n}-byte netlink reply is larger than the {}-byte receive buffer",
+                            self.recv_buf.len()
+                        )));
+                    }
+                    return Ok(Received::Msgs(parse_msgs(&self.recv_buf[..n])));
                 }
-                return Err(Error::io("wait for a netlink reply", e));
-            }
-            if r == 0 {
-                return Ok(Received::TimedOut);
-            }
-            // SAFETY: recv into our own buffer of the given length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd(),
-                    self.recv_buf.as_mut_ptr() as *mut libc::c_void,
-                    self.recv_buf.len(),
-                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
-                )
-            };
-            if n >= 0 {
-                let n = n as usize;
-                if n > self.recv_buf.len() {
-                    return Err(Error::Protocol(format!(
-                        "a {n}-byte netlink reply is larger than the {}-byte receive buffer",
-                        self.recv_buf.len()
-                    )));
-                }
-                return Ok(Received::Msgs(parse_msgs(&self.recv_buf[..n])));
-            }
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) | Some(libc::EAGAIN) => continue,
-                Some(libc::ENOBUFS) => return Ok(Received::Overflow),
-                Some(errno) => return Err(Error::netlink("receive netlink reply", errno)),
-                None => return Err(Error::io("receive netlink reply", e)),
+                Err(Errno::INTR) | Err(Errno::AGAIN) => continue,
+                Err(Errno::NOBUFS) => return Ok(Received::Overflow),
+                Err(e) => return Err(netlink_error("receive netlink reply", e)),
             }
         }
     }
@@ -603,14 +557,13 @@ impl NfSocket {
     }
 
     fn nothing_queued(&self) -> bool {
-        let mut pfd = libc::pollfd {
-            fd: self.fd(),
-            events: libc::POLLIN,
-            revents: 0,
+        let fd = self.fd();
+        let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+        let zero = Timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
         };
-        // SAFETY: one valid pollfd, zero timeout.
-        let r = unsafe { libc::poll(&mut pfd, 1, 0) };
-        r <= 0
+        !matches!(rustix::event::poll(&mut pfd, Some(&zero)), Ok(n) if n > 0)
     }
 
     /// Sends one request (a GET, with or without NLM_F_DUMP) and collects the reply messages
