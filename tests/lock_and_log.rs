@@ -319,8 +319,8 @@ fn read_only_run_dir_with_an_existing_lock_file_still_locks() {
 
 /// A `logFile` that is not a regular file never blocks and is never written through: a FIFO
 /// nobody reads (which a blocking open(2) would wait on forever), a FIFO with a reader, a
-/// symlink, a directory, a socket and a character device each give a warning on stderr, and ADD, CHECK
-/// and DEL go on and succeed.
+/// symlink, a directory, a socket and a character device each give a warning on stderr, and
+/// ADD, CHECK and DEL go on and succeed.
 #[test]
 fn log_file_that_is_not_a_regular_file_warns_and_never_blocks() {
     let (h, ns) = setup("log-kinds");
