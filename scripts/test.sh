@@ -25,9 +25,11 @@ die() {
 # Root tests: reference CNI plugins, nft/conntrack/iptables CLIs (tests only read state with them or
 # play another component), busybox httpd and socat as servers. E2E layers: the runtimes, Go and
 # Debian's libcni source for the libcni driver, protoc for the CRI client, readelf for the image.
+# python3-yaml and python3-prometheus-client: independent parsers of scripts/daemonset.yaml
+# (tests/daemonset.rs) and of `natguard metrics` (tests/counters.rs).
 PACKAGES=(
   containernetworking-plugins nftables conntrack iptables iproute2 util-linux procps
-  jq socat busybox-static python3 ca-certificates
+  jq socat busybox-static python3 python3-yaml python3-prometheus-client ca-certificates
   podman runc conmon containerd
   golang-go golang-github-appc-cni-dev protobuf-compiler binutils tar gzip
 )

@@ -83,6 +83,10 @@ fn run_cni() -> i32 {
     if let Err(e) = std::io::stdin().take(limit).read_to_end(&mut stdin) {
         return print_error(None, &Error::io("read stdin", e));
     }
+    #[cfg(debug_assertions)]
+    if let Some(p) = std::env::var_os("NATGUARD_TEST_PAUSE_BEFORE_COMMIT") {
+        natguard::kernel::test_hooks::set_pause_before_commit(p.into());
+    }
     natguard::kernel::netlink::defer_release();
     match natguard::verbs::run(command, &get, &stdin) {
         Ok(reply) => {
@@ -92,7 +96,7 @@ fn run_cni() -> i32 {
                 let _ = out.write_all(b"\n");
                 let _ = out.flush();
             }
-            natguard::kernel::netlink::release_deferred();
+            let _ = natguard::kernel::netlink::release_deferred();
             0
         }
         Err(e) => {
@@ -100,7 +104,7 @@ fn run_cni() -> i32 {
                 .ok()
                 .and_then(|v| natguard::cni::netconf::cni_version_of(&v).ok().flatten());
             let code = print_error(version, &e);
-            natguard::kernel::netlink::release_deferred();
+            let _ = natguard::kernel::netlink::release_deferred();
             code
         }
     }

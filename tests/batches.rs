@@ -12,7 +12,7 @@
 mod common;
 
 use common::run::Invocation;
-use common::synthetic::{add, fixed_proxy_cfg, gc_invocation, SynPod};
+use common::synthetic::{add, fixed_proxy_cfg, gc_invocation, synthetic_node, SynPod};
 use common::*;
 use natguard::config::{MAX_METADATA_PORTS, MAX_NON_MASQUERADE_CIDRS};
 use natguard::kernel::netlink::{BatchError, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK};
@@ -108,11 +108,10 @@ fn add_all(ns: &Netns, cfg: &Value, pods: Vec<SynPod>) {
     }
 }
 
-/// A GC of many stale dual-stack attachments is one batch of thousands of messages. It used
-/// to ask for an ACK per message: from about 60 attachments the ACKs overflowed the receive
-/// buffer, the batch that had been committed was sent again, and GC waited forever for the
-/// lost ACKs, holding the node lock; past the send buffer's size the batch was refused with
-/// EMSGSIZE. It must return, and leave exactly the pods it was told to keep.
+/// A GC of many stale dual-stack attachments is one batch of thousands of messages, which asks
+/// for one ACK (an ACK per message would overflow the receive buffer from about 60
+/// attachments) and grows the send buffer to the batch (else EMSGSIZE). It must return, and
+/// leave exactly the pods it was told to keep.
 fn gc_of_stale_attachments(test: &str, stale: u32) {
     let h = Harness::new(test);
     let ns = h.netns("node");
@@ -264,7 +263,7 @@ fn nfnetlink_reports_errors_without_ack_and_aborts_the_whole_batch() {
             }
         };
         match sock.transact_batch(&b, &what) {
-            Err(BatchError::Rejected(e)) => {
+            Err(BatchError::Rejected(e, _)) => {
                 assert_eq!(e.errno(), Some(libc::ENOENT), "{e}");
                 assert!(e.to_string().contains("flush the missing set"), "{e}");
             }
@@ -341,4 +340,81 @@ fn a_missing_reply_ends_with_try_again_instead_of_blocking() {
         // The socket still works afterwards.
         nft::probe(&mut sock).expect("a GETGEN after the timeout");
     });
+}
+
+/// Another nf_tables writer (here `nft`, as kube-proxy or firewalld would be) commits between
+/// natguard's read and its commit. natguard's batch carries the generation it read, so the
+/// kernel refuses it with ERESTART; natguard reads again and builds the batch from what the
+/// other writer left. The other writer flushed natguard's DNAT chain: B's first read found the
+/// shared objects current (a batch of elements only), the second finds the flush and converges,
+/// so the rules are back. Without the generation the first batch would commit and leave the
+/// chain empty. The pause between read and commit is the debug build's test hook
+/// (`NATGUARD_TEST_PAUSE_BEFORE_COMMIT`), so the interleaving is exact, not a race.
+#[test]
+fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again() {
+    let (h, ns) = synthetic_node("genid");
+    // natguard's lock directory is private: a directory of the test mounted over
+    // /run/natguard (created empty as the mount point, as natguard itself would).
+    let run_dir = h.dir().join("run-natguard");
+    std::fs::create_dir_all(&run_dir).unwrap();
+    std::fs::create_dir_all("/run/natguard").unwrap();
+    let log = h.dir().join("natguard.log");
+    let cfg = cfg(json!({ "logFile": log.to_str().unwrap(), "logLevel": "info" }));
+    let a = pod("gen", 1);
+    let b = pod("gen", 2);
+    let private = |p: &SynPod, pause: Option<&std::path::Path>| {
+        let mut inv = p
+            .invocation("ADD", &cfg)
+            .bind_mount(&run_dir, "/run/natguard", common::run::Access::ReadWrite)
+            .bound(Duration::from_secs(60));
+        if let Some(pause) = pause {
+            inv = inv.env(&[("NATGUARD_TEST_PAUSE_BEFORE_COMMIT", pause)]);
+        }
+        inv
+    };
+    private(&a, None).run_in(&ns).succeeded();
+    let dnat = NetNames::new(NET).chain(natguard::plan::ChainKind::Dnat);
+    let rules_of = |ns: &Netns| ns.run(&["nft", "list", "chain", "inet", "natguard", &dnat]);
+    assert!(rules_of(&ns).contains("dnat ip to"), "{}", rules_of(&ns));
+
+    let pause = h.dir().join("pause");
+    let read = h.dir().join("pause.read");
+    let go = h.dir().join("pause.go");
+    let inv = std::thread::scope(|sc| {
+        let adding = sc.spawn(|| private(&b, Some(&pause)).run_in(&ns));
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !read.exists() {
+            assert!(
+                std::time::Instant::now() < deadline && !adding.is_finished(),
+                "natguard never paused between its read and its commit (the hook exists in debug builds only)"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        ns.run(&["nft", "flush", "chain", "inet", "natguard", &dnat]);
+        assert!(
+            !rules_of(&ns).contains("dnat ip to"),
+            "the other writer's flush"
+        );
+        std::fs::write(&go, b"").unwrap();
+        adding.join().unwrap()
+    });
+    let inv = inv.succeeded();
+    let logged = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        logged.contains("another nf_tables writer committed between natguard's read and its commit; reading again (restart 1 of"),
+        "no restart in the log: {logged}\n{inv}"
+    );
+    let rules = rules_of(&ns);
+    assert!(
+        rules.contains("dnat ip to"),
+        "the flushed DNAT rules must be back: {rules}"
+    );
+    let meta = addrs_of(&ns, SetKind::Meta(Family::V4));
+    for p in [&a, &b] {
+        assert!(
+            meta.contains(&p.addrs()[0]),
+            "{meta:?} lacks {:?}",
+            p.addrs()
+        );
+    }
 }

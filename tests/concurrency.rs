@@ -202,10 +202,9 @@ fn same_ip_add_a_add_b_del_a_keeps_b_also_when_racing() {
 }
 
 /// Two live attachments with the same address: deleting either one must leave the other
-/// protected. Today the address elements carry one owner (the last ADD), so "ADD B X, ADD A X,
-/// DEL A" removes X from the meta/masq sets although B is alive and recorded with X: B's
-/// metadata traffic is no longer intercepted. The racing form (ADD A || ADD B, then DEL A)
-/// hits it about half of the time.
+/// protected: each address element lists all its owners, so "ADD B X, ADD A X, DEL A" leaves X
+/// in the meta/masq sets while B is alive and recorded with X, and B's metadata traffic stays
+/// intercepted. The racing form (ADD A || ADD B, then DEL A) is checked too.
 #[test]
 fn same_ip_deleting_either_attachment_keeps_the_other() {
     let (_h, ns) = synthetic_node("same-ip-either");

@@ -272,12 +272,111 @@ fn nft_count(table: &str, network: &str, tag: &str) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reading `natguard metrics` with the same strict parser as the report's unit tests
+// Reading `natguard metrics` with an independent parser: the Prometheus project's own Python
+// client (`prometheus_client.parser`, Debian's python3-prometheus-client), not natguard's code
 // ---------------------------------------------------------------------------------------------
 
-#[path = "../src/tools/report/exposition.rs"]
-mod exposition;
-use exposition::*;
+type Labels = Vec<(String, String)>;
+
+#[derive(Debug, Clone, PartialEq)]
+struct Sample {
+    labels: Labels,
+    value: f64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Metric {
+    name: String,
+    help: Option<String>,
+    kind: Option<String>,
+    samples: Vec<Sample>,
+}
+
+/// The exposition as `prometheus_client.parser.text_string_to_metric_families` reads it, one
+/// metric per family, named as written (a counter family's name gets its `_total` back).
+const PROM_PARSER: &str = r#"
+import json, sys
+from prometheus_client.parser import text_string_to_metric_families
+out = []
+for fam in text_string_to_metric_families(sys.stdin.read()):
+    name = fam.name + ("_total" if fam.type == "counter" and not fam.name.endswith("_total") else "")
+    out.append({"name": name, "help": fam.documentation, "kind": fam.type,
+                "samples": [{"labels": sorted(s.labels.items()), "value": s.value}
+                            for s in fam.samples if s.name == name]})
+print(json.dumps(out))
+"#;
+
+fn parse_exposition(text: &str) -> Result<Vec<Metric>, String> {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", PROM_PARSER])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("run /usr/bin/python3 (python3-prometheus-client): {e}"))?;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!(
+            "prometheus_client rejects the exposition: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+    Ok(v.as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Metric {
+            name: m["name"].as_str().unwrap().to_string(),
+            help: m["help"].as_str().map(str::to_string),
+            kind: m["kind"].as_str().map(str::to_string),
+            samples: m["samples"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| Sample {
+                    labels: s["labels"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|p| {
+                            (
+                                p[0].as_str().unwrap().to_string(),
+                                p[1].as_str().unwrap().to_string(),
+                            )
+                        })
+                        .collect(),
+                    value: s["value"].as_f64().unwrap(),
+                })
+                .collect(),
+        })
+        .collect())
+}
+
+#[test]
+fn the_independent_parser_reads_and_rejects_what_it_should() {
+    let ok = "# HELP a_total A.\n# TYPE a_total counter\na_total{network=\"n\",family=\"ipv4\"} 3\n# HELP g G.\n# TYPE g gauge\n";
+    let m = parse_exposition(ok).unwrap();
+    assert_eq!(m.len(), 2, "{m:?}");
+    assert_eq!(m[0].name, "a_total");
+    assert_eq!(m[0].kind.as_deref(), Some("counter"));
+    assert_eq!(m[0].samples[0].value, 3.0);
+    assert_eq!(
+        m[0].samples[0].labels,
+        [
+            ("family".into(), "ipv4".into()),
+            ("network".into(), "n".into())
+        ]
+    );
+    assert!(m[1].samples.is_empty());
+    assert!(parse_exposition("a_total{network=\"n\" 3\n").is_err());
+}
 
 /// The metric `name`'s sample with exactly these labels.
 fn sample(metrics: &[Metric], name: &str, pairs: &[(&str, &str)]) -> f64 {

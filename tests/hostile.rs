@@ -126,13 +126,14 @@ fn pods_never_reach_the_real_metadata_server() {
 
 /// A pod that sends from an address of its subnet that natguard did not record (a second
 /// address on its interface: any pod with NET_ADMIN, or NET_RAW and a userspace stack) must
-/// not reach the real metadata server either. Today interception matches `ip saddr @NET-meta4`
-/// (the recorded pod addresses), so such traffic is neither DNATed nor rejected and reaches the
-/// cloud.
+/// not reach the real metadata server either: it is not DNATed (interception matches the
+/// recorded pod addresses, `ip saddr @NET-meta4`), and the fail-closed rules reset it because
+/// it comes from one of the network's pod interfaces.
 #[test]
 fn pod_with_an_unrecorded_source_address_never_reaches_metadata() {
     let w = World::new("sec-spoof");
-    let chain = w.chain(w.list("ngnet", "1.1.0", 0, Some(w.natguard(json!({})))));
+    let entry = w.natguard(json!({}));
+    let chain = w.chain(w.list("ngnet", "1.1.0", 0, Some(entry.clone())));
     let pod = w.add_pod(&chain, "pod", "default");
     assert_eq!(http_get(&pod.ns, sa(META4, 80)), body("proxy"));
     // The pod adds an unused address of its own subnet and uses it towards the metadata server.
@@ -152,6 +153,21 @@ fn pod_with_an_unrecorded_source_address_never_reaches_metadata() {
             got,
             body("cloud"),
             "a pod sending from an unrecorded address of its subnet reached the real metadata server at {meta}"
+        );
+    }
+    // Positive control: the hostile routes do carry the request. natguard's DEL alone (the
+    // pod's veth and addresses stay) takes the pod's entries away, its interface leaves
+    // `NET-ifs` with it, and the same request from the same unrecorded address then reaches
+    // the real server: the refusals above were natguard's, not a broken route's.
+    let conf = common::attack::natguard_conf(&entry, "ngnet", "1.1.0", Some(&pod.result));
+    common::attack::natguard_verb(&chain, "DEL", &conf, &pod.att)
+        .unwrap_or_else(|e| panic!("natguard's DEL: {e}"));
+    for meta in [META4, META6] {
+        let got = http_get(&pod.ns, sa(meta, 80));
+        assert_eq!(
+            got,
+            body("cloud"),
+            "control: without natguard's entries the unrecorded address should reach {meta}"
         );
     }
     chain.del(&pod.att).unwrap_or_else(|e| panic!("DEL: {e}"));

@@ -35,7 +35,7 @@ const NET: &str = "lknet";
 /// Where natguard keeps its lock; replaced by a private bind mount in every invocation.
 const RUN_DIR: &str = "/run/natguard";
 /// Upper bound for one invocation: natguard's lock wait (10 s) and then some. A bound against a
-/// hang (today's code blocks forever on a held lock or a FIFO), not a speed assertion.
+/// hang (a blocking open of a FIFO or a lock wait without a deadline), not a speed assertion.
 const INVOCATION_BOUND: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------------------
@@ -312,9 +312,9 @@ fn read_only_run_dir_with_an_existing_lock_file_still_locks() {
 // ---------------------------------------------------------------------------------------------
 
 /// A `logFile` that is not a regular file never blocks and is never written through: a FIFO
-/// nobody reads (today's open(2) blocks on it forever), a FIFO with a reader, a symlink, a
-/// directory, a socket and a character device each give a warning on stderr, and ADD, CHECK
-/// and DEL go on and succeed.
+/// nobody reads (which a blocking open(2) would wait on forever), a FIFO with a reader, a
+/// symlink, a directory, a socket and a character device each give a warning on stderr, and
+/// ADD, CHECK and DEL go on and succeed.
 #[test]
 fn log_file_that_is_not_a_regular_file_warns_and_never_blocks() {
     let (h, ns) = setup("log-kinds");

@@ -5,12 +5,19 @@
 //! Each configuration goes through the real parser (`natguard::cni::netconf::parse_netconf`), so
 //! a golden file pins what a conflist entry turns into. After an intended change of the plan, rewrite the
 //! files with `UPDATE_GOLDEN=1 cargo test --test plan` and review the diff.
+//!
+//! The golden text (render) and the netlink bytes (lower) are two translations of the same
+//! plan, so one root test keeps them from drifting: for every case it loads the golden shared
+//! objects with `nft -f` in one private network namespace, converges the same plans with
+//! natguard's own batch in another, and compares what `nft list ruleset` prints for both.
 
 use natguard::cni::CniArgs;
 use natguard::config::{self, Config, MetadataMode};
 use natguard::plan::{
     self, Action, ChainKind, Family, HostSide, IfName, Key, NodeFacts, PodRef, SetKind,
 };
+mod common;
+
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -525,4 +532,124 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
         }
         assert_eq!(plan::addrs_from_comment(&p.comment), a);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The golden text against the kernel (root)
+// ---------------------------------------------------------------------------------------------
+
+/// Whether a rule line matches a raw payload (`@th,64,128`, the neighbour advertisement's
+/// target) against a set of a typed key: nft prints such a rule but its grammar cannot read
+/// it back ("datatype mismatch"), so it is compared as text instead of loaded.
+fn raw_payload_against_a_set(line: &str) -> bool {
+    line.contains("@th,") && line.contains(" @")
+}
+
+/// The shared objects of a golden file, loadable by `nft -f`: its table blocks, without the
+/// pods' element lines and the raw-payload rules (returned apart, trimmed).
+fn golden_shared_objects(text: &str) -> (String, Vec<String>) {
+    let mut load = String::new();
+    let mut raw = Vec::new();
+    for l in text.lines().filter(|l| !l.starts_with("add element")) {
+        if raw_payload_against_a_set(l) {
+            // nft lists the `ether type ip6` dependency of an icmpv6 match implicitly.
+            let l = l.trim();
+            raw.push(l.strip_prefix("ether type ip6 ").unwrap_or(l).to_string());
+        } else {
+            load.push_str(l);
+            load.push('\n');
+        }
+    }
+    (load, raw)
+}
+
+/// `nft -s list ruleset` in `ns`, with natguard's rule comments (which the golden text leaves
+/// out: they carry the fingerprint shown in its `# network` lines) taken out.
+fn listed_without_comments(ns: &common::Netns) -> String {
+    let text = common::nft_ruleset(ns);
+    text.lines()
+        .map(|l| match l.find(" comment \"") {
+            Some(i) if l.ends_with('"') => l[..i].to_string(),
+            _ => l.to_string(),
+        })
+        .map(|l| l + "\n")
+        .collect()
+}
+
+/// For every golden case, the ruleset `nft -f` makes of the golden text equals the one
+/// natguard's converge batch makes of the same plans: the render and the lowering agree, set
+/// by set and rule by rule. Each side has a network namespace of its own; needs root and `nft`.
+#[test]
+fn golden_text_loaded_by_nft_equals_what_natguards_batch_installs() {
+    common::require_root();
+    common::require_tools(&["nft"]);
+    let h = common::Harness::new("golden-kernel");
+    let mut failures = Vec::new();
+    for (i, c) in cases().into_iter().enumerate() {
+        let by_text = h.netns(&format!("t{i}"));
+        let by_bytes = h.netns(&format!("b{i}"));
+        let golden = std::fs::read_to_string(golden_dir().join(format!("{}.nft", c.name)))
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let file = h.dir().join(format!("{}.nft", c.name));
+        // nft's grammar takes no `~` in a name, the mark of a long network's cut name: both
+        // sides are compared with it spelt `_` (nft lists such names but cannot read them back).
+        let golden = golden.replace('~', "_");
+        let (loadable, raw_rules) = golden_shared_objects(&golden);
+        std::fs::write(&file, loadable).unwrap();
+        let loaded = common::output(by_text.cmd("nft").arg("-f").arg(&file));
+        assert!(
+            loaded.status.success(),
+            "{}: nft -f of the golden text failed: {}",
+            c.name,
+            String::from_utf8_lossy(&loaded.stderr)
+        );
+        let plans: Vec<plan::SharedPlan> = c
+            .networks
+            .iter()
+            .map(|n| {
+                let (name, cfg, node) = load(n);
+                plan::plan_shared(&name, &cfg, &node)
+            })
+            .collect();
+        common::in_netns(&by_bytes, || {
+            let mut sock = natguard::kernel::netlink::NfSocket::open().expect("netfilter socket");
+            let mut tx = natguard::kernel::nft::Tx::new(&mut sock, None);
+            for p in &plans {
+                tx.converge_shared(p, true);
+            }
+            tx.commit(&mut sock)
+                .unwrap_or_else(|e| panic!("{}: natguard's converge failed: {e}", c.name));
+        });
+        let want = listed_without_comments(&by_text);
+        let listed = listed_without_comments(&by_bytes).replace('~', "_");
+        for r in &raw_rules {
+            if !listed.lines().any(|l| l.trim() == r) {
+                let near: Vec<&str> = listed
+                    .lines()
+                    .filter(|l| l.contains("nd-neighbor-advert"))
+                    .map(str::trim)
+                    .collect();
+                failures.push(format!(
+                    "{}: natguard's batch installed no rule that nft lists as the golden {r:?}; nft lists {near:?}",
+                    c.name
+                ));
+            }
+        }
+        let got: String = listed
+            .lines()
+            .filter(|l| !raw_payload_against_a_set(l))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        assert!(want.contains("table inet natguard"), "{}: {want}", c.name);
+        if want != got {
+            failures.push(format!(
+                "{}: the golden text (-) and natguard's batch (+) install different rulesets\n{}",
+                c.name,
+                diff(&want, &got)
+            ));
+        }
+        h.delete_netns(&by_text);
+        h.delete_netns(&by_bytes);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -15,6 +15,7 @@
 
 mod common;
 
+use common::run::Seccomp;
 use common::synthetic::{fixed_proxy_cfg, stdin_of, SynPod};
 use common::*;
 use serde_json::{json, Value};
@@ -252,8 +253,8 @@ fn ct_insert(ns: &Netns, args: &[&str]) {
 }
 
 /// With the pids limit reached natguard can start no thread, so the IPv6 conntrack walk, which
-/// normally runs on a thread of its own, runs inline. Either the pod's IPv6 entries are gone
-/// or ADD says why not; it must not succeed having silently skipped them.
+/// normally runs on a thread of its own, runs inline: ADD succeeds (conntrack failures never
+/// fail a verb, and here nothing fails) and the pod's entries of both families are gone.
 #[test]
 fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
     require_tools(&["conntrack"]);
@@ -343,30 +344,144 @@ fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
         "the pids limit refused nothing; the test did not test anything (stderr: {})",
         ran.stderr
     );
-    match ran.exit {
-        Some(0) => {
-            let left = conntrack_list(&ns, &[]);
-            assert_eq!(
-                left.len(),
-                2,
-                "ADD succeeded but left pod entries: {left:#?}\nstderr: {}",
-                ran.stderr
-            );
-            for l in &left {
-                assert!(
-                    !mentions(l, pod4) && !mentions(l, pod6),
-                    "pod entry left: {l}\nstderr: {}",
-                    ran.stderr
-                );
-            }
+    // README, "CNI contract": conntrack failures never fail a verb. So the ADD succeeds, and
+    // the walk that could not get a thread ran inline: the pod's entries of both families are
+    // gone and the unrelated ones stay.
+    assert_eq!(
+        ran.exit,
+        Some(0),
+        "ADD at the pids limit must succeed: {ran}"
+    );
+    let left = conntrack_list(&ns, &[]);
+    assert_eq!(
+        left.len(),
+        2,
+        "ADD left pod entries or deleted others: {left:#?}\nstderr: {}",
+        ran.stderr
+    );
+    for l in &left {
+        assert!(
+            !mentions(l, pod4) && !mentions(l, pod6),
+            "pod entry left: {l}\nstderr: {}",
+            ran.stderr
+        );
+    }
+}
+
+/// A seccomp program that lets every system call through except `io_uring_setup`, which gets
+/// `action` (classic BPF over `seccomp_data`: `nr` at offset 0, `arch` at 4).
+fn io_uring_setup_filter(action: u32) -> Seccomp {
+    #[cfg(target_arch = "x86_64")]
+    const AUDIT_ARCH: u32 = 0xc000_003e;
+    #[cfg(target_arch = "aarch64")]
+    const AUDIT_ARCH: u32 = 0xc000_00b7;
+    const LD_W_ABS: u16 = 0x20; // BPF_LD | BPF_W | BPF_ABS
+    const JEQ_K: u16 = 0x15; // BPF_JMP | BPF_JEQ | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    const RET_ALLOW: u32 = 0x7fff_0000;
+    let f = |code: u16, jt: u8, jf: u8, k: u32| libc::sock_filter { code, jt, jf, k };
+    Seccomp::program(vec![
+        f(LD_W_ABS, 0, 0, 4),
+        f(JEQ_K, 0, 3, AUDIT_ARCH),
+        f(LD_W_ABS, 0, 0, 0),
+        f(JEQ_K, 0, 1, libc::SYS_io_uring_setup as u32),
+        f(RET_K, 0, 0, action),
+        f(RET_K, 0, 0, RET_ALLOW),
+    ])
+}
+
+/// SECCOMP_RET_KILL_PROCESS: what systemd's `SystemCallFilter=` does to a forbidden call by
+/// default, and some node images' runtime profiles.
+const KILL_PROCESS: u32 = 0x8000_0000;
+/// SECCOMP_RET_ERRNO with EPERM: a profile that refuses the call.
+const ERRNO_EPERM: u32 = 0x0005_0000 | libc::EPERM as u32;
+
+/// ADD then DEL of one pod under `filter` (or none), with a debug log; returns both
+/// invocations and the log. natguard's lock directory is private (a directory of the test
+/// mounted over /run/natguard).
+fn add_del_logged(
+    h: &Harness,
+    ns: &Netns,
+    tag: &str,
+    filter: Option<&Seccomp>,
+) -> (run::Invocation, run::Invocation, String) {
+    let run_dir = h.dir().join(format!("run-{tag}"));
+    fs::create_dir_all(&run_dir).unwrap();
+    fs::create_dir_all("/run/natguard").unwrap();
+    let log = h.dir().join(format!("{tag}.log"));
+    let mut cfg = cfg();
+    cfg["logFile"] = json!(log.to_str().unwrap());
+    cfg["logLevel"] = json!("debug");
+    let p = pod(tag, "10.64.1.2", "fd00:7::1:2");
+    let verb = |v: &str| {
+        let mut inv = p
+            .invocation(v, &cfg)
+            .bind_mount(&run_dir, "/run/natguard", run::Access::ReadWrite)
+            .bound(Duration::from_secs(60));
+        if let Some(f) = filter {
+            inv = inv.seccomp(f);
         }
-        _ => {
-            let r: Value = serde_json::from_str(ran.stdout.trim()).expect("a CNI error");
-            assert!(
-                r["msg"].as_str().is_some_and(|m| m.contains("conntrack")),
-                "ADD failed without saying the conntrack cleanup could not run: {}",
-                ran.stdout
-            );
-        }
+        inv.run_in(ns)
+    };
+    let add = verb("ADD");
+    let table_after_add = nft_table(ns).unwrap_or_default();
+    let del = verb("DEL");
+    assert!(
+        mentions(&table_after_add, "10.64.1.2"),
+        "ADD installed nothing for the pod: {table_after_add}\n{add}"
+    );
+    let table_after_del = nft_table(ns).unwrap_or_default();
+    assert!(
+        !mentions(&table_after_del, "10.64.1.2"),
+        "DEL left the pod's elements: {table_after_del}\n{del}"
+    );
+    (add, del, fs::read_to_string(&log).unwrap_or_default())
+}
+
+/// The plugin must never die after its reply because of how its sockets are released. Under
+/// a seccomp filter that kills on `io_uring_setup` (systemd's `SystemCallFilter=`), and under
+/// one that refuses it with EPERM, ADD and DEL exit 0 with the right reply and close their
+/// netfilter sockets themselves, which the debug log says. Without a filter, the same ADD
+/// and DEL hand the sockets over through io_uring (the positive control: the filters above
+/// would be hit if natguard did not stay away from io_uring under seccomp).
+#[test]
+fn under_a_seccomp_filter_add_and_del_never_touch_io_uring_and_exit_0() {
+    let h = Harness::new("proc-seccomp");
+    require_tools(&["nft"]);
+    let ns = h.netns("node");
+    let (add, del, log) = add_del_logged(&h, &ns, "plain", None);
+    let add = add.succeeded();
+    del.succeeded();
+    assert_eq!(
+        add.reply()["ips"],
+        pod("plain", "10.64.1.2", "fd00:7::1:2").result()["ips"]
+    );
+    let handed = log
+        .lines()
+        .filter(|l| l.contains("handed to the kernel through io_uring"))
+        .count();
+    assert_eq!(
+        handed, 2,
+        "ADD and DEL without a filter use io_uring: {log}"
+    );
+
+    for (tag, action) in [("kill", KILL_PROCESS), ("eperm", ERRNO_EPERM)] {
+        let filter = io_uring_setup_filter(action);
+        let (add, del, log) = add_del_logged(&h, &ns, tag, Some(&filter));
+        assert_eq!(add.signal(), None, "ADD was killed ({tag}): {add}");
+        assert_eq!(del.signal(), None, "DEL was killed ({tag}): {del}");
+        let add = add.succeeded();
+        del.succeeded();
+        assert_eq!(
+            add.reply()["ips"],
+            pod(tag, "10.64.1.2", "fd00:7::1:2").result()["ips"],
+            "{add}"
+        );
+        let closed = log
+            .lines()
+            .filter(|l| l.contains("closed here (the process runs under a seccomp filter)"))
+            .count();
+        assert_eq!(closed, 2, "ADD and DEL under {tag}: {log}");
+        assert!(!log.contains("io_uring_setup"), "{log}");
     }
 }

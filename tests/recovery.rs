@@ -91,8 +91,8 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
 
 /// A shared set emptied by someone else (here `nft flush set` of the metadata addresses, ports
 /// or non-masquerade CIDRs) turns the policy off for every pod of the network. CHECK must report
-/// it and the next ADD must restore the set, as it does for rules. Today `check_shared` only
-/// compares set names and rule comments, so CHECK passes and ADD leaves the set empty.
+/// it and the next ADD must restore the set, as it does for rules: CHECK compares the shared
+/// sets' contents, not only their names and the rule comments.
 #[test]
 fn flushed_shared_set_is_reported_and_restored() {
     let (h, ns) = synthetic_node("fault-set");
@@ -122,7 +122,7 @@ fn flushed_shared_set_is_reported_and_restored() {
 
 /// A table made dormant by someone else (`nft add table inet natguard { flags dormant; }`)
 /// enforces nothing. CHECK must report it, and the next ADD must wake it up (converging the
-/// shared objects does: NEWTABLE with flags 0). Today CHECK passes and ADD leaves it dormant.
+/// shared objects does: NEWTABLE with flags 0).
 #[test]
 fn dormant_table_is_reported_and_woken_up() {
     let (_h, ns) = synthetic_node("fault-dormant");

@@ -1061,21 +1061,37 @@ fn prefix_zero_prev_result_is_refused_and_leaves_other_networks_alone() {
 // 6. Network names whose shortened names collide
 // ---------------------------------------------------------------------------------------------
 
-// Two 43-byte network names with the same first 31 bytes and the same low 32 bits of FNV-1a-64
-// over the whole name (0x0a4bcb9d). Found offline by a birthday search: random 12-character
-// [a-z0-9] suffixes after the fixed 31-byte prefix until two hashes' low 32 bits matched (about
-// 68,000 tries, under a second).
-const COLLIDE_P: &str = "sec-collision-network-name-01239y8frewcf636";
-const COLLIDE_O: &str = "sec-collision-network-name-01234yi4z8atpi3y";
+// Two 43-byte network names whose shortened object names are the same: the same first 23
+// bytes (what a long name keeps) and the same 64-bit FNV-1a hash over the whole name
+// (0xfa5420cbd96a0bb4), so both map to `sec-collision-network~fa5420cbd96a0bb4`. Found by a
+// parallel-rho search over `sec-collision-network-name-` followed by 16 hex digits (about
+// 1.5e9 hashes).
+const COLLIDE_P: &str = "sec-collision-network-name-b27fcd534a050c53";
+const COLLIDE_O: &str = "sec-collision-network-name-70402edbff41581d";
 
-/// Network P (proxy) has a pod; network O (mode off), whose long name shortens like P's, ADDs a
-/// pod. O's ADD may succeed with objects of its own, or be refused (code 7) naming both
-/// networks; either way P's pod never reaches REAL.
+/// Network P (proxy) has a pod; network O (mode off), whose long name shortens to exactly P's
+/// object names, ADDs a pod. O's converge would overwrite P's chains, so O's ADD is refused
+/// with code 7 naming both networks, and P's pod keeps its policy: it never reaches REAL and
+/// is still answered by the proxy.
 #[test]
 fn colliding_long_network_names_never_expose_real_metadata() {
-    assert_eq!(COLLIDE_P.len(), 43);
-    assert_eq!(COLLIDE_O.len(), 43);
-    assert_eq!(COLLIDE_P[..31], COLLIDE_O[..31]);
+    assert_eq!(
+        natguard::plan::fnv1a64(COLLIDE_P.as_bytes()),
+        0xfa54_20cb_d96a_0bb4
+    );
+    assert_eq!(
+        natguard::plan::fnv1a64(COLLIDE_P.as_bytes()),
+        natguard::plan::fnv1a64(COLLIDE_O.as_bytes())
+    );
+    let (np, no) = (
+        natguard::plan::NetNames::new(COLLIDE_P),
+        natguard::plan::NetNames::new(COLLIDE_O),
+    );
+    assert_eq!(
+        np.chain(natguard::plan::ChainKind::Dnat),
+        no.chain(natguard::plan::ChainKind::Dnat),
+        "the names must really collide"
+    );
     let w = real_world("sec-collide");
     let p = w.chain(w.list(COLLIDE_P, "1.1.0", 0, Some(w.natguard(json!({})))));
     let o = w.chain(w.list(
@@ -1088,15 +1104,9 @@ fn colliding_long_network_names_never_expose_real_metadata() {
     control_metadata(&ppod, "proxy", "P's pod before O's ADD");
     let mut f = Findings::new();
     match w.try_add_pod(&o, "opod", "default") {
-        Ok(opod) => {
-            // O is off: its pod reaches REAL (the control that REAL is reachable).
-            for t in metas() {
-                let got = http_get(&opod.ns, t);
-                f.check(got == body(REAL), || {
-                    format!("O (mode off) pod -> http://{t}/ got {got:?}, not REAL")
-                });
-            }
-        }
+        Ok(_) => f.check(false, || {
+            "O's ADD succeeded over P's object names; it must be refused with code 7".to_string()
+        }),
         Err(e) => {
             let text = error_text(&e);
             f.check(
@@ -1108,6 +1118,9 @@ fn colliding_long_network_names_never_expose_real_metadata() {
     for t in metas() {
         let got = http_get(&ppod.ns, t);
         f.not_real(&got, &format!("P's pod after O's ADD -> http://{t}/"));
+        f.check(got == body("proxy"), || {
+            format!("P's pod after O's refused ADD -> http://{t}/ got {got:?}, not the proxy")
+        });
     }
     f.finish("colliding network names");
 }
@@ -1116,10 +1129,11 @@ fn colliding_long_network_names_never_expose_real_metadata() {
 // 7. Many owners of one address
 // ---------------------------------------------------------------------------------------------
 
-/// Eight attachments (distinct container IDs, a live netns each) share one address; the seven
-/// newest are deleted. The oldest, still running, keeps its policy: CHECK passes and its
-/// metadata traffic is still sent to the proxy. An ADD refused with a clear error because the
-/// address has too many owners is acceptable; silently dropping a live owner is not.
+/// Eight attachments (distinct container IDs, a live netns each) share one address. An owner
+/// list holds seven: the second to seventh ADDs succeed, the eighth fails with code 11 (try
+/// again) naming the address, and no live owner is dropped to make room. The newer ones are
+/// deleted; the oldest, still running, keeps its policy: CHECK passes and its metadata
+/// traffic is still sent to the proxy.
 #[test]
 fn oldest_of_eight_owners_of_one_address_keeps_its_policy() {
     let w = real_world("sec-owners");
@@ -1130,7 +1144,7 @@ fn oldest_of_eight_owners_of_one_address_keeps_its_policy() {
 
     let mut f = Findings::new();
     let mut newer = Vec::new();
-    for i in 1..8 {
+    for i in 1..=7 {
         let ns = w.h.netns(&format!("own{i}"));
         let att = Attachment::new(&format!("cid-own{i}"), &ns).k8s("default", &format!("own{i}"));
         let mut prev = oldest.result.clone();
@@ -1140,16 +1154,23 @@ fn oldest_of_eight_owners_of_one_address_keeps_its_policy() {
             }
         }
         let conf = natguard_conf(&ng, "owners", "1.1.0", Some(&prev));
+        let owners_before = i; // the oldest and owners 1..i-1
         match natguard_verb(&chain, "ADD", &conf, &att) {
-            Ok(_) => {}
+            Ok(_) => f.check(owners_before < 7, || {
+                format!("ADD of owner {i} succeeded: an eighth owner must be refused with code 11")
+            }),
             Err(e) => {
                 let text = error_text(&e);
                 f.check(
-                    e.code.is_some()
-                        && !text.trim().is_empty()
+                    owners_before == 7
+                        && e.code == Some(11)
                         && (text.contains(&oldest.v4.to_string())
                             || text.contains(&oldest.v6.to_string())),
-                    || format!("ADD of owner {i} failed without naming the address: {e}"),
+                    || {
+                        format!(
+                            "ADD of owner {i} ({owners_before} live owners before it) failed; only the eighth may, with code 11 naming the address: {e}"
+                        )
+                    },
                 );
             }
         }

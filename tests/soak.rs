@@ -6,8 +6,13 @@
 //! Checked: every ADD and DEL exits 0 within its deadline; while the churn runs, the per-pod
 //! elements never exceed what the live pods need; afterwards natguard's tables hold only the
 //! network's shared objects; no process natguard started is left (no zombie of ours); nothing
-//! but the lock and the conntrack IPv6 filter probe's per-boot verdict is left in
-//! /run/natguard; and a GC of thousands of stale attachments returns and removes them all.
+//! but the lock and the conntrack IPv6 filter probe's per-boot verdict is left in natguard's
+//! runtime directory; and a GC of thousands of stale attachments returns and removes them all.
+//!
+//! natguard's runtime directory is the test's own: every invocation runs in a private mount
+//! namespace with a directory of the test mounted over /run/natguard, so the machine's
+//! /run/natguard is never read, and a readiness file that `natguard install` left there on
+//! this machine changes nothing.
 //!
 //! CI runs 2,000 ADD/DEL cycles; `NATGUARD_SOAK_CYCLES=20000 cargo test --release --test soak`
 //! is the full run (scripts/bench.sh documents it). Needs root; never skips.
@@ -100,8 +105,19 @@ impl SoakPod {
     }
 }
 
-/// Runs natguard `verb` for `pod` in `ns`; panics unless it exits 0 within [`CALL_DEADLINE`].
-fn call(ns: &Netns, verb: &str, pod: &SoakPod, with_prev: bool, durations: &Mutex<Vec<u128>>) {
+/// natguard's runtime directory as invocations see it.
+const RUN_DIR: &str = "/run/natguard";
+
+/// Runs natguard `verb` for `pod` in `ns`, with `run` as its runtime directory; panics unless
+/// it exits 0 within [`CALL_DEADLINE`].
+fn call(
+    ns: &Netns,
+    run: &std::path::Path,
+    verb: &str,
+    pod: &SoakPod,
+    with_prev: bool,
+    durations: &Mutex<Vec<u128>>,
+) {
     let mut conf = cfg();
     if with_prev {
         conf["prevResult"] = pod.prev();
@@ -123,6 +139,7 @@ fn call(ns: &Netns, verb: &str, pod: &SoakPod, with_prev: bool, durations: &Mute
     ];
     let started = Instant::now();
     Natguard::cni(&env, &serde_json::to_vec(&conf).unwrap())
+        .bind_mount(run, RUN_DIR, common::run::Access::ReadWrite)
         .bound(CALL_DEADLINE)
         .run_in(ns)
         .succeeded();
@@ -210,6 +227,10 @@ fn months_of_churn_leave_only_what_is_alive() {
     let ns = h.netns("node");
     let netns_dir = h.dir().join("netns");
     std::fs::create_dir_all(&netns_dir).unwrap();
+    let run = h.dir().join("run-natguard");
+    std::fs::create_dir_all(&run).unwrap();
+    std::fs::create_dir_all(RUN_DIR).unwrap();
+    let run = run.as_path();
     let total = cycles();
     let next = AtomicUsize::new(0);
     let durations = Mutex::new(Vec::new());
@@ -233,9 +254,9 @@ fn months_of_churn_leave_only_what_is_alive() {
                     return;
                 }
                 let p = pod(i);
-                call(&ns, "ADD", &p, true, &durations);
+                call(&ns, run, "ADD", &p, true, &durations);
                 // Now and then a DEL without prevResult (0.3.x lists, a lost cache).
-                call(&ns, "DEL", &p, !i.is_multiple_of(5), &durations);
+                call(&ns, run, "DEL", &p, !i.is_multiple_of(5), &durations);
                 let _ = std::fs::remove_file(&p.netns);
             });
         }
@@ -261,15 +282,22 @@ fn months_of_churn_leave_only_what_is_alive() {
         "after {total} ADD/DEL cycles with no pod left, per-pod state remains: {counts:?}"
     );
     assert!(our_zombies().is_empty(), "zombies: {:?}", our_zombies());
-    // natguard's /run/natguard as the node's invocations saw it (never the host's).
-    let run_dir: Vec<String> = std::fs::read_dir(common::run::node_dir(&ns).join("run/natguard"))
+    let run_dir: Vec<String> = std::fs::read_dir(run)
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         // The lock, and the per-boot verdict of the conntrack IPv6 filter probe.
         .filter(|n| n != "lock" && n != natguard::kernel::conntrack::ipv6_probe::CACHE_FILE)
         .collect();
-    assert!(run_dir.is_empty(), "left in /run/natguard: {run_dir:?}");
+    assert!(
+        run.join("lock").exists(),
+        "natguard never used its runtime directory {}: the mount did not take",
+        run.display()
+    );
+    assert!(
+        run_dir.is_empty(),
+        "left in natguard's runtime directory: {run_dir:?}"
+    );
     let mut d = durations.lock().unwrap().clone();
     d.sort_unstable();
     eprintln!(
@@ -290,7 +318,7 @@ fn months_of_churn_leave_only_what_is_alive() {
                 if k >= stale {
                     return;
                 }
-                call(&ns, "ADD", &pod(base + k), true, &durations);
+                call(&ns, run, "ADD", &pod(base + k), true, &durations);
             });
         }
     });
@@ -302,6 +330,7 @@ fn months_of_churn_leave_only_what_is_alive() {
         &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")],
         &serde_json::to_vec(&gc).unwrap(),
     )
+    .bind_mount(run, RUN_DIR, common::run::Access::ReadWrite)
     .bound(CALL_DEADLINE)
     .run_in(&ns)
     .succeeded();

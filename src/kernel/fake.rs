@@ -29,6 +29,13 @@ pub(crate) struct Fake {
     pub flushed: Vec<Vec<IpAddr>>,
     /// Make the next commit fail with this errno before applying anything.
     pub fail_next_commit: Option<i32>,
+    /// How many of the next commits fail with ERESTART, as when another writer commits
+    /// between each read and its commit.
+    pub stale_commits: usize,
+    /// What the other writer changed, applied when a stale commit is refused.
+    pub other_writer: Option<fn(&mut Fake)>,
+    /// How many read-modify-writes were begun (`begin_read`).
+    pub reads_begun: usize,
 }
 
 fn enoent(what: String) -> Error {
@@ -193,11 +200,22 @@ impl Kernel for Fake {
             .map(|s| s.ranges.clone())
             .unwrap_or_default())
     }
+    fn begin_read(&mut self) -> Result<()> {
+        self.reads_begun += 1;
+        Ok(())
+    }
     fn commit(&mut self, batch: &Batch) -> Result<()> {
         if batch.ops.is_empty() {
             return Ok(());
         }
         self.commits.push(batch.clone());
+        if self.stale_commits > 0 {
+            self.stale_commits -= 1;
+            if let Some(w) = self.other_writer {
+                w(self);
+            }
+            return Err(Error::netlink("fake commit", libc::ERESTART));
+        }
         if let Some(errno) = self.fail_next_commit.take() {
             return Err(Error::netlink("fake commit", errno));
         }

@@ -100,7 +100,13 @@ pub(crate) trait Kernel {
     fn dump(&mut self, set: &SetRef) -> Result<Vec<Stored>>;
     /// The ranges of an interval set; empty when the set does not exist.
     fn dump_ranges(&mut self, set: &SetRef) -> Result<Vec<(u128, u128)>>;
-    /// Commits a batch whole or not at all. An empty batch sends nothing.
+    /// Starts a read-modify-write: notes the nf_tables generation, so that the next `commit`
+    /// lands only if no writer committed since (else it fails with `ERESTART`,
+    /// [`is_stale`]). Call it before the first read the batch is built from.
+    fn begin_read(&mut self) -> Result<()>;
+    /// Commits a batch whole or not at all. An empty batch sends nothing. After
+    /// [`Kernel::begin_read`], the batch carries the generation read there (once: the commit
+    /// uses it up).
     fn commit(&mut self, batch: &Batch) -> Result<()>;
     /// Whether nf_tables and ctnetlink answer.
     fn probe(&mut self) -> Result<()>;
@@ -121,6 +127,8 @@ pub(crate) struct Netfilter {
     sock: NfSocket,
     /// Give counted sets per-element counters; off once the kernel refused them.
     set_counters: bool,
+    /// The generation read by `begin_read`, for the next commit.
+    generation: Option<u32>,
 }
 
 impl Netfilter {
@@ -128,11 +136,16 @@ impl Netfilter {
         Ok(Netfilter {
             sock: NfSocket::open()?,
             set_counters: true,
+            generation: None,
         })
     }
 
-    fn commit_once(&mut self, batch: &Batch) -> Result<()> {
-        let mut tx = nft::Tx::new(&mut self.sock);
+    fn commit_once(
+        &mut self,
+        batch: &Batch,
+        generation: Option<u32>,
+    ) -> std::result::Result<(), nft::Refused> {
+        let mut tx = nft::Tx::new(&mut self.sock, generation);
         for op in &batch.ops {
             match op {
                 Op::Converge(plan) => tx.converge_shared(plan, self.set_counters),
@@ -154,16 +167,14 @@ impl Netfilter {
                 Op::DeleteTable(t) => tx.delete_table(*t),
             }
         }
-        tx.commit(&mut self.sock)
+        tx.commit_checked(&mut self.sock)
     }
 }
 
-/// Whether a failed converge may be for want of set-element counters (kernels before 5.11
-/// refuse a set declared with them), so that it is retried with plain sets: per-pod counters
-/// are then unavailable, per-network counters still count.
-pub(crate) fn retry_without_set_counters(batch: &Batch, e: &Error) -> bool {
-    batch.ops.iter().any(|o| matches!(o, Op::Converge(_)))
-        && matches!(e.errno(), Some(libc::EINVAL | libc::EOPNOTSUPP))
+/// Whether a commit was refused because another writer committed after its
+/// [`Kernel::begin_read`]: nothing of it was applied, and it must be read and built again.
+pub(crate) fn is_stale(e: &Error) -> bool {
+    nft::is_stale(e)
 }
 
 /// Errors that mean "nf_tables is not there at all", so there is nothing of natguard's to
@@ -203,19 +214,31 @@ impl Kernel for Netfilter {
             &set.name,
         )?))
     }
+    fn begin_read(&mut self) -> Result<()> {
+        self.generation = Some(nft::generation(&mut self.sock)?);
+        Ok(())
+    }
     fn commit(&mut self, batch: &Batch) -> Result<()> {
+        let generation = self.generation.take();
         if batch.ops.is_empty() {
             return Ok(());
         }
-        match self.commit_once(batch) {
-            Err(e) if self.set_counters && retry_without_set_counters(batch, &e) => {
+        #[cfg(debug_assertions)]
+        if generation.is_some() {
+            test_hooks::pause_before_commit();
+        }
+        // A refused batch changed nothing, so the fallback is still built from that generation.
+        match self.commit_once(batch, generation) {
+            Err(r) if self.set_counters && r.means_no_set_counters() => {
                 crate::warn!(
-                    "the kernel refused counted sets ({e}); per-pod counters are unavailable, per-network counters still count"
+                    "the kernel cannot give set {} element counters ({}); per-pod counters are unavailable, per-network counters still count",
+                    r.counted_set.as_deref().unwrap_or(""),
+                    r.error
                 );
                 self.set_counters = false;
-                self.commit_once(batch)
+                self.commit_once(batch, generation).map_err(|r| r.error)
             }
-            r => r,
+            r => r.map_err(|r| r.error),
         }
     }
     fn probe(&mut self) -> Result<()> {
@@ -235,6 +258,38 @@ impl Kernel for Netfilter {
         path: conntrack::Path,
     ) -> Result<FlushReport> {
         conntrack::flush_undnatted_flows_with(&mut self.sock, srcs, dsts, dports, path)
+    }
+}
+
+/// Hooks for root tests, compiled into debug builds only.
+#[cfg(debug_assertions)]
+pub mod test_hooks {
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    static PAUSE: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+    /// Makes the first commit that carries a generation pause after its reads: it creates
+    /// `PATH.read`, then waits (at most 10 s) until `PATH.go` exists, so a test can commit as
+    /// another writer in between. `main` sets it from `NATGUARD_TEST_PAUSE_BEFORE_COMMIT`.
+    pub fn set_pause_before_commit(path: PathBuf) {
+        *PAUSE.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+    }
+
+    pub(crate) fn pause_before_commit() {
+        let Some(p) = PAUSE.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+            return;
+        };
+        let with = |ext: &str| {
+            let mut s = p.clone().into_os_string();
+            s.push(ext);
+            PathBuf::from(s)
+        };
+        let _ = std::fs::write(with(".read"), b"");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !with(".go").exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 }
 
@@ -269,26 +324,56 @@ mod tests {
         )))
     }
 
-    /// Only a converge that the kernel refused as invalid or unsupported is retried without
-    /// set counters: a refused element, a missing table or a busy kernel is not about them.
+    /// Only `EOPNOTSUPP` in answer to a NEWSET that declares element counters means "no set
+    /// counters on this kernel"; `EINVAL` there (a malformed attribute), or any error on
+    /// another message (a refused element, a missing table, a busy kernel), is not.
     #[test]
-    fn only_a_refused_converge_is_retried_without_set_counters() {
-        let with = Batch {
-            ops: vec![converge()],
+    fn only_eopnotsupp_on_a_counted_newset_means_no_set_counters() {
+        let refused = |errno: i32, counted: bool| nft::Refused {
+            error: Error::netlink("commit", errno),
+            counted_set: counted.then(|| "net1-cntp4".to_string()),
         };
-        let without = Batch {
-            ops: vec![Op::DeleteTable(TableFamily::Inet)],
+        assert!(refused(libc::EOPNOTSUPP, true).means_no_set_counters());
+        for errno in [
+            libc::EINVAL,
+            libc::ENOENT,
+            libc::EBUSY,
+            libc::ENOBUFS,
+            libc::EPERM,
+        ] {
+            assert!(
+                !refused(errno, true).means_no_set_counters(),
+                "errno {errno}"
+            );
+        }
+        for errno in [libc::EOPNOTSUPP, libc::EINVAL] {
+            assert!(
+                !refused(errno, false).means_no_set_counters(),
+                "errno {errno}"
+            );
+        }
+        let decode = nft::Refused {
+            error: Error::Protocol("short reply".into()),
+            counted_set: Some("net1-cntp4".into()),
         };
-        for errno in [libc::EINVAL, libc::EOPNOTSUPP] {
-            let e = Error::netlink("commit", errno);
-            assert!(retry_without_set_counters(&with, &e), "errno {errno}");
-            assert!(!retry_without_set_counters(&without, &e), "errno {errno}");
-        }
-        for errno in [libc::ENOENT, libc::EBUSY, libc::ENOBUFS, libc::EPERM] {
-            let e = Error::netlink("commit", errno);
-            assert!(!retry_without_set_counters(&with, &e), "errno {errno}");
-        }
-        let decode = Error::Protocol("short reply".into());
-        assert!(!retry_without_set_counters(&with, &decode));
+        assert!(!decode.means_no_set_counters());
+    }
+
+    /// The converge batch knows which of its messages are the NEWSETs that declare element
+    /// counters, so a refusal is matched to its message by sequence number: exactly the
+    /// counted sets, and none when counters are off.
+    #[test]
+    fn the_converge_batch_marks_the_newsets_that_carry_counters() {
+        let Op::Converge(plan) = converge() else {
+            unreachable!()
+        };
+        let counted = plan.sets.iter().filter(|s| s.kind.is_counted()).count();
+        assert!(counted >= 2, "{counted}");
+        let mut tx = nft::Tx::for_test();
+        tx.converge_shared(&plan, true);
+        assert_eq!(tx.counted_set_seqs().len(), counted);
+        let mut tx = nft::Tx::for_test();
+        tx.converge_shared(&plan, false);
+        assert!(tx.counted_set_seqs().is_empty());
     }
 }

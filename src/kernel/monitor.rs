@@ -32,7 +32,9 @@
 use super::netlink::{parse_msgs, Msg, NFNL_SUBSYS_NFTABLES};
 use crate::error::{Error, Result};
 use crate::plan::TABLE;
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::net::netlink::SocketAddrNetlink;
+use rustix::net::{sockopt, AddressFamily, RecvFlags, SocketFlags, SocketType};
 
 /// The nf_tables multicast group (`enum nfnetlink_groups`).
 pub const NFNLGRP_NFTABLES: u32 = 7;
@@ -155,7 +157,7 @@ fn touches_own_table(m: &Msg) -> bool {
 
 /// A socket subscribed to the nf_tables notifications of the calling thread's namespace.
 pub struct Monitor {
-    sock: Socket,
+    sock: OwnedFd,
     buf: Vec<u8>,
     pub tracker: Tracker,
 }
@@ -163,14 +165,19 @@ pub struct Monitor {
 impl Monitor {
     /// A monitor with [`RCVBUF`], or with `rcvbuf` bytes (tests of the overflow path).
     pub fn open(rcvbuf: Option<usize>) -> Result<Self> {
-        let mut sock = Socket::new(NETLINK_NETFILTER)
-            .map_err(|e| Error::io("open netfilter netlink socket", e))?;
-        sock.bind_auto()
-            .map_err(|e| Error::io("bind netfilter netlink socket", e))?;
-        sock.add_membership(NFNLGRP_NFTABLES)
-            .map_err(|e| Error::io("subscribe to nf_tables notifications", e))?;
-        sock.set_non_blocking(true)
-            .map_err(|e| Error::io("netfilter netlink socket", e))?;
+        let sock = rustix::net::socket_with(
+            AddressFamily::NETLINK,
+            SocketType::RAW,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            Some(rustix::net::netlink::NETFILTER),
+        )
+        .map_err(|e| Error::io("open netfilter netlink socket", e.into()))?;
+        // A group is bit (group - 1) of the subscription given at bind time.
+        rustix::net::bind(
+            &sock,
+            &SocketAddrNetlink::new(0, 1 << (NFNLGRP_NFTABLES - 1)),
+        )
+        .map_err(|e| Error::io("subscribe to nf_tables notifications", e.into()))?;
         set_rcvbuf(&sock, rcvbuf);
         Ok(Monitor {
             sock,
@@ -192,33 +199,25 @@ impl Monitor {
     pub fn drain(&mut self) -> Verdict {
         let mut out = Verdict::Quiet;
         loop {
-            // SAFETY: recv into our own buffer of the given length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd(),
-                    self.buf.as_mut_ptr() as *mut libc::c_void,
-                    self.buf.len(),
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if n > 0 {
-                for m in parse_msgs(&self.buf[..n as usize]) {
-                    if let Some(v) = self.tracker.feed(&m) {
-                        out = out.max(v);
-                    }
+            let n = match rustix::net::recv(&self.sock, &mut self.buf[..], RecvFlags::DONTWAIT) {
+                Ok((n, _)) => n,
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(rustix::io::Errno::NOBUFS) => {
+                    out = out.max(self.tracker.lost());
+                    continue;
                 }
-                continue;
-            }
+                // EAGAIN: nothing more queued. Anything else is reported as a loss, so the
+                // caller checks everything rather than trusting a stream it could not read.
+                Err(rustix::io::Errno::AGAIN) => return out,
+                Err(_) => return out.max(self.tracker.lost()),
+            };
             if n == 0 {
                 return out;
             }
-            match std::io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::ENOBUFS) => out = out.max(self.tracker.lost()),
-                // EAGAIN: nothing more queued. Anything else is reported as a loss, so the
-                // caller checks everything rather than trusting a stream it could not read.
-                Some(libc::EAGAIN) => return out,
-                _ => return out.max(self.tracker.lost()),
+            for m in parse_msgs(&self.buf[..n.min(self.buf.len())]) {
+                if let Some(v) = self.tracker.feed(&m) {
+                    out = out.max(v);
+                }
             }
         }
     }
@@ -226,28 +225,12 @@ impl Monitor {
 
 /// [`RCVBUF`] (forced past `rmem_max`, which needs the `CAP_NET_ADMIN` the watcher has), or
 /// exactly `want` bytes.
-fn set_rcvbuf(sock: &Socket, want: Option<usize>) {
-    let fd = std::os::fd::AsRawFd::as_raw_fd(sock);
-    let v = (want.unwrap_or(RCVBUF) / 2).min(i32::MAX as usize) as libc::c_int; // the kernel doubles it
-    let opts: &[libc::c_int] = match want {
-        None => &[libc::SO_RCVBUFFORCE, libc::SO_RCVBUF],
-        Some(_) => &[libc::SO_RCVBUF],
-    };
-    for &opt in opts {
-        // SAFETY: setsockopt with a c_int value on our own socket.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                opt,
-                &v as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            return;
-        }
+fn set_rcvbuf(sock: &impl AsFd, want: Option<usize>) {
+    let bytes = want.unwrap_or(RCVBUF);
+    if want.is_none() && sockopt::set_socket_recv_buffer_size_force(sock, bytes).is_ok() {
+        return;
     }
+    let _ = sockopt::set_socket_recv_buffer_size(sock, bytes);
 }
 
 #[cfg(test)]

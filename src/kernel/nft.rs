@@ -8,11 +8,18 @@
 //! comment C" is add, delete, add; "make sure E is absent" is add, delete. Neither needs to
 //! know the current state, and neither can fail with EEXIST or ENOENT.
 //!
+//! Generations: [`generation`] reads the namespace's nf_tables generation (`NFT_MSG_GETGEN`);
+//! a read-modify-write reads it before its first read and [`Tx::new`] sends it in the batch's
+//! BATCH_BEGIN (`NFNL_BATCH_GENID`). If any writer committed in between, the kernel refuses
+//! the whole batch with `ERESTART` ([`is_stale`]) and nothing of it is applied.
+//!
 //! Reading: single-element GETs (the kernel looks the key up, so cost does not depend on the
 //! number of pods), and dumps of one set or one table's rules for CHECK, GC and `status`.
 
 use super::lower::*;
-use super::netlink::{BatchError, Msg, MsgBuf, NfSocket};
+use super::netlink::{
+    BatchError, Msg, MsgBuf, NfSocket, NFNL_BATCH_GENID, NFNL_MSG_BATCH_BEGIN, NFNL_SUBSYS_NFTABLES,
+};
 use crate::error::{Error, Result};
 use crate::plan::{SharedPlan, TableFamily};
 
@@ -89,18 +96,54 @@ pub struct Tx {
     buf: MsgBuf,
     /// What each message does, by sequence number, for error messages.
     what: Vec<(u32, String)>,
+    /// The NEWSET messages that declare element counters, by sequence number, with the set.
+    counted_sets: Vec<(u32, String)>,
+}
+
+/// A transaction the kernel did not commit.
+#[derive(Debug)]
+pub struct Refused {
+    pub error: Error,
+    /// The set, when the kernel's error answered a NEWSET that declares element counters.
+    pub counted_set: Option<String>,
+}
+
+impl Refused {
+    /// Whether this is the kernel's answer to a set it cannot give element counters: a
+    /// NEWSET carrying `NFTA_SET_EXPR` (a counter) refused with `EOPNOTSUPP`, the errno
+    /// `nf_tables_newset` returns when no set backend takes an element expression or the
+    /// expression cannot live in a set (`nft_select_set_ops`, `nft_set_elem_expr_alloc`).
+    /// `EINVAL`, or an error on any other message, is a bad batch and is reported as one.
+    ///
+    /// Kernels before 5.7 ignore `NFTA_SET_EXPR` (an attribute past their `NFTA_SET_MAX`,
+    /// parsed liberally), and 5.7 to 5.10 accept it and give each element a counter that
+    /// lookups never update (`nft_set_elem_update_expr` came with 5.11): neither answers
+    /// with an error, so neither reaches this fallback.
+    pub fn means_no_set_counters(&self) -> bool {
+        self.counted_set.is_some() && self.error.errno() == Some(libc::EOPNOTSUPP)
+    }
 }
 
 impl Tx {
-    pub fn new(sock: &mut NfSocket) -> Self {
-        Self::on(sock.msgbuf())
+    /// A transaction on `sock`; with `generation`, the kernel commits it only if nf_tables is
+    /// still at that generation (else `ERESTART`).
+    pub fn new(sock: &mut NfSocket, generation: Option<u32>) -> Self {
+        Self::on(sock.msgbuf(), generation)
     }
 
-    fn on(mut buf: MsgBuf) -> Self {
-        begin_batch(&mut buf);
+    fn on(mut buf: MsgBuf, generation: Option<u32>) -> Self {
+        match generation {
+            Some(g) => {
+                buf.begin(NFNL_MSG_BATCH_BEGIN, 0, 0, NFNL_SUBSYS_NFTABLES as u16);
+                buf.attr_u32_be(NFNL_BATCH_GENID, g);
+                buf.end();
+            }
+            None => begin_batch(&mut buf),
+        }
         Tx {
             buf,
             what: Vec::new(),
+            counted_sets: Vec::new(),
         }
     }
 
@@ -114,7 +157,12 @@ impl Tx {
 
     #[cfg(test)]
     pub(crate) fn for_test() -> Self {
-        Self::on(MsgBuf::new(1))
+        Self::on(MsgBuf::new(1), None)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test_at(generation: u32) -> Self {
+        Self::on(MsgBuf::new(1), Some(generation))
     }
 
     fn note(&mut self, seq: u32, what: impl Into<String>) {
@@ -142,6 +190,9 @@ impl Tx {
                 set_counters,
             );
             self.note(s, format!("create set {} {}", t.nft(), set.name));
+            if set_counters && set.kind.is_counted() {
+                self.counted_sets.push((s, set.name.clone()));
+            }
         }
         for c in crate::plan::ChainKind::ALL {
             let name = plan.names.chain(c);
@@ -272,8 +323,13 @@ impl Tx {
     }
 
     /// Sends the batch and reads its outcome; resends it only when the kernel rejected it
-    /// whole with a "try again" errno.
-    pub fn commit(mut self, sock: &mut NfSocket) -> Result<()> {
+    /// whole with a "try again" errno other than `ERESTART` (a stale generation stays stale).
+    pub fn commit(self, sock: &mut NfSocket) -> Result<()> {
+        self.commit_checked(sock).map_err(|r| r.error)
+    }
+
+    /// [`Tx::commit`], saying which message the kernel's refusal answered.
+    pub fn commit_checked(mut self, sock: &mut NfSocket) -> std::result::Result<(), Refused> {
         if self.what.is_empty() {
             return Ok(());
         }
@@ -286,21 +342,46 @@ impl Tx {
                 .map(|(_, w)| w.clone())
                 .unwrap_or_else(|| "nftables transaction".into())
         };
+        let counted_set = |seq: Option<u32>| {
+            self.counted_sets
+                .iter()
+                .find(|(s, _)| Some(*s) == seq)
+                .map(|(_, n)| n.clone())
+        };
         // Only a batch the kernel rejected as a whole is sent again: one whose replies were
         // lost may have been committed, and is never resent.
         let mut attempt = 0;
         loop {
             match sock.transact_batch(&self.buf, &what) {
                 Ok(()) => return Ok(()),
-                Err(BatchError::Rejected(e))
-                    if e.is_transient() && attempt < super::netlink::TRANSIENT_RETRIES =>
+                Err(BatchError::Rejected(e, _))
+                    if e.is_transient()
+                        && !is_stale(&e)
+                        && attempt < super::netlink::TRANSIENT_RETRIES =>
                 {
                     attempt += 1;
                     super::netlink::backoff(attempt);
                 }
-                Err(BatchError::Rejected(e)) | Err(BatchError::Unknown(e)) => return Err(e),
+                Err(BatchError::Rejected(error, seq)) => {
+                    return Err(Refused {
+                        error,
+                        counted_set: counted_set(seq),
+                    })
+                }
+                Err(BatchError::Unknown(error)) => {
+                    return Err(Refused {
+                        error,
+                        counted_set: None,
+                    })
+                }
             }
         }
+    }
+
+    /// The sequence numbers of the NEWSETs that declare element counters (unit tests).
+    #[cfg(test)]
+    pub(crate) fn counted_set_seqs(&self) -> Vec<u32> {
+        self.counted_sets.iter().map(|(s, _)| *s).collect()
     }
 }
 
@@ -465,6 +546,34 @@ pub fn set_names(sock: &mut NfSocket, t: TableFamily) -> Result<Vec<String>> {
     }
 }
 
+/// The namespace's nf_tables generation (`NFTA_GEN_ID` of `NFT_MSG_GETGEN`): every commit of
+/// any writer moves it on.
+pub fn generation(sock: &mut NfSocket) -> Result<u32> {
+    let msgs = sock.request_retry(
+        &|b| {
+            get_gen(b);
+        },
+        "read the nf_tables generation",
+    )?;
+    generation_of(&msgs)
+}
+
+/// The generation id in a GETGEN reply.
+fn generation_of(msgs: &[Msg]) -> Result<u32> {
+    const NFTA_GEN_ID: u16 = 1;
+    msgs.iter()
+        .find_map(|m| m.nf_attrs().get(NFTA_GEN_ID)?.u32_be())
+        .ok_or_else(|| {
+            Error::Protocol("read the nf_tables generation: the reply has no NFTA_GEN_ID".into())
+        })
+}
+
+/// Whether a commit was refused because nf_tables moved past the generation it carried:
+/// another writer committed between the read it was built from and the commit.
+pub fn is_stale(e: &Error) -> bool {
+    e.errno() == Some(libc::ERESTART)
+}
+
 /// Whether nf_tables answers at all (STATUS): a GETGEN round trip.
 pub fn probe(sock: &mut NfSocket) -> Result<()> {
     sock.request_retry(
@@ -501,4 +610,54 @@ pub fn is_unavailable(e: &Error) -> bool {
         e.errno(),
         Some(libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT | libc::EOPNOTSUPP)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernel::netlink::parse_msgs;
+
+    /// The BATCH_BEGIN of a transaction built from a read carries that read's generation, as
+    /// the big-endian `NFNL_BATCH_GENID` attribute after the nfgenmsg; one without carries none.
+    #[test]
+    fn a_batch_built_from_a_read_carries_its_generation_in_batch_begin() {
+        let mut tx = Tx::for_test_at(0x0102_0304);
+        tx.delete_table(TableFamily::Inet);
+        let msgs = parse_msgs(&tx.encoded());
+        let begin = &msgs[0];
+        assert_eq!(begin.msg_type, NFNL_MSG_BATCH_BEGIN);
+        assert_eq!(
+            begin.body[2..4],
+            (NFNL_SUBSYS_NFTABLES as u16).to_be_bytes()
+        );
+        let genid = begin.nf_attrs().get(NFNL_BATCH_GENID).unwrap();
+        assert_eq!(genid.payload, [1, 2, 3, 4]);
+
+        let mut tx = Tx::for_test();
+        tx.delete_table(TableFamily::Inet);
+        let msgs = parse_msgs(&tx.encoded());
+        assert_eq!(msgs[0].nf_attrs().count(), 0);
+    }
+
+    #[test]
+    fn the_generation_is_read_from_a_getgen_reply() {
+        let mut b = MsgBuf::new(5);
+        b.begin(0x0a00 | 15, 0, 0, 0); // NFT_MSG_NEWGEN
+        b.attr_u32_be(1, 77); // NFTA_GEN_ID
+        b.attr_u32_be(2, 1234); // NFTA_GEN_PROC_PID
+        b.end();
+        assert_eq!(generation_of(&parse_msgs(b.as_bytes())).unwrap(), 77);
+        let mut empty = MsgBuf::new(5);
+        empty.begin(0x0a00 | 15, 0, 0, 0);
+        empty.end();
+        assert!(generation_of(&parse_msgs(empty.as_bytes())).is_err());
+    }
+
+    #[test]
+    fn only_erestart_means_stale() {
+        assert!(is_stale(&Error::netlink("commit", libc::ERESTART)));
+        for errno in [libc::EBUSY, libc::EAGAIN, libc::ENOENT, libc::EINVAL] {
+            assert!(!is_stale(&Error::netlink("commit", errno)), "{errno}");
+        }
+    }
 }

@@ -208,26 +208,19 @@ impl<K: Kernel> Store<K> {
     /// then other pods' entries may have gone with them, and the caller restores them.
     pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<Converged> {
         let _lock = self.lock()?;
-        let current = self.check_shared(shared).is_ok();
-        let converge = |s: &mut Self| -> Result<SharedPlan> {
-            s.refuse_foreign_objects(shared)?;
-            s.with_other_networks(shared)
-        };
-        if !current {
-            let full = converge(self)?;
-            return self
-                .apply_pod_locked(&full, pod, true)
-                .map(|()| Converged::Yes);
-        }
-        match self.apply_pod_locked(shared, pod, false) {
-            // The table vanished between the read and the commit (a flush by someone else).
-            Err(e) if e.errno() == Some(libc::ENOENT) => {
-                let full = converge(self)?;
-                self.apply_pod_locked(&full, pod, true)
-                    .map(|()| Converged::Yes)
+        // Someone else's commit after the read (a flush, a deleted table) makes the kernel
+        // refuse the batch; it is then read and built again (`view`).
+        self.read_modify_write("ADD", |s| {
+            if s.check_shared(shared).is_ok() {
+                return s
+                    .apply_pod_locked(shared, pod, false)
+                    .map(|()| Converged::No);
             }
-            r => r.map(|()| Converged::No),
-        }
+            s.refuse_foreign_objects(shared)?;
+            let full = s.with_other_networks(shared)?;
+            s.apply_pod_locked(&full, pod, true)
+                .map(|()| Converged::Yes)
+        })
     }
 
     /// `shared` with the node-wide union sets filled from every network: this one's plan,
@@ -370,18 +363,18 @@ impl<K: Kernel> Store<K> {
                 networks.push(s);
             }
         }
-        let mut stale: Vec<&SharedPlan> = Vec::new();
-        for s in &networks {
-            if self.check_shared(s).is_err() {
-                self.refuse_foreign_objects(s)?;
-                stale.push(s);
+        // Another writer's commit between the read and this batch is refused by the kernel;
+        // everything is then read and built again (`view`).
+        self.read_modify_write("repair", |st| {
+            let mut stale: Vec<&SharedPlan> = Vec::new();
+            for s in &networks {
+                if st.check_shared(s).is_err() {
+                    st.refuse_foreign_objects(s)?;
+                    stale.push(s);
+                }
             }
-        }
-        match self.apply_pods_locked(&stale, pods) {
-            // A table vanished between the read and the commit: converge everything.
-            Err(e) if e.errno() == Some(libc::ENOENT) => self.apply_pods_locked(&networks, pods),
-            r => r,
-        }
+            st.apply_pods_locked(&stale, pods)
+        })
     }
 
     fn apply_pods_locked(
@@ -437,18 +430,22 @@ impl<K: Kernel> Store<K> {
         addrs: &mut Vec<IpAddr>,
     ) -> Result<usize> {
         let _lock = self.lock_for_del()?;
-        let mut v = view::View::new(&mut self.k);
-        let recorded = remove_attachment(&mut v, names, owner, addrs)?;
-        for a in recorded {
-            if !addrs.contains(&a) {
-                addrs.push(a);
+        let given = addrs.len();
+        self.read_modify_write("DEL", |s| {
+            addrs.truncate(given);
+            let mut v = view::View::new(&mut s.k);
+            let recorded = remove_attachment(&mut v, names, owner, addrs)?;
+            for a in recorded {
+                if !addrs.contains(&a) {
+                    addrs.push(a);
+                }
             }
-        }
-        let mut batch = Batch::default();
-        v.emit(&mut batch);
-        let n = batch.len();
-        self.k.commit(&batch)?;
-        Ok(n)
+            let mut batch = Batch::default();
+            v.emit(&mut batch);
+            let n = batch.len();
+            s.k.commit(&batch)?;
+            Ok(n)
+        })
     }
 
     /// Removes every attachment of a network that is not in `valid`, every owner not in
@@ -457,6 +454,10 @@ impl<K: Kernel> Store<K> {
     /// changed.
     pub fn gc(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let _lock = self.lock()?;
+        self.read_modify_write("GC", |s| s.gc_once(names, valid))
+    }
+
+    fn gc_once(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
         let att = set_ref(names, SetKind::Attach);

@@ -86,6 +86,11 @@ impl Seccomp {
         }
     }
 
+    /// A filter program written by the test itself (classic BPF over `seccomp_data`).
+    pub fn program(filter: Vec<libc::sock_filter>) -> Seccomp {
+        Seccomp(filter)
+    }
+
     /// `socket(AF_NETLINK, *, NETLINK_NETFILTER)` fails with `errno`: a kernel without
     /// nfnetlink (or a runtime whose seccomp profile forbids it).
     pub fn no_netfilter_socket(errno: i32) -> Seccomp {

@@ -415,7 +415,7 @@ pub fn new_rule(
         lower_action(&mut x, &rule.action);
     }
     b.nest_end(list);
-    b.attr(NFTA_RULE_USERDATA, &udata_comment(comment));
+    attr_comment(b, NFTA_RULE_USERDATA, comment);
     b.end();
     s
 }

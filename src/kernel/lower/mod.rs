@@ -163,11 +163,10 @@ pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
     }
 }
 
-pub fn udata_comment(s: &str) -> Vec<u8> {
-    let mut v = vec![UDATA_COMMENT, (s.len() + 1) as u8];
-    v.extend_from_slice(s.as_bytes());
-    v.push(0);
-    v
+/// A comment as nft stores it: the user-data TLV `UDATA_COMMENT`, length checked where it is
+/// written ([`MsgBuf::attr_udata_text`]).
+pub(crate) fn attr_comment(b: &mut MsgBuf, ty: u16, comment: &str) {
+    b.attr_udata_text(ty, UDATA_COMMENT, comment);
 }
 
 /// The comment inside a user-data blob, if any.
@@ -480,7 +479,7 @@ fn elem_size(e: &ElemData) -> usize {
     let comment = e
         .comment
         .as_ref()
-        .map_or(0, |c| (4 + udata_comment(c).len()).next_multiple_of(4));
+        .map_or(0, |c| MsgBuf::udata_text_attr_size(c));
     4 + key + flags + comment
 }
 
@@ -540,7 +539,7 @@ fn set_elems_one(
             b.attr_u32_be(NFTA_SET_ELEM_FLAGS, e.flags);
         }
         if let Some(c) = &e.comment {
-            b.attr(NFTA_SET_ELEM_USERDATA, &udata_comment(c));
+            attr_comment(b, NFTA_SET_ELEM_USERDATA, c);
         }
         b.nest_end(el);
     }

@@ -19,6 +19,11 @@
 //!   by the per-message replies. Errors that stop the batch before its messages are processed
 //!   (`ERESTART` for a stale generation id, `ENOMEM`, `EOPNOTSUPP`) are answered on the
 //!   BATCH_BEGIN sequence number alone.
+//! * A batch whose BATCH_BEGIN carries `NFNL_BATCH_GENID` is refused with `ERESTART`, before
+//!   any of its messages runs, when the namespace's nf_tables generation is no longer that one:
+//!   another writer (natguard, `nft`, kube-proxy, firewalld...) committed since it was read.
+//!   natguard sends the generation it read before a read-modify-write, so a batch built from
+//!   a stale read never lands; the store reads again and rebuilds it (`store::view`).
 //! * `NLM_F_ACK` on BATCH_BEGIN or BATCH_END is answered on 6.18, but older kernels ignore
 //!   it, so natguard does not rely on it.
 //! * A batch that is malformed as a whole (a second BATCH_BEGIN inside it) is dropped without
@@ -45,16 +50,20 @@
 //!   fails with `EAGAIN` ("try again", CNI code 11) and a message saying no reply came; it is
 //!   never repeated, so a verb is bounded by a few seconds, lock included.
 //! * A batch is resent only when the kernel rejected it with a "try again" errno (`EBUSY`,
-//!   `ERESTART`, ...; [`BatchError::Rejected`]: nothing of it was applied, so sending it again
-//!   is harmless), or when `sendmsg` itself failed (the kernel never saw it), at most
-//!   [`TRANSIENT_RETRIES`] times. After
+//!   ...; [`BatchError::Rejected`]: nothing of it was applied, so sending it again is
+//!   harmless), or when `sendmsg` itself failed (the kernel never saw it), at most
+//!   [`TRANSIENT_RETRIES`] times. `ERESTART` is not resent: the same bytes carry the same
+//!   stale generation, so it is the caller's to read again and rebuild. After
 //!   an `ENOBUFS` overflow or a timeout nobody knows whether it was committed
 //!   ([`BatchError::Unknown`]): the verb fails with code 11 and the runtime's retry re-reads the
 //!   kernel's state, which is safe because every verb is idempotent. Reads (GET, dumps) are
-//!   retried on `ENOBUFS` and `EBUSY`, but not after a timeout.
+//!   retried on `ENOBUFS`, `EBUSY` and `EINTR` (a dump the kernel marked `NLM_F_DUMP_INTR`),
+//!   but not after a timeout.
+//! * A dump ends with `NLMSG_DONE`, which carries the dump's own errno (`dump_done_errno`): a
+//!   dump the kernel stopped with an error fails with that errno ([`ReplyReader`]); what was
+//!   read before it is never returned as if it were the whole list.
 
 use crate::error::{Error, Result};
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
 
 pub const NLMSG_HDRLEN: usize = 16;
 pub const NFGEN_HDRLEN: usize = 4;
@@ -80,13 +89,18 @@ pub const NFNL_SUBSYS_CTNETLINK: u8 = 1;
 pub const NFNL_SUBSYS_NFTABLES: u8 = 10;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 pub const NFNL_MSG_BATCH_END: u16 = 0x11;
+/// The batch-begin attribute holding the nf_tables generation the batch was built from
+/// (`enum nfnl_batch_attributes`, a big-endian u32).
+pub const NFNL_BATCH_GENID: u16 = 1;
 
 const fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
+static NEXT_BUF_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// A buffer of one or more netlink messages, built in place.
-#[derive(Default, Debug, Clone)]
+#[derive(Debug, Clone)]
 pub struct MsgBuf {
     buf: Vec<u8>,
     msg_start: Option<usize>,
@@ -97,6 +111,12 @@ pub struct MsgBuf {
     seqs: Vec<(u32, bool)>,
     /// An attribute or nest grew past the 16-bit `nla_len`: the buffer must not be sent.
     oversized: bool,
+    /// Something could not be encoded (a value past its field's width): the buffer must not
+    /// be sent, and this says what.
+    unencodable: Option<String>,
+    /// Which buffer this is (a clone is the same buffer), so a socket can tell a resend of
+    /// the buffer it sent last from another one built on the same sequence numbers.
+    id: u64,
 }
 
 impl MsgBuf {
@@ -108,7 +128,14 @@ impl MsgBuf {
             next_seq: first_seq,
             seqs: Vec::new(),
             oversized: false,
+            unencodable: None,
+            id: NEXT_BUF_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// Which buffer this is (see the field).
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Starts a netfilter message: `nlmsghdr` then `nfgenmsg {family, version 0, res_id}`.
@@ -197,6 +224,39 @@ impl MsgBuf {
 
     pub fn attr_u16_be(&mut self, ty: u16, v: u16) {
         self.attr(ty, &v.to_be_bytes());
+    }
+
+    /// An attribute holding one libnftnl user-data TLV: `udata_type`, a one-byte length, then
+    /// `text` with its NUL (how nft stores a rule's or an element's comment). The length byte
+    /// is checked here, where it is written: a text of more than 254 bytes cannot be encoded,
+    /// and marks the buffer so that it is refused instead of sent with a cut length.
+    pub fn attr_udata_text(&mut self, ty: u16, udata_type: u8, text: &str) {
+        let Ok(len) = u8::try_from(text.len() + 1) else {
+            self.unencodable.get_or_insert_with(|| {
+                format!(
+                    "a {}-byte comment (a user-data text holds at most {} bytes)",
+                    text.len(),
+                    u8::MAX - 1
+                )
+            });
+            return;
+        };
+        let mut v = Vec::with_capacity(text.len() + 3);
+        v.push(udata_type);
+        v.push(len);
+        v.extend_from_slice(text.as_bytes());
+        v.push(0);
+        self.attr(ty, &v);
+    }
+
+    /// The encoded size of [`MsgBuf::attr_udata_text`]'s attribute, padding included.
+    pub fn udata_text_attr_size(text: &str) -> usize {
+        align4(4 + 2 + text.len() + 1)
+    }
+
+    /// What could not be encoded, if anything: the buffer must not be sent.
+    pub fn unencodable(&self) -> Option<&str> {
+        self.unencodable.as_deref()
     }
 
     /// Opens a nested attribute; close it with [`MsgBuf::nest_end`].

@@ -1,0 +1,201 @@
+//! The documentation's links lead somewhere: every relative link in README.md and docs/*.md
+//! names a file of the repository, and a link with a `#fragment` names a heading of that file
+//! (GitHub's anchor rules: lower case, punctuation dropped, spaces to hyphens). No root, no
+//! network: links to other sites are not followed.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// README.md and every Markdown file in docs/.
+fn documents() -> Vec<PathBuf> {
+    let root = Path::new(ROOT);
+    let mut docs = vec![root.join("README.md")];
+    let mut more: Vec<PathBuf> = fs::read_dir(root.join("docs"))
+        .expect("docs/ exists")
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    more.sort();
+    docs.extend(more);
+    docs
+}
+
+/// The lines of a Markdown text outside fenced code blocks.
+fn prose_lines(text: &str) -> Vec<&str> {
+    let mut in_fence = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_fence = !in_fence;
+            continue;
+        }
+        if !in_fence {
+            out.push(line);
+        }
+    }
+    out
+}
+
+/// The targets of the inline links `[text](target)` in a line, inline code spans left out.
+fn link_targets(line: &str) -> Vec<String> {
+    let mut plain = String::new();
+    let mut in_code = false;
+    for c in line.chars() {
+        if c == '`' {
+            in_code = !in_code;
+        } else if !in_code {
+            plain.push(c);
+        }
+    }
+    let mut targets = Vec::new();
+    let mut rest = plain.as_str();
+    while let Some(i) = rest.find("](") {
+        let after = &rest[i + 2..];
+        match after.find(')') {
+            Some(j) => {
+                targets.push(after[..j].trim().to_string());
+                rest = &after[j + 1..];
+            }
+            None => break,
+        }
+    }
+    targets
+}
+
+/// GitHub's anchor for a heading text.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (duplicates get GitHub's `-1`, `-2` suffixes).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    for line in prose_lines(text) {
+        let Some(heading) = line
+            .strip_prefix('#')
+            .map(|h| h.trim_start_matches('#'))
+            .filter(|h| h.starts_with(' '))
+        else {
+            continue;
+        };
+        let base = anchor(heading);
+        let mut name = base.clone();
+        let mut n = 0;
+        while seen.contains(&name) {
+            n += 1;
+            name = format!("{base}-{n}");
+        }
+        seen.insert(name);
+    }
+    seen
+}
+
+/// Every broken relative link of one document, as "file: target (why)".
+fn broken_links(doc: &Path) -> Vec<String> {
+    let text = fs::read_to_string(doc).unwrap();
+    let name = doc.strip_prefix(ROOT).unwrap_or(doc).display().to_string();
+    let mut broken = Vec::new();
+    for line in prose_lines(&text) {
+        for target in link_targets(line) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (file, fragment) = match target.split_once('#') {
+                Some((f, a)) => (f, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let path = if file.is_empty() {
+                doc.to_path_buf()
+            } else {
+                doc.parent().unwrap().join(file)
+            };
+            if !path.exists() {
+                broken.push(format!("{name}: {target} (no such file)"));
+                continue;
+            }
+            if let Some(fragment) = fragment {
+                let linked = fs::read_to_string(&path).unwrap_or_default();
+                if !anchors(&linked).contains(fragment) {
+                    broken.push(format!("{name}: {target} (no heading #{fragment})"));
+                }
+            }
+        }
+    }
+    broken
+}
+
+#[test]
+fn every_relative_link_in_the_readme_and_docs_names_a_file_and_heading_that_exist() {
+    let docs = documents();
+    assert!(docs.len() >= 5, "README.md and docs/*.md: {docs:?}");
+    let mut links = 0;
+    let mut broken = Vec::new();
+    for doc in &docs {
+        let text = fs::read_to_string(doc).unwrap();
+        links += prose_lines(&text)
+            .iter()
+            .map(|l| link_targets(l).len())
+            .sum::<usize>();
+        broken.extend(broken_links(doc));
+    }
+    assert!(
+        links >= 10,
+        "only {links} links found: is the parser reading the files?"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_readme_links_every_document_in_docs() {
+    let readme = fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let linked: BTreeSet<String> = prose_lines(&readme)
+        .iter()
+        .flat_map(|l| link_targets(l))
+        .map(|t| t.split('#').next().unwrap().to_string())
+        .collect();
+    for doc in documents().iter().skip(1) {
+        let rel = doc.strip_prefix(ROOT).unwrap().display().to_string();
+        assert!(linked.contains(&rel), "README.md does not link {rel}");
+    }
+}
+
+#[test]
+fn the_link_checker_finds_a_broken_file_and_a_broken_anchor() {
+    let dir = std::env::temp_dir().join(format!("natguard-docs-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    fs::write(
+        dir.join("other.md"),
+        "# Other\n\n## A `code` heading: yes\n",
+    )
+    .unwrap();
+    let doc = dir.join("doc.md");
+    fs::write(
+        &doc,
+        "[ok](other.md#a-code-heading-yes) [gone](missing.md) [bad](other.md#nope)\n\
+         `[not a link](missing.md)`\n```\n[in code](missing2.md)\n```\n[web](https://example.com/x)\n",
+    )
+    .unwrap();
+    let broken = broken_links(&doc);
+    assert_eq!(broken.len(), 2, "{broken:?}");
+    assert!(
+        broken[0].ends_with("missing.md (no such file)"),
+        "{broken:?}"
+    );
+    assert!(
+        broken[1].ends_with("other.md#nope (no heading #nope)"),
+        "{broken:?}"
+    );
+    fs::remove_dir_all(&dir).unwrap();
+}
