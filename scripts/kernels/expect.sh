@@ -33,8 +33,8 @@ test_args() {
 # read it from NATGUARD_KERNEL_EXPECT.
 kernel_expect() {
   case $1 in
-  bullseye) echo "ct_delete=dump ipv6_filter=inverted" ;;
-  bookworm) echo "ct_delete=dump ipv6_filter=inverted" ;;
-  trixie) echo "ct_delete=filtered ipv6_filter=exact" ;;
+  bullseye) echo "ct_delete=dump ipv6_filter=inverted set_counters=no io_uring_sysctl=absent" ;;
+  bookworm) echo "ct_delete=dump ipv6_filter=inverted set_counters=yes io_uring_sysctl=absent" ;;
+  trixie) echo "ct_delete=filtered ipv6_filter=exact set_counters=yes io_uring_sysctl=present" ;;
   esac
 }

@@ -57,6 +57,8 @@ for m in $NGK_MODULES; do
   grep -qE "/$m\.ko" "$mr/lib/modules/$NGK_KVER/modules.builtin" 2>/dev/null && continue
   missing+=("$m")
 done
+# The tests fill conntrack tables with 100,000 entries; a 2 GiB guest's default limit is lower.
+sysctl -qw net.netfilter.nf_conntrack_max=1048576
 {
   echo "kernel $(uname -r)"
   echo "modules_missing ${missing[*]:-none}"
