@@ -125,7 +125,10 @@ for k in $KERNELS; do
   {
     printf 'NGK_SUITE=%q\nNGK_KVER=%q\nNGK_KDIR=%q\nNGK_REPO=%q\n' "$suite" "$kver" "$kdir" "$REPO"
     printf 'NGK_GUEST=%q\n' "$KERNELS_DIR/guest.sh"
-    printf 'NGK_TESTS=%q\nNGK_TEST_ARGS=%q\n' "$tests" "$(test_args "$CI_MODE")"
+    printf 'NGK_TESTS=%q\n' "$tests"
+    for t in $TESTS; do
+      if ((CI_MODE)); then printf 'NGK_FILTER_%s=%q\n' "$t" "$(ci_filter "$t")"; fi
+    done
     printf 'NGK_MODULES=%q\n' "${GUEST_MODULES[*]}"
     printf 'NGK_EXPECT=%q\n' "$(kernel_expect "$suite")"
     printf 'NATGUARD_TEST_TIME_FACTOR=%q\nNGK_BINARY_TIMEOUT=%q\n' "$TIME_FACTOR" "$((budget * 2))"

@@ -668,6 +668,8 @@ fn metadata_tcp_tunnelled_to_the_node_never_reaches_real_metadata() {
         }
         pod.ns.ip(&format!("link del {dev}"));
     }
+    pod.ns.ip(&format!("addr del {in4}/32 dev eth0"));
+    pod.ns.ip(&format!("addr del {in6}/128 dev eth0"));
     control_metadata(&exempt, REAL, "exempt pod after the attacks");
     control_network(&pod, "default pod after the attacks");
     f.finish("tunnels");

@@ -73,8 +73,9 @@ for entry in $NGK_TESTS; do
   name=${entry%%=*} bin=${entry#*=}
   start=$(date +%s)
   log "running $name"
-  # shellcheck disable=SC2086
-  timeout "$NGK_BINARY_TIMEOUT" "$bin" $NGK_TEST_ARGS >"$OUT/$name.log" 2>&1
+  filter_var=NGK_FILTER_$name
+  # shellcheck disable=SC2086 # the filters are words
+  timeout "$NGK_BINARY_TIMEOUT" "$bin" ${!filter_var:-} >"$OUT/$name.log" 2>&1
   rc=$?
   secs=$(($(date +%s) - start))
   line=$(grep -E '^test result:' "$OUT/$name.log" | tail -n1)
