@@ -97,6 +97,9 @@ say "benchmark smoke run: scripts/bench.sh --quick (numbers are not checked, the
 scripts/bench.sh --quick --out "$(mktemp -d /tmp/ng-bench-smoke.XXXXXX)" </dev/null >/dev/null ||
   FAILED+=("bench smoke (scripts/bench.sh --quick)")
 
+say "kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu; docs/kernels.md)"
+scripts/kernels.sh --ci </dev/null || FAILED+=("kernels (scripts/kernels.sh --ci)")
+
 say "end-to-end: scripts/e2e/run-all.sh"
 scripts/e2e/run-all.sh </dev/null || FAILED+=("e2e (scripts/e2e/run-all.sh)")
 

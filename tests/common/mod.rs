@@ -60,6 +60,36 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long to wait for a server to start listening before the test fails.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The environment variable that stretches the tests' deadlines: a factor (an integer from 1 to
+/// 100, default 1) for [`deadline`]. The kernel test layer (scripts/kernels.sh) sets it inside
+/// its emulated VMs, which run 10 to 20 times slower than the host. It scales bounds that only
+/// keep a failing test from hanging (an invocation, a server that must start); never a check
+/// of how fast anything is, and not [`IO_TIMEOUT`], which is also how long a test waits for an
+/// answer that must not come.
+pub const TIME_FACTOR_ENV: &str = "NATGUARD_TEST_TIME_FACTOR";
+
+/// `base` times `$NATGUARD_TEST_TIME_FACTOR` ([`TIME_FACTOR_ENV`]); a value that is not an
+/// integer from 1 to 100 fails the test.
+pub fn deadline(base: Duration) -> Duration {
+    match std::env::var(TIME_FACTOR_ENV) {
+        Err(_) => base,
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(f @ 1..=100) => base * f,
+            _ => panic!("{TIME_FACTOR_ENV}={v:?}: expected an integer from 1 to 100"),
+        },
+    }
+}
+
+/// What the kernel test layer (scripts/kernels.sh) promises about the running kernel, from
+/// `$NATGUARD_KERNEL_EXPECT` (`key=value` words, e.g. `ct_delete=dump`): the value of `key`, or
+/// `None` outside that layer (the host's own kernel). See docs/kernels.md.
+pub fn kernel_expects(key: &str) -> Option<String> {
+    let all = std::env::var("NATGUARD_KERNEL_EXPECT").ok()?;
+    all.split_whitespace()
+        .find_map(|w| w.strip_prefix(key)?.strip_prefix('='))
+        .map(str::to_string)
+}
+
 /// Every CNI spec version that real conflists use and natguard supports.
 pub const CNI_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 

@@ -339,7 +339,7 @@ pub fn wait_listening(ns: &Netns, proto: &str, port: u16, count: usize) {
             return;
         }
         assert!(
-            start.elapsed() < READY_TIMEOUT,
+            start.elapsed() < deadline(READY_TIMEOUT),
             "{proto} port {port} in {} never got {count} listener(s); ss says:\n{out}",
             ns.name
         );

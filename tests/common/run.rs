@@ -347,7 +347,7 @@ impl Natguard {
             let _ = tx.send(());
             out
         });
-        if rx.recv_timeout(self.bound).is_err() {
+        if rx.recv_timeout(super::deadline(self.bound)).is_err() {
             let name = self
                 .program
                 .as_ref()

@@ -1,0 +1,50 @@
+# scripts/kernels/expect.sh: sourced by scripts/kernels.sh. What the layer loads, runs and expects
+# per kernel.
+
+# Modules the guest loads before the tests (a name missing from a kernel is recorded in `facts`;
+# the tests that need a feature fail loudly without it).
+GUEST_MODULES=(veth bridge 8021q vxlan ipip ip_gre ip6_gre ip6_tunnel sit fou fou6
+  dummy macvlan ip_vs ip_vs_rr nf_tables nf_conntrack nf_conntrack_netlink nfnetlink
+  nf_nat nf_reject_ipv4 nf_reject_ipv6 nft_chain_nat nft_ct nft_nat nft_masq nft_redir
+  nft_reject nft_reject_inet nft_reject_bridge nft_reject_ipv4 nft_reject_ipv6
+  nft_limit nft_log nft_compat nft_fib nft_fib_inet nft_fib_ipv4 nft_fib_ipv6 nft_hash
+  nft_numgen nft_quota nft_socket nft_tproxy nft_meta_bridge nft_objref
+  nft_connlimit nft_dup_netdev
+  nft_fwd_netdev nf_log_syslog nf_conntrack_bridge bridge xt_conntrack xt_MASQUERADE
+  xt_nat xt_comment xt_addrtype xt_mark xt_tcpudp xt_REDIRECT xt_CT iptable_nat iptable_filter
+  iptable_raw iptable_mangle ip6table_nat ip6table_filter ip6table_raw ip6table_mangle
+  ip_tables ip6_tables x_tables nf_nat_ftp tun overlay)
+
+# Seconds one test binary may take in the VM at most (a deadline, not a measurement; the run's
+# deadline is twice the sum).
+test_budget() {
+  case $1 in
+  process) echo 300 ;;
+  kernel_features) echo 600 ;;
+  *) echo 1200 ;;
+  esac
+}
+
+# ci_filter BINARY: with --ci, the test-name filters (substrings, as libtest takes them) that
+# select the subset CI runs of that binary on every kernel; nothing printed: the whole binary.
+# security.rs is the one cut: its whole run takes about 8 minutes per kernel under emulation; the
+# subset keeps one attack of each kind that has a kernel-specific datapath (address theft on a
+# bridge and on ptp, hand-made segments, another component's DNAT and NOTRACK in nft).
+ci_filter() {
+  case $1 in
+  security)
+    echo "address_theft_on_a_bridge_never address_theft_on_ptp crafted_tcp_segments" \
+      "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority"
+    ;;
+  esac
+}
+
+# kernel_expect SUITE: what natguard's kernel-specific code must do on this kernel, as the tests
+# read it from NATGUARD_KERNEL_EXPECT.
+kernel_expect() {
+  case $1 in
+  bullseye) echo "ct_delete=dump ipv6_filter=inverted set_counters=yes io_uring_sysctl=absent" ;;
+  bookworm) echo "ct_delete=dump ipv6_filter=inverted set_counters=yes io_uring_sysctl=absent" ;;
+  trixie) echo "ct_delete=filtered ipv6_filter=exact set_counters=yes io_uring_sysctl=present" ;;
+  esac
+}
