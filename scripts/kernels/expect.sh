@@ -34,7 +34,8 @@ ci_filter() {
   case $1 in
   security)
     echo "address_theft_on_a_bridge_never address_theft_on_ptp crafted_tcp_segments" \
-      "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority"
+      "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority" \
+      "vlan_tagged_claims mac_theft_on_a_bridge vxlan_decapsulated"
     ;;
   esac
 }
