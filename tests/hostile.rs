@@ -156,12 +156,22 @@ fn pod_with_an_unrecorded_source_address_never_reaches_metadata() {
         );
     }
     // Positive control: the hostile routes do carry the request. natguard's DEL alone (the
-    // pod's veth and addresses stay) takes the pod's entries away, its interface leaves
-    // `NET-ifs` with it, and the same request from the same unrecorded address then reaches
-    // the real server: the refusals above were natguard's, not a broken route's.
+    // pod's veth and addresses stay) changes nothing: the node-wide guard still admits no
+    // such source. With natguard's tables gone, the same request from the same unrecorded
+    // address reaches the real server: the refusals above were natguard's, not a broken
+    // route's.
     let conf = common::attack::natguard_conf(&entry, "ngnet", "1.1.0", Some(&pod.result));
     common::attack::natguard_verb(&chain, "DEL", &conf, &pod.att)
         .unwrap_or_else(|e| panic!("natguard's DEL: {e}"));
+    for meta in [META4, META6] {
+        let got = http_get(&pod.ns, sa(meta, 80));
+        assert_ne!(
+            got,
+            body("cloud"),
+            "after natguard's DEL, {meta} is still guarded"
+        );
+    }
+    w.on_node("nft delete table inet natguard");
     for meta in [META4, META6] {
         let got = http_get(&pod.ns, sa(meta, 80));
         assert_eq!(

@@ -244,7 +244,7 @@ fn addrs(p: &Pod) -> Vec<IpAddr> {
 
 fn render_case(c: &Case) -> String {
     let mut out = String::new();
-    for n in &c.networks {
+    for (i, n) in c.networks.iter().enumerate() {
         let (name, cfg, node) = load(n);
         let shared = plan::plan_shared(&name, &cfg, &node);
         let _ = writeln!(
@@ -253,7 +253,13 @@ fn render_case(c: &Case) -> String {
             node.proxy_v4.map_or("none".into(), |a| a.to_string()),
             node.proxy_v6.map_or("none".into(), |a| a.to_string())
         );
-        out.push_str(&plan::render_shared(&shared));
+        // The guard's chains are the node's: shown with the first network only.
+        let part = if i == 0 {
+            plan::NodePart::All
+        } else {
+            plan::NodePart::SetsOnly
+        };
+        out.push_str(&plan::render_shared_with(&shared, part));
         for p in n.pods {
             let args = CniArgs::parse(p.cni_args).unwrap();
             // A bridge-plugin pod: the IP layer sees cni0, the bridge sees the pod's port.
@@ -603,7 +609,7 @@ fn golden_text_loaded_by_nft_equals_what_natguards_batch_installs() {
             c.name,
             String::from_utf8_lossy(&loaded.stderr)
         );
-        let plans: Vec<plan::SharedPlan> = c
+        let mut plans: Vec<plan::SharedPlan> = c
             .networks
             .iter()
             .map(|n| {
@@ -611,6 +617,36 @@ fn golden_text_loaded_by_nft_equals_what_natguards_batch_installs() {
                 plan::plan_shared(&name, &cfg, &node)
             })
             .collect();
+        // The node-wide union sets hold every network's part, as the store derives them when
+        // networks converge (loading the golden texts one after another adds them up too).
+        let mut union: Vec<(plan::SetKind, Vec<plan::Elem>)> = Vec::new();
+        for spec in plans
+            .iter()
+            .flat_map(|p| p.sets.iter())
+            .filter(|s| s.kind.is_union())
+        {
+            let i = match union.iter().position(|(k, _)| *k == spec.kind) {
+                Some(i) => i,
+                None => {
+                    union.push((spec.kind, Vec::new()));
+                    union.len() - 1
+                }
+            };
+            for e in spec.elements.iter().flatten() {
+                if !union[i].1.contains(e) {
+                    union[i].1.push(e.clone());
+                }
+            }
+        }
+        for p in &mut plans {
+            for spec in p.sets.iter_mut().filter(|s| s.kind.is_union()) {
+                if let Some((_, all)) = union.iter().find(|(k, _)| *k == spec.kind) {
+                    let mut all = all.clone();
+                    all.sort();
+                    spec.elements = Some(all);
+                }
+            }
+        }
         common::in_netns(&by_bytes, || {
             let mut sock = natguard::kernel::netlink::NfSocket::open().expect("netfilter socket");
             let mut tx = natguard::kernel::nft::Tx::new(&mut sock, None);

@@ -73,8 +73,8 @@ fn plan_node_rules() -> Vec<Rule> {
             ));
             rules.push(rule(
                 chain,
+                // No family match: the ct key of one family breaks on a connection of the other.
                 vec![
-                    Match::NfProto(f),
                     Match::CtDirOriginal,
                     Match::CtOrigDaddrIn(f, SetKind::MetaDests(f)),
                     Match::CtOrigTcpDportIn(SetKind::MetaDestPorts),

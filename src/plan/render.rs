@@ -150,9 +150,21 @@ fn render_chain(out: &mut String, p: &SharedPlan, c: ChainKind) {
     out.push_str("\t}\n");
 }
 
+/// How much of the node-wide objects a rendering shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodePart {
+    /// None: what the network's fingerprint covers.
+    Without,
+    /// The union sets with this network's part, not the guard's chains (a second network of
+    /// one node: its text adds its part, and the chains are the first network's).
+    SetsOnly,
+    /// The node-wide sets and the guard's chains.
+    All,
+}
+
 /// The sets and chains of one of the tables, as nft text: the network's own objects first,
-/// then (with `node`) the node-wide ones.
-fn render_table_body(p: &SharedPlan, table: TableFamily, node: bool) -> String {
+/// then the node-wide ones `node` asks for.
+fn render_table_body(p: &SharedPlan, table: TableFamily, node: NodePart) -> String {
     let mut out = String::new();
     for s in p.sets.iter().filter(|s| s.kind.table() == table) {
         if !s.kind.is_node() {
@@ -164,7 +176,7 @@ fn render_table_body(p: &SharedPlan, table: TableFamily, node: bool) -> String {
             render_chain(&mut out, p, c);
         }
     }
-    if node {
+    if node != NodePart::Without {
         let _ = writeln!(
             out,
             "\t# node-wide, shared by every network (guard fingerprint {}; union sets show this network's part)",
@@ -176,7 +188,7 @@ fn render_table_body(p: &SharedPlan, table: TableFamily, node: bool) -> String {
             }
         }
         for c in ChainKind::ALL.into_iter().filter(|c| c.table() == table) {
-            if c.is_node() {
+            if c.is_node() && node == NodePart::All {
                 render_chain(&mut out, p, c);
             }
         }
@@ -189,12 +201,17 @@ fn render_table_body(p: &SharedPlan, table: TableFamily, node: bool) -> String {
 pub(crate) fn render_network_body(p: &SharedPlan) -> String {
     TableFamily::ALL
         .iter()
-        .map(|&t| render_table_body(p, t, false))
+        .map(|&t| render_table_body(p, t, NodePart::Without))
         .collect()
 }
 
 /// The shared plan as nft text, in the shape `nft list table` prints, one block per table.
 pub fn render_shared(p: &SharedPlan) -> String {
+    render_shared_with(p, NodePart::All)
+}
+
+/// [`render_shared`] with only as much of the node-wide objects as `node` says.
+pub fn render_shared_with(p: &SharedPlan, node: NodePart) -> String {
     let mut out = String::new();
     for t in TableFamily::ALL {
         let _ = write!(
@@ -209,7 +226,7 @@ pub fn render_shared(p: &SharedPlan) -> String {
                 let _ = writeln!(out, "\t# warning: {w}");
             }
         }
-        out.push_str(&render_table_body(p, t, true));
+        out.push_str(&render_table_body(p, t, node));
         out.push_str("}\n");
     }
     out
