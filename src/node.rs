@@ -118,18 +118,32 @@ fn own_addresses() -> Vec<IpAddr> {
 /// prevResult: a port of a bridge gives (bridge, port); an interface that is not a port is the
 /// routed veth itself. An interface the kernel does not know is taken as routed, as reported.
 /// A primary plugin that reports no host-side interface gets the interface the node's route to
-/// the pod's first address leaves by.
+/// the pod's first address leaves by. On a bridge whose IP layer sits on another device (the
+/// bridge plugin's `vlan`: the gateway is on `BRIDGE.VLAN`), that device is where the pod's
+/// packets enter the IP layer, so it is the one the guard keys the pod by; the port stays the
+/// bridge port.
 pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
     // One socket for every lookup; without one, every interface is taken as reported.
     let mut links = link::Links::open().ok();
+    let route_oif = |links: &mut link::Links| {
+        addrs
+            .iter()
+            .find_map(|a| links.route_oif(*a).ok().flatten())
+    };
     if names.is_empty() {
         let links = links.as_mut()?;
-        let oif = addrs
-            .iter()
-            .find_map(|a| links.route_oif(*a).ok().flatten())?;
+        let oif = route_oif(links)?;
         return classify(Some(links), &[oif]);
     }
-    classify(links.as_mut(), names)
+    let mut host = classify(links.as_mut(), names)?;
+    if let (Some(port), Some(l)) = (host.port, links.as_mut()) {
+        if let Some(oif) = route_oif(l).as_deref().and_then(IfName::new) {
+            if oif != host.iface && oif != port {
+                host.iface = oif;
+            }
+        }
+    }
+    Some(host)
 }
 
 /// [`host_side`] for named interfaces.

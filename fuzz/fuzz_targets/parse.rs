@@ -25,6 +25,7 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
     let host = plan::HostSide {
         iface: plan::IfName::new("cni0").unwrap(),
         port: plan::IfName::new("veth01234567"),
+        mac: None,
     };
     let pod = PodRef {
         network,

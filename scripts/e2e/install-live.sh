@@ -357,7 +357,7 @@ grep -q 'self-repair: nft (pid' "$W/watch.log" ||
   fail "the watcher did not repair natguard's deleted table within 5 s: $(cat "$W/watch.log")"
 assert_pod_installed "$NET" "$ipA" "$podA"
 assert_pod_installed "$NET" "$ipE" "$podE"
-set_has "$NET" exempt4 "$ipB" || fail "exempt pod $ipB is not back in $NET-exempt4 after the repair"
+set_has "" exempt4 "$ipB" || fail "exempt pod $ipB is not back in exempt4 after the repair"
 probe "$podE" "pod $APPS_NS/ng-window, after the watcher's repair" proxy
 jq -e '.repairs >= 1' "$W/repair.json" >/dev/null || fail "the watcher's record counts no repair: $(cat "$W/repair.json" 2>&1)"
 log "$(grep 'self-repair: nft (pid' "$W/watch.log" | tail -n 1 | cut -d' ' -f4-)"

@@ -241,10 +241,11 @@ nft_table() { in_node nft list table inet natguard 2>/dev/null; }
 # ip_re IP: an extended regex matching IP as a whole address
 ip_re() { printf '(^|[^0-9.])%s([^0-9]|$)' "${1//./\\.}"; }
 
-# set_has NET SET IP
+# set_has NET SET IP: the network's set NET-SET holds IP; with an empty NET, the node-wide
+# set SET (the guard's allow-lists, shared by every network: exempt4, exempt6, ...)
 set_has() {
-  local out
-  out=$(in_node nft list set inet natguard "$1-$2" 2>&1) || fail "nft list set inet natguard $1-$2: $out"
+  local out name=${1:+$1-}$2
+  out=$(in_node nft list set inet natguard "$name" 2>&1) || fail "nft list set inet natguard $name: $out"
   grep -Eq "$(ip_re "$3")" <<<"$out"
 }
 
@@ -256,10 +257,11 @@ assert_pod_installed() {
   set_has "$net" masq4 "$ip" || fail "pod $ip is not in $net-masq4"
   if [ "$exempt" = exempt ]; then
     set_has "$net" meta4 "$ip" && fail "exempt pod $ip is in $net-meta4"
+    set_has "" exempt4 "$ip" || fail "exempt pod $ip is not in the node-wide exempt4"
   elif [ "$exempt" = deny ]; then
     # natguard.io/metadata: deny in a proxy network: neither DNATed nor exempt
     set_has "$net" meta4 "$ip" && fail "pod $ip (annotated deny) is in $net-meta4"
-    set_has "$net" exempt4 "$ip" && fail "pod $ip (annotated deny) is in $net-exempt4"
+    set_has "" exempt4 "$ip" && fail "pod $ip (annotated deny) is in the node-wide exempt4"
     in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -F -- "pol=deny" >/dev/null ||
       fail "pod $ip (annotated deny): its owner entry does not record pol=deny"
   else

@@ -29,13 +29,17 @@ test_budget() {
 # select the subset CI runs of that binary on every kernel; nothing printed: the whole binary.
 # security.rs is the one cut: its whole run takes about 8 minutes per kernel under emulation; the
 # subset keeps one attack of each kind that has a kernel-specific datapath (address theft on a
-# bridge and on ptp, hand-made segments, another component's DNAT and NOTRACK in nft).
+# bridge and on ptp, hand-made segments, another component's DNAT and NOTRACK in nft) and every
+# case of the node-wide guard (tags, MAC theft, tunnels, unseen pods, bypassing primaries,
+# counters, a flushed ruleset, unmanaged bridges).
 ci_filter() {
   case $1 in
   security)
     echo "address_theft_on_a_bridge_never address_theft_on_ptp crafted_tcp_segments" \
       "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority" \
-      "vlan_tagged_claims mac_theft_on_a_bridge vxlan_decapsulated"
+      "vlan_tagged_claims mac_theft_on_a_bridge vxlan_decapsulated a_ptp_pod_natguard_never_saw" \
+      "a_primary_that_bypasses reset_counters_name after_a_flushed_ruleset" \
+      "a_bridge_no_network_manages"
     ;;
   esac
 }
