@@ -704,6 +704,27 @@ fn mac_of(ns: &Netns, ifname: &str) -> String {
         .to_string()
 }
 
+/// The node's device the route to `pod` leaves by, its MAC and its IPv6 link-local address.
+fn node_ip_device(w: &World, pod: IpAddr) -> (String, String, String) {
+    let out = w.node.ip(&format!("-j route get {pod}"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j route get");
+    let dev = v[0]["dev"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no device in the node's route to {pod}: {out}"))
+        .to_string();
+    let out = w.node.ip(&format!("-6 -j addr show dev {dev} scope link"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j addr");
+    let ll = v[0]["addr_info"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find_map(|a| a["local"].as_str())
+        .unwrap_or_else(|| panic!("no link-local address on the node's {dev}: {out}"))
+        .to_string();
+    let mac = mac_of(&w.node, &dev);
+    (dev, mac, ll)
+}
+
 #[test]
 fn tagged_claims_of_the_exempt_address_on_a_vlan_bridge_never_reach_the_metadata_host() {
     require_root();
@@ -718,7 +739,17 @@ fn tagged_claims_of_the_exempt_address_on_a_vlan_bridge_never_reach_the_metadata
     control_metadata(&exempt, REAL, "exempt pod");
     control_metadata(&thief, "proxy", "default pod");
     control_network(&thief, "default pod");
-    let (gw4, gw6) = gateways(&thief);
+    let (gw4, _) = gateways(&thief);
+    // The node's IP device for the pod (`cni0.VLAN`): its MAC and IPv6 link-local address are
+    // the thief's next hop on every tagged interface, with static neighbour entries so that the
+    // tagged frames are really sent (neighbour discovery on them would be dropped first).
+    let (node_dev, node_mac, node_ll) = node_ip_device(&w, exempt.v4);
+    let table = w.table().expect("natguard's table");
+    let key = format!("\"{node_dev}\" . {}", exempt.v4);
+    assert!(
+        node_dev != "cni0" && set_block(&table, "exempt4").is_some_and(|b| b.contains(&key)),
+        "the exempt pod should be keyed by the bridge's IP device {node_dev} ({key}) in\n{table}"
+    );
 
     // The thief's tagged interfaces: VLAN 0 (priority tag), the network's VLAN, and 802.1ad
     // outside 802.1Q; each carries the exempt pod's addresses.
@@ -778,12 +809,18 @@ fn tagged_claims_of_the_exempt_address_on_a_vlan_bridge_never_reach_the_metadata
         thief
             .ns
             .ip(&format!("addr add {}/128 dev {d} nodad", exempt.v6));
+        thief
+            .ns
+            .ip(&format!("neigh replace {gw4} lladdr {node_mac} dev {d}"));
+        thief.ns.ip(&format!(
+            "-6 neigh replace {node_ll} lladdr {node_mac} dev {d}"
+        ));
         thief.ns.ip(&format!(
             "route replace {META4}/32 via {gw4} dev {d} onlink src {}",
             exempt.v4
         ));
         thief.ns.ip(&format!(
-            "-6 route replace {META6}/128 via {gw6} dev {d} onlink src {}",
+            "-6 route replace {META6}/128 via {node_ll} dev {d} src {}",
             exempt.v6
         ));
         // Full connections (the node's neighbour entries may point at the thief now) ...
@@ -810,6 +847,20 @@ fn tagged_claims_of_the_exempt_address_on_a_vlan_bridge_never_reach_the_metadata
         thief.ns.ip(&format!("addr del {}/128 dev {d}", exempt.v6));
     }
     f.finish("tagged claims on a VLAN-filtering bridge");
+}
+
+/// The pod's bridge port: the host-side interface of its result that is not the bridge.
+fn exempt_port(pod: &Pod) -> String {
+    let ifs = pod.result["interfaces"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    ifs.iter()
+        .filter(|i| i.get("sandbox").is_none())
+        .filter_map(|i| i["name"].as_str())
+        .find(|n| *n != "cni0")
+        .unwrap_or_else(|| panic!("no bridge port in {}", pod.result))
+        .to_string()
 }
 
 #[test]
@@ -890,12 +941,9 @@ fn mac_theft_of_the_exempt_pod_on_a_vlan_bridge_overhears_nothing() {
             &exempt.v6.to_string(),
         ]);
         let fdb = w.node.run(&["bridge", "fdb", "show", "br", "cni0"]);
-        let port = exempt.result["interfaces"][0]["name"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
+        let port = exempt_port(&exempt);
         for line in fdb.lines().filter(|l| l.starts_with(&mac)) {
-            f.check(port.is_empty() || line.contains(&format!("dev {port} ")), || {
+            f.check(line.contains(&format!("dev {port} ")), || {
                 format!("after frames from the thief on {dev}, the bridge learnt the exempt pod's MAC elsewhere: {line}")
             });
         }
