@@ -1807,10 +1807,26 @@ fn a_primary_that_bypasses_the_node_is_refused_unless_accepted() {
     l["plugins"][0]["device"] = json!("hostdev1");
     let accepted2 = w.chain(l);
     drop(accepted);
+    // Another network's exempt pod, on a bridge, before and after the accepted ADD: nothing of
+    // the unenforced network (its device, the node's route to its pod) may reset its replies.
+    let bridge = w.chain(w.list("bypbr", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&bridge, "sys", EXEMPT_NS);
+    control_metadata(&exempt, REAL, "the bridge network's exempt pod, before");
     let att2 = Attachment::new("cid-byp2", &ns2).k8s("default", "byp2");
     accepted2
         .add(&att2)
         .unwrap_or_else(|e| panic!("with acceptUnenforced the ADD is accepted: {e}"));
+    control_metadata(
+        &exempt,
+        REAL,
+        "the bridge network's exempt pod, after an unenforced network's ADD",
+    );
+    control_network(&exempt, "the bridge network's exempt pod");
+    let table = w.table().expect("natguard's table");
+    assert!(
+        !table.contains("\"hostdev1\""),
+        "the unenforced network's device entered an interface set:\n{table}"
+    );
 }
 
 /// Pod a sends metadata SYNs with pod b's address on a routed network: the per-pod reset
