@@ -118,10 +118,11 @@ fn own_addresses() -> Vec<IpAddr> {
 /// prevResult: a port of a bridge gives (bridge, port); an interface that is not a port is the
 /// routed veth itself. An interface the kernel does not know is taken as routed, as reported.
 /// A primary plugin that reports no host-side interface gets the interface the node's route to
-/// the pod's first address leaves by. On a bridge whose IP layer sits on another device (the
-/// bridge plugin's `vlan`: the gateway is on `BRIDGE.VLAN`), that device is where the pod's
+/// the pod's first address leaves by. On a bridge whose IP layer sits on another device of the
+/// same bridge (the bridge plugin's `vlan`: the gateway is on `BRIDGE.VLAN`, a veth whose peer
+/// is a port of the bridge; or a VLAN device on the bridge), that device is where the pod's
 /// packets enter the IP layer, so it is the one the guard keys the pod by; the port stays the
-/// bridge port.
+/// bridge port. A route that leaves by anything else (an uplink) changes nothing.
 pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
     // One socket for every lookup; without one, every interface is taken as reported.
     let mut links = link::Links::open().ok();
@@ -137,13 +138,41 @@ pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
     }
     let mut host = classify(links.as_mut(), names)?;
     if let (Some(port), Some(l)) = (host.port, links.as_mut()) {
-        if let Some(oif) = route_oif(l).as_deref().and_then(IfName::new) {
-            if oif != host.iface && oif != port {
-                host.iface = oif;
+        if let Some(oif) = route_oif(l) {
+            if let Some(dev) = bridge_ip_device(l, &oif, host.iface, port) {
+                host.iface = dev;
             }
         }
     }
     Some(host)
+}
+
+/// `oif` when it is another IP device of `bridge`: a VLAN device on it, or a veth whose peer is
+/// one of its ports (never the pod's own port).
+fn bridge_ip_device(
+    links: &mut link::Links,
+    oif: &str,
+    bridge: IfName,
+    port: IfName,
+) -> Option<IfName> {
+    let dev = IfName::new(oif)?;
+    if dev == bridge || dev == port {
+        return None;
+    }
+    let lower = links.link(oif).ok()??.lower?;
+    let lower_name = IfName::new(&lower)?;
+    if lower_name == port {
+        return None;
+    }
+    let on_bridge = lower_name == bridge
+        || links
+            .link(&lower)
+            .ok()
+            .flatten()
+            .and_then(|l| l.master)
+            .and_then(|m| IfName::new(&m))
+            == Some(bridge);
+    on_bridge.then_some(dev)
 }
 
 /// [`host_side`] for named interfaces.

@@ -24,6 +24,8 @@ const RTA_OIF: u16 = 4;
 const IFINFOMSG_LEN: usize = 16;
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
+const IFLA_LINK: u16 = 5;
+const IFLA_LINK_NETNSID: u16 = 37;
 const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
@@ -37,6 +39,9 @@ pub struct Link {
     pub is_bridge: bool,
     /// The name of the interface this one is enslaved to (a bridge port's bridge).
     pub master: Option<String>,
+    /// `IFLA_LINK`: the device this one sits on (a VLAN's lower device, a veth's peer), when it
+    /// is in this namespace (with `IFLA_LINK_NETNSID` the index is another namespace's).
+    pub lower: Option<String>,
     /// `IFLA_INFO_KIND` (`veth`, `macvlan`, ...); `None` for a device without one (a NIC).
     pub kind: Option<String>,
     /// The link-layer address, when it is an Ethernet one.
@@ -105,6 +110,10 @@ fn link_reply(msgs: &[Msg]) -> Option<Link> {
     Some(Link {
         is_bridge: kind.as_deref() == Some("bridge"),
         master: index_attr(&attrs, IFLA_MASTER),
+        lower: match attrs.get(IFLA_LINK_NETNSID) {
+            Some(_) => None,
+            None => index_attr(&attrs, IFLA_LINK),
+        },
         kind,
         mac: attrs
             .get(IFLA_ADDRESS)
@@ -237,6 +246,7 @@ mod tests {
         let lo = index_to_name(1).expect("interface 1 exists");
         let msgs = reply(RTM_NEWLINK, IFINFOMSG_LEN, &|b| {
             b.attr(IFLA_MASTER, &1u32.to_ne_bytes());
+            b.attr(IFLA_LINK, &1u32.to_ne_bytes());
             let li = b.nest_begin(IFLA_LINKINFO);
             b.attr_str(IFLA_INFO_KIND, "bridge");
             b.nest_end(li);
@@ -244,12 +254,21 @@ mod tests {
         let l = link_reply(&msgs).unwrap();
         assert!(l.is_bridge);
         assert_eq!(l.master.as_deref(), Some(lo.as_str()));
+        assert_eq!(l.lower.as_deref(), Some(lo.as_str()));
+        // A peer in another namespace: its index means nothing here.
+        let peer = link_reply(&reply(RTM_NEWLINK, IFINFOMSG_LEN, &|b| {
+            b.attr(IFLA_LINK, &1u32.to_ne_bytes());
+            b.attr(IFLA_LINK_NETNSID, &0u32.to_ne_bytes());
+        }))
+        .unwrap();
+        assert_eq!(peer.lower, None);
         let plain = link_reply(&reply(RTM_NEWLINK, IFINFOMSG_LEN, &|_| {})).unwrap();
         assert_eq!(
             plain,
             Link {
                 is_bridge: false,
                 master: None,
+                lower: None,
                 kind: None,
                 mac: None,
             }
