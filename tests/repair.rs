@@ -404,7 +404,18 @@ fn lost_notifications_lead_to_a_full_check_not_a_crash() {
     let pod = w.add_pod(&chain, "web", "default");
     let mut watcher = Watcher::start_with(&w, &chain, &[("NATGUARD_MONITOR_RCVBUF", "1")]);
     let before = watcher.repairs();
+    // The watcher is stopped while the flush's notifications arrive, so they overflow its
+    // buffer whatever the machine's timing (a running watcher may read them as they come).
+    let signal = |sig: &str| {
+        let st = std::process::Command::new("kill")
+            .args([sig, &watcher.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(st.success(), "kill {sig} {}", watcher.pid());
+    };
+    signal("-STOP");
     w.node.run(&["nft", "flush", "ruleset"]);
+    signal("-CONT");
     watcher.wait_until("the repair after lost notifications", || {
         metadata_of(&pod) == body("proxy") && watcher.repairs() > before
     });
