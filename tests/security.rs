@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-/// Upper bound for waiting on packet counters (a bound for failure reports, not an assertion on
-/// speed).
+/// Upper bound for waiting on packet counters, stretched by [`deadline`] in the kernel layer's
+/// VMs (a bound for failure reports, not an assertion on speed).
 const COUNTER_WAIT: Duration = Duration::from_secs(20);
 
 const EXEMPT_NS: &str = "kube-system";
@@ -89,6 +89,38 @@ fn mac_of(ns: &Netns, ifname: &str) -> String {
         .to_string()
 }
 
+/// The MAC address `ns`'s neighbour table holds for `addr`, if any.
+fn neighbour_mac(ns: &Netns, addr: IpAddr) -> Option<String> {
+    let out = ns.ip(&format!("-j neigh show {addr}"));
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    v.as_array()?
+        .iter()
+        .find_map(|n| n["lladdr"].as_str().map(str::to_string))
+}
+
+/// The MAC addresses `ns` has learnt for its gateways (by its earlier traffic), to pin later.
+fn gateway_macs(ns: &Netns, gws: [IpAddr; 2]) -> Vec<(IpAddr, String)> {
+    gws.into_iter()
+        .map(|gw| {
+            let mac = neighbour_mac(ns, gw)
+                .unwrap_or_else(|| panic!("control: no neighbour entry for the gateway {gw}"));
+            (gw, mac)
+        })
+        .collect()
+}
+
+/// Pins the gateways' neighbour entries in `ns` as permanent. A pod that sends from a stolen
+/// address solicits its gateway from that address too, and the guard drops the solicitation:
+/// without the pin, its packets would die queued in its own netns, never tested against the
+/// guard, and a control sent behind them would die with them.
+fn pin_gateways(ns: &Netns, macs: &[(IpAddr, String)]) {
+    for (gw, mac) in macs {
+        ns.ip(&format!(
+            "neigh replace {gw} lladdr {mac} dev eth0 nud permanent"
+        ));
+    }
+}
+
 /// Runs an nft script (several lines) in `ns`.
 fn nft_script(w: &World, ns: &Netns, name: &str, text: &str) {
     let path = w.dir().join(format!("{name}.nft"));
@@ -127,6 +159,8 @@ fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
     control_metadata(&thief, "proxy", "the thief before the theft");
 
     let (gw4, gw6) = gateways(&thief);
+    // Read before the MAC address changes, which flushes the thief's neighbour entries.
+    let gw_macs = gateway_macs(&thief.ns, [gw4, gw6]);
     let own_mac = mac_of(&thief.ns, "eth0");
     if steal_mac {
         let mac = mac_of(&exempt.ns, "eth0");
@@ -143,6 +177,7 @@ fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
         exempt.v6
     ));
     thief.ns.ip("neigh flush all");
+    pin_gateways(&thief.ns, &gw_macs);
     announce(&w.h, &thief.ns, "eth0", exempt.v4, gw4, exempt.v6);
 
     let mut f = Findings::new();
@@ -209,7 +244,7 @@ fn stolen_segments_never_arrive(
         let start = Instant::now();
         while names.iter().any(|n| counters.packets(n) < u64::from(EACH)) {
             assert!(
-                start.elapsed() < COUNTER_WAIT,
+                start.elapsed() < deadline(COUNTER_WAIT),
                 "control: {what} never all arrived at the cloud ({} / {} of {EACH})",
                 counters.packets(names[0]),
                 counters.packets(names[1])
@@ -703,7 +738,7 @@ fn crafted_tcp_segments_never_reach_the_metadata_host() {
     let start = Instant::now();
     while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
         assert!(
-            start.elapsed() < COUNTER_WAIT,
+            start.elapsed() < deadline(COUNTER_WAIT),
             "control: the SYNs from the pod to {cloud4}:80 / [{cloud6}]:80 never all arrived at the cloud ({} / {} of {EACH})",
             counters.packets("ctl4"),
             counters.packets("ctl6")
@@ -759,7 +794,7 @@ fn fragmented_tcp_segments_never_reach_the_metadata_host() {
     let start = Instant::now();
     while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
         assert!(
-            start.elapsed() < COUNTER_WAIT,
+            start.elapsed() < deadline(COUNTER_WAIT),
             "control: the fragmented SYNs from the pod to {cloud4} / {cloud6} never arrived at the cloud ({} / {} packets)",
             counters.packets("ctl4"),
             counters.packets("ctl6")
@@ -916,7 +951,9 @@ fn stale_exemption_of_a_vanished_pod_is_not_usable_by_a_neighbour() {
         "-6 route replace {META6}/128 via {gw6} src {}",
         sys.v6
     ));
+    let gw_macs = gateway_macs(&thief.ns, [gw4, gw6]);
     thief.ns.ip("neigh flush all");
+    pin_gateways(&thief.ns, &gw_macs);
     announce(&w.h, &thief.ns, "eth0", sys.v4, gw4, sys.v6);
     let mut f = Findings::new();
     for t in metas() {
@@ -1331,7 +1368,8 @@ fn helper_script(w: &World, name: &str, text: &str) -> String {
 /// carrying `KIND`:
 ///   syn SRC DST DPORT COUNT  - TCP SYNs (IPv4 or IPv6 by the addresses)
 ///   arp SPA TPA              - an ARP reply claiming SPA (gratuitous when SPA == TPA)
-///   na TARGET                - an unsolicited neighbour advertisement (override) for TARGET
+///   na TARGET [SRC]          - an unsolicited neighbour advertisement (override) for TARGET,
+///                              sent from SRC (default: TARGET itself)
 const FRAMES_PY: &str = r#"
 import random, socket, struct, sys
 
@@ -1390,11 +1428,12 @@ elif kind == "arp":
     frames = [eth(0x0806, arp)] * 3
 elif kind == "na":
     target = args[0]
+    src = args[1] if len(args) > 1 else target
     body = struct.pack("!BBHI", 136, 0, 0, 0x20000000) + \
         socket.inet_pton(socket.AF_INET6, target) + struct.pack("!BB", 2, 1) + smac
-    c = csum(pseudo6(target, "ff02::1", 58, len(body)) + body)
+    c = csum(pseudo6(src, "ff02::1", 58, len(body)) + body)
     body = body[:2] + struct.pack("!H", c) + body[4:]
-    frames = [eth(0x86dd, ip6(target, "ff02::1", 58, body, hops=255))] * 3
+    frames = [eth(0x86dd, ip6(src, "ff02::1", 58, body, hops=255))] * 3
 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
 s.bind((ifname, 0))
 for f in frames:
@@ -1411,11 +1450,7 @@ fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str, wha
 
 /// The MAC the node's neighbour table holds for `addr`, if any.
 fn node_neighbour(w: &World, addr: IpAddr) -> Option<String> {
-    let out = w.node.ip(&format!("-j neigh show {addr}"));
-    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    v.as_array()?
-        .iter()
-        .find_map(|n| n["lladdr"].as_str().map(str::to_string))
+    neighbour_mac(&w.node, addr)
 }
 
 /// Waits until counter `name` has counted at least `n` packets (a bound for the failure
@@ -1424,12 +1459,27 @@ fn wait_counter(c: &Counters, name: &str, n: u64, what: &str) {
     let start = Instant::now();
     while c.packets(name) < n {
         assert!(
-            start.elapsed() < COUNTER_WAIT,
+            start.elapsed() < deadline(COUNTER_WAIT),
             "control: {what} never arrived ({} of {n})",
             c.packets(name)
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A bridge network with natguard exempting [`EXEMPT_NS`]: an exempt pod and a default pod
+/// (the thief) on it, the exempt pod's metadata answered by the real server (the control).
+fn exempt_and_thief(test: &str, list: &str) -> (World, Pod, Pod) {
+    let w = real_world(test);
+    let chain = w.chain(w.list(list, "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&chain, "thief", "default");
+    control_metadata(
+        &exempt,
+        REAL,
+        &format!("exempt pod before the attack ({test})"),
+    );
+    (w, exempt, thief)
 }
 
 /// A default pod claims the exempt pod's addresses in frames with VLAN tags (one priority tag,
@@ -1441,11 +1491,7 @@ fn wait_counter(c: &Counters, name: &str, n: u64, what: &str) {
 /// (natguard's pod ports carry no tags), while its untagged ones do (the control).
 #[test]
 fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
-    let w = real_world("sec-vlan-tags");
-    let chain = w.chain(w.list("vlantags", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
-    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
-    let thief = w.add_pod(&chain, "thief", "default");
-    control_metadata(&exempt, REAL, "exempt pod before the claims");
+    let (w, exempt, thief) = exempt_and_thief("sec-vlan-tags", "vlantags");
     let exempt_mac = mac_of(&exempt.ns, "eth0");
     let thief_mac = mac_of(&thief.ns, "eth0");
     let bridge_mac = mac_of(&w.node, "cni0");
@@ -1561,16 +1607,66 @@ fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
     f.finish("VLAN-tagged claims");
 }
 
+/// A neighbour advertisement comes from the sender's link-local address, not from the address
+/// it advertises: a default pod advertises the exempt pod's IPv6 address (override) from its
+/// own link-local address and its own MAC, untagged, the way a real neighbour would. The node's
+/// neighbour entry must keep the exempt pod's MAC, so replies meant for the exempt pod never
+/// reach the thief; a guard that lets ordinary-looking IPv6 from ordinary sources through
+/// unexamined would miss it.
+#[test]
+fn a_neighbour_advertisement_from_a_link_local_source_never_moves_the_exempt_pods_entry() {
+    let (w, exempt, thief) = exempt_and_thief("sec-na-ll", "nall");
+    control_network(&exempt, "exempt pod");
+    let exempt_mac = mac_of(&exempt.ns, "eth0");
+    let thief_mac = mac_of(&thief.ns, "eth0");
+    let out = thief.ns.ip("-j -6 addr show dev eth0 scope link");
+    let v: Value = serde_json::from_str(&out).expect("ip -j addr");
+    let link_local = v[0]["addr_info"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|i| i["local"].as_str()))
+        .unwrap_or_else(|| panic!("control: the thief has no link-local address: {out}"))
+        .to_string();
+    assert_eq!(
+        node_neighbour(&w, exempt.v6).as_deref(),
+        Some(exempt_mac.as_str()),
+        "control: the node learnt the exempt pod's IPv6 neighbour entry from its traffic"
+    );
+    let na = vec!["na".to_string(), exempt.v6.to_string(), link_local];
+    send_frames(&w, &thief, &thief_mac, "33:33:00:00:00:01", "", &na);
+    // The control that such frames move the node's entries at all: the same advertisement
+    // for the thief's own address, with a made-up MAC, moves the thief's entry to that MAC.
+    control_network(&thief, "the thief");
+    const MADE_UP: &str = "02:00:5e:00:53:99";
+    let own = vec!["na".to_string(), thief.v6.to_string(), na[2].clone()];
+    let start = Instant::now();
+    loop {
+        send_frames(&w, &thief, MADE_UP, "33:33:00:00:00:01", "", &own);
+        std::thread::sleep(Duration::from_millis(100));
+        if node_neighbour(&w, thief.v6).as_deref() == Some(MADE_UP) {
+            break;
+        }
+        assert!(
+            start.elapsed() < deadline(COUNTER_WAIT),
+            "control: the node never took the thief's advertisement of its own address ({:?})",
+            node_neighbour(&w, thief.v6)
+        );
+    }
+    let got = node_neighbour(&w, exempt.v6);
+    assert_eq!(
+        got.as_deref(),
+        Some(exempt_mac.as_str()),
+        "the node's neighbour entry for the exempt pod's {} moved to {got:?} (the thief is {thief_mac})",
+        exempt.v6
+    );
+    control_metadata(&exempt, REAL, "exempt pod after the advertisement");
+}
+
 /// A default pod takes the exempt pod's MAC without claiming any address: the bridge must not
 /// learn it on the thief's port, so nothing sent to the exempt pod (its metadata answers
 /// included) reaches the thief.
 #[test]
 fn mac_theft_on_a_bridge_overhears_nothing_sent_to_the_exempt_pod() {
-    let w = real_world("sec-mac-theft");
-    let chain = w.chain(w.list("mactheft", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
-    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
-    let thief = w.add_pod(&chain, "thief", "default");
-    control_metadata(&exempt, REAL, "exempt pod before the theft");
+    let (w, exempt, thief) = exempt_and_thief("sec-mac-theft", "mactheft");
     let overheard = Counters::install(
         &w.h,
         &thief.ns,
@@ -1905,6 +2001,56 @@ fn after_a_flushed_ruleset_the_next_add_restores_every_pod() {
         });
     }
     f.finish("flush, then ADD");
+}
+
+/// Another component empties natguard's chains one by one (no flush of the ruleset, the table
+/// and every set stay) right after an ADD, when natguard has just found everything intact.
+/// The next ADD must notice the rewrite (nf_tables' generation has moved on) rather than trust
+/// what it found a moment earlier, and restore the policy for every pod.
+#[test]
+fn chains_emptied_between_two_adds_are_restored_by_the_second() {
+    let w = real_world("sec-empty-chains");
+    let chain = w.chain(w.list("emptychains", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&chain, "pod", "default");
+    control_metadata(&pod, "proxy", "default pod before the rewrite");
+    let listed = w.on_node("nft list chains");
+    let mut emptied = 0;
+    let mut family = "";
+    for line in listed.lines().map(str::trim) {
+        if let Some(rest) = line.strip_prefix("table ") {
+            family = if rest.starts_with("inet natguard") {
+                "inet"
+            } else if rest.starts_with("bridge natguard") {
+                "bridge"
+            } else {
+                ""
+            };
+        } else if let Some(name) = line
+            .strip_prefix("chain ")
+            .and_then(|l| l.split(' ').next())
+        {
+            if !family.is_empty() {
+                w.on_node(&format!("nft flush chain {family} natguard {name}"));
+                emptied += 1;
+            }
+        }
+    }
+    assert!(emptied >= 2, "no natguard chain found to empty:\n{listed}");
+    // The control: the rewrite really opened the way (what the next ADD must close).
+    control_metadata(
+        &pod,
+        REAL,
+        "default pod right after its chains were emptied",
+    );
+    let _late = w.add_pod(&chain, "late", "default");
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&pod.ns, t);
+        f.check(got == body("proxy"), || {
+            format!("after the chains were emptied and the next ADD, the earlier pod -> http://{t}/ got {got:?}, not the proxy")
+        });
+    }
+    f.finish("chains emptied, then ADD");
 }
 
 /// Containers on a bridge no CNI network manages (docker0 style) are no pod natguard knows: the

@@ -501,9 +501,13 @@ pub enum Match {
     NotTcp,
     /// `meta l4proto tcp`
     IsTcp,
+    /// `meta l4proto != ipv6-icmp`
+    NotIcmpv6,
     /// `ether type ip|ip6|arp|8021q|8021ad`: every match of a bridge-table rule needs one.
     EtherType(EtherProto),
     SaddrIn(Family, SetKind),
+    /// `ip saddr != @set`
+    SaddrNotIn(Family, SetKind),
     DaddrIn(Family, SetKind),
     /// `meta l4proto tcp tcp dport @set`
     TcpDportIn(SetKind),
@@ -529,6 +533,8 @@ pub enum Match {
     IifNdTargetNotIn(SetKind),
     /// `ether saddr @set`
     EtherSaddrIn(SetKind),
+    /// `ether saddr != @set`
+    EtherSaddrNotIn(SetKind),
     /// `iifname . ether saddr != @set`
     IifEtherSaddrNotIn(SetKind),
     /// `meta mark & M == M`

@@ -188,10 +188,10 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.cmp_eq(NFT_REG_1, &ty.to_be_bytes());
         }
         // ip saddr @set → [ payload load 4b @ network + 12 => reg 1 ] [ lookup reg 1 set ]
-        Match::SaddrIn(f, s) => {
+        Match::SaddrIn(f, s) | Match::SaddrNotIn(f, s) => {
             let ((off, len), _) = addr_offsets(*f);
             x.payload(BASE_NETWORK, off, len, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, false);
+            x.lookup(&set(s), NFT_REG_1, matches!(m, Match::SaddrNotIn(..)));
         }
         Match::DaddrIn(f, s) => {
             let (_, (off, len)) = addr_offsets(*f);
@@ -278,6 +278,11 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp(NFT_REG_1, NFT_CMP_NEQ, &[libc::IPPROTO_TCP as u8]);
         }
+        // meta l4proto != ipv6-icmp → [ meta load l4proto => reg 1 ] [ cmp neq reg 1 58 ]
+        Match::NotIcmpv6 => {
+            x.meta(NFT_META_L4PROTO, NFT_REG_1);
+            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &[libc::IPPROTO_ICMPV6 as u8]);
+        }
         Match::IsTcp => {
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
@@ -304,9 +309,9 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), false);
         }
         // ether saddr @set → [ payload load 6b @ link header + 6 => reg 1 ] [ lookup ]
-        Match::EtherSaddrIn(s) => {
+        Match::EtherSaddrIn(s) | Match::EtherSaddrNotIn(s) => {
             x.payload(BASE_LL, ETHER_SADDR_OFFSET, 6, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, false);
+            x.lookup(&set(s), NFT_REG_1, matches!(m, Match::EtherSaddrNotIn(_)));
         }
         Match::IifEtherSaddrNotIn(s) => {
             iif_concat_lookup(x, (BASE_LL, ETHER_SADDR_OFFSET, 6), &set(s), true);
