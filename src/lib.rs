@@ -24,6 +24,7 @@
 pub(crate) mod addr;
 pub mod cni;
 pub mod config;
+pub(crate) mod ctpass;
 pub mod error;
 pub mod kernel;
 pub mod lock;
@@ -34,3 +35,6 @@ pub mod policy;
 pub(crate) mod store;
 pub mod tools;
 pub mod verbs;
+
+/// natguard's record of the networks found intact, next to the node lock (`/run/natguard`).
+pub use store::VERIFIED_FILE;

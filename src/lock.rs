@@ -43,6 +43,13 @@ use std::time::{Duration, Instant};
 /// The node-wide lock file (flock, exclusive), in natguard's runtime directory `/run/natguard`.
 pub const LOCK_PATH: &str = "/run/natguard/lock";
 
+/// natguard's runtime directory, the lock file's: the other per-node records live next to it.
+pub fn run_dir() -> &'static Path {
+    Path::new(LOCK_PATH)
+        .parent()
+        .unwrap_or(Path::new("/run/natguard"))
+}
+
 /// How long a verb waits for the node-wide lock before it fails with code 11.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -178,6 +185,9 @@ fn block(file: &File, start: Instant, wait: Duration, _timer: &Timer) -> io::Res
         if start.elapsed() >= wait {
             return Ok(false);
         }
+        // Bounded: `timer` is armed (only `Timer::arm` makes one), and its signal, whose
+        // handler has no SA_RESTART, ends this call with EINTR at the deadline and every
+        // RECHECK after it; the check above then returns.
         // SAFETY: flock on a descriptor this function borrows.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
             return Ok(true);

@@ -214,3 +214,12 @@ fn classify(mut links: Option<&mut link::Links>, names: &[String]) -> Option<Hos
         mac: None,
     })
 }
+
+/// The calling thread's network namespace as (device, inode) of `/proc/thread-self/ns/net`:
+/// what natguard's per-node records are keyed by, since generations and conntrack tables of
+/// different namespaces are unrelated.
+pub(crate) fn netns_id() -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata("/proc/thread-self/ns/net").ok()?;
+    Some((m.dev(), m.ino()))
+}

@@ -9,6 +9,7 @@
 use crate::cni::prev_result::PodIp;
 use crate::cni::{self, CniVersion, Command, Env, NetConf};
 use crate::config::{Config, MetadataMode, ProxyAddr};
+use crate::ctpass;
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::Path;
 use crate::kernel::{self, Kernel};
@@ -323,18 +324,41 @@ fn restore_cached_pods(network: &str, cfg: &Config) {
     }
 }
 
-/// Deletes the addresses' conntrack entries; a failure is logged, never returned.
+/// Deletes the addresses' conntrack entries, in one pass with every invocation that waits to
+/// do the same ([`crate::ctpass`]); a failure is logged, never returned.
 fn flush_conntrack<K: Kernel>(store: &mut Store<K>, addrs: &[IpAddr], path: Path, verb: &str) {
-    let run_dir = std::path::Path::new(crate::lock::LOCK_PATH)
-        .parent()
-        .unwrap_or(std::path::Path::new("/run/natguard"));
+    let run_dir = crate::lock::run_dir();
     let path = crate::kernel::conntrack::auto_path(path, addrs, run_dir);
-    match store.flush_conntrack(addrs, path) {
-        Ok(r) => info!(
-            "conntrack: deleted {} entries in {} kernel walks ({})",
+    match crate::ctpass::flush(run_dir, addrs, path, store) {
+        Ok(ctpass::Outcome::Ran { reports, served }) => info!(
+            "conntrack: deleted {} entries in {} kernel walks ({}) for {served} invocation(s)",
+            reports.iter().map(|r| r.deleted).sum::<u64>(),
+            reports.iter().map(|r| r.walks).sum::<u32>(),
+            reports
+                .iter()
+                .map(|r| r.path)
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        Ok(ctpass::Outcome::Served) => info!("conntrack: deleted by another invocation's pass"),
+        Ok(ctpass::Outcome::Alone { report: r, why }) => info!(
+            "conntrack: deleted {} entries in {} kernel walks ({}) alone: {why}",
             r.deleted, r.walks, r.path
         ),
         Err(e) => warn!("conntrack cleanup at {verb} failed (policy is installed): {e}"),
+    }
+}
+
+impl<K: Kernel> ctpass::Flusher for Store<K> {
+    fn entries(&mut self) -> Result<u64> {
+        self.conntrack_entries()
+    }
+    fn flush(
+        &mut self,
+        addrs: &[IpAddr],
+        path: Path,
+    ) -> Result<crate::kernel::conntrack::FlushReport> {
+        self.flush_conntrack(addrs, path)
     }
 }
 

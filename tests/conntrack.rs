@@ -319,6 +319,18 @@ fn pod_addrs() -> [IpAddr; 2] {
     [ip(POD4), ip(POD6)]
 }
 
+/// The calling thread's namespace holds exactly `keep`: nothing of it was deleted, nothing
+/// else (the pods' entries) is left. Returns the table.
+fn assert_left_exactly(keep: &[Flow]) -> BTreeSet<Flow> {
+    let after = dump();
+    let want: BTreeSet<Flow> = keep.iter().copied().collect();
+    let gone: Vec<&Flow> = want.difference(&after).collect();
+    assert!(gone.is_empty(), "unrelated entries deleted: {gone:?}");
+    let left: Vec<&Flow> = after.difference(&want).collect();
+    assert!(left.is_empty(), "pods' entries left: {left:?}");
+    after
+}
+
 /// Fills a fresh namespace, flushes the pod's addresses along `path`, and checks that exactly
 /// the pod's entries are gone. Returns the report and the table left behind.
 fn flush_case(test: &str, background_n: u32, path: Path) -> (FlushReport, BTreeSet<Flow>) {
@@ -339,12 +351,7 @@ fn flush_case(test: &str, background_n: u32, path: Path) -> (FlushReport, BTreeS
 
         let report = conntrack::flush_addresses_with(&pod_addrs(), path).unwrap();
 
-        let after = dump();
-        let want: BTreeSet<Flow> = keep.iter().copied().collect();
-        let gone: Vec<&Flow> = want.difference(&after).collect();
-        assert!(gone.is_empty(), "unrelated entries deleted: {gone:?}");
-        let left: Vec<&Flow> = after.difference(&want).collect();
-        assert!(left.is_empty(), "pod entries left: {left:?}");
+        let after = assert_left_exactly(&keep);
         assert_eq!(after.len(), keep.len(), "exact count after the flush");
         assert_eq!(report.deleted, pod.len() as u64, "{report:?}");
         (report, after)
@@ -629,4 +636,194 @@ fn ipv6_filtered_deletes_are_exact_where_the_kernel_filter_is_correct() {
         };
         assert_eq!((report.path, report.walks), (want, 3), "{report:?}");
     }
+}
+
+/// Pod `i` of the burst below: its addresses, and the entries of their previous owner.
+fn burst_pod(i: u32) -> (common::synthetic::SynPod, Vec<Flow>) {
+    let (v4, v6) = (
+        format!("10.1.0.{}", 20 + i),
+        format!("fd00:1::{:x}", 0x20 + i),
+    );
+    let pod = common::synthetic::SynPod::new("ctpass", &format!("ctpass{i:04}"), ip(&v4), ip(&v6));
+    let port = 40000 + i as u16;
+    let flows = vec![
+        snat(TCP, &v4, "11.0.0.1", port, 443, "192.168.0.2"),
+        plain(TCP, &v4, "169.254.169.254", port, 80),
+        plain(UDP, "10.1.0.7", &v4, port, 53),
+        dnat(TCP, "10.1.0.8", "10.96.0.10", port, 80, &v4, 8080),
+        ping(&v4, "11.0.0.1", port),
+        snat(UDP, &v6, "fd00:99::1", port, 53, "fd00:ff::2"),
+        plain(TCP, &v6, "fd00:ec2::254", port, 80),
+        plain(TCP, "fd00:1::7", &v6, port, 8080),
+    ];
+    (pod, flows)
+}
+
+/// The pass tests' setup: a private `/run/natguard` (`run`, to bind-mount), a config that logs
+/// at info to `log_name`, and the pass lock (`run/ct.lock`) taken by the test and held while
+/// the returned file lives.
+fn pass_lock_held(
+    h: &common::Harness,
+    log_name: &str,
+) -> (
+    std::path::PathBuf,
+    std::path::PathBuf,
+    serde_json::Value,
+    std::fs::File,
+) {
+    let run = h.dir().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let log = h.dir().join(log_name);
+    let cfg = common::synthetic::fixed_proxy_cfg(serde_json::json!({
+        "metadata": { "mode": "proxy" },
+        "logFile": log,
+        "logLevel": "info"
+    }));
+    let held = std::fs::File::create(run.join("ct.lock")).unwrap();
+    held.lock().unwrap();
+    (run, log, cfg, held)
+}
+
+/// A burst of ADDs shares one conntrack pass, and the pass is exact. The test holds the pass's
+/// lock (`ct.lock` in the private `/run/natguard`) while 8 dual-stack ADDs commit and write
+/// their requests, then lets go: the first to take the lock flushes all 8 pods' addresses in one
+/// pass (a full dump, since 8 IPv4 addresses wait in a table of 30,000 entries), the other 7
+/// reply without a walk of their own, and what is left is exactly the background and the near
+/// misses, with no request file behind.
+#[test]
+fn one_pass_serves_every_waiting_add_and_deletes_exactly_their_entries() {
+    use common::run::{parallel, Access, Invocation};
+    use std::time::{Duration, Instant};
+    const PODS: u32 = 8;
+    let (h, ns) = namespace("pass");
+    let pods: Vec<_> = (0..PODS).map(burst_pod).collect();
+    let mut keep = background(30_000);
+    keep.extend(near_misses());
+    // Addressed to a pod, but DNATed elsewhere: the pod is neither source.
+    keep.push(dnat(
+        TCP,
+        "10.1.0.7",
+        "10.1.0.20",
+        50020,
+        80,
+        "10.1.0.9",
+        8080,
+    ));
+    let stale: Vec<Flow> = pods.iter().flat_map(|(_, f)| f.clone()).collect();
+    in_netns(&ns, || {
+        create(&keep);
+        create(&stale);
+        assert_eq!(dump().len(), keep.len() + stale.len(), "entries created");
+    });
+
+    let (run, log, cfg, held) = pass_lock_held(&h, "pass.log");
+    let requests = || -> usize {
+        std::fs::read_dir(run.join("ct")).map_or(0, |d| {
+            d.flatten()
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    !n.starts_with('.') && !n.ends_with(".done")
+                })
+                .count()
+        })
+    };
+    let outcomes = std::thread::scope(|s| {
+        let adds = s.spawn(|| {
+            let jobs: Vec<Box<dyn FnOnce() -> Invocation + Send + '_>> = pods
+                .iter()
+                .map(|(p, _)| {
+                    let (cfg, run, ns) = (&cfg, &run, &ns);
+                    Box::new(move || {
+                        p.invocation("ADD", cfg)
+                            .bind_mount(run, "/run/natguard", Access::ReadWrite)
+                            .bound(Duration::from_secs(60))
+                            .run_in(ns)
+                    }) as Box<dyn FnOnce() -> Invocation + Send>
+                })
+                .collect();
+            parallel(jobs)
+        });
+        // A deadline against a hang; the ADDs wait up to 10 s for the lock, then go alone.
+        let deadline = Instant::now() + Duration::from_secs(8);
+        while requests() < PODS as usize {
+            assert!(
+                Instant::now() < deadline,
+                "only {} of {PODS} requests were written while the pass lock was held",
+                requests()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        held.unlock().unwrap();
+        adds.join().unwrap()
+    });
+    for inv in outcomes {
+        inv.succeeded();
+    }
+
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("conntrack: ")).collect();
+    let ran: Vec<&&str> = lines
+        .iter()
+        .filter(|l| l.contains(&format!("for {PODS} invocation(s)")))
+        .collect();
+    let served = lines
+        .iter()
+        .filter(|l| l.contains("deleted by another invocation's pass"))
+        .count();
+    assert_eq!(
+        (ran.len(), served),
+        (1, PODS as usize - 1),
+        "one pass for all, the others served by it:\n{}",
+        lines.join("\n")
+    );
+    assert!(
+        ran[0].contains(&format!("deleted {} entries", stale.len()))
+            && ran[0].contains("(full-dump)"),
+        "one full dump, exact: {}",
+        ran[0]
+    );
+    in_netns(&ns, || assert_left_exactly(&keep));
+    let left: Vec<String> = std::fs::read_dir(run.join("ct"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(left.is_empty(), "requests left behind: {left:?}");
+}
+
+/// A pass lock that someone holds and never lets go (a stopped natguard, an operator's
+/// `flock`) does not wedge the ADD: after the pass's deadline it flushes its own addresses
+/// alone, exactly, and replies.
+#[test]
+fn a_pass_lock_held_forever_costs_a_bounded_wait_and_the_flush_still_runs() {
+    use common::run::Access;
+    use std::time::Duration;
+    let (h, ns) = namespace("pass-held");
+    let (pod, stale) = burst_pod(0);
+    let keep = near_misses();
+    in_netns(&ns, || {
+        create(&keep);
+        create(&stale);
+    });
+    let (run, log, cfg, held) = pass_lock_held(&h, "held.log");
+    // natguard's pass waits 10 s; the bound only keeps a hang from hanging the test.
+    pod.invocation("ADD", &cfg)
+        .bind_mount(&run, "/run/natguard", Access::ReadWrite)
+        .bound(Duration::from_secs(60))
+        .run_in(&ns)
+        .succeeded();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.lines().any(|l| l.contains("conntrack: deleted")
+            && l.contains(&format!("deleted {} entries", stale.len()))
+            && l.contains(" alone: ")),
+        "the ADD flushed alone after the deadline:\n{text}"
+    );
+    in_netns(&ns, || assert_left_exactly(&keep));
+    let left: Vec<_> = std::fs::read_dir(run.join("ct"))
+        .unwrap()
+        .flatten()
+        .collect();
+    assert!(left.is_empty(), "the request stayed behind: {left:?}");
+    drop(held);
 }

@@ -286,8 +286,17 @@ fn months_of_churn_leave_only_what_is_alive() {
         .unwrap()
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        // The lock, and the per-boot verdict of the conntrack IPv6 filter probe.
-        .filter(|n| n != "lock" && n != natguard::kernel::conntrack::ipv6_probe::CACHE_FILE)
+        // The lock, the per-boot verdict of the conntrack IPv6 filter probe, and the one
+        // record of the networks last found intact: files of fixed names, none per pod.
+        .filter(|n| {
+            n != "lock"
+                && n != natguard::kernel::conntrack::ipv6_probe::CACHE_FILE
+                && n != natguard::VERIFIED_FILE
+                && n != "ct.lock"
+                // The conntrack pass's requests: one per invocation still running, so none.
+                && !(n == "ct"
+                    && std::fs::read_dir(run.join("ct")).is_ok_and(|mut d| d.next().is_none()))
+        })
         .collect();
     assert!(
         run.join("lock").exists(),

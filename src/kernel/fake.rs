@@ -36,6 +36,10 @@ pub(crate) struct Fake {
     pub other_writer: Option<fn(&mut Fake)>,
     /// How many read-modify-writes were begun (`begin_read`).
     pub reads_begun: usize,
+    /// The table's generation: moved on by every commit, natguard's and the other writer's.
+    pub generation: u32,
+    /// The generation the last `begin_read` noted, until a commit uses it up.
+    pub read_at: Option<u32>,
 }
 
 fn enoent(what: String) -> Error {
@@ -202,9 +206,14 @@ impl Kernel for Fake {
     }
     fn begin_read(&mut self) -> Result<()> {
         self.reads_begun += 1;
+        self.read_at = Some(self.generation);
         Ok(())
     }
+    fn read_generation(&self) -> Option<u32> {
+        self.read_at
+    }
     fn commit(&mut self, batch: &Batch) -> Result<()> {
+        let read_at = self.read_at.take();
         if batch.ops.is_empty() {
             return Ok(());
         }
@@ -214,6 +223,10 @@ impl Kernel for Fake {
             if let Some(w) = self.other_writer {
                 w(self);
             }
+            self.generation += 1;
+            return Err(Error::netlink("fake commit", libc::ERESTART));
+        }
+        if read_at.is_some_and(|g| g != self.generation) {
             return Err(Error::netlink("fake commit", libc::ERESTART));
         }
         if let Some(errno) = self.fail_next_commit.take() {
@@ -224,10 +237,14 @@ impl Kernel for Fake {
             next.apply(op)?;
         }
         *self = next;
+        self.generation += 1;
         Ok(())
     }
     fn probe(&mut self) -> Result<()> {
         Ok(())
+    }
+    fn conntrack_entries(&mut self) -> Result<u64> {
+        Ok(0)
     }
     fn flush_conntrack(&mut self, addrs: &[IpAddr], _path: Path) -> Result<FlushReport> {
         self.flushed.push(addrs.to_vec());

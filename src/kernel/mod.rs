@@ -104,12 +104,16 @@ pub(crate) trait Kernel {
     /// lands only if no writer committed since (else it fails with `ERESTART`,
     /// [`is_stale`]). Call it before the first read the batch is built from.
     fn begin_read(&mut self) -> Result<()>;
+    /// The generation the last [`Kernel::begin_read`] noted, until the commit uses it up.
+    fn read_generation(&self) -> Option<u32>;
     /// Commits a batch whole or not at all. An empty batch sends nothing. After
     /// [`Kernel::begin_read`], the batch carries the generation read there (once: the commit
     /// uses it up).
     fn commit(&mut self, batch: &Batch) -> Result<()>;
     /// Whether nf_tables and ctnetlink answer.
     fn probe(&mut self) -> Result<()>;
+    /// The conntrack entries of the namespace (no walk).
+    fn conntrack_entries(&mut self) -> Result<u64>;
     /// Deletes the conntrack entries of `addrs` (original or reply source).
     fn flush_conntrack(&mut self, addrs: &[IpAddr], path: conntrack::Path) -> Result<FlushReport>;
     /// Deletes the TCP flows from `srcs` to `dsts`:`dports` that were not destination-NATed.
@@ -218,6 +222,9 @@ impl Kernel for Netfilter {
         self.generation = Some(nft::generation(&mut self.sock)?);
         Ok(())
     }
+    fn read_generation(&self) -> Option<u32> {
+        self.generation
+    }
     fn commit(&mut self, batch: &Batch) -> Result<()> {
         let generation = self.generation.take();
         if batch.ops.is_empty() {
@@ -246,6 +253,9 @@ impl Kernel for Netfilter {
             .map_err(|e| Error::NotReady(format!("nf_tables is not usable: {e}")))?;
         conntrack::probe_on(&mut self.sock)
             .map_err(|e| Error::NotReady(format!("conntrack netlink is not usable: {e}")))
+    }
+    fn conntrack_entries(&mut self) -> Result<u64> {
+        conntrack::count_entries_on(&mut self.sock)
     }
     fn flush_conntrack(&mut self, addrs: &[IpAddr], path: conntrack::Path) -> Result<FlushReport> {
         conntrack::flush_addresses_on(&mut self.sock, addrs, path)

@@ -21,6 +21,10 @@
 //! with EEXIST); nothing is written where nothing changes.
 
 mod check;
+mod verified;
+
+/// The file next to the node lock that records which networks were last found intact.
+pub use verified::FILE as VERIFIED_FILE;
 mod view;
 
 use crate::error::{Error, Result};
@@ -154,6 +158,8 @@ pub(crate) struct Store<K: Kernel> {
     locking: Locking,
     /// Whether a recorded network namespace path still exists (a unit test stubs it).
     netns_exists: fn(&str) -> bool,
+    /// Which networks were last found intact, at which generation ([`verified`]).
+    verified: verified::Cache,
 }
 
 fn path_exists(p: &str) -> bool {
@@ -166,7 +172,14 @@ impl<K: Kernel> Store<K> {
             k,
             locking,
             netns_exists: path_exists,
+            verified: verified::Cache::default(),
         }
+    }
+
+    /// Records verified generations in `dir` (the node lock's directory).
+    pub fn with_verified_in(mut self, dir: &std::path::Path) -> Self {
+        self.verified = verified::Cache::at(dir);
+        self
     }
 
     #[cfg(test)]
@@ -210,16 +223,30 @@ impl<K: Kernel> Store<K> {
         let _lock = self.lock()?;
         // Someone else's commit after the read (a flush, a deleted table) makes the kernel
         // refuse the batch; it is then read and built again (`view`).
+        // The comparison is skipped when nothing has committed since a verb found this
+        // network's objects intact (`verified`).
         self.read_modify_write("ADD", |s| {
-            if s.check_shared(shared).is_ok() {
-                return s
-                    .apply_pod_locked(shared, pod, false)
-                    .map(|()| Converged::No);
+            let read = s.k.read_generation();
+            let entry = verified_entry(shared);
+            // Read once: only a verb holding the lock writes it.
+            let prior = read.and_then(|_| s.verified.read());
+            if read.is_some_and(|g| s.verified.holds_in(prior.as_ref(), g, &entry))
+                || s.check_shared(shared).is_ok()
+            {
+                let changed = s.apply_pod_locked(shared, pod, false)?;
+                if let Some(g) = read {
+                    s.verified
+                        .after_from(prior, g, changed > 0, Some(entry), true);
+                }
+                return Ok(Converged::No);
             }
             s.refuse_foreign_objects(shared)?;
             let full = s.with_other_networks(shared)?;
-            s.apply_pod_locked(&full, pod, true)
-                .map(|()| Converged::Yes)
+            s.apply_pod_locked(&full, pod, true)?;
+            if let Some(g) = read {
+                s.verified.after(g, true, Some(entry), false);
+            }
+            Ok(Converged::Yes)
         })
     }
 
@@ -297,12 +324,13 @@ impl<K: Kernel> Store<K> {
         Ok(())
     }
 
+    /// Returns the number of operations committed.
     fn apply_pod_locked(
         &mut self,
         shared: &SharedPlan,
         pod: &PodPlan,
         converge: bool,
-    ) -> Result<()> {
+    ) -> Result<usize> {
         let mut batch = Batch::default();
         if converge {
             self.push_converge(&mut batch, shared)?;
@@ -311,7 +339,8 @@ impl<K: Kernel> Store<K> {
         let mut v = view::View::new(&mut self.k);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
         v.emit(&mut batch);
-        self.k.commit(&batch)
+        self.k.commit(&batch)?;
+        Ok(batch.len())
     }
 
     /// The converge of a network's shared objects, and the deletion of the sets earlier
@@ -429,7 +458,10 @@ impl<K: Kernel> Store<K> {
         owner: OwnerKey,
         addrs: &mut Vec<IpAddr>,
     ) -> Result<usize> {
-        let _lock = self.lock_for_del()?;
+        let lock = self.lock_for_del()?;
+        // Without the lock (unusable, DEL goes on) other DELs may write the record at the same
+        // moment: this one forgets it instead, and the next locked verb compares in full.
+        let record = lock.is_some() || !matches!(self.locking, Locking::Node);
         let given = addrs.len();
         self.read_modify_write("DEL", |s| {
             addrs.truncate(given);
@@ -443,7 +475,13 @@ impl<K: Kernel> Store<K> {
             let mut batch = Batch::default();
             v.emit(&mut batch);
             let n = batch.len();
+            let read = s.k.read_generation();
             s.k.commit(&batch)?;
+            // Element changes only: what was intact before is intact after.
+            match read {
+                Some(g) if record => s.verified.after(g, n > 0, None, true),
+                _ => s.verified.clear(),
+            }
             Ok(n)
         })
     }
@@ -544,6 +582,11 @@ impl<K: Kernel> Store<K> {
             }
         }
         Ok(())
+    }
+
+    /// The namespace's conntrack entries, on the store's socket (no walk).
+    pub fn conntrack_entries(&mut self) -> Result<u64> {
+        self.k.conntrack_entries()
     }
 
     /// Deletes the conntrack entries of `addrs`.
@@ -720,7 +763,21 @@ fn remove_attachment<K: Kernel>(
 
 /// The store of the calling thread's network namespace, on a real netfilter socket.
 pub(crate) fn open() -> Result<Store<crate::kernel::Netfilter>> {
-    Ok(Store::new(crate::kernel::Netfilter::open()?, Locking::Node))
+    Ok(Store::new(crate::kernel::Netfilter::open()?, Locking::Node)
+        .with_verified_in(crate::lock::run_dir()))
+}
+
+/// What [`verified`] records of a network found intact. The rules' fingerprints do not cover
+/// the declared elements of the shared sets (an `allowInterfaces` change alters only those),
+/// so the entry names a digest of everything [`Store::check_shared`] compares: the sets with
+/// their elements, and the rules.
+fn verified_entry(shared: &SharedPlan) -> verified::Entry {
+    let whole = plan::fnv1a64(format!("{:?}{:?}", shared.sets, shared.rules).as_bytes());
+    verified::Entry {
+        network: shared.names.network.clone(),
+        fingerprint: format!("{}-{whole:016x}", shared.fingerprint),
+        node_fingerprint: shared.node_fingerprint.clone(),
+    }
 }
 
 /// Deletes natguard's whole table in the calling thread's namespace (uninstall).

@@ -453,3 +453,49 @@ fn a_repair_restores_every_pod_in_one_batch_and_then_writes_nothing() {
     assert_eq!(s.apply_pods(&[(&sh, &a), (&sh, &b)]).unwrap(), 0);
     assert_eq!(s.kernel().commits.len(), 1);
 }
+
+/// With a verified record, the second ADD of an unchanged network is not converged again, while
+/// a change that only alters a shared set's declared elements
+/// (`allowInterfaces`), and another writer's commit, are compared and converged again.
+#[test]
+fn a_verified_network_is_trusted_only_while_its_whole_plan_and_the_generation_hold() {
+    let dir = std::env::temp_dir().join(format!("ng-store-verified-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = store().with_verified_in(&dir);
+    let cfg = Config::default();
+    let sh = shared(&cfg);
+    assert_eq!(
+        s.apply_pod(&sh, &pod(&cfg, "a", "default", &["10.1.0.2"]))
+            .unwrap(),
+        Converged::Yes
+    );
+    assert_eq!(
+        s.apply_pod(&sh, &pod(&cfg, "b", "default", &["10.1.0.3"]))
+            .unwrap(),
+        Converged::No
+    );
+    let mut allowing = Config::default();
+    allowing.metadata.allow_interfaces = vec![ifn("dock0")];
+    let sh2 = shared(&allowing);
+    assert_eq!(
+        sh2.fingerprint, sh.fingerprint,
+        "the case this test is about"
+    );
+    assert_eq!(
+        s.apply_pod(&sh2, &pod(&allowing, "c", "default", &["10.1.0.4"]))
+            .unwrap(),
+        Converged::Yes,
+        "a changed allowInterfaces must be converged, not trusted from the record"
+    );
+    // Another writer's commit: the generation moves on, and the emptied chain is noticed.
+    let chain = s.kernel().chains.keys().next().unwrap().clone();
+    s.kernel().chains.get_mut(&chain).unwrap().1.clear();
+    s.kernel().generation += 1;
+    assert_eq!(
+        s.apply_pod(&sh2, &pod(&allowing, "d", "default", &["10.1.0.5"]))
+            .unwrap(),
+        Converged::Yes
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -166,16 +166,41 @@ fn label(ran: Ran, ipv6_dump: bool, requested: Path) -> &'static str {
 
 impl Path {
     /// The path a [`PATH_ENV`] value asks for: unset, empty or `auto` is [`Path::Auto`].
+    /// [`Path::Ipv6Filtered`] is never asked for: only the probe may choose it.
     pub fn from_override(value: Option<&str>) -> Result<Path> {
         match value.map(str::trim) {
-            None | Some("") | Some("auto") => Ok(Path::Auto),
-            Some("filtered") => Ok(Path::Filtered),
-            Some("fallback") => Ok(Path::Fallback),
-            Some("full") => Ok(Path::FullDump),
-            Some(other) => Err(Error::InvalidEnv(format!(
-                "{PATH_ENV}={other:?}: expected filtered, fallback or full"
-            ))),
+            None | Some("") => Ok(Path::Auto),
+            Some(v) => match Path::from_name(v) {
+                Some(p) if p != Path::Ipv6Filtered => Ok(p),
+                _ => Err(Error::InvalidEnv(format!(
+                    "{PATH_ENV}={v:?}: expected filtered, fallback or full"
+                ))),
+            },
         }
+    }
+
+    /// The path's name, as [`PATH_ENV`] and natguard's runtime records write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Auto => "auto",
+            Path::Filtered => "filtered",
+            Path::Fallback => "fallback",
+            Path::FullDump => "full",
+            Path::Ipv6Filtered => "ipv6-filtered",
+        }
+    }
+
+    /// The path named `s` ([`Path::name`]).
+    pub fn from_name(s: &str) -> Option<Path> {
+        [
+            Path::Auto,
+            Path::Filtered,
+            Path::Fallback,
+            Path::FullDump,
+            Path::Ipv6Filtered,
+        ]
+        .into_iter()
+        .find(|p| p.name() == s)
     }
 }
 
@@ -435,6 +460,11 @@ pub fn probe_on(sock: &mut NfSocket) -> Result<()> {
 pub fn count_entries() -> Result<u64> {
     let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
     entry_count(&mut sock)
+}
+
+/// [`count_entries`] on a netfilter socket the caller already has.
+pub fn count_entries_on(sock: &mut NfSocket) -> Result<u64> {
+    entry_count(sock)
 }
 
 /// IPv4-mapped IPv6 addresses become IPv4 (conntrack tracks those flows as IPv4); duplicates go.
