@@ -848,15 +848,17 @@ def release(b, pods, dual):
     for w, c in confs:
         os.write(w, c)
         os.close(w)
-    done = []
+    done, cpu = [], []
     while len(done) < len(kids):
-        pid, status, _ = os.wait4(-1, 0)
+        pid, status, ru = os.wait4(-1, 0)
         t = (time.perf_counter() - t0) * 1e3
         pod, _, out = kids[pid]
         if os.waitstatus_to_exitcode(status) != 0:
             die(f"burst ADD of {pod.name} failed: {_read_fd(out)[:2000]}")
         os.close(out)
         done.append(t)
+        cpu.append((ru.ru_utime + ru.ru_stime) * 1e3)
+    release.cpu = cpu  # user+sys ms of each process, exec included
     return sorted(done)
 
 
@@ -865,15 +867,17 @@ def burst_cell(b, ct, dual, runs):
     conntrack entries per address), then the DELs, untimed. Returns the cell's summary."""
     stack = "dual" if dual else "v4"
     load0 = os.getloadavg()[0]
-    single, last, mid = [], [], []
+    single, last, mid, cpu1, cpus = [], [], [], [], []
     for r in range(-1, runs):
         one = [b.next_pod(dual)]
         b.ct.create(pod_entries(one[0].addrs))
         s = release(b, one, dual)[0]
+        c1 = release.cpu[0]
         b.ct.delete_tuples(pod_entries(one[0].addrs))
         pods = [b.next_pod(dual) for _ in range(BURST)]
         b.ct.create(pod_entries([a for p in pods for a in p.addrs]))
         ts = release(b, pods, dual)
+        cs = sum(release.cpu)
         left = b.ct  # every pod's entries must be gone before its ADD replied
         for pod in one + pods:
             b.natguard_op("DEL", pod)
@@ -883,7 +887,10 @@ def burst_cell(b, ct, dual, runs):
         single.append(s)
         last.append(ts[-1])
         mid.append(statistics.median(ts))
+        cpu1.append(c1)
+        cpus.append(cs)
     c = {"ct": ct, "stack": stack, "runs": runs, "single": single, "last": last, "mid": mid,
+         "cpu1": cpu1, "cpus": cpus,
          "pods": b.state_n["natguard"],
          "load": (load0, os.getloadavg()[0])}
     log(f"burst ct={ct} {stack}: single {med(single):.1f} ms, all {BURST} replied {med(last):.1f} ms, "
@@ -962,15 +969,20 @@ def report_extra(b):
           "with 2 conntrack entries per address, all started and "
           "blocked on their stdin, then released at once; against one ADD released the same way in the "
           "same round. ms from the release to each process's exit (its reply). all replied = the "
-          f"last of the {BURST}; median = the median of the {BURST}; max = the worst round's last.")
+          f"last of the {BURST}; median = the median of the {BURST}; max = the worst round's last. "
+          "CPU = user+sys of the processes (exec included): of the single ADD, and of all "
+          f"{BURST} summed; CPU floor = that sum over the machine's {os.cpu_count()} CPUs, the "
+          "soonest all could reply if nothing waited at all.")
         p("")
-        p("| ct entries | stack | rounds | single ADD | all replied | median ADD | max | all/single | median/single | load1 start/end |")
-        p("|---|---|---|---|---|---|---|---|---|---|")
+        p("| ct entries | stack | rounds | single ADD | all replied | median ADD | max | all/single | median/single | CPU single | CPU all | CPU floor | load1 start/end |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         oks_all, oks_mid, ms = [], [], []
         for c in b.bursts:
             s, l, m = med(c["single"]), med(c["last"]), med(c["mid"])
+            c1, cs = med(c["cpu1"]), med(c["cpus"])
             p(f"| {c['ct']:,} | {c['stack']} | {c['runs']} | {s:.1f} | {l:.1f} | {m:.1f} | {max(c['last']):.1f} | "
-              f"{l / s:.1f}× | {m / s:.1f}× | {c['load'][0]:.2f}/{c['load'][1]:.2f} |")
+              f"{l / s:.1f}× | {m / s:.1f}× | {c1:.1f} | {cs:.1f} | {cs / (os.cpu_count() or 1):.1f} | "
+              f"{c['load'][0]:.2f}/{c['load'][1]:.2f} |")
             big = c["ct"] >= 100000
             oks_all.append(l / s <= (8 if big else 6))
             oks_mid.append(m / s <= (6 if big else 3))

@@ -7,7 +7,7 @@ namespace it uses under the prefix given with --tag and bench.sh deletes them on
 runs in the root namespace: every command is `ip -n`, `ip netns exec` or a setns(2) into a
 namespace whose inode is checked against the root one.
 
-Topology, built three times (one copy per alternative, identical addresses):
+Topology, built four times (one copy per alternative, identical addresses):
 
     remote ── up1 10.250.0.2 │ up0 10.250.0.1 ── node ── dpbr0 (bridge, 10.60.0.0/24) ── 2 pods
                                                       ├─ ptp veths   (10.61.0.0/24)   ── 2 pods
@@ -26,6 +26,9 @@ three. The alternatives:
     anchor    the primary plugins, then one rule in the node namespace:
               iptables-nft -t nat -A PREROUTING -d 169.254.169.254 -p tcp --dport 80 -j DNAT
               (what kube2iam installs): the cost of conntrack plus a nat hook
+    conntrack the primary plugins, then one nft rule in the node namespace that only turns
+              conntrack on (`ct state new counter` at prerouting): what any NAT rule, and
+              kube-proxy on every node, makes each packet pay before natguard adds anything
 
 Measurements, from one pod of the network: to the other pod (bridged or routed by the node) and
 to the remote namespace (forwarded by the node):
@@ -34,8 +37,8 @@ to the remote namespace (forwarded by the node):
           per second delivered to the receiving socket
     tcp   one connection, 1-byte request and response back to back: p50 latency (µs)
 
-Each measurement runs the three alternatives in a rotated order (alternated pairs), for
---runs rounds; the report gives medians and natguard/none and anchor/none as rates (for
+Each measurement runs the four alternatives in a rotated order, for --runs rounds; the report
+gives medians and natguard/none, anchor/none and natguard/conntrack as rates (for
 latency, none's p50 over the alternative's p50), so below 1 is slower. Target: natguard
 ≥ 0.98× for every path, test, network count and pod count.
 """
@@ -51,7 +54,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import Netns, die, log  # noqa: E402
 
-ALTS = ["none", "natguard", "anchor"]
+ALTS = ["none", "natguard", "anchor", "conntrack"]
 NETS = [
     ("dpbr", "bridge", "dpbr0", "10.60.0.0/24"),
     ("dpptp", "ptp", None, "10.61.0.0/24"),
@@ -87,6 +90,10 @@ class Topo:
         self._wire()
         for net in NETS[:nets]:
             self.pods[net[0]] = [self._pod(net, i) for i in range(2)]
+        if alt == "conntrack":
+            with self.node:
+                sh(["nft", "add table inet ngbench; add chain inet ngbench pre "
+                    "{ type filter hook prerouting priority 0; }; add rule inet ngbench pre ct state new counter"])
         if alt == "anchor":
             with self.node:
                 sh(["iptables-nft", "-t", "nat", "-A", "PREROUTING", "-d", "169.254.169.254", "-p", "tcp",
@@ -236,7 +243,7 @@ def run_cell(d, topos, pods, runs, secs):
             load0 = os.getloadavg()[0]
             vals = {a: [] for a in ALTS}
             for r in range(runs):
-                order = ALTS[r % 3:] + ALTS[: r % 3]
+                order = ALTS[r % len(ALTS):] + ALTS[: r % len(ALTS)]
                 for alt in order:
                     t = topos[alt]
                     _, src, dst_ns, dst_ip = t.paths()[k]
@@ -248,8 +255,8 @@ def run_cell(d, topos, pods, runs, secs):
             log(f"datapath {ref.nets} nets {pods} pods {label} {test}: " + ", ".join(f"{a} {m[a]:.1f}" for a in ALTS))
 
 
-def ratio(test, m, alt):
-    return m[alt] / m["none"] if test == "udp" else m["none"] / m[alt]
+def ratio(test, m, alt, ref="none"):
+    return m[alt] / m[ref] if test == "udp" else m[ref] / m[alt]
 
 
 def report(d, runs, secs):
@@ -258,20 +265,23 @@ def report(d, runs, secs):
     p(f"Pods' traffic through the node, side by side (see benches/datapath.py): {runs} rounds of "
       f"{secs:g} s per alternative and measurement, alternated. udp: 64-byte datagrams per second "
       "delivered (median); tcp: 1-byte request/response p50 in µs (median of the rounds' p50). "
-      "Ratio: as a rate against `none` (for tcp, none's p50 / the alternative's), below 1 is slower.")
+      "Ratio: as a rate against `none` (for tcp, none's p50 / the alternative's), below 1 is slower; "
+      "the last ratio is natguard against `conntrack only` (conntrack on, nothing else), the same way. "
+      "The target is against `none`.")
     p("")
-    p("| networks | pods | path | test | none | natguard | anchor (1 DNAT rule) | natguard ratio | anchor ratio | load1 |")
-    p("|---|---|---|---|---|---|---|---|---|---|")
+    p("| networks | pods | path | test | none | natguard | anchor (1 DNAT rule) | conntrack only | natguard ratio | anchor ratio | natguard / conntrack only | load1 |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|")
     oks, worst = [], None
     for nets, pods, label, test, vals, load in d.results:
         m = {a: statistics.median(v) for a, v in vals.items()}
         rn, ra = ratio(test, m, "natguard"), ratio(test, m, "anchor")
+        rc = ratio(test, m, "natguard", "conntrack")
         oks.append(rn >= TARGET)
         if worst is None or rn < worst[0]:
             worst = (rn, f"{nets} nets/{pods} pods/{label}/{test}")
         unit = "" if test == "udp" else " µs"
         p(f"| {nets} | {pods:,} | {label} | {test} | {m['none']:,.0f}{unit} | {m['natguard']:,.0f}{unit} | "
-          f"{m['anchor']:,.0f}{unit} | {rn:.3f} | {ra:.3f} | {load:.2f} |")
+          f"{m['anchor']:,.0f}{unit} | {m['conntrack']:,.0f}{unit} | {rn:.3f} | {ra:.3f} | {rc:.3f} | {load:.2f} |")
     p("")
     verdict = "**met**" if oks and all(oks) else "**missed**"
     p(f"Target: natguard ≥ {TARGET}× of none everywhere: {verdict} "

@@ -7,6 +7,7 @@
 #                    [--ct 0,100000] [--stacks v4,dual] [--bin PATH]
 #                    [--only per-pod,burst,ifaces,datapath] [--dp-runs N] [--dp-secs S]
 #                    [--dp-nets 1,3] [--dp-pods 2,1000]
+#                    [--burst-runs N] [--burst-ct 0,100000] [--burst-stacks v4,dual]
 #
 # Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3,
 # procps), builds the release binary unless --bin is given, creates throwaway network namespaces
@@ -48,7 +49,7 @@ ONLY=per-pod,burst,ifaces,datapath
 DP_RUNS=7 DP_SECS=0.7 DP_NETS=1,3 DP_PODS=2,1000 BURST_RUNS=5 BURST_CT=0,100000 BURST_STACKS=v4,dual
 ARGS=("$@")
 
-usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual DP_RUNS=1 DP_SECS=0.3 DP_NETS=1 DP_PODS=2 BURST_RUNS=1 BURST_CT=0 BURST_STACKS=v4 ;;
@@ -57,6 +58,9 @@ while [ $# -gt 0 ]; do
     --dp-secs) DP_SECS=$2; shift ;;
     --dp-nets) DP_NETS=$2; shift ;;
     --dp-pods) DP_PODS=$2; shift ;;
+    --burst-runs) BURST_RUNS=$2; shift ;;
+    --burst-ct) BURST_CT=$2; shift ;;
+    --burst-stacks) BURST_STACKS=$2; shift ;;
     --profile) PROFILE=--profile ;;
     --out) OUT=$2; shift ;;
     --runs) RUNS=$2; shift ;;
