@@ -333,7 +333,8 @@ class Ctnl:
             die(f"ctnetlink: {len(errs)} of {len(entries)} creates failed, first errno {errs[0]} ({os.strerror(errs[0])})")
 
     def delete_by_src(self, ip):
-        """One filtered delete: every entry whose original source is ip. Returns seconds."""
+        """One filtered delete: every entry whose original source is ip. Returns seconds, or
+        None where the kernel refuses CTA_FILTER on a delete (EINVAL: 5.10 and 6.1)."""
         attrs = _nest(CTA_TUPLE_ORIG, _ip_nest(ip, None)) + _nest(
             CTA_FILTER,
             _nla(CTA_FILTER_ORIG_FLAGS, struct.pack("=I", CTA_FILTER_FLAG_IP_SRC)),
@@ -344,6 +345,8 @@ class Ctnl:
         self.sock.send(m)
         errs = self._acks(1)
         dt = time.perf_counter() - t0
+        if errs and errs[0] == 22:
+            return None
         if errs and errs[0] != 2:  # ENOENT: nothing matched, still a full walk
             die(f"ctnetlink filtered delete: errno {errs[0]} ({os.strerror(errs[0])})")
         return dt
@@ -734,16 +737,18 @@ class Bench:
         namespace holding at least one entry (an empty table is skipped without a walk)."""
         marker = [("10.98.0.1", "10.98.0.2", 1, 1)]
         self.ct.create(marker)
-        xs = [self.ct.delete_by_src("10.97.0.1") * 1e3 for _ in range(reps)]
-        self.ct.delete_by_src("10.98.0.1")
-        return xs
+        xs = [self.ct.delete_by_src("10.97.0.1") for _ in range(reps)]
+        self.ct.delete_tuples(marker)
+        # A kernel that refuses filtered deletes has no such floor: reported as not measured.
+        return [x * 1e3 for x in xs if x is not None]
 
     def cli_walk(self, reps):
         env = {"PATH": self.node_path}
-        self.ct.create([("10.98.0.1", "10.98.0.2", 1, 1)])
+        marker = [("10.98.0.1", "10.98.0.2", 1, 1)]
+        self.ct.create(marker)
         xs = [spawn([self.conntrack, "-D", "-s", "10.97.0.1"], env, ok_codes=(0, 1))[0].wall_us / 1e3
               for _ in range(reps)]
-        self.ct.delete_by_src("10.98.0.1")
+        self.ct.delete_tuples(marker)
         return xs
 
     def natguard_walks(self, dual):
@@ -1320,7 +1325,7 @@ def targets(b, meta):
     out.append(("ADD with 100,000 conntrack entries ≤ 1/4 of the naive CLI path (ratio per pods/stack)", "; ".join(ms) or "–", verdict(oks)))
     # 4. ADD minus kernel walks
     ms = [f"{c['n']:,}/{c['ct']:,}/{c['stack']}: {c['minus']:.2f}" for c in b.cells]
-    oks = [c["minus"] < 2.0 for c in b.cells]
+    oks = [c["minus"] < 2.0 for c in b.cells if c["minus"] == c["minus"]]  # NaN: no floor
     out.append(("natguard ADD minus its kernel conntrack walks < 2 ms (pods/ct/stack)", "; ".join(ms), verdict(oks)))
     # 5. RSS
     ms, oks = [], []

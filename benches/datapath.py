@@ -285,7 +285,7 @@ def report(d, runs, secs):
     p("")
     verdict = "**met**" if oks and all(oks) else "**missed**"
     p(f"Target: natguard ≥ {TARGET}× of none everywhere: {verdict} "
-      f"({sum(oks)} of {len(oks)} rows; lowest {worst[0]:.3f} at {worst[1]})." if worst else "Target: not measured.")
+      f"(met in {sum(oks)} of {len(oks)} rows; lowest {worst[0]:.3f} at {worst[1]})." if worst else "Target: not measured.")
     p("")
     return "\n".join(L), verdict, worst
 

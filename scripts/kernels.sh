@@ -6,7 +6,11 @@
 #   scripts/kernels.sh                 every kernel, the full test binaries (what a release needs)
 #   scripts/kernels.sh --ci            every kernel, the subset CI runs (docs/kernels.md says which)
 #   scripts/kernels.sh --kernels "bookworm" --tests "process security"
+#   scripts/kernels.sh --kernels trixie --tests "" --bench "--only per-pod --pods 10 --ct 0"
 #
+# --bench ARGS also runs scripts/bench.sh ARGS in each VM, after the tests, with the host's
+# release binary; the report is in the run's directory (<kernel>/bench/bench-results.md) and
+# printed. Only ratios of one run mean anything there: TCG is 10-20x slower than the host.
 # Prints one line per kernel and test binary (passed, failed, seconds); exits 1 if any kernel or
 # binary failed. A kernel that cannot be fetched or booted is a failure with its reason.
 # Must run as root. The host's apt sources, network namespaces and firewall are never touched:
@@ -24,13 +28,15 @@ KERNELS=$ALL_KERNELS
 TESTS=$ALL_TESTS
 TEST_ARGS=""
 CI_MODE=0
+BENCH_ARGS=""
+BENCH=0
 # Deadlines inside the VM are this many times the host's (TCG runs 10-20x slower).
 TIME_FACTOR=${NATGUARD_TEST_TIME_FACTOR:-15}
 CACHE=${NATGUARD_KERNEL_CACHE:-/var/cache/natguard-kernels}
 OUTROOT=""
 
 usage() {
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 }
 while (($#)); do
@@ -39,6 +45,7 @@ while (($#)); do
   --kernels) KERNELS=$2 && shift ;;
   --tests) TESTS=$2 && shift ;;
   --out) OUTROOT=$2 && shift ;;
+  --bench) BENCH=1 BENCH_ARGS=$2 && shift ;;
   -h | --help) usage ;;
   *) echo "scripts/kernels.sh: unknown argument $1" >&2 && usage ;;
   esac
@@ -86,6 +93,22 @@ for t in $TESTS; do
   [ -n "${BIN[$t]}" ] || die "cargo built no test binary $t"
 done
 
+# ---- with --bench: the release binary and the benchmark's tools, also built on the host ----
+BENCH_BUDGET=0
+if ((BENCH)); then
+  echo "==> building: cargo build --release, the benchmark's tools"
+  cargo build --release --quiet || die "cargo build --release failed"
+  RELEASE=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
+  [ -x "$RELEASE" ] || RELEASE=$REPO/target/release/natguard
+  [ -x "$RELEASE" ] || die "no release binary after cargo build --release"
+  TOOLS=$(mktemp -d /tmp/ngk-tools.XXXXXX)
+  for t in timeit netload; do
+    rustc -O -C target-feature=+crt-static -C panic=abort -C strip=symbols --edition 2021 \
+      "$REPO/benches/tools/$t.rs" -o "$TOOLS/$t" || die "cannot build benches/tools/$t.rs"
+  done
+  BENCH_BUDGET=${NGK_BENCH_BUDGET:-1800}
+fi
+
 [ -n "$OUTROOT" ] || OUTROOT=$(mktemp -d /tmp/ngk-run.XXXXXX)
 mkdir -p "$OUTROOT" "$CACHE"
 echo "==> logs: $OUTROOT"
@@ -132,11 +155,17 @@ for k in $KERNELS; do
     printf 'NGK_MODULES=%q\n' "${GUEST_MODULES[*]}"
     printf 'NGK_EXPECT=%q\n' "$(kernel_expect "$suite")"
     printf 'NATGUARD_TEST_TIME_FACTOR=%q\nNGK_BINARY_TIMEOUT=%q\n' "$TIME_FACTOR" "$((budget * 2))"
+    if ((BENCH)); then
+      printf 'NGK_BENCH=%q\nNGK_BENCH_BIN=%q\nNGK_BENCH_TOOLS=%q\nNGK_BENCH_TIMEOUT=%q\n' \
+        "$BENCH_ARGS" "$RELEASE" /ngk-out/tools "$BENCH_BUDGET"
+    fi
   } >"$out/env"
+  # The guest's /tmp is its own: the tools reach it in its output directory (/ngk-out).
+  if ((BENCH)); then mkdir -p "$out/tools" && cp "$TOOLS"/* "$out/tools/"; fi
   echo "==> $suite: booting $kver (qemu, TCG, -m 2048 -smp 2)"
   start=$(date +%s)
   set +e
-  nice -n 10 timeout --kill-after=10 "$((budget * 2 + 300))" qemu-system-x86_64 \
+  nice -n 10 timeout --kill-after=10 "$((budget * 2 + BENCH_BUDGET + 300))" qemu-system-x86_64 \
     -accel tcg -cpu max -m 2048 -smp 2 -nographic -no-reboot -nic none \
     -kernel "$kdir/vmlinuz" -initrd "$out/initramfs.gz" \
     -append "console=ttyS0 panic=-1 rdinit=/init loglevel=4 mitigations=off" \
@@ -169,6 +198,16 @@ for k in $KERNELS; do
     report "$suite" "$t" "$passed" "$failed" "$tsecs" "$status"
     [ "$status" = ok ] || FAILED+=("$suite/$t")
   done
+  if ((BENCH)); then
+    brc=$(cat "$out/bench.rc" 2>/dev/null || echo none)
+    if [ "$brc" = 0 ] && [ -f "$out/bench/bench-results.md" ]; then
+      report "$suite" "(bench)" - - "$(cat "$out/bench.secs")" "ok: $out/bench/bench-results.md"
+      sed "s/^/    $suite: /" "$out/bench/bench-results.md"
+    else
+      report "$suite" "(bench)" - - 0 "FAILED (status $brc; see $out/bench.log)"
+      FAILED+=("$suite/bench")
+    fi
+  fi
   report "$suite" "(whole VM)" - - "$secs" "$kver, boot + tests"
   if [ -f "$out/facts" ]; then sed "s/^/    $suite: /" "$out/facts"; fi
 done

@@ -84,4 +84,14 @@ for entry in $NGK_TESTS; do
   echo "$name ${passed:--} ${failed:--} $secs $rc" >>"$OUT/results"
   sync
 done
+if [ -n "${NGK_BENCH+x}" ]; then
+  log "running scripts/bench.sh $NGK_BENCH"
+  start=$(date +%s)
+  # shellcheck disable=SC2086 # the arguments are words
+  NG_BENCH_TOOLS=$NGK_BENCH_TOOLS timeout "$NGK_BENCH_TIMEOUT" scripts/bench.sh \
+    --bin "$NGK_BENCH_BIN" --out "$OUT/bench" $NGK_BENCH >"$OUT/bench.log" 2>&1
+  echo $? >"$OUT/bench.rc"
+  echo $(($(date +%s) - start)) >"$OUT/bench.secs"
+  sync
+fi
 echo done >>"$OUT/results.done"
