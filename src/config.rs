@@ -102,7 +102,7 @@ pub struct Metadata {
     pub accept_unenforced: bool,
     /// `allowInterfaces`: interfaces whose metadata TCP the node-wide guard lets through to
     /// the real API (containers on a bridge no CNI network manages). Empty by default.
-    pub allow_interfaces: Vec<crate::plan::IfName>,
+    pub allow_interfaces: Vec<crate::ifname::IfName>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -487,7 +487,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
         for (i, n) in arr.iter().enumerate() {
             let p = format!("metadata.allowInterfaces[{i}]");
             let s = expect_str(&p, n)?;
-            let name = crate::plan::IfName::new(s).ok_or_else(|| {
+            let name = crate::ifname::IfName::new(s).ok_or_else(|| {
                 cfg_err(format!(
                     "{p}: {} is not an interface name (1 to 15 bytes, no NUL)",
                     q(s)

@@ -4,7 +4,10 @@
 //!
 //! The code reads top-down, each layer using only the ones below it:
 //! - [`verbs`] (ADD, DEL, CHECK, GC, STATUS) and [`tools`] (`status`, `adopt`, `install`, ...):
-//!   parse, plan, hand the plan to the store, reply;
+//!   parse, plan, hand the plan to the store, reply; an ADD that rewrote the shared objects
+//!   restores the other pods with `adopt`;
+//! - `prepare`: one attachment validated and planned, the same for ADD and for `adopt`'s cached
+//!   results;
 //! - [`cni`]: the protocol (verbs, versions, environment, CNI_ARGS, the network configuration,
 //!   prevResult, replies);
 //! - `store`: natguard's state as owner records, under the node-wide lock, reaching the kernel
@@ -15,9 +18,9 @@
 //!   format, rendered as nft text; [`policy`]: pure, a pod's effective metadata policy from its
 //!   network, namespace and `natguard.io/` annotations;
 //! - [`config`] (natguard's own sections), `addr` (address arithmetic and the rules for a pod's
-//!   address), [`node`] (facts looked up before planning), [`lock`] (the node lock with its
-//!   deadline), [`log`] (levels, rotation, never blocking), [`error`] (one error type and its CNI
-//!   codes).
+//!   address), `ifname` (interface names as the kernel stores them), [`node`] (facts looked up
+//!   before planning), [`lock`] (the node lock with its deadline), [`log`] (levels, rotation,
+//!   never blocking), [`error`] (one error type and its CNI codes).
 //!
 //! `main.rs` only dispatches. What tests and the fuzzer need is `pub`; the rest is `pub(crate)`.
 
@@ -26,12 +29,14 @@ pub mod cni;
 pub mod config;
 pub(crate) mod ctpass;
 pub mod error;
+pub(crate) mod ifname;
 pub mod kernel;
 pub mod lock;
 pub mod log;
 pub mod node;
 pub mod plan;
 pub mod policy;
+pub(crate) mod prepare;
 pub(crate) mod store;
 pub mod tools;
 pub mod verbs;

@@ -1,0 +1,159 @@
+//! One attachment, validated and planned: what ADD installs, and what `natguard adopt` installs
+//! from a runtime's cached result.
+//!
+//! Both go through [`prepare_pod`], so a cached result meets exactly the checks a live ADD does:
+//! the shape of prevResult, addresses that no pod may hold (including the node's own and the
+//! metadata addresses), the proxy outside the pods' networks, a pod interface whose traffic
+//! crosses the node's netfilter. Everything is refused before the kernel is touched; the node
+//! facts the plan needs are looked up here, and the plan itself is [`crate::plan`]'s, pure.
+
+use crate::cni;
+use crate::cni::prev_result::PodIp;
+use crate::config::{Config, MetadataMode, ProxyAddr};
+use crate::error::{Error, Result};
+use crate::kernel;
+use crate::plan::{self, NodeFacts, PodPlan, PodRef, SharedPlan};
+use crate::warn;
+use serde_json::Value;
+use std::net::IpAddr;
+
+/// One attachment, validated and planned: what ADD (and adopt, from a cached result) installs.
+#[derive(Debug, Clone)]
+pub(crate) struct Prepared {
+    pub shared: SharedPlan,
+    pub pod: PodPlan,
+    pub addrs: Vec<IpAddr>,
+}
+
+/// Who an attachment is, from the CNI identity and CNI_ARGS.
+pub(crate) struct Identity<'a> {
+    pub network: &'a str,
+    pub container_id: &'a str,
+    pub ifname: &'a str,
+    /// `CNI_NETNS` (or the cached result's sandbox); empty when unknown.
+    pub netns: &'a str,
+    pub args: &'a cni::CniArgs,
+    /// natguard's pod annotations (runtimeConfig, or the cache's capabilityArgs).
+    pub annotations: crate::policy::Annotations,
+}
+
+/// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
+/// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
+/// looked up here, before planning. Everything is refused before the kernel is touched.
+pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
+    crate::policy::refuse_unenforceable(cfg, &who.annotations)?;
+    let ips = cni::prev_result::check_shape(prev, who.ifname)?;
+    let own = crate::node::own_among(&ips.iter().map(|ip| ip.addr).collect::<Vec<_>>());
+    if let Some((ip, why)) = ips
+        .iter()
+        .find_map(|ip| not_a_pod_address_here(cfg, &own, ip).map(|why| (ip, why)))
+    {
+        return Err(Error::InvalidConfig(format!(
+            "{}: {:?} {why}, not a pod address; the primary plugin's result is refused",
+            ip.field(),
+            ip.text()
+        )));
+    }
+    let addrs: Vec<IpAddr> = ips.iter().map(|ip| ip.addr).collect();
+    check_addr_count(&addrs, who.ifname)?;
+    let node: NodeFacts = crate::node::facts(cfg);
+    check_proxy_outside_pods(cfg, &node, &ips)?;
+    let mut host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
+    if let Some(link) = kernel::podside::inspect(who.netns, who.ifname) {
+        if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
+            return Err(Error::InvalidConfig(format!(
+                "{}: the pod's interface {} in {} is {}, not a veth: its traffic never crosses this node's netfilter, so natguard cannot enforce the metadata policy for it (set metadata.acceptUnenforced to true to accept the pod unguarded)",
+                who.network,
+                who.ifname,
+                who.netns,
+                link.kind
+                    .as_deref()
+                    .map(|k| format!("a {k} device"))
+                    .unwrap_or_else(|| "a device of its own (a NIC or a VF)".into())
+            )));
+        }
+        if let Some(h) = host.as_mut() {
+            h.mac = link.mac;
+        }
+    }
+    let shared = plan::plan_shared(who.network, cfg, &node);
+    let pod_ref = PodRef {
+        network: who.network,
+        container_id: who.container_id,
+        ifname: who.ifname,
+        namespace: who.args.pod_namespace.as_deref(),
+        pod_name: who.args.pod_name.as_deref(),
+        netns: who.netns,
+        host,
+        annotations: who.annotations,
+    };
+    let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
+    Ok(Prepared { shared, pod, addrs })
+}
+
+/// Why `ip` cannot be a pod's address on this node, if it cannot: the one rule by which ADD
+/// refuses a primary plugin's result and DEL filters what it flushes. Besides the addresses no
+/// pod can hold, a pod claiming a metadata address or one of the node's own would make natguard
+/// exempt, or flush, traffic that is not the pod's. `own`: those of the pod's addresses that are
+/// the node's ([`crate::node::own_among`]).
+pub(crate) fn not_a_pod_address_here(cfg: &Config, own: &[IpAddr], ip: &PodIp) -> Option<String> {
+    if let Some(why) = crate::addr::not_a_pod_address(ip.addr, ip.prefix) {
+        Some(why)
+    } else if cfg.metadata.addresses.contains(&ip.addr) {
+        Some("is a metadata address (metadata.addresses)".into())
+    } else if own.contains(&ip.addr) {
+        Some("is an address of this node".into())
+    } else {
+        None
+    }
+}
+
+/// A proxy inside the pod's own network would put the interception's target among the pods.
+fn check_proxy_outside_pods(cfg: &Config, node: &NodeFacts, ips: &[PodIp]) -> Result<()> {
+    if cfg.metadata.mode != MetadataMode::Proxy {
+        return Ok(());
+    }
+    let proxies = [
+        (
+            "metadata.proxyIPv4",
+            node.proxy_v4.map(IpAddr::V4),
+            matches!(cfg.metadata.proxy_ipv4, ProxyAddr::Fixed(_)),
+        ),
+        (
+            "metadata.proxyIPv6",
+            node.proxy_v6.map(IpAddr::V6),
+            matches!(cfg.metadata.proxy_ipv6, ProxyAddr::Fixed(_)),
+        ),
+    ];
+    for (field, proxy, fixed) in proxies {
+        let Some(p) = proxy else { continue };
+        for ip in ips {
+            if crate::addr::contains(ip.addr, ip.prefix, p) {
+                let msg = format!(
+                    "{field}: \"{p}\" is inside the pod network {} ({}); the proxy must be outside the pods' networks",
+                    ip.text(),
+                    ip.field()
+                );
+                if fixed {
+                    return Err(Error::InvalidConfig(msg));
+                }
+                warn!("{msg} (resolved from \"auto\")");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The record of a pod keeps every address: refuse more than it can hold.
+fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
+    if plan::addrs_fit(addrs) {
+        return Ok(());
+    }
+    Err(Error::InvalidConfig(format!(
+        "prevResult: {} addresses on {ifname} ({}{}) are more than natguard records per interface (at most {} IPv6 addresses)",
+        addrs.len(),
+        addrs.iter().take(4).map(|a| a.to_string()).collect::<Vec<_>>().join(", "),
+        if addrs.len() > 4 { ", ..." } else { "" },
+        plan::MAX_POD_ADDRS
+    )))
+}
