@@ -1,9 +1,10 @@
 //! Interface names as the kernel stores them.
 //!
-//! The configuration (`metadata.allowInterfaces`), the plan (set elements keyed by interface)
-//! and the kernel layer (rtnetlink answers) all handle interface names; this type is the one
-//! check of what the kernel accepts, at the bottom of the layers so that each of them can use
-//! it without depending on another.
+//! The configuration (`metadata.allowInterfaces`), the plan (set elements keyed by interface),
+//! the lowering of those elements to nf_tables messages and the node facts (the pod's host-side
+//! interfaces) all handle interface names. This type is the one check of what the kernel
+//! accepts. It sits at the bottom of the layers, so that each of them can use it without
+//! depending on another (the plan re-exports it as `plan::IfName`).
 
 /// An interface name as the kernel stores it: at most 15 bytes, NUL-padded to 16.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
