@@ -867,12 +867,21 @@ def release(b, pods, dual):
     return sorted(done)
 
 
+def startup_cpu(b, n):
+    """CPU ms (user+sys) of n natguard VERSION processes, one after another: exec and the C
+    library's start-up, which a burst's processes spend before the release."""
+    env = {"PATH": b.node_path, "CNI_COMMAND": "VERSION"}
+    ver = json.dumps({"cniVersion": "1.0.0"}).encode()
+    return sum(spawn([b.natguard], env, ver)[0].cpu_us for _ in range(n)) / 1e3
+
+
 def burst_cell(b, ct, dual, runs):
     """`runs` rounds of: one ADD alone, then BURST ADDs released at once (each pod with its 2
-    conntrack entries per address), then the DELs, untimed. Returns the cell's summary."""
+    conntrack entries per address), then the DELs, untimed, then BURST VERSION processes for
+    their start-up CPU. Returns the cell's summary."""
     stack = "dual" if dual else "v4"
     load0 = os.getloadavg()[0]
-    single, last, mid, cpu1, cpus = [], [], [], [], []
+    single, last, mid, cpu1, cpus, starts = [], [], [], [], [], []
     for r in range(-1, runs):
         one = [b.next_pod(dual)]
         b.ct.create(pod_entries(one[0].addrs))
@@ -887,6 +896,7 @@ def burst_cell(b, ct, dual, runs):
         for pod in one + pods:
             b.natguard_op("DEL", pod)
         left.delete_tuples(pod_entries([a for p in pods for a in p.addrs]))
+        st = startup_cpu(b, BURST)
         if r < 0:
             continue
         single.append(s)
@@ -894,8 +904,9 @@ def burst_cell(b, ct, dual, runs):
         mid.append(statistics.median(ts))
         cpu1.append(c1)
         cpus.append(cs)
+        starts.append(st)
     c = {"ct": ct, "stack": stack, "runs": runs, "single": single, "last": last, "mid": mid,
-         "cpu1": cpu1, "cpus": cpus,
+         "cpu1": cpu1, "cpus": cpus, "starts": starts,
          "pods": b.state_n["natguard"],
          "load": (load0, os.getloadavg()[0])}
     log(f"burst ct={ct} {stack}: single {med(single):.1f} ms, all {BURST} replied {med(last):.1f} ms, "
@@ -976,17 +987,20 @@ def report_extra(b):
           "same round. ms from the release to each process's exit (its reply). all replied = the "
           f"last of the {BURST}; median = the median of the {BURST}; max = the worst round's last. "
           "CPU = user+sys of the processes (exec included): of the single ADD, and of all "
-          f"{BURST} summed; CPU floor = that sum over the machine's {os.cpu_count()} CPUs, the "
-          "soonest all could reply if nothing waited at all.")
+          f"{BURST} summed; start-up = the CPU of {BURST} natguard VERSION processes (exec and the C "
+          "library's start-up), which the burst's processes spend before the release; CPU floor = "
+          f"CPU all minus start-up, over the machine's {os.cpu_count()} CPUs: the soonest all could "
+          "reply after the release if nothing waited at all.")
         p("")
-        p("| ct entries | stack | rounds | single ADD | all replied | median ADD | max | all/single | median/single | CPU single | CPU all | CPU floor | load1 start/end |")
-        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        p("| ct entries | stack | rounds | single ADD | all replied | median ADD | max | all/single | median/single | CPU single | CPU all | start-up | CPU floor | floor/single | load1 start/end |")
+        p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         oks_all, oks_mid, ms = [], [], []
         for c in b.bursts:
             s, l, m = med(c["single"]), med(c["last"]), med(c["mid"])
-            c1, cs = med(c["cpu1"]), med(c["cpus"])
+            c1, cs, st = med(c["cpu1"]), med(c["cpus"]), med(c["starts"])
+            floor = max(cs - st, 0.0) / (os.cpu_count() or 1)
             p(f"| {c['ct']:,} | {c['stack']} | {c['runs']} | {s:.1f} | {l:.1f} | {m:.1f} | {max(c['last']):.1f} | "
-              f"{l / s:.1f}× | {m / s:.1f}× | {c1:.1f} | {cs:.1f} | {cs / (os.cpu_count() or 1):.1f} | "
+              f"{l / s:.1f}× | {m / s:.1f}× | {c1:.1f} | {cs:.1f} | {st:.1f} | {floor:.1f} | {floor / s:.1f}× | "
               f"{c['load'][0]:.2f}/{c['load'][1]:.2f} |")
             big = c["ct"] >= 100000
             oks_all.append(l / s <= (8 if big else 6))
