@@ -126,18 +126,14 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-# the spawner that reaps each measured process with wait4 (benches/tools/timeit.rs) and the
-# datapath's load generator (benches/tools/netload.rs), compiled here or, when NG_BENCH_TOOLS
-# names a directory holding both, taken from there (scripts/kernels.sh --bench builds them on
-# the host: its VMs have no compiler on their PATH).
-for t in timeit netload; do
-  if [ -n "${NG_BENCH_TOOLS:-}" ]; then
-    cp "$NG_BENCH_TOOLS/$t" "$W/$t"
-  else
-    rustc -O -C target-feature=+crt-static -C panic=abort -C strip=symbols --edition 2021 \
-      "$REPO/benches/tools/$t.rs" -o "$W/$t"
-  fi
-done
+# the benchmark's tools (benches/tools/build.sh), compiled here or, when NG_BENCH_TOOLS names a
+# directory holding both, taken from there (scripts/kernels.sh --bench builds them on the host:
+# its VMs have no compiler on their PATH).
+if [ -n "${NG_BENCH_TOOLS:-}" ]; then
+  cp "$NG_BENCH_TOOLS/timeit" "$NG_BENCH_TOOLS/netload" "$W/"
+else
+  "$REPO/benches/tools/build.sh" "$W"
+fi
 for b in nft legacy; do
   mkdir -p "$W/bin-$b"
   for t in iptables ip6tables; do

@@ -98,14 +98,10 @@ BENCH_BUDGET=0
 if ((BENCH)); then
   echo "==> building: cargo build --release, the benchmark's tools"
   cargo build --release --quiet || die "cargo build --release failed"
-  RELEASE=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
-  [ -x "$RELEASE" ] || RELEASE=$REPO/target/release/natguard
+  RELEASE=$REPO/target/x86_64-unknown-linux-gnu/release/natguard # .cargo/config.toml's target
   [ -x "$RELEASE" ] || die "no release binary after cargo build --release"
   TOOLS=$(mktemp -d /tmp/ngk-tools.XXXXXX)
-  for t in timeit netload; do
-    rustc -O -C target-feature=+crt-static -C panic=abort -C strip=symbols --edition 2021 \
-      "$REPO/benches/tools/$t.rs" -o "$TOOLS/$t" || die "cannot build benches/tools/$t.rs"
-  done
+  benches/tools/build.sh "$TOOLS" || die "cannot build the benchmark's tools (benches/tools)"
   BENCH_BUDGET=${NGK_BENCH_BUDGET:-1800}
 fi
 

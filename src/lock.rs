@@ -400,6 +400,33 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// The race the RECHECK signals are for: the timer's first signal arrives after the deadline
+    /// check but before the thread blocks in `flock`, so it interrupts nothing. Here it is made
+    /// certain: the timer fires while the thread sleeps, then the thread blocks on a lock that
+    /// is never released, with a deadline not yet passed. Only a later signal can end that
+    /// block; the test's own deadline fails if none comes.
+    #[test]
+    fn a_wake_signal_spent_before_the_block_does_not_leave_it_blocked() {
+        let d = scratch("race");
+        let path = d.join("lock");
+        let held = acquire_at(&path, WAIT).unwrap();
+        let p = path.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let file = open_regular(&p).unwrap();
+            let timer = Timer::arm(Duration::from_millis(1)).expect("a timer");
+            std::thread::sleep(Duration::from_millis(30)); // the first signal comes and goes
+            let r = block(&file, Instant::now(), Duration::from_millis(5), &timer);
+            tx.send(r.map_err(|e| e.to_string())).unwrap();
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a block whose first wake signal was spent never came back");
+        assert_eq!(r, Ok(false), "the held lock must not be taken");
+        drop(held);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     #[test]
     fn only_a_regular_file_is_locked() {
         let d = scratch("kinds");
