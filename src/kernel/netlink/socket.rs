@@ -115,8 +115,8 @@ pub fn release_deferred() -> Release {
     if n == 0 {
         return Release::Nothing;
     }
-    let status = std::fs::read_to_string("/proc/self/status").ok();
-    let disabled = std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").ok();
+    let status = crate::node::read_small("/proc/self/status", 4096);
+    let disabled = crate::node::read_small("/proc/sys/kernel/io_uring_disabled", 64);
     // With the hand-over, the ring is closed only after the sockets (below): it holds the
     // last references.
     let ring = match io_uring_allowed(status.as_deref(), disabled.as_deref()) {
@@ -385,23 +385,13 @@ impl NfSocket {
         Ok(())
     }
 
-    /// Waits up to `timeout` for replies and reads one datagram's worth.
+    /// Waits up to `timeout` for replies and reads one datagram's worth. The read is tried
+    /// first and the wait only when nothing is queued: the kernel answers nf_tables and
+    /// ctnetlink requests inside the send, so a reply is usually there already and the poll
+    /// would be one more system call per exchange.
     fn recv_within(&mut self, timeout: std::time::Duration) -> Result<Received> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            let wait = Timespec {
-                tv_sec: left.as_secs() as _,
-                tv_nsec: left.subsec_nanos() as _,
-            };
-            let fd = self.fd();
-            let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
-            match rustix::event::poll(&mut pfd, Some(&wait)) {
-                Ok(0) => return Ok(Received::TimedOut),
-                Ok(_) => {}
-                Err(Errno::INTR) => continue,
-                Err(e) => return Err(Error::io("wait for a netlink reply", e.into())),
-            }
             let fd = self.sock.as_ref().expect("socket is open");
             match rustix::net::recv(
                 fd,
@@ -417,9 +407,25 @@ impl NfSocket {
                     }
                     return Ok(Received::Msgs(parse_msgs(&self.recv_buf[..n])));
                 }
-                Err(Errno::INTR) | Err(Errno::AGAIN) => continue,
+                Err(Errno::INTR) => continue,
+                Err(Errno::AGAIN) => {}
                 Err(Errno::NOBUFS) => return Ok(Received::Overflow),
                 Err(e) => return Err(netlink_error("receive netlink reply", e)),
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Ok(Received::TimedOut);
+            }
+            let wait = Timespec {
+                tv_sec: left.as_secs() as _,
+                tv_nsec: left.subsec_nanos() as _,
+            };
+            let fd = self.fd();
+            let mut pfd = [PollFd::new(&fd, PollFlags::IN)];
+            match rustix::event::poll(&mut pfd, Some(&wait)) {
+                Ok(0) => return Ok(Received::TimedOut),
+                Ok(_) | Err(Errno::INTR) => {}
+                Err(e) => return Err(Error::io("wait for a netlink reply", e.into())),
             }
         }
     }
