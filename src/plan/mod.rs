@@ -24,6 +24,7 @@ pub mod render;
 
 pub use crate::ifname::IfName;
 pub use build::*;
+pub(crate) use names::digest;
 pub use names::{fnv1a64, NetNames, OwnerKey};
 pub use record::*;
 pub use render::*;
@@ -444,7 +445,7 @@ impl SetKind {
 }
 
 /// Which ethertype a bridge-table rule matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EtherProto {
     Ip(Family),
     Arp,
@@ -454,7 +455,7 @@ pub enum EtherProto {
     QinQ,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Match {
     /// `meta nfproto ipv4|ipv6`: every address match in an inet table needs it.
     NfProto(Family),
@@ -517,7 +518,7 @@ pub enum Match {
     SaddrNotLocal,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Action {
     DnatTo(IpAddr, u16),
     /// `snat ip to ip saddr`: an identity SNAT. A plain `accept` in an earlier nat chain does
@@ -593,7 +594,7 @@ pub const LOG_PREFIX: &str = "natguard denied ";
 pub const LOG_PER_SECOND: u64 = 5;
 pub const LOG_BURST: u32 = 20;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Rule {
     pub chain: ChainKind,
     pub matches: Vec<Match>,
@@ -602,7 +603,7 @@ pub struct Rule {
     pub count: Option<Count>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Elem {
     Addr(IpAddr),
     /// An interface name.
@@ -660,7 +661,7 @@ pub enum Key {
     IfMac(IfName, [u8; 6]),
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SetSpec {
     pub kind: SetKind,
     pub name: String,

@@ -7,6 +7,7 @@
 //! stable across releases, so keys written by one version are found by the next.
 
 use super::{ChainKind, SetKind};
+use std::hash::Hasher;
 
 /// Network names up to this length are used as they are.
 pub const MAX_PLAIN_PREFIX: usize = 40;
@@ -69,12 +70,40 @@ impl NetNames {
 /// FNV-1a, 64 bit: stable across releases, unlike std's hasher, so keys written by one version
 /// of natguard are found by the next.
 pub fn fnv1a64(data: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in data {
-        h ^= *b as u64;
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    let mut h = Fnv1a64::default();
+    h.write(data);
+    h.finish()
+}
+
+/// A digest of a value through its `Hash`: cheaper than hashing a rendering of it. What
+/// `Hash` feeds may change between releases, so such a digest is only for what one boot's
+/// natguard compares with itself (the verified-network cache), where a changed digest costs
+/// one full comparison and nothing else.
+pub(crate) fn digest<T: std::hash::Hash + ?Sized>(v: &T) -> u64 {
+    let mut h = Fnv1a64::default();
+    v.hash(&mut h);
+    h.finish()
+}
+
+/// FNV-1a as a [`Hasher`].
+struct Fnv1a64(u64);
+
+impl Default for Fnv1a64 {
+    fn default() -> Self {
+        Fnv1a64(0xcbf2_9ce4_8422_2325)
     }
-    h
+}
+
+impl Hasher for Fnv1a64 {
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= *b as u64;
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 /// The key of everything one attachment owns: 16 hex digits of a hash of

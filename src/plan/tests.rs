@@ -49,3 +49,30 @@ fn comments_keep_addresses_first() {
     assert!(c.len() <= MAX_COMMENT);
     assert_eq!(addrs_from_comment(&c), addrs);
 }
+
+#[test]
+fn a_digest_follows_every_element_and_rule() {
+    let set = |elems: Vec<Elem>| SetSpec {
+        kind: SetKind::Allow(Family::V4),
+        name: "n-allow4".into(),
+        elements: Some(elems),
+    };
+    let a = vec![set(vec![Elem::Port(80), Elem::Port(443)])];
+    assert_eq!(digest(&a), digest(&a.clone()));
+    assert_ne!(digest(&a), digest(&vec![set(vec![Elem::Port(80)])]));
+    assert_ne!(
+        digest(&a),
+        digest(&vec![set(vec![Elem::Port(443), Elem::Port(80)])])
+    );
+    assert_ne!(
+        digest(&a),
+        digest(&vec![set(vec![Elem::Port(80), Elem::Port(444)])])
+    );
+    let rule = |action| Rule {
+        chain: ChainKind::Dnat,
+        matches: vec![Match::IsTcp],
+        action,
+        count: None,
+    };
+    assert_ne!(digest(&rule(Action::Drop)), digest(&rule(Action::Return)));
+}

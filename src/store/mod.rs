@@ -772,7 +772,7 @@ pub(crate) fn open() -> Result<Store<crate::kernel::Netfilter>> {
 /// so the entry names a digest of everything [`Store::check_shared`] compares: the sets with
 /// their elements, and the rules.
 fn verified_entry(shared: &SharedPlan) -> verified::Entry {
-    let whole = plan::fnv1a64(format!("{:?}{:?}", shared.sets, shared.rules).as_bytes());
+    let whole = plan::digest(&(&shared.sets, &shared.rules));
     verified::Entry {
         network: shared.names.network.clone(),
         fingerprint: format!("{}-{whole:016x}", shared.fingerprint),

@@ -12,6 +12,10 @@ use rustix::net::{sockopt, AddressFamily, RecvFlags, SendFlags, SocketFlags, Soc
 /// Socket memory budgeted per reply that may come back (an error with its extended ACK).
 const REPLY_BUDGET: usize = 1024;
 
+/// The room for one datagram of replies; a larger datagram is refused as a protocol error,
+/// never read cut short.
+const RECV_BUF: usize = 1 << 16;
+
 /// The largest receive buffer natguard asks for. A batch whose error replies would need more
 /// still ends correctly: its first reply is an error, which proves the batch was aborted.
 pub const MAX_RCVBUF: usize = 8 << 20;
@@ -254,7 +258,9 @@ impl NfSocket {
         Ok(NfSocket {
             sock: Some(sock),
             seq,
-            recv_buf: vec![0u8; 1 << 16],
+            // Filled from its spare capacity: no page of it is zeroed or touched before a reply
+            // needs it.
+            recv_buf: Vec::with_capacity(RECV_BUF),
             reply_timeout: REPLY_TIMEOUT,
             sndbuf: None,
             rcvbuf: None,
@@ -393,19 +399,20 @@ impl NfSocket {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             let fd = self.sock.as_ref().expect("socket is open");
+            self.recv_buf.clear();
             match rustix::net::recv(
                 fd,
-                &mut self.recv_buf[..],
+                rustix::buffer::spare_capacity(&mut self.recv_buf),
                 RecvFlags::DONTWAIT | RecvFlags::TRUNC,
             ) {
                 Ok((_, n)) => {
                     if n > self.recv_buf.len() {
                         return Err(Error::Protocol(format!(
                             "a {n}-byte netlink reply is larger than the {}-byte receive buffer",
-                            self.recv_buf.len()
+                            self.recv_buf.capacity()
                         )));
                     }
-                    return Ok(Received::Msgs(parse_msgs(&self.recv_buf[..n])));
+                    return Ok(Received::Msgs(parse_msgs(&self.recv_buf)));
                 }
                 Err(Errno::INTR) => continue,
                 Err(Errno::AGAIN) => {}
