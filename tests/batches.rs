@@ -418,3 +418,71 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
         );
     }
 }
+
+/// An ADD of a new pod adds elements and deletes none, as the kernel reports it to `nft
+/// monitor`: a deletion (a replace is a delete and an add) leaves nf_tables destroy work, and
+/// the release of any netfilter socket in the namespace then waits for it while holding the
+/// commit mutex, so other writers' commits wait a grace period
+/// (docs/kernel-bug-nftables-release-stall.md). A pod that shares an address with a pod
+/// already there changes that element's owner list: that one is replaced, which also shows
+/// that the monitor sees the deletes this test looks for.
+#[test]
+fn an_add_of_a_new_pod_deletes_no_element() {
+    let (h, ns) = synthetic_node("adds-only");
+    let cfg = cfg(json!({}));
+    add(&ns, &cfg, &pod("ao", 1)).succeeded();
+    let monitor = h.spawn(&ns, "monitor", &["nft", "monitor"]);
+    let log = h.dir().join("monitor.log");
+    // Markers: a table added and deleted, until the monitor has printed it.
+    let mark = |name: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            ns.run(&["nft", "add", "table", "inet", name]);
+            ns.run(&["nft", "delete", "table", "inet", name]);
+            std::thread::sleep(Duration::from_millis(50));
+            let seen = std::fs::read_to_string(&log).unwrap_or_default();
+            if seen.contains(&format!("delete table inet {name}")) {
+                return seen.len();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "nft monitor never reported table {name}: {seen}"
+            );
+        }
+    };
+    let events_of = |start: usize, end: usize| -> Vec<String> {
+        let text = std::fs::read_to_string(&log).unwrap();
+        text[start..end]
+            .lines()
+            .filter(|l| l.contains(" element inet natguard "))
+            .map(str::to_string)
+            .collect()
+    };
+
+    let start = mark("ngmark1");
+    let b = pod("ao", 2);
+    add(&ns, &cfg, &b).succeeded();
+    let end = mark("ngmark2");
+    let new_pod = events_of(start, end);
+    assert!(
+        new_pod
+            .iter()
+            .any(|l| l.starts_with("add element") || l.starts_with("create element")),
+        "the ADD added nothing the monitor saw: {new_pod:#?}"
+    );
+    assert!(
+        !new_pod.iter().any(|l| l.starts_with("delete element")),
+        "an ADD of a new pod deleted elements: {new_pod:#?}"
+    );
+
+    let twin = SynPod::new(NET, "ao-twin", b.addrs()[0], b.addrs()[1])
+        .prefixes(10, 64)
+        .without_host_iface();
+    add(&ns, &cfg, &twin).succeeded();
+    let shared = events_of(end, mark("ngmark3"));
+    h.kill(monitor);
+    assert!(
+        shared.iter().any(|l| l.starts_with("delete element")),
+        "a changed owner list must replace its element: {shared:#?}"
+    );
+}

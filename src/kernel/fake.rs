@@ -46,6 +46,10 @@ fn enoent(what: String) -> Error {
     Error::netlink(what, libc::ENOENT)
 }
 
+fn eexist(what: String) -> Error {
+    Error::netlink(what, libc::EEXIST)
+}
+
 impl Fake {
     /// The elements of a set, by name, as (key, comment).
     pub fn elems(&self, set: &str) -> Vec<(Key, Option<String>)> {
@@ -55,7 +59,7 @@ impl Fake {
             .unwrap_or_default()
     }
 
-    fn apply(&mut self, op: &Op) -> Result<()> {
+    pub(crate) fn apply(&mut self, op: &Op) -> Result<()> {
         match op {
             Op::Converge(plan) => {
                 for t in TableFamily::ALL {
@@ -98,6 +102,13 @@ impl Fake {
             }
             Op::Put { set, key, comment } => {
                 let s = self.set_mut(set)?;
+                s.elems.insert(*key, Some(comment.clone()));
+            }
+            Op::Add { set, key, comment } => {
+                let s = self.set_mut(set)?;
+                if s.elems.contains_key(key) {
+                    return Err(eexist(format!("add {key:?} to {}", set.name)));
+                }
                 s.elems.insert(*key, Some(comment.clone()));
             }
             Op::Del { set, key } => {

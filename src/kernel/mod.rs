@@ -61,6 +61,13 @@ pub(crate) enum Op {
         key: Key,
         comment: String,
     },
+    /// Add `key`, carrying `comment`, to `set`: an element known to be absent (read under the
+    /// lock in this invocation). Unlike a replace, it leaves the kernel nothing to free.
+    Add {
+        set: SetRef,
+        key: Key,
+        comment: String,
+    },
     /// Delete an element known to exist (read under the lock in this invocation).
     Del { set: SetRef, key: Key },
     /// Delete a chain of an earlier version, with its rules.
@@ -154,6 +161,13 @@ impl Netfilter {
             match op {
                 Op::Converge(plan) => tx.converge_shared(plan, self.set_counters),
                 Op::Put { set, key, comment } => tx.ensure_elem(
+                    set.kind.table(),
+                    &set.name,
+                    lower::key_bytes(key),
+                    comment.clone(),
+                    &describe(key),
+                ),
+                Op::Add { set, key, comment } => tx.add_elem(
                     set.kind.table(),
                     &set.name,
                     lower::key_bytes(key),

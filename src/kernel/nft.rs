@@ -280,6 +280,37 @@ impl Tx {
         }
     }
 
+    /// Adds an element known to be absent (read under the lock in this invocation), carrying
+    /// `comment`: one NEWSETELEM with NLM_F_EXCL. Unlike [`Tx::ensure_elem`]'s replace, which is
+    /// a delete and an add, it leaves nothing for the kernel to free after an RCU grace period,
+    /// and so nothing that the next release of any netfilter socket in the namespace waits for
+    /// while holding the commit mutex (docs/kernel-bug-nftables-release-stall.md). Should the
+    /// element exist after all, the kernel refuses the whole batch with EEXIST.
+    pub fn add_elem(
+        &mut self,
+        t: TableFamily,
+        set: &str,
+        key: Vec<u8>,
+        comment: String,
+        what: &str,
+    ) {
+        let full = [ElemData {
+            key,
+            flags: 0,
+            comment: Some(comment),
+        }];
+        for s in set_elems(
+            &mut self.buf,
+            t,
+            NFT_MSG_NEWSETELEM,
+            NLM_F_CREATE_ | super::netlink::NLM_F_EXCL,
+            set,
+            &full,
+        ) {
+            self.note(s, format!("add {what} to {set}"));
+        }
+    }
+
     /// Deletes an element known to exist (read under the lock in this invocation).
     pub fn delete_elem(&mut self, t: TableFamily, set: &str, key: Vec<u8>, what: &str) {
         let bare = [ElemData {

@@ -17,8 +17,13 @@
 //! what has been.
 //!
 //! Each verb reads what it touches into a [`view::View`], changes it there, and commits the
-//! difference as one batch. Idempotency lives in the batch ([`Op::Put`] replaces, never fails
-//! with EEXIST); nothing is written where nothing changes.
+//! difference as one batch; nothing is written where nothing changes. An element read as absent
+//! is added ([`Op::Add`]), one read as present is replaced ([`Op::Put`]): a replace is a delete
+//! and an add, and a deletion leaves the kernel work that any netfilter socket's release then
+//! waits for, holding the commit mutex (docs/kernel-bug-nftables-release-stall.md). The read
+//! is trusted because it happens under the node lock and the batch carries the generation it
+//! was read at: if anyone committed in between, the kernel refuses the batch and the verb reads
+//! again.
 
 mod check;
 mod verified;

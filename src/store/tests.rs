@@ -169,6 +169,70 @@ fn a_second_add_writes_nothing_and_shared_objects_are_written_once() {
     s.check_shared(&sh).unwrap();
 }
 
+/// A new pod's elements are added, never replaced: a replace deletes, and a deletion leaves
+/// the kernel destroy work that the next release of any netfilter socket waits for while it
+/// holds the commit mutex. Elements that exist keep being replaced (here the bridge's pod
+/// count and a shared address's owner list), and an element that appeared behind the view's
+/// back makes the add fail instead of being overwritten.
+#[test]
+fn a_new_pods_elements_are_added_and_existing_ones_replaced() {
+    let cfg = Config::default();
+    let sh = shared(&cfg);
+    let mut s = store();
+    s.apply_pod(&sh, &pod(&cfg, "a", "default", &["10.1.0.5"]))
+        .unwrap();
+    let b = pod(&cfg, "b", "default", &["10.1.0.6"]);
+    s.apply_pod(&sh, &b).unwrap();
+    let last = s.kernel().commits.last().unwrap().clone();
+    // Everything is added but the bridge's pod count, which exists and changes.
+    for o in &last.ops {
+        match o {
+            Op::Add { .. } => {}
+            Op::Put { set, .. } if set.kind == SetKind::Ifaces => {}
+            o => panic!("a new pod on a converged network should only add: {o:?} in {last:?}"),
+        }
+    }
+    assert!(
+        last.ops
+            .iter()
+            .filter(|o| matches!(o, Op::Add { .. }))
+            .count()
+            >= 4
+    );
+    // A second attachment of the same address: the element exists, its owner list changes.
+    let c = pod(&cfg, "c", "default", &["10.1.0.6"]);
+    s.apply_pod(&sh, &c).unwrap();
+    let last = s.kernel().commits.last().unwrap().clone();
+    assert!(
+        last.ops
+            .iter()
+            .any(|o| matches!(o, Op::Put { key, .. } if *key == addr("10.1.0.6"))),
+        "an existing element's new owner list should replace it: {last:?}"
+    );
+    assert_eq!(
+        owners(&mut s, META4, addr("10.1.0.6")),
+        vec![c.owner, b.owner]
+    );
+    // The fake refuses an add of an element that exists, as the kernel does with NLM_F_EXCL.
+    let set = last
+        .ops
+        .iter()
+        .find_map(|o| match o {
+            Op::Put { set, .. } => Some(set.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let err = s
+        .kernel()
+        .apply(&Op::Add {
+            set,
+            key: addr("10.1.0.6"),
+            comment: String::new(),
+        })
+        .unwrap_err();
+    assert_eq!(err.errno(), Some(libc::EEXIST));
+}
+
 #[test]
 fn readd_with_other_addresses_releases_the_old_ones() {
     let cfg = Config::default();

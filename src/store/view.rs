@@ -147,13 +147,20 @@ impl<'k, K: Kernel> View<'k, K> {
                 continue;
             }
             let (set, key) = id;
-            match &slot.after {
-                Some(comment) => batch.push(Op::Put {
+            // An element read as absent is added, not replaced: a replace deletes, and a
+            // deletion leaves the kernel work that other sockets' releases wait for.
+            match (&slot.before, &slot.after) {
+                (None, Some(comment)) => batch.push(Op::Add {
                     set,
                     key,
                     comment: comment.clone(),
                 }),
-                None => batch.push(Op::Del { set, key }),
+                (Some(_), Some(comment)) => batch.push(Op::Put {
+                    set,
+                    key,
+                    comment: comment.clone(),
+                }),
+                (_, None) => batch.push(Op::Del { set, key }),
             }
         }
     }
