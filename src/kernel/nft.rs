@@ -236,7 +236,9 @@ impl Tx {
         }
     }
 
-    /// Makes sure `key` is in `set`, carrying `comment` (replacing any earlier comment).
+    /// Makes sure `key` is in `set`, carrying `comment` (replacing any earlier comment): an
+    /// add that tolerates the element (so the delete finds it), a delete, and the add with
+    /// the comment.
     pub fn ensure_elem(
         &mut self,
         t: TableFamily,
@@ -245,39 +247,11 @@ impl Tx {
         comment: String,
         what: &str,
     ) {
-        let bare = [ElemData {
-            key: key.clone(),
-            flags: 0,
-            comment: None,
-        }];
-        for s in set_elems(
-            &mut self.buf,
-            t,
-            NFT_MSG_NEWSETELEM,
-            NLM_F_CREATE_,
-            set,
-            &bare,
-        ) {
-            self.note(s, format!("add {what} to {set}"));
-        }
-        for s in set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare) {
-            self.note(s, format!("replace {what} in {set}"));
-        }
-        let full = [ElemData {
-            key,
-            flags: 0,
-            comment: Some(comment),
-        }];
-        for s in set_elems(
-            &mut self.buf,
-            t,
-            NFT_MSG_NEWSETELEM,
-            NLM_F_CREATE_,
-            set,
-            &full,
-        ) {
-            self.note(s, format!("add {what} to {set}"));
-        }
+        let add = format!("add {what} to {set}");
+        self.elem(t, set, ELEM_ADD, key.clone(), None, &add);
+        let replace = format!("replace {what} in {set}");
+        self.elem(t, set, ELEM_DEL, key.clone(), None, &replace);
+        self.elem(t, set, ELEM_ADD, key, Some(comment), &add);
     }
 
     /// Adds an element known to be absent (read under the lock in this invocation), carrying
@@ -286,40 +260,34 @@ impl Tx {
     /// and so nothing that the next release of any netfilter socket in the namespace waits for
     /// while holding the commit mutex (docs/kernel-bug-nftables-release-stall.md). Should the
     /// element exist after all, the kernel refuses the whole batch with EEXIST.
-    pub fn add_elem(
-        &mut self,
-        t: TableFamily,
-        set: &str,
-        key: Vec<u8>,
-        comment: String,
-        what: &str,
-    ) {
-        let full = [ElemData {
-            key,
-            flags: 0,
-            comment: Some(comment),
-        }];
-        for s in set_elems(
-            &mut self.buf,
-            t,
-            NFT_MSG_NEWSETELEM,
-            NLM_F_CREATE_ | super::netlink::NLM_F_EXCL,
-            set,
-            &full,
-        ) {
-            self.note(s, format!("add {what} to {set}"));
-        }
+    pub fn add_elem(&mut self, t: TableFamily, set: &str, key: Vec<u8>, c: String, what: &str) {
+        let note = format!("add {what} to {set}");
+        self.elem(t, set, ELEM_CREATE, key, Some(c), &note);
     }
 
     /// Deletes an element known to exist (read under the lock in this invocation).
     pub fn delete_elem(&mut self, t: TableFamily, set: &str, key: Vec<u8>, what: &str) {
-        let bare = [ElemData {
+        let note = format!("remove {what} from {set}");
+        self.elem(t, set, ELEM_DEL, key, None, &note);
+    }
+
+    /// One element message (`msg`: type and flags), noted as `note` for error messages.
+    fn elem(
+        &mut self,
+        t: TableFamily,
+        set: &str,
+        (msg, flags): (u16, u16),
+        key: Vec<u8>,
+        comment: Option<String>,
+        note: &str,
+    ) {
+        let e = [ElemData {
             key,
             flags: 0,
-            comment: None,
+            comment,
         }];
-        for s in set_elems(&mut self.buf, t, NFT_MSG_DELSETELEM, 0, set, &bare) {
-            self.note(s, format!("remove {what} from {set}"));
+        for s in set_elems(&mut self.buf, t, msg, flags, set, &e) {
+            self.note(s, note.to_string());
         }
     }
 
@@ -418,6 +386,14 @@ impl Tx {
 
 /// NEWSETELEM without NLM_F_EXCL: adding an element that exists is not an error.
 const NLM_F_CREATE_: u16 = super::netlink::NLM_F_CREATE;
+/// An element message's type and flags: an add that tolerates the element, an add that must
+/// create it (the batch fails with EEXIST otherwise), a delete.
+const ELEM_ADD: (u16, u16) = (NFT_MSG_NEWSETELEM, NLM_F_CREATE_);
+const ELEM_CREATE: (u16, u16) = (
+    NFT_MSG_NEWSETELEM,
+    NLM_F_CREATE_ | super::netlink::NLM_F_EXCL,
+);
+const ELEM_DEL: (u16, u16) = (NFT_MSG_DELSETELEM, 0);
 
 /// Reads one element: `Ok(None)` when it, its set or the table does not exist.
 pub fn get_element(
