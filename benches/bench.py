@@ -284,6 +284,23 @@ def _tuple(t, src, dst, sport, dport):
     )
 
 
+def read_acks(sock, n):
+    """Reads n ACK/error messages from a netlink socket; returns the errnos that are not 0."""
+    errs = []
+    while n > 0:
+        data = sock.recv(1 << 20)
+        off = 0
+        while off + 16 <= len(data):
+            ln, typ = struct.unpack_from("=IH", data, off)
+            if typ == 2:  # NLMSG_ERROR
+                code = struct.unpack_from("=i", data, off + 16)[0]
+                if code:
+                    errs.append(-code)
+                n -= 1
+            off += (ln + 3) & ~3
+    return errs
+
+
 class Ctnl:
     """A ctnetlink socket in the namespace that was current when it was opened."""
 
@@ -311,29 +328,13 @@ class Ctnl:
         flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | (NLM_F_ACK if ack else 0)
         return _msg(IPCTNL_MSG_CT_NEW, flags, self._next(), _fam(src), attrs)
 
-    def _acks(self, n):
-        """Reads n ACK/error messages; returns the errnos that are not 0."""
-        errs = []
-        while n > 0:
-            data = self.sock.recv(1 << 20)
-            off = 0
-            while off + 16 <= len(data):
-                ln, typ = struct.unpack_from("=IH", data, off)
-                if typ == 2:  # NLMSG_ERROR
-                    code = struct.unpack_from("=i", data, off + 16)[0]
-                    if code:
-                        errs.append(-code)
-                    n -= 1
-                off += (ln + 3) & ~3
-        return errs
-
     def create(self, entries, chunk=400):
         """Creates (src, dst, sport, dport) entries in batches of `chunk` messages per write."""
         errs = []
         for i in range(0, len(entries), chunk):
             part = entries[i : i + chunk]
             self.sock.send(b"".join(self.new_msg(*e, ack=True) for e in part))
-            errs += self._acks(len(part))
+            errs += read_acks(self.sock, len(part))
         if errs:
             die(f"ctnetlink: {len(errs)} of {len(entries)} creates failed, first errno {errs[0]} ({os.strerror(errs[0])})")
 
@@ -348,7 +349,7 @@ class Ctnl:
         m = _msg(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, self._next(), _fam(ip), attrs)
         t0 = time.perf_counter()
         self.sock.send(m)
-        errs = self._acks(1)
+        errs = read_acks(self.sock, 1)
         dt = time.perf_counter() - t0
         if errs and errs[0] == 22:
             return None
@@ -364,14 +365,14 @@ class Ctnl:
             for e in entries
         ]
         self.sock.send(b"".join(msgs))
-        errs = [e for e in self._acks(len(msgs)) if e != 2]
+        errs = [e for e in read_acks(self.sock, len(msgs)) if e != 2]
         if errs:
             die(f"ctnetlink delete by tuple: errno {errs[0]} ({os.strerror(errs[0])})")
 
     def flush(self):
         """Deletes every entry of this namespace (a delete without tuple nor filter)."""
         self.sock.send(_msg(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, self._next(), 0, b""))
-        self._acks(1)
+        read_acks(self.sock, 1)
 
 
 def ct_count():
@@ -1092,11 +1093,7 @@ def report_extra(b):
 
 NFT_MSG_NEWTABLE, NFT_MSG_DELTABLE, NFT_MSG_NEWSET = (10 << 8) | 0, (10 << 8) | 2, (10 << 8) | 9
 NFT_MSG_NEWSETELEM, NFT_MSG_DELSETELEM = (10 << 8) | 12, (10 << 8) | 14
-
-
-def _nft_msg(mtype, flags, seq, attrs, family=socket.AF_INET):
-    body = struct.pack("=BBH", family, 0, 0) + attrs
-    return struct.pack("=IHHII", 16 + len(body), mtype, flags, seq, 0) + body
+INET4 = socket.AF_INET  # the nf_tables family of the scratch tables (NFPROTO_IPV4)
 
 
 def _nft_batch(sock, msgs):
@@ -1107,19 +1104,11 @@ def _nft_batch(sock, msgs):
     batch = ctl(0x10, 1) + b"".join(msgs) + ctl(0x11, 0xffff)
     t0 = time.perf_counter()
     sock.send(batch)
-    acks = 0
-    while acks < len(msgs):
-        data = sock.recv(65536)
-        off = 0
-        while off + 16 <= len(data):
-            ln, typ = struct.unpack_from("=IH", data, off)
-            if typ == 2:
-                code = struct.unpack_from("=i", data, off + 16)[0]
-                if code:
-                    die(f"nf_tables test batch failed: errno {-code}")
-                acks += 1
-            off += (ln + 3) & ~3
-    return (time.perf_counter() - t0) * 1e3
+    errs = read_acks(sock, len(msgs))
+    ms = (time.perf_counter() - t0) * 1e3
+    if errs:
+        die(f"nf_tables test batch failed: errno {errs[0]} ({os.strerror(errs[0])})")
+    return ms
 
 
 def _nft_socket():
@@ -1135,8 +1124,8 @@ def nft_commit_then_close(delay_s):
     close soon after a commit waits for the rest of an RCU grace period."""
     name = _nla(1, b"ngbenchrcu\0")
     s = _nft_socket()
-    _nft_batch(s, [_nft_msg(NFT_MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, 2, name),
-                   _nft_msg(NFT_MSG_DELTABLE, NLM_F_REQUEST | NLM_F_ACK, 3, name)])
+    _nft_batch(s, [_msg(NFT_MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, 2, INET4, name),
+                   _msg(NFT_MSG_DELTABLE, NLM_F_REQUEST | NLM_F_ACK, 3, INET4, name)])
     time.sleep(delay_s)
     t0 = time.perf_counter()
     s.close()
@@ -1157,13 +1146,13 @@ def commit_after_release(delete, n):
     def elem(i, seq, mtype, flags):
         # NFTA_SET_ELEM_LIST_TABLE, SET, ELEMENTS > element > NFTA_SET_ELEM_KEY > NFTA_DATA_VALUE
         e = _nest(1, _nest(1, _nla(1, struct.pack(">I", 0x0a000000 + i))))
-        return _nft_msg(mtype, flags, seq, table + _nla(2, b"s\0") + _nest(3, e))
+        return _msg(mtype, flags, seq, INET4, table + _nla(2, b"s\0") + _nest(3, e))
 
     def add(i, seq):
         return elem(i, seq, NFT_MSG_NEWSETELEM, ack | NLM_F_CREATE)
     keep = _nft_socket()
-    _nft_batch(keep, [_nft_msg(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, 2, table),
-                      _nft_msg(NFT_MSG_NEWSET, ack | NLM_F_CREATE, 3, set_attrs)]
+    _nft_batch(keep, [_msg(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, 2, INET4, table),
+                      _msg(NFT_MSG_NEWSET, ack | NLM_F_CREATE, 3, INET4, set_attrs)]
                + ([add(i, 4 + i) for i in range(n)] if delete else []))
     time.sleep(0.05)
     out, threads = [], []
@@ -1176,7 +1165,7 @@ def commit_after_release(delete, n):
         time.sleep(0.002)
     for th in threads:
         th.join()
-    _nft_batch(keep, [_nft_msg(NFT_MSG_DELTABLE, ack, 2, table)])
+    _nft_batch(keep, [_msg(NFT_MSG_DELTABLE, ack, 2, INET4, table)])
     keep.close()
     return out
 

@@ -348,8 +348,10 @@ fn a_missing_reply_ends_with_try_again_instead_of_blocking() {
 /// other writer left. The other writer flushed natguard's DNAT chain: B's first read found the
 /// shared objects current (a batch of elements only), the second finds the flush and converges,
 /// so the rules are back. Without the generation the first batch would commit and leave the
-/// chain empty. The pause between read and commit is the debug build's test hook
-/// (`NATGUARD_TEST_PAUSE_BEFORE_COMMIT`), so the interleaving is exact, not a race.
+/// chain empty. The writer also plants B's own element, which B read as absent: B's exclusive
+/// add would fail on it, so it must be the restart that finds it and replaces it. The pause
+/// between read and commit is the debug build's test hook (`NATGUARD_TEST_PAUSE_BEFORE_COMMIT`),
+/// so the interleaving is exact, not a race.
 #[test]
 fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again() {
     let (h, ns) = synthetic_node("genid");
@@ -376,6 +378,7 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
     let dnat = NetNames::new(NET).chain(natguard::plan::ChainKind::Dnat);
     let rules_of = |ns: &Netns| ns.run(&["nft", "list", "chain", "inet", "natguard", &dnat]);
     assert!(rules_of(&ns).contains("dnat ip to"), "{}", rules_of(&ns));
+    let meta4 = set(SetKind::Meta(Family::V4));
 
     let pause = h.dir().join("pause");
     let read = h.dir().join("pause.read");
@@ -395,6 +398,12 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
             !rules_of(&ns).contains("dnat ip to"),
             "the other writer's flush"
         );
+        // The same writer also plants B's own metadata element, which B read as absent and
+        // will add with NLM_F_EXCL: after the restart B must find it and take it over.
+        let planted = format!("{{ {} comment \"planted\" }}", b.addrs()[0]);
+        ns.run(&[
+            "nft", "add", "element", "inet", "natguard", &meta4, &planted,
+        ]);
         std::fs::write(&go, b"").unwrap();
         adding.join().unwrap()
     });
@@ -417,6 +426,11 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
             p.addrs()
         );
     }
+    let listed = ns.run(&["nft", "list", "set", "inet", "natguard", &meta4]);
+    assert!(
+        listed.contains(&b.owner()) && !listed.contains("planted"),
+        "B's element must carry B as its owner, not the planted comment: {listed}"
+    );
 }
 
 /// An ADD of a new pod adds elements and deletes none, as the kernel reports it to `nft

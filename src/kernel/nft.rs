@@ -260,9 +260,16 @@ impl Tx {
     /// and so nothing that the next release of any netfilter socket in the namespace waits for
     /// while holding the commit mutex (docs/kernel-bug-nftables-release-stall.md). Should the
     /// element exist after all, the kernel refuses the whole batch with EEXIST.
-    pub fn add_elem(&mut self, t: TableFamily, set: &str, key: Vec<u8>, c: String, what: &str) {
+    pub fn add_elem(
+        &mut self,
+        t: TableFamily,
+        set: &str,
+        key: Vec<u8>,
+        comment: String,
+        what: &str,
+    ) {
         let note = format!("add {what} to {set}");
-        self.elem(t, set, ELEM_CREATE, key, Some(c), &note);
+        self.elem(t, set, ELEM_CREATE, key, Some(comment), &note);
     }
 
     /// Deletes an element known to exist (read under the lock in this invocation).
