@@ -6,14 +6,18 @@
 #   pod ──┘   (proxy on :8181,   └── remote-out  11.0.0.2, 2001:db8:bb::2  (outside)
 #              answers "proxy")
 #
-# The pods are attached the way a container runtime does it: the conflist's plugins (Debian's
-# bridge + host-local, then natguard with its built-in defaults; only exemptNamespaces is set)
-# are run in order with each result passed on as the next plugin's prevResult, and removed in
-# reverse order at the end. Step 4 attaches one more pod ("late", on bridge cni1) through a
-# conflist without natguard, lets it open a keep-alive connection to the real metadata server,
-# then adds natguard to that conflist and runs `natguard adopt`. Step 5 prints what natguard's
-# counters say about all of that (`natguard status`, `natguard metrics`). Run as root on
-# Debian 12; everything is removed on exit.
+# The story of a node: its network "demo" (Debian's bridge + host-local) runs a pod,
+# default/legacy, whose client keeps a connection to the real metadata server open, before
+# natguard is on the node at all (the startup race). Then `natguard install` puts the node-wide
+# guard in place, adds natguard (built-in defaults; only exemptNamespaces is set) to the
+# network's conflist and adopts the pod: its client is answered by the node-local proxy from
+# then on. New pods start through the conflist the way a runtime (libcni) does it: the plugins in
+# order, each result passed on as the next plugin's prevResult, the result cached, removed in
+# reverse order at the end. The demo prints who answers their metadata requests, the source
+# addresses remote hosts see, natguard's table, and what `natguard status` and `natguard
+# metrics` say about it all. Run as root on Debian 12. It runs in a mount namespace of its own
+# with a /run of its own, so nothing of the machine's (its /run/natguard, /etc/cni, /opt/cni,
+# /var/lib/cni, root network namespace) is read or changed; everything goes on exit.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -37,8 +41,14 @@ PACKAGES=(containernetworking-plugins nftables conntrack iproute2 util-linux jq 
 ensure_packages "${PACKAGES[@]}"
 ensure_cargo || die "cargo is needed to build natguard"
 
-bold "building natguard (cargo build --release)"
-cargo build --release
+if [ "${NG_DEMO_INSIDE:-}" != 1 ]; then
+  bold "building natguard (cargo build --release)"
+  cargo build --release
+  # The rest in a mount namespace of its own, with a /run of its own: the node lock, the
+  # readiness file and the network namespaces' mounts live there, none on the machine.
+  exec unshare --mount --propagation private -- env NG_DEMO_INSIDE=1 "$0" "$@"
+fi
+mount -t tmpfs -o mode=0755 natguard-demo /run
 BIN=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
 [ -x "$BIN" ] || BIN=$REPO/target/release/natguard
 [ -x "$BIN" ] || die "release binary not found under target/"
@@ -47,9 +57,13 @@ ls -l "$BIN"
 # ---- throwaway namespaces ----------------------------------------------------------------------
 P=ng-demo-$$
 NODE=$P-node POD=$P-pod EXEMPT=$P-exempt CLOUD=$P-cloud RIN=$P-rin ROUT=$P-rout
-ALL_NS=("$NODE" "$CLOUD" "$RIN" "$ROUT" "$POD" "$EXEMPT")
+LEGACY=$P-legacy
+ALL_NS=("$NODE" "$CLOUD" "$RIN" "$ROUT" "$POD" "$EXEMPT" "$LEGACY")
 W=$(mktemp -d /tmp/ng-demo.XXXXXX)
-LIST=$W/demo.conflist
+# The node's CNI directories, as a runtime and natguard's installer see them.
+NETCONF=$W/net.d CNI_BIN=$W/bin CACHE=$W/cni-results
+LIST=$NETCONF/10-demo.conflist
+mkdir -p "$NETCONF" "$CNI_BIN" "$CACHE"
 PIDS=()
 ATTACHED=()
 
@@ -157,12 +171,24 @@ ip -n "$ROUT" -6 route add default via 2001:db8:bb::1
 ip -n "$NODE" route add default via 11.0.0.2
 ip -n "$NODE" -6 route add default via 2001:db8:bb::2
 
+# Another node component's firewall that tracks connections, as kube-proxy's does (its rules
+# drop invalid packets): so the node has conntrack before natguard arrives.
+in_ns "$NODE" nft -f - <<'NFT'
+table inet node-agent {
+  chain forward {
+    type filter hook forward priority filter; policy accept;
+    ct state invalid drop
+  }
+}
+NFT
+
 http_server "$CLOUD" 80 cloud
 http_server "$NODE" 8181 proxy
 whoami_server "$RIN"
 whoami_server "$ROUT"
 
 # ---- attaching pods like a runtime (libcni) does -----------------------------------------------
+# The node's network: Debian's bridge + host-local. natguard is not in it yet.
 jq -n --arg dir "$W/ipam" '{
   cniVersion: "1.0.0",
   name: "demo",
@@ -170,33 +196,37 @@ jq -n --arg dir "$W/ipam" '{
     { type: "bridge", bridge: "cni0", isGateway: true, ipMasq: false, hairpinMode: true,
       ipam: { type: "host-local", dataDir: $dir,
               ranges: [[{ subnet: "10.244.0.0/24" }], [{ subnet: "fd00:10:244::/64" }]],
-              routes: [{ dst: "0.0.0.0/0" }, { dst: "::/0" }] } },
-    { type: "natguard", metadata: { exemptNamespaces: ["kube-system"] } }
+              routes: [{ dst: "0.0.0.0/0" }, { dst: "::/0" }] } }
   ]
 }' >"$LIST"
 
-# plugin TYPE VERB CID NETNS CNI_ARGS CONF: runs one plugin in the node namespace
+# plugin TYPE VERB CID NETNS CNI_ARGS CONF: runs one plugin in the node namespace, from the
+# node's CNI bin dir (natguard is there once installed) or Debian's plugins
 plugin() {
   local bin=/usr/lib/cni/$1
-  [ "$1" = natguard ] && bin=$BIN
+  [ -x "$CNI_BIN/$1" ] && bin=$CNI_BIN/$1
   printf '%s' "$6" | CNI_COMMAND=$2 CNI_CONTAINERID=$3 CNI_NETNS=$4 CNI_IFNAME=eth0 CNI_ARGS=$5 \
-    CNI_PATH=/usr/lib/cni nsenter --net="/run/netns/$NODE" -- "$bin"
+    CNI_PATH=$CNI_BIN:/usr/lib/cni nsenter --net="/run/netns/$NODE" -- "$bin"
 }
 
-# plugin_conf INDEX PREV: plugin INDEX of the list with name, cniVersion and prevResult injected
+# plugin_conf LIST INDEX PREV: plugin INDEX of the list with name, cniVersion and prevResult
 plugin_conf() {
-  jq -c --argjson i "$1" --argjson prev "$2" \
+  jq -c --argjson i "$2" --argjson prev "$3" \
     '.plugins[$i] + {name: .name, cniVersion: .cniVersion}
-     + (if $prev == null then {} else {prevResult: $prev} end)' "$LIST"
+     + (if $prev == null then {} else {prevResult: $prev} end)' "$1"
 }
 
-# cni_add CID POD_NS K8S_NAMESPACE K8S_POD: ADD in order, result cached in $W/result-CID
+# cni_add CID POD_NS K8S_NAMESPACE K8S_POD: ADD through the list as it is now, in order; the
+# result is cached as libcni caches it (runtimes' /var/lib/cni/results), which is where
+# `natguard adopt` and the watcher's self-repair find pods
 cni_add() {
-  local prev=null n i conf type out
+  local prev=null n i conf type out list
   local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
-  n=$(jq '.plugins | length' "$LIST")
+  list=$W/list-$1
+  cp "$LIST" "$list"
+  n=$(jq '.plugins | length' "$list")
   for ((i = 0; i < n; i++)); do
-    conf=$(plugin_conf "$i" "$prev")
+    conf=$(plugin_conf "$list" "$i" "$prev")
     type=$(jq -r .type <<<"$conf")
     out=$(plugin "$type" ADD "$1" "/run/netns/$2" "$args" "$conf") ||
       die "ADD of $4 failed in $type: $out"
@@ -204,36 +234,33 @@ cni_add() {
   done
   printf '%s\n' "$prev" >"$W/result-$1"
   ATTACHED+=("$1 $2 $3 $4")
+  jq -n --arg cid "$1" --arg ns "/run/netns/$2" --rawfile conf "$list" --arg pns "$3" --arg pod "$4" \
+    --slurpfile result "$W/result-$1" '{
+      kind: "cniCacheV1", containerId: $cid, config: ($conf | @base64), ifName: "eth0",
+      networkName: "demo", netns: $ns, result: $result[0],
+      cniArgs: [["IgnoreUnknown", "1"], ["K8S_POD_NAMESPACE", $pns], ["K8S_POD_NAME", $pod]]
+    }' >"$CACHE/demo-$1-eth0"
 }
 
-# cni_del CID POD_NS K8S_NAMESPACE K8S_POD: DEL in reverse order with the cached result
+# cni_del CID POD_NS K8S_NAMESPACE K8S_POD: DEL in reverse order through the list as it is now,
+# with the cached result
 cni_del() {
   local prev n i conf type
   local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
   prev=$(cat "$W/result-$1" 2>/dev/null || echo null)
   n=$(jq '.plugins | length' "$LIST")
   for ((i = n - 1; i >= 0; i--)); do
-    conf=$(plugin_conf "$i" "$prev")
+    conf=$(plugin_conf "$LIST" "$i" "$prev")
     type=$(jq -r .type <<<"$conf")
     plugin "$type" DEL "$1" "/run/netns/$2" "$args" "$conf" || return 1
   done
-  rm -f "$W/result-$1"
+  rm -f "$W/result-$1" "$CACHE/demo-$1-eth0"
 }
 
 pod_ip() { # CID FAMILY(4|6)
   jq -r --arg f "$2" '.ips[].address | select(if $f == "4" then contains(".") else contains(":") end)
     | split("/")[0]' "$W/result-$1" | head -n1
 }
-
-bold "conflist (bridge + host-local, then natguard with its defaults)"
-jq . "$LIST"
-
-cni_add cid-web "$POD" default web
-cni_add cid-creds "$EXEMPT" kube-system creds
-POD4=$(pod_ip cid-web 4) POD6=$(pod_ip cid-web 6)
-EX4=$(pod_ip cid-creds 4)
-echo "pod default/web      $POD4  $POD6"
-echo "pod kube-system/creds $EX4  $(pod_ip cid-creds 6)   (kube-system is in exemptNamespaces)"
 
 # ---- what it shows -----------------------------------------------------------------------------
 get() { # NS URL: the body, or what went wrong
@@ -270,34 +297,8 @@ whoami() { # NS PROTO(TCP|UDP) ADDR: the source address the remote host saw
   echo "$out"
 }
 
-bold "1. metadata: who answers http://169.254.169.254/ ?"
-printf '  %-28s -> %-26s answered by: %s\n' \
-  "default/web ($POD4)" "http://169.254.169.254/" "$(get "$POD" http://169.254.169.254/)" \
-  "default/web ($POD6)" "http://[fd00:ec2::254]/" "$(get "$POD" 'http://[fd00:ec2::254]/')" \
-  "kube-system/creds ($EX4)" "http://169.254.169.254/" "$(get "$EXEMPT" http://169.254.169.254/)"
-echo "  (\"proxy\" = the node-local proxy on the node's port 8181; \"cloud\" = the real metadata server)"
-# An address natguard never saw for any pod, taken by the pod itself: fails closed.
-STOLEN=10.244.0.250
-ip -n "$POD" addr add "$STOLEN/24" dev eth0
-printf '  %-28s -> %-26s answered by: %s\n' \
-  "default/web (from $STOLEN)" "http://169.254.169.254/" "$(get_from "$POD" "$STOLEN" 169.254.169.254)"
-echo "  ($STOLEN is an address default/web added to its own eth0; natguard knows no pod with it)"
-
-bold "2. masquerade: which source address does a remote host see?"
-printf '  %-52s sees: %s\n' \
-  "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), TCP" "$(whoami "$POD" TCP4 10.10.0.2)" \
-  "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), UDP" "$(whoami "$POD" UDP4 10.10.0.2)" \
-  "remote-out 11.0.0.2   (outside), TCP" "$(whoami "$POD" TCP4 11.0.0.2)" \
-  "remote-out 11.0.0.2   (outside), UDP" "$(whoami "$POD" UDP4 11.0.0.2)" \
-  "remote-out 2001:db8:bb::2 (outside), TCP" "$(whoami "$POD" TCP6 '[2001:db8:bb::2]')"
-echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards remote-out)"
-
-bold "3. nft list table inet natguard (in the node namespace)"
-in_ns "$NODE" nft list table inet natguard
-
-# The startup race: a pod that opened its metadata connection before natguard's rules existed
-# keeps talking to the real server over it (conntrack has the flow, so the later DNAT never
-# applies). `natguard adopt` brings such pods under policy from the runtimes' CNI result cache.
+# A client that keeps ONE keep-alive connection to the metadata server and asks every 200 ms,
+# as cloud SDKs do; it reconnects when the connection breaks.
 KEEPALIVE_CLIENT='
 import socket, sys, time
 
@@ -341,84 +342,91 @@ while True:
     time.sleep(0.2)
 '
 
-# wait_answers FILE FROM_LINE COUNT: until COUNT answers follow line FROM_LINE of FILE (bounded)
+# wait_answers FILE FROM_LINE COUNT BODY: until COUNT answers by BODY follow line FROM_LINE of
+# FILE (bounded: 20 s)
 wait_answers() {
   local i
-  for ((i = 0; i < 100; i++)); do
-    [ "$(tail -n +"$(($2 + 1))" "$1" | grep -c 'answered by' || true)" -ge "$3" ] && return 0
+  for ((i = 0; i < 200; i++)); do
+    [ "$(tail -n +"$(($2 + 1))" "$1" | grep -c "answered by $4\$" || true)" -ge "$3" ] && return 0
     sleep 0.1
   done
   cat "$1" >&2
-  die "the pod's client got fewer than $3 answers"
+  die "the pod's client got fewer than $3 answers by $4"
 }
 
-demo_conntrack_race() {
-  bold "4. the startup race: a pod that predates natguard, then natguard adopt"
-  local late=$W/late.conflist netconf=$W/net.d cache=$W/cni-results
-  local ns=$P-late cid=cid-legacy log=$W/client.log mark client saved ip4
-  jq -n --arg dir "$W/ipam-late" '{
-    cniVersion: "1.0.0",
-    name: "late",
-    plugins: [
-      { type: "bridge", bridge: "cni1", isGateway: true, ipMasq: false, hairpinMode: true,
-        ipam: { type: "host-local", dataDir: $dir,
-                ranges: [[{ subnet: "10.244.1.0/24" }], [{ subnet: "fd00:10:244:1::/64" }]],
-                routes: [{ dst: "0.0.0.0/0" }, { dst: "::/0" }] } }
-    ]
-  }' >"$late"
-  ALL_NS+=("$ns")
-  netns "$ns"
-  # Attached by network "late", whose conflist does not list natguard yet. The pod's DEL at
-  # the end goes through the list with natguard; on an early exit its namespace just goes.
-  saved=("${ATTACHED[@]}")
-  LIST=$late cni_add "$cid" "$ns" default legacy
-  ATTACHED=("${saved[@]}")
-  # The runtime's CNI result cache entry for it (libcni's format, as in /var/lib/cni/results).
-  mkdir -p "$cache"
-  jq -n --arg cid "$cid" --arg ns "/run/netns/$ns" --rawfile conf "$late" \
-    --slurpfile result "$W/result-$cid" '{
-      kind: "cniCacheV1", containerId: $cid, config: ($conf | @base64), ifName: "eth0",
-      networkName: "late", netns: $ns, result: $result[0],
-      cniArgs: [["IgnoreUnknown", "1"], ["K8S_POD_NAMESPACE", "default"], ["K8S_POD_NAME", "legacy"]]
-    }' >"$cache/late-$cid-eth0"
-  ip4=$(pod_ip "$cid" 4)
-  echo "pod default/legacy $ip4 on network \"late\" (bridge + host-local, no natguard)"
+bold "1. the startup race: a pod that was running before natguard came to the node"
+echo "the node's conflist $(basename "$LIST") (bridge + host-local; natguard is not on this node yet):"
+jq -c '.plugins[] | {type, bridge}' "$LIST" | sed 's/^/  /'
+echo "natguard's tables on the node: $(in_ns "$NODE" nft list tables | grep -c natguard || true)"
+cni_add cid-legacy "$LEGACY" default legacy
+LEGACY4=$(pod_ip cid-legacy 4)
+echo "pod default/legacy $LEGACY4; its client keeps ONE keep-alive connection to http://169.254.169.254/:"
+CLIENT_LOG=$W/client.log
+setsid nsenter --net="/run/netns/$LEGACY" -- python3 -u -c "$KEEPALIVE_CLIENT" 169.254.169.254 \
+  </dev/null >"$CLIENT_LOG" 2>&1 &
+PIDS+=($!)
+wait_answers "$CLIENT_LOG" 0 3 cloud
+head -n 4 "$CLIENT_LOG"
+echo "the node's conntrack entry of that connection (not DNATed: the reply comes from 169.254.169.254):"
+in_ns "$NODE" conntrack -L -p tcp -s "$LEGACY4" --orig-dst 169.254.169.254 2>/dev/null | sed 's/^/  /'
 
-  echo "its client keeps ONE keep-alive connection to http://169.254.169.254/, a request every 200 ms:"
-  setsid nsenter --net="/run/netns/$ns" -- python3 -u -c "$KEEPALIVE_CLIENT" 169.254.169.254 \
-    </dev/null >"$log" 2>&1 &
-  client=$!
-  PIDS+=("$client")
-  wait_answers "$log" 0 3
-  head -n 4 "$log"
-  echo "the node's conntrack entry of that connection (not DNATed: the reply comes from 169.254.169.254):"
-  in_ns "$NODE" conntrack -L -p tcp -s "$ip4" --orig-dst 169.254.169.254 2>/dev/null | sed 's/^/  /'
+bold "2. natguard install: the guard, natguard in the conflist, the running pods adopted"
+MARK=$(wc -l <"$CLIENT_LOG")
+in_ns "$NODE" "$BIN" install --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN" --cache-dir "$CACHE" \
+  --ready-file "$W/ready" --exempt-namespace kube-system 2>&1 | sed 's/^/  /'
+echo "the conflist now ends with natguard's entry:"
+jq -c '.plugins[] | {type} + (if .type == "natguard" then . else {} end)' "$LIST" | sed 's/^/  /'
+wait_answers "$CLIENT_LOG" "$MARK" 3 proxy
+echo "the same client, from the moment install started (the guard resets the old connection, adopt"
+echo "DNATs the pod's metadata traffic to the node-local proxy, the client reconnects):"
+tail -n +"$((MARK + 1))" "$CLIENT_LOG" | grep -v '^  connect failed' | head -n 6
+echo "  ($(tail -n +"$((MARK + 1))" "$CLIENT_LOG" | grep -c 'answered by cloud' || true) answer(s) by cloud after install started)"
+echo "the node's conntrack entries of the pod now (DNATed: the reply comes from 11.0.0.1:8181):"
+in_ns "$NODE" conntrack -L -p tcp -s "$LEGACY4" --orig-dst 169.254.169.254 2>/dev/null | sed 's/^/  /'
 
-  bold "   natguard is added to network \"late\"'s conflist; natguard adopt"
-  mkdir -p "$netconf"
-  jq '.plugins += [{ type: "natguard" }]' "$late" >"$netconf/10-late.conflist"
-  mark=$(wc -l <"$log")
-  in_ns "$NODE" "$BIN" adopt --cache-dir "$cache" --netconf-dir "$netconf" | sed 's/^/  /'
-  wait_answers "$log" "$mark" 3
-  echo "the same client, from the moment adopt started (a request in flight may still get \"cloud\"):"
-  tail -n +"$((mark + 1))" "$log" | head -n 6
-  echo "the node's conntrack entries of the pod now (the open one is DNATed: its reply comes from 11.0.0.1:8181):"
-  in_ns "$NODE" conntrack -L -p tcp -s "$ip4" --orig-dst 169.254.169.254 2>/dev/null | sed 's/^/  /'
+bold "3. new pods start through the conflist with natguard: who answers http://169.254.169.254/ ?"
+cni_add cid-web "$POD" default web
+cni_add cid-creds "$EXEMPT" kube-system creds
+POD4=$(pod_ip cid-web 4) POD6=$(pod_ip cid-web 6)
+EX4=$(pod_ip cid-creds 4)
+echo "pod default/web      $POD4  $POD6"
+echo "pod kube-system/creds $EX4  $(pod_ip cid-creds 6)   (kube-system is in exemptNamespaces)"
+printf '  %-28s -> %-26s answered by: %s\n' \
+  "default/web ($POD4)" "http://169.254.169.254/" "$(get "$POD" http://169.254.169.254/)" \
+  "default/web ($POD6)" "http://[fd00:ec2::254]/" "$(get "$POD" 'http://[fd00:ec2::254]/')" \
+  "kube-system/creds ($EX4)" "http://169.254.169.254/" "$(get "$EXEMPT" http://169.254.169.254/)"
+echo "  (\"proxy\" = the node-local proxy on the node's port 8181; \"cloud\" = the real metadata server)"
+# An address natguard never saw for any pod, taken by the pod itself: fails closed.
+STOLEN=10.244.0.250
+ip -n "$POD" addr add "$STOLEN/24" dev eth0
+printf '  %-28s -> %-26s answered by: %s\n' \
+  "default/web (from $STOLEN)" "http://169.254.169.254/" "$(get_from "$POD" "$STOLEN" 169.254.169.254)"
+echo "  ($STOLEN is an address default/web added to its own eth0; natguard knows no pod with it)"
 
-  kill -- "-$client" 2>/dev/null || true
-  LIST=$netconf/10-late.conflist cni_del "$cid" "$ns" default legacy || die "DEL of default/legacy failed"
-}
-demo_conntrack_race
+bold "4. masquerade: which source address does a remote host see?"
+printf '  %-52s sees: %s\n' \
+  "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), TCP" "$(whoami "$POD" TCP4 10.10.0.2)" \
+  "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), UDP" "$(whoami "$POD" UDP4 10.10.0.2)" \
+  "remote-out 11.0.0.2   (outside), TCP" "$(whoami "$POD" TCP4 11.0.0.2)" \
+  "remote-out 11.0.0.2   (outside), UDP" "$(whoami "$POD" UDP4 11.0.0.2)" \
+  "remote-out 2001:db8:bb::2 (outside), TCP" "$(whoami "$POD" TCP6 '[2001:db8:bb::2]')"
+echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards remote-out)"
 
-bold "5. natguard status: what is installed, and what natguard's counters say about steps 1-4"
+bold "5. nft list table inet natguard (in the node namespace)"
+in_ns "$NODE" nft list table inet natguard
+
+bold "6. natguard status: what is installed, and what natguard's counters say about steps 1-4"
 in_ns "$NODE" "$BIN" status
 bold "   natguard metrics (Prometheus text; install --watch --metrics-file keeps it in a file)"
 in_ns "$NODE" "$BIN" metrics
 
 bold "cleaning up (DEL in reverse order, namespaces removed)"
+for a in "${PIDS[@]}"; do
+  kill -- "-$a" 2>/dev/null || true
+done
 for a in "${ATTACHED[@]}"; do
   # shellcheck disable=SC2086
   cni_del $a || die "DEL failed: $a"
 done
 ATTACHED=()
-echo "after DEL: $(in_ns "$NODE" nft list table inet natguard | grep -cwF -e "$POD4" -e "$EX4" || true) lines of the table mention the pods"
+echo "after DEL: $(in_ns "$NODE" nft list table inet natguard | grep -cwF -e "$POD4" -e "$EX4" -e "$LEGACY4" || true) lines of the table mention the pods"

@@ -2,6 +2,7 @@
 # scripts/test.sh: installs what the tests need on a Debian 12 machine and runs every test layer:
 #   1. cargo fmt --check
 #   2. cargo clippy --all-targets -- -D warnings
+#   the demo (scripts/demo.sh), its output checked for every claim the README makes of it
 #   3. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
 #      root integration tests in network namespaces: tests/datapath.rs, ...)
 #   4. the end-to-end layers in scripts/e2e/ (real runtimes: libcni, ctr, CRI, podman, image)
@@ -59,6 +60,51 @@ cargo fmt --check || FAILED+=("cargo fmt --check")
 
 say "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings || FAILED+=("cargo clippy")
+
+# ---- the demo: the README's first command, checked line by line ---------------------------------
+# Each check is a claim the README makes of the demo's output; a demo that exits 0 but no longer
+# shows one of them fails here.
+say "demo: scripts/demo.sh (and the claims its output carries)"
+demo_log=$(mktemp /tmp/ng-demo-out.XXXXXX)
+check_demo() { # LOG: every claim, one line each; non-zero if one is missing
+  local log=$1 bad=0 claim pattern
+  while IFS='|' read -r claim pattern; do
+    if grep -Eq -- "$pattern" "$log"; then
+      printf '  ok   %s\n' "$claim"
+    else
+      printf '  FAIL %s (no line matches %s)\n' "$claim" "$pattern"
+      bad=1
+    fi
+  done <<'CLAIMS'
+before natguard, the legacy pod's client is answered by the real server|request on connection #1: answered by cloud$
+install puts the node-wide guard in place|the node-wide metadata guard is in place
+install adopts the pod that predates natguard|^  adopted  demo cid-legacy eth0 \(default/legacy\)
+adopt deletes the flow that bypassed the DNAT|conntrack: deleted [1-9][0-9]* metadata flow
+after install, the same client is answered by the proxy (the race healed)|request on connection #[2-9][0-9]*: answered by proxy$
+a default pod's IPv4 metadata request goes to the proxy|default/web \(10\.244\.0\.[0-9]+\) +-> http://169\.254\.169\.254/ +answered by: proxy$
+a default pod's IPv6 metadata request goes to the proxy|default/web \(fd00:10:244::[0-9a-f]+\) +-> http://\[fd00:ec2::254\]/ +answered by: proxy$
+the exempt pod is answered by the real server|kube-system/creds \(10\.244\.0\.[0-9]+\) +-> http://169\.254\.169\.254/ +answered by: cloud$
+an address a pod gave itself is reset (fail closed)|default/web \(from 10\.244\.0\.250\) +-> http://169\.254\.169\.254/ +answered by: \(refused: a TCP reset\)$
+inside nonMasqueradeCIDRs, TCP keeps the pod's source|remote-in .*, TCP +sees: 10\.244\.0\.[0-9]+$
+inside nonMasqueradeCIDRs, UDP keeps the pod's source|remote-in .*, UDP +sees: 10\.244\.0\.[0-9]+$
+outside, TCP is masqueraded to the node|remote-out 11\.0\.0\.2 .*TCP +sees: 11\.0\.0\.1$
+outside, UDP is masqueraded to the node|remote-out 11\.0\.0\.2 .*UDP +sees: 11\.0\.0\.1$
+outside, IPv6 TCP is masqueraded to the node|remote-out 2001:db8:bb::2 .*TCP +sees: 2001:db8:bb::1$
+status reports the network|^network demo: mode proxy
+DEL leaves nothing of the pods behind|^after DEL: 0 lines of the table mention the pods$
+CLAIMS
+  return "$bad"
+}
+if scripts/demo.sh </dev/null >"$demo_log" 2>&1; then
+  check_demo "$demo_log" || {
+    tail -n 60 "$demo_log"
+    FAILED+=("demo (scripts/demo.sh: a claim is missing from its output)")
+  }
+else
+  tail -n 60 "$demo_log"
+  FAILED+=("demo (scripts/demo.sh exited non-zero)")
+fi
+rm -f "$demo_log"
 
 # ---- 3. cargo test (every Rust test layer, root tests included) --------------------------------
 # --no-fail-fast: a failing test binary does not keep the later ones from running; cargo still

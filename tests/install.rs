@@ -791,13 +791,26 @@ fn watch_runs_adopt_at_start_and_after_each_reinsert_and_again_later() {
     n.write("10-calico.conflist", CALICO);
     n.install(&[]);
     let list = n.conf("10-calico.conflist");
-    // Adopt on, with an empty CNI cache: adopt finds no pod and sends nothing to the kernel.
-    let mut cmd = Command::new(BIN);
-    cmd.arg("install")
-        .args(n.base_args())
-        .arg("--watch")
-        .arg("--cache-dir")
-        .arg(n.dir.join("cache"));
+    // Adopt on, with an empty CNI cache: adopt finds no pod. The watcher puts the node-wide
+    // guard in place, so it runs in a network namespace of its own, with a /run of its own
+    // (the node lock): nothing of the machine's is touched.
+    let mut cmd = Command::new("unshare");
+    cmd.args([
+        "--net",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+    ])
+    .arg("mount -t tmpfs tmpfs /run && exec \"$0\" \"$@\"")
+    .arg(BIN)
+    .arg("install")
+    .args(n.base_args())
+    .arg("--watch")
+    .arg("--cache-dir")
+    .arg(n.dir.join("cache"));
     let w = Watcher::spawn(cmd);
     let adopted = || w.count("natguard adopt: done");
     // The entry is already there at start; adopt runs anyway, as a one-shot install does (the

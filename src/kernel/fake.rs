@@ -5,7 +5,7 @@
 use super::conntrack::{FlushReport, Path};
 use super::{Batch, Kernel, Op, RuleRead, SetRef, Stored};
 use crate::error::{Error, Result};
-use crate::plan::{ChainKind, Elem, Key, SetKind, TableFamily};
+use crate::plan::{Elem, Key, SetKind, TableFamily};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
@@ -94,7 +94,7 @@ impl Fake {
                         }
                     }
                 }
-                for c in ChainKind::ALL {
+                for c in plan.chains() {
                     let comments = plan.rules_of(c).map(|r| plan.comment_of(r)).collect();
                     self.chains
                         .insert(plan.names.chain(c), (c.table(), comments));

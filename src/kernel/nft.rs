@@ -194,7 +194,7 @@ impl Tx {
                 self.counted_sets.push((s, set.name.clone()));
             }
         }
-        for c in crate::plan::ChainKind::ALL {
+        for c in plan.chains() {
             let name = plan.names.chain(c);
             let t = c.table();
             let s = new_chain(&mut self.buf, t, &name, c.chain_type(), hook_of(c));

@@ -390,6 +390,21 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
     plan
 }
 
+/// The node-wide guard alone, for a node where no network lists natguard yet (a fresh node, a
+/// primary plugin that has not written its conflist): the guard's chains and the node-wide
+/// sets, the union sets filled from `cfg` (what natguard's entry will say), no network's own
+/// chains or sets. Every pod is then judged by the allow-list, which admits no pod: metadata
+/// TCP from any pod is reset until a network's ADD or adopt exempts or proxies it. The first
+/// converge of a real network derives the union sets from the networks again.
+pub fn plan_node_guard(cfg: &Config, node: &NodeFacts) -> SharedPlan {
+    let mut plan = plan_shared(NODE, cfg, node);
+    plan.rules.retain(|r| r.chain.is_node());
+    plan.sets.retain(|s| s.kind.is_node());
+    plan.warnings.clear();
+    plan.fingerprint = plan.node_fingerprint.clone();
+    plan
+}
+
 pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
     crate::addr::u128_to_ip(f == Family::V4, v)
 }

@@ -739,6 +739,18 @@ impl SharedPlan {
     pub fn rules_of(&self, c: ChainKind) -> impl Iterator<Item = &Rule> {
         self.rules.iter().filter(move |r| r.chain == c)
     }
+    /// Whether this is the node-wide guard alone ([`plan_node_guard`]), with no network's own
+    /// chains and sets.
+    pub fn is_node_only(&self) -> bool {
+        self.names.network == NODE
+    }
+    /// The chains this plan writes: every kind, or only the node-wide ones for the guard alone.
+    pub fn chains(&self) -> impl Iterator<Item = ChainKind> {
+        let node_only = self.is_node_only();
+        ChainKind::ALL
+            .into_iter()
+            .filter(move |c| !node_only || c.is_node())
+    }
 }
 
 /// Where an attachment's packets enter the node, looked up before planning.

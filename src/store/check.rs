@@ -95,7 +95,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let mut rules = self.k.rules(t)?;
-            for c in ChainKind::ALL.into_iter().filter(|c| c.table() == t) {
+            for c in shared.chains().filter(|c| c.table() == t) {
                 let chain = names.chain(c);
                 let want: Vec<String> = shared.rules_of(c).map(|r| shared.comment_of(r)).collect();
                 if !chains.contains(&chain) {

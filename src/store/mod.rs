@@ -385,14 +385,22 @@ impl<K: Kernel> Store<K> {
         Ok(())
     }
 
-    /// Installs many attachments at once (the watcher's repair after someone else's flush):
-    /// converges every network whose shared objects differ from its plan and installs every
-    /// pod, under one lock, in ONE batch. Returns the number of operations committed: 0 when
-    /// everything was in place, in which case nothing is written.
-    pub fn apply_pods(&mut self, pods: &[(&SharedPlan, &PodPlan)]) -> Result<usize> {
+    /// Installs many attachments at once (the watcher's repair after someone else's flush,
+    /// adopt, install): converges every network of `shared` and of the pods whose shared
+    /// objects differ from its plan and installs every pod, under one lock, in ONE batch.
+    /// Networks in `shared` are put in place whether or not a pod of theirs is given: every
+    /// network whose conflist lists natguard (so the node-wide guard exists from `natguard
+    /// install` on, before the first ADD), or the guard alone ([`plan::plan_node_guard`])
+    /// where no network lists natguard yet. Returns the number of operations committed: 0
+    /// when everything was in place, in which case nothing is written.
+    pub fn apply(
+        &mut self,
+        shared: &[&SharedPlan],
+        pods: &[(&SharedPlan, &PodPlan)],
+    ) -> Result<usize> {
         let _lock = self.lock()?;
         let mut networks: Vec<&SharedPlan> = Vec::new();
-        for (s, _) in pods {
+        for s in shared.iter().copied().chain(pods.iter().map(|(s, _)| *s)) {
             if !networks.iter().any(|n| n.names.network == s.names.network) {
                 networks.push(s);
             }

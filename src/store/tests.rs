@@ -505,7 +505,7 @@ fn a_repair_restores_every_pod_in_one_batch_and_then_writes_nothing() {
     s.apply_pod(&sh, &b).unwrap();
     // Someone flushes the ruleset.
     *s.kernel() = Fake::default();
-    let n = s.apply_pods(&[(&sh, &a), (&sh, &b)]).unwrap();
+    let n = s.apply(&[], &[(&sh, &a), (&sh, &b)]).unwrap();
     assert!(n > 0);
     let commits = &s.kernel().commits;
     assert_eq!(commits.len(), 1, "one batch: {commits:?}");
@@ -514,8 +514,52 @@ fn a_repair_restores_every_pod_in_one_batch_and_then_writes_nothing() {
     s.check_pod(&names(), &a).unwrap();
     s.check_pod(&names(), &b).unwrap();
     // Everything in place: a check that writes nothing.
-    assert_eq!(s.apply_pods(&[(&sh, &a), (&sh, &b)]).unwrap(), 0);
+    assert_eq!(s.apply(&[], &[(&sh, &a), (&sh, &b)]).unwrap(), 0);
     assert_eq!(s.kernel().commits.len(), 1);
+}
+
+#[test]
+fn the_guard_alone_is_put_in_place_and_then_a_network_converges_over_it() {
+    let cfg = exempt_cfg();
+    let guard = crate::plan::plan_node_guard(&cfg, &NodeFacts::default());
+    assert!(guard.is_node_only());
+    let mut s = store();
+    // A node with no pod and no natguard network: the guard alone, in one batch.
+    assert!(s.apply(&[&guard], &[]).unwrap() > 0);
+    s.check_shared(&guard).unwrap();
+    for chain in [
+        "guard_fwd",
+        "guard_in",
+        "guard_out",
+        "judge4",
+        "judge6",
+        "guard",
+    ] {
+        assert!(s.kernel().chains.contains_key(chain), "{chain} missing");
+    }
+    assert!(
+        !s.kernel().chains.keys().any(|c| c.contains('-')),
+        "no network's chain: {:?}",
+        s.kernel().chains.keys()
+    );
+    assert!(!s.kernel().sets.keys().any(|c| c.contains('-')));
+    let dests: Vec<Key> = s
+        .kernel()
+        .elems("metadata4")
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(dests, vec![Key::Addr("169.254.169.254".parse().unwrap())]);
+    // Intact: nothing written.
+    assert_eq!(s.apply(&[&guard], &[]).unwrap(), 0);
+    assert_eq!(s.kernel().commits.len(), 1);
+    // The network's first converge takes the guard over.
+    let sh = shared(&cfg);
+    let a = pod(&cfg, "a", "default", &["10.1.0.5"]);
+    assert!(s.apply(&[&sh], &[(&sh, &a)]).unwrap() > 0);
+    s.check_shared(&sh).unwrap();
+    s.check_pod(&names(), &a).unwrap();
+    s.check_shared(&guard).unwrap();
 }
 
 /// With a verified record, the second ADD of an unchanged network is not converged again, while

@@ -45,6 +45,9 @@ pub struct Options {
     /// Networks known besides the conflists in `netconf_dir` (the running ADD's own), by name;
     /// they win over a conflist of the same name.
     pub known: BTreeMap<String, Config>,
+    /// natguard's entry as `install` puts it in the active list: where no conflist lists
+    /// natguard yet, the node-wide guard is planned from it alone ([`guard_plans`]).
+    pub node_guard: Option<Config>,
 }
 
 impl Default for Options {
@@ -54,6 +57,7 @@ impl Default for Options {
             netconf_dir: DEFAULT_NETCONF_DIR.into(),
             reconcile: false,
             known: BTreeMap::new(),
+            node_guard: None,
         }
     }
 }
@@ -200,6 +204,38 @@ pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>>
     Ok(out)
 }
 
+/// The shared objects that must be on the node whatever pods it has: those of every network
+/// in `networks` (each with the node-wide guard), or, where there is none, the guard alone
+/// planned from `node_guard`. So the guard exists from `natguard install` on, and a repair
+/// restores it on a node that has no pod yet.
+pub fn guard_plans(
+    networks: &BTreeMap<String, Config>,
+    node_guard: Option<&Config>,
+) -> Vec<crate::plan::SharedPlan> {
+    if networks.is_empty() {
+        return node_guard
+            .map(|cfg| crate::plan::plan_node_guard(cfg, &crate::node::facts(cfg)))
+            .into_iter()
+            .collect();
+    }
+    networks
+        .iter()
+        .map(|(name, cfg)| crate::plan::plan_shared(name, cfg, &crate::node::facts(cfg)))
+        .collect()
+}
+
+/// Puts the shared objects of [`guard_plans`] in place (a converge where they differ, nothing
+/// written where they are intact); returns the number of operations committed.
+pub fn place_guard(netconf_dir: &Path, node_guard: Option<&Config>) -> Result<usize> {
+    let networks = natguard_networks(netconf_dir)?;
+    let plans = guard_plans(&networks, node_guard);
+    if plans.is_empty() {
+        return Ok(0);
+    }
+    let shared: Vec<_> = plans.iter().collect();
+    store::open()?.apply(&shared, &[])
+}
+
 /// One libcni cache entry (`cniCacheV1`).
 #[derive(Debug, Clone)]
 struct CacheEntry {
@@ -287,6 +323,11 @@ pub fn run(opts: &Options) -> Result<Report> {
             .as_deref(),
     )?;
     let mut store = store::open()?;
+    // The networks' shared objects (and with them the node-wide guard) first, pods or not.
+    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    if !plans.is_empty() {
+        store.apply(&plans.iter().collect::<Vec<_>>(), &[])?;
+    }
     let files = cache_files(&opts.cache_dir)?;
     // Metadata flows to delete: (sources, destinations, ports), per network config.
     let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
@@ -422,6 +463,9 @@ fn adopt_entry<K: Kernel>(
 pub struct Repair {
     /// Attachments of the cache that were checked (and restored where needed).
     pub pods: usize,
+    /// The shared objects checked (and restored where needed) whatever the pods: every
+    /// natguard network's by name, or [`crate::plan::NODE`] for the node-wide guard alone.
+    pub networks: Vec<String>,
     /// Operations committed: 0 when everything was in place and nothing was written.
     pub ops: usize,
     /// Cache entries skipped (network without natguard, netns gone, unreadable).
@@ -457,12 +501,17 @@ pub fn repair(opts: &Options) -> Result<Repair> {
         }
     }
     out.pods = prepared.len();
-    if prepared.is_empty() {
+    // Every network's shared objects, pods or not: after a flush on a node whose networks
+    // have no pod yet, the node-wide guard comes back too.
+    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    out.networks = plans.iter().map(|p| p.names.network.clone()).collect();
+    if prepared.is_empty() && plans.is_empty() {
         return Ok(out);
     }
     let mut store = store::open()?;
     let all: Vec<_> = prepared.iter().map(|p| (&p.shared, &p.pod)).collect();
-    match store.apply_pods(&all) {
+    let shared: Vec<_> = plans.iter().collect();
+    match store.apply(&shared, &all) {
         Ok(n) => {
             out.ops = n;
             out.committed = Some(std::time::Instant::now());

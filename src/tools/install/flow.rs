@@ -211,6 +211,28 @@ pub(crate) fn install_binary(bin_dir: &Path) -> Result<bool> {
     Ok(true)
 }
 
+/// natguard's entry as a plugin config: what the node-wide guard is planned from while no
+/// conflist lists natguard yet. The entry was validated when the arguments were parsed.
+pub(crate) fn entry_config(opts: &InstallOpts) -> Option<crate::config::Config> {
+    crate::config::parse_plugin_config(&opts.entry).ok()
+}
+
+/// Puts the node-wide guard in place: the shared objects of every network whose conflist
+/// lists natguard, or, where none does yet, the guard alone from natguard's entry. From then
+/// on metadata TCP of every pod natguard has not seen is reset, on a node that has no pod and
+/// no natguard network yet. Nothing is written when it is intact.
+pub(crate) fn place_guard(opts: &InstallOpts) -> Result<()> {
+    let cfg = entry_config(opts);
+    let n = crate::tools::adopt::place_guard(&opts.netconf_dir, cfg.as_ref())
+        .map_err(|e| e.context("putting the node-wide metadata guard in place"))?;
+    if n > 0 {
+        crate::info!("the node-wide metadata guard is in place ({n} change(s) committed)");
+    } else {
+        crate::info!("the node-wide metadata guard is in place (intact, nothing written)");
+    }
+    Ok(())
+}
+
 /// Runs the installed binary's `adopt`, which brings pods that got no ADD from natguard under
 /// policy; a failure is reported and does not fail the install.
 pub(crate) fn run_adopt(opts: &InstallOpts) {

@@ -27,7 +27,7 @@ mod watch;
 
 use crate::error::Error;
 use args::{InstallOpts, Parsed, RunMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
-use flow::{install_binary, install_conflist, run_adopt, set_ready, Outcome, Write};
+use flow::{install_binary, install_conflist, place_guard, run_adopt, set_ready, Outcome, Write};
 use netconf_dir::entry_present;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -83,6 +83,11 @@ pub fn install_cli(args: &[String]) -> i32 {
 
 /// A one-shot install: refuse before anything is copied, then the binary, then the list.
 fn install_once(opts: &InstallOpts) -> Result<(), Error> {
+    // The guard first, whatever the lists say: pods may start at any moment from here on.
+    // `--no-adopt` keeps install off the kernel altogether.
+    if opts.adopt {
+        place_guard(opts)?;
+    }
     // The binary goes first (the list must never name a plugin that is not there), but only
     // once the list is known to be editable.
     let refused = install_conflist(opts, Write::DryRun)

@@ -12,8 +12,10 @@
 //! own tables cost a read each and never a repair.
 //!
 //! A repair is [`adopt::repair`]: the shared objects of every network whose conflist lists
-//! natguard and the entries of every live pod in the runtimes' result cache, in one batch, as
-//! `reconcile` installs them. It writes nothing when nothing is missing, so the same call is
+//! natguard (pods or not), or the node-wide guard alone from natguard's entry where no conflist
+//! lists natguard yet, and the entries of every live pod in the runtimes' result cache, in one
+//! batch, as `reconcile` installs them. So a flush never leaves the node unguarded, whether or
+//! not the watcher knows a pod. It writes nothing when nothing is missing, so the same call is
 //! also the periodic check (every [`CHECK_EVERY`]) that catches what no notification said. Its
 //! own notifications carry natguard's name and are ignored.
 //!
@@ -238,9 +240,9 @@ fn repair_once(
             stats.last_repair_ms = Some(took);
             stats.last_cause = Some(cause_text(cause));
             crate::info!(
-                "self-repair: {}; restored {} pod(s) and the shared objects with one batch ({} change(s)), committed {took:.1} ms after the first notification",
+                "self-repair: {}; restored {} with one batch ({} change(s)), committed {took:.1} ms after the first notification",
                 cause_text(cause),
-                r.pods,
+                what_was_checked(&r),
                 r.ops
             );
             for f in &r.failed {
@@ -251,9 +253,9 @@ fn repair_once(
         Ok(r) => {
             if *cause != Verdict::Quiet {
                 crate::info!(
-                    "self-repair: {}; natguard's {} pod(s) and shared objects were intact, nothing written",
+                    "self-repair: {}; {} intact, nothing written",
                     cause_text(cause),
-                    r.pods
+                    what_was_checked(&r)
                 );
             }
             for f in &r.failed {
@@ -266,6 +268,21 @@ fn repair_once(
             false
         }
     }
+}
+
+/// What a repair covered, in words: the shared objects it checked and the pods.
+fn what_was_checked(r: &adopt::Repair) -> String {
+    let shared = match r.networks.as_slice() {
+        [] => "no shared objects (no conflist lists natguard)".to_string(),
+        [n] if n == crate::plan::NODE => {
+            "the node-wide metadata guard (no conflist lists natguard yet)".to_string()
+        }
+        nets => format!(
+            "the node-wide metadata guard and the shared objects of network(s) {}",
+            nets.join(", ")
+        ),
+    };
+    format!("{shared} and {} cached pod(s)", r.pods)
 }
 
 fn write_state(path: &Path, stats: &RepairStats) {

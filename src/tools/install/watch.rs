@@ -28,7 +28,8 @@
 use super::args::MetricsFile;
 use super::atomic::parent;
 use super::flow::{
-    install_binary, install_conflist, retrying, run_adopt, set_ready, Outcome, Write,
+    entry_config, install_binary, install_conflist, place_guard, retrying, run_adopt, set_ready,
+    Outcome, Write,
 };
 use super::netconf_dir::{active_file, entry_present, is_conf_name};
 use super::self_repair;
@@ -101,6 +102,11 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
     ino.add(&dir)
         .map_err(|e| Error::io(format!("watching {}", dir.display()), e))?;
     crate::info!("watching {}", dir.display());
+    // The guard before anything else, so that a node whose runtime starts after this
+    // process is ready never runs a pod without it. Self-repair keeps it from here on.
+    if opts.adopt {
+        place_guard(opts)?;
+    }
     // When the follow-up adopt after a write is due.
     let mut adopt_due = reconcile(opts, Pass::First);
     // Self-repair touches the kernel, as adopt does: `--no-adopt` turns both off.
@@ -113,9 +119,13 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
             netconf_dir: opts.netconf_dir.clone(),
             reconcile: true,
             known: Default::default(),
+            node_guard: entry_config(opts),
         };
         self_repair::start(adopt_opts, self_repair::state_file_beside(&opts.ready_file));
     }
+    // A systemd unit of `Type=notify` (deploy/node/natguard.service) orders the container
+    // runtime and the kubelet after this point: the guard is in place, the list handled.
+    notify_ready();
     let mut resync_due = Instant::now() + RESYNC_EVERY;
     let mut metrics = opts.metrics.as_ref().map(MetricsTicks::new);
     loop {
@@ -254,6 +264,27 @@ fn wait_for_change(ino: &mut Inotify, sig: libc::c_int, timeout: Duration) -> Wa
         (true, _) => Wake::DirGone,
         (false, true) => Wake::Changed,
         (false, false) => Wake::Unrelated,
+    }
+}
+
+/// Tells systemd that the watcher is ready (`READY=1` on `$NOTIFY_SOCKET`), when it runs as a
+/// unit of `Type=notify`; nothing otherwise. A socket name starting with `@` is in the
+/// abstract namespace.
+fn notify_ready() {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let bytes = path.as_encoded_bytes();
+    let addr = match bytes.strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name),
+        None => SocketAddr::from_pathname(&path),
+    };
+    let sent = addr.and_then(|a| UnixDatagram::unbound()?.send_to_addr(b"READY=1", &a));
+    match sent {
+        Ok(_) => crate::info!("told systemd: ready"),
+        Err(e) => crate::warn!("NOTIFY_SOCKET {}: {e}", path.to_string_lossy()),
     }
 }
 
