@@ -1,0 +1,329 @@
+//! A node is guarded from its first pod: the node-wide metadata guard exists from `natguard
+//! install` on, before any pod's ADD, on a node with no pod and no natguard network, and the
+//! watcher keeps it there.
+//!
+//! The standard world with the REAL metadata server (it answers only on 169.254.169.254 and
+//! fd00:ec2::254, and SYNs reaching it are counted in the cloud namespace). The watcher runs as
+//! the real binary in the node namespace, in a private mount namespace with a directory of the
+//! test over `/run/natguard`, with the test's netconf dir, bin dir and CNI cache, as in
+//! `tests/repair.rs`. Cases:
+//!
+//! - **No pod, no natguard network.** The netconf dir is empty (the primary plugin has not
+//!   written its list): `install --watch` puts the guard in place alone, a pod of a network
+//!   natguard is not in is reset, and after `nft flush ruleset` the watcher restores the guard
+//!   although it knows no pod, saying so in its log.
+//! - **The boot order.** The watcher starts first (a node-bootstrap install); then the primary
+//!   plugin writes its conflist and pods start at once, each through the list as it is at its
+//!   start (a runtime reads it per pod), asking for metadata all along. No SYN ever reaches the
+//!   real server; every pod ends up answered by the proxy once natguard's entry is in the list
+//!   (ADD for the pods after it, adopt for the ones before). The window from the conflist write
+//!   to natguard's entry is measured and printed; only a deadline bounds it.
+//!
+//! Needs root (network namespaces, nf_tables, mount namespaces); never skips.
+
+mod common;
+
+use common::attack::{is_real, real_world, Counters};
+use common::run::{Access, Natguard};
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// How long anything may take before the test fails (a deadline, not a timing claim). The
+/// watcher adopts again 10 s after it wrote the list, for pods whose ADD was under way.
+const DEADLINE: Duration = Duration::from_secs(40);
+
+/// SYNs to the real metadata server, counted where they arrive.
+fn syn_counters(w: &World) -> Counters {
+    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
+    Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            ("syn4", format!("ip daddr {META4} {SYN}")),
+            ("syn6", format!("ip6 daddr {META6} {SYN}")),
+        ],
+    )
+}
+
+fn syns(c: &Counters) -> u64 {
+    c.packets("syn4") + c.packets("syn6")
+}
+
+/// A running `natguard install --watch` over an initially empty netconf dir, stopped on drop.
+struct Watcher {
+    child: Child,
+    netd: PathBuf,
+    log: PathBuf,
+}
+
+impl Watcher {
+    fn start(w: &World) -> Watcher {
+        let dir = w.dir();
+        let netd = dir.join("net.d");
+        let bin = dir.join("bin");
+        let run_dir = dir.join("run-natguard");
+        for d in [&netd, &bin, &run_dir] {
+            fs::create_dir_all(d).unwrap();
+        }
+        let entry_file = dir.join("natguard-entry.json");
+        fs::write(
+            &entry_file,
+            serde_json::to_vec(&w.natguard(json!({}))).unwrap(),
+        )
+        .unwrap();
+        let log = dir.join("watcher.log");
+        let child = Natguard::new()
+            .args(&[
+                "install".as_ref(),
+                "--watch".as_ref(),
+                "--cni-bin-dir".as_ref(),
+                bin.as_os_str(),
+                "--netconf-dir".as_ref(),
+                netd.as_os_str(),
+                "--cache-dir".as_ref(),
+                w.cache_dir().join("results").as_os_str(),
+                "--config".as_ref(),
+                entry_file.as_os_str(),
+            ])
+            .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
+            .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
+            .spawn_in(&w.node, &log);
+        let me = Watcher { child, netd, log };
+        me.wait_until("the watcher's self-repair", || {
+            me.log_text().contains("self-repair: watching")
+        });
+        me
+    }
+
+    fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + deadline(DEADLINE);
+        while !f() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; watcher log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        // SAFETY: plain syscall on our own child, not reaped yet.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn has_guard(w: &World) -> bool {
+    w.table().is_some_and(|t| {
+        [
+            "chain guard_fwd",
+            "chain guard_in",
+            "chain judge4",
+            "chain judge6",
+        ]
+        .iter()
+        .all(|c| t.contains(c))
+            && t.contains("reject with tcp reset")
+    })
+}
+
+/// Both of the pod's metadata requests; each must not be answered by the real server.
+fn assert_not_real(pod: &Pod, when: &str) {
+    for dst in [sa(META4, HTTP_PORT), sa(META6, HTTP_PORT)] {
+        let got = http_get(&pod.ns, dst);
+        assert!(!is_real(&got), "{when}: {dst} answered by the REAL server");
+        assert_eq!(got, Outcome::Refused, "{when}: {dst}");
+    }
+}
+
+#[test]
+fn the_guard_exists_from_install_on_a_node_with_no_pod_and_no_natguard_network() {
+    let w = real_world("first-guard");
+    let counters = syn_counters(&w);
+    assert!(w.table().is_none(), "no natguard table before install");
+    let watcher = Watcher::start(&w);
+    // Nothing lists natguard: the guard alone, from natguard's entry.
+    assert!(has_guard(&w), "no guard after install: {:?}", w.table());
+    assert!(
+        watcher
+            .log_text()
+            .contains("the node-wide metadata guard is in place"),
+        "{}",
+        watcher.log_text()
+    );
+    let table = w.table().unwrap();
+    assert!(
+        !table.contains("-dnat") && !table.contains("-meta4"),
+        "no network's objects without a network:\n{table}"
+    );
+
+    // A pod of a network natguard is not in (its list was written by another agent, without
+    // natguard, and the watcher's entry is not in it yet: here the list is not even in the
+    // watched dir).
+    let plain = w.chain(w.list("plain", "1.0.0", 0, None));
+    let pod = w.add_pod(&plain, "early", "default");
+    assert_not_real(&pod, "a pod natguard never saw, after install");
+
+    // Someone flushes the ruleset: the watcher knows no pod and no natguard network, and
+    // restores the guard all the same.
+    w.node.run(&["nft", "flush", "ruleset"]);
+    watcher.wait_until("the guard restored after the flush", || has_guard(&w));
+    watcher.wait_until("the repair logged", || {
+        watcher
+            .log_text()
+            .contains("restored the node-wide metadata guard (no conflist lists natguard yet)")
+    });
+    assert_not_real(
+        &pod,
+        "a pod natguard never saw, after the flush was repaired",
+    );
+    assert_eq!(
+        syns(&counters),
+        0,
+        "SYNs reached the REAL metadata server; watcher log:\n{}",
+        watcher.log_text()
+    );
+}
+
+/// The runtime's view of the netconf dir at one pod's start: the first list by name, as
+/// libcni picks it.
+fn active_list(netd: &Path) -> Value {
+    let mut names: Vec<PathBuf> = fs::read_dir(netd)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "conflist"))
+        .collect();
+    names.sort();
+    let path = names.first().expect("a conflist");
+    // The watcher replaces the file atomically: a read sees the old list or the new one.
+    serde_json::from_slice(&fs::read(path).unwrap()).unwrap()
+}
+
+fn lists_natguard(list: &Value) -> bool {
+    list["plugins"]
+        .as_array()
+        .is_some_and(|p| p.iter().any(|p| p["type"] == "natguard"))
+}
+
+#[test]
+fn boot_order_no_pod_reaches_the_real_api_and_every_pod_gets_its_policy() {
+    const PODS: usize = 6;
+    let w = real_world("first-boot");
+    let counters = syn_counters(&w);
+    let watcher = Watcher::start(&w);
+    assert!(has_guard(&w), "no guard before the primary's list");
+
+    // The primary plugin's agent writes its list (bridge + host-local, no natguard), and the
+    // kubelet starts pods at once.
+    let primary = w.list("boot", "1.0.0", 0, None);
+    let list_path = watcher.netd.join("10-boot.conflist");
+    let tmp = watcher.netd.join(".10-boot.conflist.tmp");
+    fs::write(&tmp, serde_json::to_vec_pretty(&primary).unwrap()).unwrap();
+    let written = Instant::now();
+    fs::rename(&tmp, &list_path).unwrap();
+
+    let mut window: Option<Duration> = None;
+    let outcomes = std::thread::scope(|s| {
+        let watch = s.spawn(|| {
+            let deadline = Instant::now() + deadline(DEADLINE);
+            loop {
+                if lists_natguard(&active_list(&watcher.netd)) {
+                    return Some(written.elapsed());
+                }
+                if Instant::now() > deadline {
+                    return None;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        let pods: Vec<_> = (0..PODS)
+            .map(|i| {
+                let (w, netd) = (&w, &watcher.netd);
+                s.spawn(move || {
+                    // Pods start spread over the first second after the list appeared: some
+                    // before natguard's entry is in it, some after.
+                    std::thread::sleep(Duration::from_millis(200 * i as u64));
+                    let list = active_list(netd);
+                    let with_natguard = lists_natguard(&list);
+                    let chain = w.chain(list);
+                    let pod = w.add_pod(&chain, &format!("boot{i}"), "default");
+                    // The pod asks for metadata until the proxy answers, twice in a row.
+                    let deadline = Instant::now() + deadline(DEADLINE);
+                    let mut seen: Vec<Outcome> = Vec::new();
+                    let mut proxied = 0;
+                    while proxied < 2 {
+                        assert!(
+                            Instant::now() < deadline,
+                            "pod boot{i} never got its policy: {seen:?}"
+                        );
+                        let got = http_get(&pod.ns, sa(META4, HTTP_PORT));
+                        proxied = if got == body("proxy") { proxied + 1 } else { 0 };
+                        if seen.last() != Some(&got) {
+                            seen.push(got);
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    let got6 = http_get(&pod.ns, sa(META6, HTTP_PORT));
+                    (i, with_natguard, seen, got6)
+                })
+            })
+            .collect();
+        window = watch.join().unwrap();
+        pods.into_iter()
+            .map(|p| p.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    let window = window.unwrap_or_else(|| {
+        panic!(
+            "natguard's entry never appeared in the list; watcher log:\n{}",
+            watcher.log_text()
+        )
+    });
+    eprintln!(
+        "window from the primary's conflist write to natguard's entry in it: {:.1} ms",
+        window.as_secs_f64() * 1e3
+    );
+    for (i, with_natguard, seen, got6) in &outcomes {
+        eprintln!(
+            "pod boot{i}: started with natguard in its list: {with_natguard}; answers: {seen:?}"
+        );
+        assert!(
+            !seen.iter().any(is_real),
+            "pod boot{i} reached the REAL server: {seen:?}"
+        );
+        assert_eq!(got6, &body("proxy"), "pod boot{i} over IPv6");
+    }
+    // The first pod reads the list at once; the watcher waits for the dir to settle (100 ms
+    // of quiet) before it writes: so the case this test is about happened.
+    assert!(
+        outcomes.iter().any(|o| !o.1),
+        "every pod started with natguard in its list; no pod ran in the window"
+    );
+    assert_eq!(
+        syns(&counters),
+        0,
+        "SYNs reached the REAL metadata server; watcher log:\n{}",
+        watcher.log_text()
+    );
+}
