@@ -30,7 +30,7 @@ die() {
 # (tests/daemonset.rs) and of `natguard metrics` (tests/counters.rs).
 PACKAGES=(
   containernetworking-plugins nftables conntrack iptables iproute2 util-linux procps
-  jq socat busybox-static python3 python3-yaml python3-prometheus-client ca-certificates
+  jq socat busybox-static python3 python3-yaml python3-prometheus-client ca-certificates systemd
   podman runc conmon containerd
   golang-go golang-github-appc-cni-dev protobuf-compiler binutils tar gzip
 )

@@ -62,6 +62,10 @@ struct Watcher {
 
 impl Watcher {
     fn start(w: &World) -> Watcher {
+        Watcher::start_with(w, &[])
+    }
+
+    fn start_with(w: &World, env: &[(&str, &str)]) -> Watcher {
         let dir = w.dir();
         let netd = dir.join("net.d");
         let bin = dir.join("bin");
@@ -90,6 +94,7 @@ impl Watcher {
                 entry_file.as_os_str(),
             ])
             .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
+            .env(env)
             .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
             .spawn_in(&w.node, &log);
         let me = Watcher { child, netd, log };
@@ -162,8 +167,16 @@ fn the_guard_exists_from_install_on_a_node_with_no_pod_and_no_natguard_network()
     let w = real_world("first-guard");
     let counters = syn_counters(&w);
     assert!(w.table().is_none(), "no natguard table before install");
-    let watcher = Watcher::start(&w);
-    // Nothing lists natguard: the guard alone, from natguard's entry.
+    // As a systemd unit of Type=notify runs it: the runtime and the kubelet start once the
+    // watcher says READY=1.
+    let notify = w.dir().join("notify.sock");
+    let sd = std::os::unix::net::UnixDatagram::bind(&notify).unwrap();
+    sd.set_read_timeout(Some(deadline(DEADLINE))).unwrap();
+    let watcher = Watcher::start_with(&w, &[("NOTIFY_SOCKET", notify.to_str().unwrap())]);
+    let mut buf = [0u8; 64];
+    let n = sd.recv(&mut buf).expect("READY=1 from the watcher");
+    assert_eq!(&buf[..n], b"READY=1");
+    // Nothing lists natguard: the guard alone, from natguard's entry, before READY=1.
     assert!(has_guard(&w), "no guard after install: {:?}", w.table());
     assert!(
         watcher
@@ -326,4 +339,52 @@ fn boot_order_no_pod_reaches_the_real_api_and_every_pod_gets_its_policy() {
         "SYNs reached the REAL metadata server; watcher log:\n{}",
         watcher.log_text()
     );
+}
+
+/// The node-bootstrap unit: valid for systemd (`systemd-analyze verify` prints nothing), of
+/// `Type=notify` (the watcher's READY=1 above), ordered before the runtimes and the kubelet,
+/// running the watcher.
+#[test]
+fn the_node_unit_is_valid_and_ordered_before_the_runtime_and_the_kubelet() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let unit = fs::read_to_string(repo.join("deploy/node/natguard.service")).unwrap();
+    let key = |k: &str| -> String {
+        unit.lines()
+            .filter_map(|l| l.strip_prefix(&format!("{k}=")))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(key("Type"), "notify");
+    for before in ["containerd.service", "crio.service", "kubelet.service"] {
+        assert!(
+            key("Before").split(' ').any(|b| b == before),
+            "Before= lacks {before}"
+        );
+    }
+    assert!(
+        key("ExecStart").starts_with("/usr/local/bin/natguard install --watch"),
+        "{}",
+        key("ExecStart")
+    );
+    // Verified with the binary under test in place of /usr/local/bin/natguard.
+    let dir = std::env::temp_dir().join(format!("ng-unit-{}", std::process::id()));
+    fs::create_dir_all(&dir).unwrap();
+    let copy = dir.join("natguard.service");
+    fs::write(
+        &copy,
+        unit.replace("/usr/local/bin/natguard", natguard_bin().to_str().unwrap()),
+    )
+    .unwrap();
+    let out = std::process::Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(&copy)
+        .output()
+        .expect("systemd-analyze (package systemd)");
+    let _ = fs::remove_dir_all(&dir);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
 }
