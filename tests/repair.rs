@@ -297,7 +297,7 @@ fn a_flushed_ruleset_is_repaired_within_milliseconds() {
     );
     let log = watcher.log_text();
     assert!(
-        log.contains("self-repair: nft (pid") && log.contains("restored 1 pod(s)"),
+        log.contains("self-repair: nft (pid") && log.contains("and 1 cached pod(s) with one batch"),
         "every repair is logged: {log}"
     );
 }
@@ -427,7 +427,7 @@ fn lost_notifications_lead_to_a_full_check_not_a_crash() {
     let log = watcher.log_text();
     assert!(
         log.contains("nf_tables notifications were lost (receive buffer overflow)")
-            && log.contains("restored 1 pod(s)"),
+            && log.contains("and 1 cached pod(s) with one batch"),
         "the overflow was not handled as a full check: {log}"
     );
     // Someone else's storm overflows the small buffer too: checks, no repair.

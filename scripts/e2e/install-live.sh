@@ -395,7 +395,8 @@ done
 
 # ============================================================================================
 # 4b. install --watch --cleanup-on-exit: SIGTERM takes the entry out (the binary and natguard's
-# table stay), and a pod started then gets no ADD from natguard (the node fails open for it)
+# table stay), and a pod started then gets no ADD from natguard: no interception, no masquerade
+# (the guard, which stays, still resets its metadata TCP)
 nsenter --net="/run/netns/$NODE" "$bin" install --watch --cleanup-on-exit "${DIRS[@]}" --cache-dir "$CACHE" \
   --ready-file "$W/ready" --config "$W/natguard.json" >"$W/watch-cleanup.log" 2>&1 9>&- &
 watch_pid=$!
