@@ -2,7 +2,11 @@
 //! stopped, in plain words or as one JSON document.
 //!
 //! It reads the kernel, without the node lock (a report never writes), and the record of
-//! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one.
+//! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one,
+//! with whether that watcher still runs (its lock, see [`crate::tools::install::record`]).
+//! Kernel APIs that answer are not natguard being there: without natguard's table the report
+//! says "not installed", and without the node-wide guard's chains "not guarding"
+//! ([`store::Installation`]).
 //! The networks are named by the comments of natguard's rules; a network's mode is read back from the rules
 //! themselves (what they enforce, not what a config file says): a DNAT to the proxy is `proxy`,
 //! resets without a DNAT are `deny`, neither is `off`. Pods are the elements of `NET-pods`,
