@@ -785,4 +785,24 @@ mod tests {
         let big = vec![b' '; MAX_STDIN + 1];
         assert_eq!(decode_stdin(&big).unwrap_err().code(), 6);
     }
+
+    /// A GC names every valid attachment of the node: 100,000 of the longest kind fit stdin.
+    #[test]
+    fn a_gc_of_100000_attachments_fits_stdin() {
+        let n = 100_000;
+        let list: Vec<Value> = (0..n)
+            .map(|i| json!({"containerID": format!("{i:064x}"), "ifname": "eth0-very-long"}))
+            .collect();
+        let mut conf = json!({"cniVersion": "1.1.0", "name": "n", "type": "natguard"});
+        conf["cni.dev/valid-attachments"] = Value::Array(list);
+        let bytes = serde_json::to_vec(&conf).unwrap();
+        assert!(
+            bytes.len() <= MAX_STDIN && bytes.len() > 10_000_000,
+            "{}",
+            bytes.len()
+        );
+        let v = decode_stdin(&bytes).unwrap();
+        let nc = netconf_from_value(&v).unwrap();
+        assert_eq!(nc.valid_attachments.unwrap().len(), n);
+    }
 }

@@ -150,8 +150,10 @@ pub fn log(level: Level, msg: &str) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
+    // A line before any context is set reads "error: MSG", never "error : MSG".
+    let sep = if st.context.is_empty() { "" } else { " " };
     let line = format!(
-        "{}.{:03} natguard[{}] {} {}: {msg}\n",
+        "{}.{:03} natguard[{}] {}{sep}{}: {msg}\n",
         now.as_secs(),
         now.subsec_millis(),
         std::process::id(),

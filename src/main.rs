@@ -26,14 +26,7 @@ fn main() {
         Some("reconcile") => natguard::tools::adopt::cli(&args[1..], true),
         Some("install") => natguard::tools::install::install_cli(&args[1..]),
         Some("uninstall") => natguard::tools::install::uninstall_cli(&args[1..]),
-        Some("version") | Some("--version") => {
-            println!(
-                "natguard {} (revision {})",
-                env!("CARGO_PKG_VERSION"),
-                env!("NATGUARD_GIT_REVISION")
-            );
-            0
-        }
+        Some("version") | Some("--version") => natguard::tools::version_cli(&args[1..]),
         Some("help") | Some("--help") | Some("-h") => {
             print!("{ABOUT}\n{USAGE}");
             0
@@ -60,11 +53,15 @@ By hand:
   natguard install     copy the binary and add natguard to the node's conflist
   natguard uninstall   remove natguard's conflist entry, binary and kernel state
   natguard version     print the version and the git revision it was built from
+Each subcommand prints its options with --help (`natguard install --help`).
 ";
 
 fn run_cni() -> i32 {
     // Lossy, so a non-UTF-8 value is rejected by validation instead of read as unset.
     let get = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
+    // Until the verb knows its network and container, its lines name what is known: the verb.
+    let verb = get("CNI_COMMAND").as_deref().and_then(Command::parse);
+    natguard::log::set_context(verb.map_or("CNI", |c| c.as_str()).to_string());
     let Some(cmd_text) = get("CNI_COMMAND") else {
         let e = Error::InvalidEnv(
             "CNI_COMMAND: not set; natguard runs as a CNI plugin, or try `natguard help`".into(),

@@ -12,7 +12,9 @@
 mod common;
 
 use common::run::Invocation;
-use common::synthetic::{add, fixed_proxy_cfg, gc_invocation, synthetic_node, SynPod};
+use common::synthetic::{
+    add, fixed_proxy_cfg, gc_invocation, gc_without_list, synthetic_node, SynPod,
+};
 use common::*;
 use natguard::config::{MAX_METADATA_PORTS, MAX_NON_MASQUERADE_CIDRS};
 use natguard::kernel::netlink::{BatchError, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK};
@@ -157,6 +159,40 @@ fn gc_of_stale_attachments(test: &str, stale: u32) {
     }
     // And a second GC with nothing stale is a no-op that succeeds.
     gc(&ns, &c, &keep).succeeded();
+}
+
+/// A GC names every valid attachment of the node: with 20,000 of them (64-hex container IDs,
+/// nearly 2 MiB of stdin, over the 1 MiB cap natguard once had) it succeeds, keeps the valid pods and
+/// removes the stale one.
+#[test]
+fn gc_with_20000_valid_attachments_succeeds() {
+    let h = Harness::new("batch-gcvalid");
+    let ns = h.netns("node");
+    let c = cfg(json!({}));
+    let pods: Vec<SynPod> = (0..3).map(|i| pod("gv", i)).collect();
+    add_all(&ns, &c, pods.clone());
+    let mut valid: Vec<Value> = (0..20_000u32)
+        .map(|i| json!({ "containerID": format!("{i:064x}"), "ifname": "eth0" }))
+        .collect();
+    valid.extend(
+        pods[1..]
+            .iter()
+            .map(|p| json!({ "containerID": p.cid, "ifname": p.ifname })),
+    );
+    let mut conf = c.clone();
+    conf["cni.dev/valid-attachments"] = Value::Array(valid);
+    let stdin_len = serde_json::to_vec(&conf).unwrap().len();
+    assert!(stdin_len > 1 << 20, "{stdin_len} bytes");
+    gc_without_list(NET, &conf).run_in(&ns).succeeded();
+    let owners: BTreeSet<OwnerKey> = elements(&ns, SetKind::Pods)
+        .iter()
+        .filter_map(|k| match k {
+            Key::Owner(o) => Some(*o),
+            _ => None,
+        })
+        .collect();
+    let want: BTreeSet<OwnerKey> = pods[1..].iter().map(|p| p.owner_key()).collect();
+    assert_eq!(owners, want, "pods left after GC");
 }
 
 #[test]

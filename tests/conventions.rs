@@ -45,6 +45,23 @@ fn a_runtime_without_cni_command_still_gets_the_code_4_error() {
     assert_eq!(out.status.code(), Some(1));
     let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(reply["code"], 4);
+    // The error line names what failed, before any network or container is known.
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(" error CNI: CNI_COMMAND: not set") && !err.contains("error :"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(" error ADD: ") && !err.contains("error :"),
+        "{err}"
+    );
 }
 
 /// The checkout's revision as build.rs records it, or None outside a git checkout.

@@ -1040,10 +1040,36 @@ fn unreadable_state_is_reported_not_guessed() {
         let out = output(ns.cmd(bin.to_str().unwrap()).args(args));
         assert_eq!(out.status.code(), Some(2), "natguard {args:?}");
         assert!(out.stdout.is_empty(), "natguard {args:?} printed a report");
+        let err = String::from_utf8_lossy(&out.stderr);
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("unexpected argument"),
-            "natguard {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            err.contains("unknown argument") && err.contains("--help`") && err.lines().count() == 1,
+            "natguard {args:?}: {err}"
         );
     }
+}
+
+/// Kernel APIs that answer are not natguard being installed: on a node without natguard's
+/// table, `status` says "not installed", not "ready ... 0 network(s)", and the JSON says
+/// `installed: false`; `ready` (and `natguard_up`) still say the kernel answers.
+#[test]
+fn a_node_without_natguard_is_not_installed() {
+    let h = Harness::new("cntnone");
+    let ns = h.netns("node");
+    let tool = |args: &[&str]| common::run::Natguard::new().args(args).run_in(&ns);
+    let out = tool(&["status"]);
+    assert_eq!(out.exit, Some(0), "{}", out.stdout);
+    assert_eq!(
+        out.stdout.lines().next(),
+        Some(
+            "natguard: not installed: no natguard table on this node (nf_tables and conntrack \
+             netlink answer)"
+        ),
+        "{}",
+        out.stdout
+    );
+    let doc: Value = serde_json::from_str(&tool(&["status", "--json"]).stdout).unwrap();
+    assert_eq!(
+        (&doc["ready"], &doc["installed"], &doc["guarding"]),
+        (&json!(true), &json!(false), &json!(false))
+    );
 }

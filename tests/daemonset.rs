@@ -129,3 +129,66 @@ fn cleanup_on_exit_is_a_commented_opt_in_the_binary_knows() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stdout).contains("--cleanup-on-exit"));
 }
+
+/// The readiness probe does not see the container's args: run as written in the DaemonSet, it
+/// checks the directories the watcher runs with (recorded beside the ready file), so a custom
+/// `--cni-bin-dir` in the args does not leave the pod unready.
+#[test]
+fn the_probe_checks_the_dirs_the_watcher_runs_with() {
+    let ds = parse(DAEMONSET);
+    let probe: Vec<String> = ds["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+        ["exec"]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(probe[0], "/natguard");
+    let dir = std::env::temp_dir().join(format!("ng-ds-probe-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (bin, netd, ready) = (
+        dir.join("home-kubernetes-bin"),
+        dir.join("net.d"),
+        dir.join("run/ready"),
+    );
+    std::fs::create_dir_all(&netd).unwrap();
+    std::fs::write(
+        netd.join("10-net.conflist"),
+        r#"{"cniVersion":"1.0.0","name":"net","plugins":[{"type":"bridge"}]}"#,
+    )
+    .unwrap();
+    let mut watcher = Command::new(env!("CARGO_BIN_EXE_natguard"))
+        .args(["install", "--watch", "--no-adopt", "--create-dirs"])
+        .arg("--cni-bin-dir")
+        .arg(&bin)
+        .arg("--netconf-dir")
+        .arg(&netd)
+        .arg("--ready-file")
+        .arg(&ready)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !ready.exists() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "no ready file"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // The probe's own arguments, with the test's ready file in place of /run/natguard/ready.
+    let out = Command::new(env!("CARGO_BIN_EXE_natguard"))
+        .args(&probe[1..])
+        .arg("--ready-file")
+        .arg(&ready)
+        .output()
+        .unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(watcher.id() as i32, libc::SIGTERM);
+    }
+    let _ = watcher.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("ready: natguard is in"));
+}

@@ -2,6 +2,12 @@
 //! names a file of the repository, and a link with a `#fragment` names a heading of that file
 //! (GitHub's anchor rules: lower case, punctuation dropped, spaces to hyphens). No root, no
 //! network: links to other sites are not followed.
+//!
+//! docs/operations.md and the binary agree: every metric the exposition code defines and every
+//! key `status --json` prints is documented there, and every `natguard_*` metric it names is
+//! one the binary prints. The names are read from the code that prints them (the report module
+//! and the self-repair record), since running `natguard metrics` in a world with pods needs
+//! root.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -198,4 +204,117 @@ fn the_link_checker_finds_a_broken_file_and_a_broken_anchor() {
         "{broken:?}"
     );
     fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The identifiers made of `[A-Za-z0-9_]` that follow `prefix` in `text`, up to the next
+/// character outside that set, where `end` comes next.
+fn names_after(text: &str, prefix: &str, end: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(i) = rest.find(prefix) {
+        let after = &rest[i + prefix.len()..];
+        let n = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(after.len());
+        if n > 0 && after[n..].starts_with(end) {
+            out.insert(after[..n].to_string());
+        }
+        rest = &after[n..];
+    }
+    out
+}
+
+fn source(rel: &str) -> String {
+    fs::read_to_string(Path::new(ROOT).join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// Every metric name the exposition code defines (`MetricFamily::new("natguard_...", ...)`).
+fn metrics_of_the_binary() -> BTreeSet<String> {
+    let code = source("src/tools/report/mod.rs");
+    let names: BTreeSet<String> = names_after(&code, "\"natguard_", "\"")
+        .into_iter()
+        .map(|n| format!("natguard_{n}"))
+        .collect();
+    assert!(
+        names.len() >= 15 && names.contains("natguard_up"),
+        "{names:?}"
+    );
+    names
+}
+
+/// Every key of `status --json`: the `json!` keys and the keys set by index in the report's
+/// JSON section, and the self-repair record's.
+fn json_keys_of_the_binary() -> BTreeSet<String> {
+    let report = source("src/tools/report/mod.rs");
+    let start = report
+        .find("// natguard status --json")
+        .expect("the JSON section");
+    let end = report
+        .find("// natguard metrics")
+        .expect("the metrics section");
+    let json_part = &report[start..end];
+    let record = source("src/tools/install/self_repair.rs");
+    let to_json =
+        &record[record.find("pub fn to_json").unwrap()..record.find("pub fn from_json").unwrap()];
+    let mut keys = BTreeSet::new();
+    for part in [json_part, to_json] {
+        keys.extend(names_after(part, "\"", "\":"));
+        keys.extend(names_after(part, "[\"", "\"]"));
+    }
+    for k in [
+        "version",
+        "ready",
+        "installed",
+        "guarding",
+        "guard",
+        "selfRepair",
+        "running",
+        "policy",
+    ] {
+        assert!(keys.contains(k), "the key scan missed {k}: {keys:?}");
+    }
+    keys
+}
+
+#[test]
+fn operations_md_documents_every_metric_and_json_key_of_the_binary() {
+    let doc = source("docs/operations.md");
+    let metrics = metrics_of_the_binary();
+    let missing: Vec<&String> = metrics
+        .iter()
+        .filter(|m| !doc.contains(m.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "metrics not in docs/operations.md: {missing:?}"
+    );
+    let named: BTreeSet<String> = names_after(&doc, "natguard_", "")
+        .into_iter()
+        .filter(|n| !n.ends_with('_'))
+        .map(|n| format!("natguard_{n}"))
+        .collect();
+    let unknown: Vec<&String> = named.difference(&metrics).collect();
+    assert!(
+        unknown.is_empty(),
+        "docs/operations.md names metrics the binary does not print: {unknown:?}"
+    );
+
+    let keys = json_keys_of_the_binary();
+    let documented = |k: &str| {
+        [
+            format!("`{k}`"),
+            format!(".{k}`"),
+            format!("\"{k}\""),
+            format!("`{k},"),
+            format!(" {k}`"),
+            format!("`{k}[]"),
+        ]
+        .iter()
+        .any(|form| doc.contains(form.as_str()))
+    };
+    let missing: Vec<&String> = keys.iter().filter(|k| !documented(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "status --json keys not in docs/operations.md: {missing:?}"
+    );
 }

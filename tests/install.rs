@@ -837,3 +837,186 @@ fn watch_runs_adopt_at_start_and_after_each_reinsert_and_again_later() {
     assert_eq!(adopted(), 3, "{}", w.log());
     assert!(w.stop().success());
 }
+
+/// Every subcommand answers `--help`/`-h` with its usage on stdout (exit 0), and a bad argument
+/// with one line on stderr that names it and points at `--help` (exit 2). Nothing reaches the
+/// kernel: the command line is parsed first.
+#[test]
+fn every_subcommand_answers_help_and_refuses_a_bad_argument_in_one_line() {
+    for verb in [
+        "status",
+        "metrics",
+        "adopt",
+        "reconcile",
+        "install",
+        "uninstall",
+        "version",
+    ] {
+        for help in ["--help", "-h"] {
+            let out = Command::new(BIN).args([verb, help]).output().unwrap();
+            assert_eq!(out.status.code(), Some(0), "{verb} {help}: {}", text(&out));
+            let usage = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                usage.starts_with(&format!("usage: natguard {verb}")),
+                "{verb} {help}: {}",
+                text(&out)
+            );
+            assert!(out.stderr.is_empty(), "{verb} {help}: {}", text(&out));
+        }
+        let out = Command::new(BIN)
+            .args([verb, "--bogus-flag"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{verb}: {}", text(&out));
+        assert!(out.stdout.is_empty(), "{verb}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            err,
+            format!(
+                "natguard {verb}: unknown argument \"--bogus-flag\"; try `natguard {verb} --help`\n"
+            )
+        );
+    }
+    // A value missing, a bad value: the same one line.
+    for (args, needle) in [
+        (&["adopt", "--cache-dir"][..], "--cache-dir needs a value"),
+        (&["install", "--proxy-port", "0"], "--proxy-port \"0\""),
+        (&["install", "--watch", "--check"], "exclude each other"),
+    ] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(needle) && err.contains("--help`") && !err.contains("warn"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
+/// A `--cni-bin-dir` or `--netconf-dir` that does not exist is a typo until `--create-dirs` says
+/// otherwise: refused (exit 1, the path named), nothing created, nothing written.
+#[test]
+fn a_directory_that_does_not_exist_is_refused_unless_created_on_request() {
+    let n = Node::new("create-dirs");
+    n.write("10-calico.conflist", CALICO);
+    let typo = n.dir.join("opt/cni/bni");
+    let typo_s = typo.display().to_string();
+    let before = n.snapshot();
+    for watch in [&[][..], &["--watch"]] {
+        let out = n.run("install", &[watch, &["--cni-bin-dir", &typo_s]].concat());
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(&format!("--cni-bin-dir {typo_s}: no such directory"))
+                && err.contains("--create-dirs"),
+            "{err}"
+        );
+        assert!(!typo.exists() && !n.ready().exists());
+        assert_eq!(n.snapshot(), before);
+    }
+    let netd_typo = n.dir.join("etc/cni/net.d-typo");
+    let out = n.run(
+        "install",
+        &["--netconf-dir", &netd_typo.display().to_string()],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--netconf-dir"));
+    assert!(!netd_typo.exists());
+
+    // Asked for: created, and the install goes on.
+    let out = n.run("install", &["--cni-bin-dir", &typo_s, "--create-dirs"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(typo.join("natguard").is_file());
+    assert!(has_natguard(&n.conf("10-calico.conflist")));
+    // A probe creates nothing.
+    let out = n.run("install", &["--check", "--create-dirs"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}
+
+/// The readiness probe runs without the container's args: `install --check` without directory
+/// flags checks the directories the watcher recorded beside the ready file, and explicit flags
+/// still win. `uninstall` removes what the watcher keeps there (its record, its directories).
+#[test]
+fn check_without_flags_checks_what_the_watcher_installs() {
+    let n = Node::new("check-record");
+    n.write("10-calico.conflist", CALICO);
+    let ready = n.ready().display().to_string();
+    let probe = |extra: &[&str]| {
+        Command::new(BIN)
+            .args(["install", "--check", "--ready-file", &ready])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // No watcher yet: the default dirs, which have no natguard here.
+    let w = Watcher::start(&n, &[]);
+    let list = n.conf("10-calico.conflist");
+    wait_for("the watcher's insert", || ready_names(&n, &list));
+    let out = probe(&[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("ready: natguard is in {}\n", list.display())
+    );
+    let elsewhere = n.dir.join("elsewhere");
+    fs::create_dir_all(&elsewhere).unwrap();
+    let out = probe(&["--cni-bin-dir", &elsewhere.display().to_string()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(w.stop().success());
+
+    let run = n.ready().parent().unwrap().to_path_buf();
+    assert!(run.join("install.json").is_file());
+    fs::write(
+        run.join("repair.json"),
+        r#"{"pid":1,"repairs":2,"checks":3}"#,
+    )
+    .unwrap();
+    let out = n.run("uninstall", &[]);
+    assert!(out.status.success(), "{}", text(&out));
+    for f in ["ready", "repair.json", "install.json"] {
+        assert!(!run.join(f).exists(), "uninstall left {f}");
+    }
+}
+
+/// One watcher per node: a second `install --watch` on the same ready file waits, saying for
+/// whom, and takes over only once the first has exited.
+#[test]
+fn a_second_watcher_waits_for_the_first() {
+    let n = Node::new("two-watchers");
+    n.write("10-calico.conflist", CALICO);
+    let list = n.conf("10-calico.conflist");
+    let first = Watcher::start(&n, &[]);
+    wait_for("the first watcher's insert", || ready_names(&n, &list));
+    let first_pid = first.child.id();
+    let second = Watcher::start(&n, &[]);
+    wait_for("the second watcher to wait", || {
+        second.count(&format!("(pid {first_pid}); waiting for it to exit")) == 1
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(second.count("watching"), 0, "{}", second.log());
+    assert!(first.stop().success());
+    wait_for("the second watcher to take over", || {
+        second.count("watching ") == 1
+    });
+    let lock = fs::read_to_string(n.ready().parent().unwrap().join("watch.lock")).unwrap();
+    assert_eq!(lock.trim(), second.child.id().to_string());
+    assert!(second.stop().success());
+}
+
+/// `--cache-dir` names the CNI cache root as readily as its `results/`: the root, which has a
+/// `results` directory and no cache files of its own, is read as `results/`.
+#[test]
+fn the_cache_root_is_read_as_its_results() {
+    use natguard::tools::adopt::results_dir;
+    let n = Node::new("cache-root");
+    let root = n.dir.join("var-lib-cni");
+    fs::create_dir_all(root.join("results")).unwrap();
+    fs::create_dir_all(root.join("networks")).unwrap();
+    assert_eq!(results_dir(&root), root.join("results"));
+    assert_eq!(results_dir(&root.join("results")), root.join("results"));
+    // A directory of cache files is itself, whatever else it holds.
+    fs::write(root.join("mynet-abc-eth0"), "{}").unwrap();
+    assert_eq!(results_dir(&root), root);
+    assert_eq!(results_dir(&n.dir.join("missing")), n.dir.join("missing"));
+}

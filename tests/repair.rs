@@ -17,6 +17,10 @@
 //!   the wall time, so it does not spin.
 //! - **A storm on natguard's table.** `nft flush table inet natguard` back to back: at most one
 //!   repair per burst bound (`BURST_MAX`), and the policy is back at the end.
+//! - **Two watchers.** A rollout's second `install --watch` (given the CNI cache root, which
+//!   it reads as `results/`) waits for the first; the record's repairs never go down, its pid
+//!   is the live watcher's, and once both are gone `status` says the record's watcher is not
+//!   running.
 //! - **Lost notifications.** A receive buffer too small for them (`NATGUARD_MONITOR_RCVBUF`):
 //!   `ENOBUFS` leads to a full check, which repairs the flush; the watcher lives on.
 //!
@@ -52,6 +56,23 @@ impl Watcher {
     }
 
     fn start_with(w: &World, chain: &Chain, env: &[(&str, &str)]) -> Watcher {
+        let results = w.cache_dir().join("results");
+        let me = Watcher::spawn(w, chain, env, &results, "watcher.log");
+        me.wait_until(
+            "the watcher to subscribe to nf_tables notifications",
+            || me.state().is_some(),
+        );
+        me
+    }
+
+    /// Starts a watcher with `cache_dir`, logging to `log_name`, without waiting for it.
+    fn spawn(
+        w: &World,
+        chain: &Chain,
+        env: &[(&str, &str)],
+        cache_dir: &Path,
+        log_name: &str,
+    ) -> Watcher {
         let dir = w.dir();
         let netd = dir.join("net.d");
         let bin = dir.join("bin");
@@ -73,7 +94,7 @@ impl Watcher {
             .clone();
         let entry_file = dir.join("natguard-entry.json");
         fs::write(&entry_file, serde_json::to_vec(&entry).unwrap()).unwrap();
-        let log = dir.join("watcher.log");
+        let log = dir.join(log_name);
         let child = Natguard::new()
             .args(&[
                 "install".as_ref(),
@@ -83,7 +104,7 @@ impl Watcher {
                 "--netconf-dir".as_ref(),
                 netd.as_os_str(),
                 "--cache-dir".as_ref(),
-                w.cache_dir().join("results").as_os_str(),
+                cache_dir.as_os_str(),
                 "--config".as_ref(),
                 entry_file.as_os_str(),
             ])
@@ -91,16 +112,11 @@ impl Watcher {
             .env(env)
             .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
             .spawn_in(&w.node, &log);
-        let me = Watcher {
+        Watcher {
             child,
             run_dir,
             log,
-        };
-        me.wait_until(
-            "the watcher to subscribe to nf_tables notifications",
-            || me.state().is_some(),
-        );
-        me
+        }
     }
 
     fn pid(&self) -> u32 {
@@ -154,11 +170,7 @@ impl Watcher {
 
     /// `natguard status` / `metrics` as an operator on the node runs them.
     fn tool(&self, w: &World, args: &[&str]) -> String {
-        let inv = Natguard::new()
-            .args(args)
-            .bind_mount(&self.run_dir, "/run/natguard", Access::ReadOnly)
-            .run_in(&w.node);
-        inv.stdout
+        node_tool(w, &self.run_dir, args)
     }
 }
 
@@ -178,6 +190,16 @@ impl Drop for Watcher {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `natguard status` / `metrics` as an operator on the node runs them, with `run_dir` as its
+/// `/run/natguard`.
+fn node_tool(w: &World, run_dir: &Path, args: &[&str]) -> String {
+    let inv = Natguard::new()
+        .args(args)
+        .bind_mount(run_dir, "/run/natguard", Access::ReadOnly)
+        .run_in(&w.node);
+    inv.stdout
 }
 
 /// A world with one default pod under natguard, and a watcher over it.
@@ -522,6 +544,106 @@ fn no_repair_without_the_watcher_s_repair() {
     assert!(
         !run_dir.join("repair.json").exists(),
         "no repair record without repair"
+    );
+}
+
+/// Two `install --watch` at once, as during a DaemonSet rollout: the second waits for the
+/// first's lock; the record has one writer at a time, its counters continue across the
+/// handover and never go down, and its pid is the live watcher's. The second is given the CNI
+/// cache root, which it reads as `results/` (else it would find no pod and repair nothing).
+#[test]
+fn a_second_watcher_waits_and_the_record_never_goes_back() {
+    let (w, chain, pod, first) = setup("repair-two");
+    let mut seen: Vec<u64> = Vec::new();
+    let mut sample = |who: &Watcher| -> Value {
+        let st = who.state().expect("the record");
+        let n = st["repairs"].as_u64().unwrap();
+        if let Some(&last) = seen.last() {
+            assert!(n >= last, "repairs went down from {last} to {n}: {st}");
+        }
+        seen.push(n);
+        st
+    };
+    let flush_and_wait = |who: &Watcher, pid: u32| {
+        let before = who.repairs();
+        w.node.run(&["nft", "flush", "table", "inet", "natguard"]);
+        who.wait_until("the repair to be recorded", || {
+            who.state()
+                .is_some_and(|s| s["pid"] == pid && s["repairs"].as_u64().unwrap() > before)
+        });
+        assert_eq!(metadata_of(&pod), body("proxy"));
+        std::thread::sleep(BURST_MAX + Duration::from_millis(50));
+    };
+    flush_and_wait(&first, first.pid());
+    assert_eq!(sample(&first)["pid"], first.pid());
+
+    let second = Watcher::spawn(&w, &chain, &[], &w.cache_dir(), "second.log");
+    second.wait_until("the second watcher to wait for the first", || {
+        second
+            .log_text()
+            .contains(&format!("(pid {}); waiting for it to exit", first.pid()))
+    });
+    for _ in 0..3 {
+        flush_and_wait(&first, first.pid());
+        let st = sample(&first);
+        assert_eq!(
+            st["pid"],
+            first.pid(),
+            "the waiting watcher wrote the record"
+        );
+    }
+    let status: Value = serde_json::from_str(&second.tool(&w, &["status", "--json"])).unwrap();
+    assert_eq!(status["selfRepair"]["pid"], first.pid());
+    assert_eq!(status["selfRepair"]["running"], true);
+    assert_eq!(
+        (&status["installed"], &status["guarding"]),
+        (&json!(true), &json!(true))
+    );
+
+    let handed_over = first.repairs();
+    let first_pid = first.pid();
+    drop(first);
+    second.wait_until("the second watcher to take the record over", || {
+        second.state().is_some_and(|s| s["pid"] == second.pid())
+    });
+    let st = sample(&second);
+    assert!(
+        st["repairs"].as_u64().unwrap() >= handed_over,
+        "the second watcher started its count over: {st}"
+    );
+    assert!(second.log_text().contains(&format!(
+        "continuing the record of pid {first_pid} ({handed_over} repair(s)"
+    )));
+    for _ in 0..3 {
+        flush_and_wait(&second, second.pid());
+        sample(&second);
+    }
+    chain.check(&pod.att).expect("CHECK after the repairs");
+    let text = second.tool(&w, &["status"]);
+    assert!(
+        text.contains(&format!(
+            "self-repair (install --watch, pid {}): ",
+            second.pid()
+        )),
+        "{text}"
+    );
+
+    // Both gone: the record stays, shown as a watcher that is not running.
+    let (run_dir, second_pid) = (second.run_dir.clone(), second.pid());
+    drop(second);
+    let text = node_tool(&w, &run_dir, &["status"]);
+    assert!(
+        text.contains(&format!(
+            "self-repair: watcher pid {second_pid} is not running (record from "
+        )),
+        "{text}"
+    );
+    let metrics = node_tool(&w, &run_dir, &["metrics"]);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "natguard_self_repair_running 0"),
+        "{metrics}"
     );
 }
 

@@ -11,8 +11,19 @@ use crate::config::{
 use crate::error::{Error, Result};
 use serde_json::Value;
 
-/// Largest stdin accepted; real conflists with a prevResult are a few KiB.
-pub const MAX_STDIN: usize = 1 << 20;
+/// Largest stdin accepted: 16 MiB. A conflist with a prevResult is a few KiB, but a GC names
+/// every valid attachment of the node in `cni.dev/valid-attachments`, about 100 bytes each
+/// with a 64-hex container ID, so the cap holds over 160,000 of them ([`GC_ATTACHMENTS_THAT_FIT`]
+/// of the longest plausible kind). It is still a cap: what a runaway runtime can make natguard
+/// buffer and parse (the bytes, then about 400 bytes of JSON value and 100 of attachment per
+/// entry: under 100 MiB at the cap) is bounded.
+pub const MAX_STDIN: usize = 16 << 20;
+
+/// Attachments of the longest plausible entry that a GC's stdin holds with room to spare:
+/// `{"containerID":"<64 hex>","ifname":"<15 bytes>"},` is 110 bytes, and 4 KiB is left for
+/// the rest of the config.
+pub const GC_ATTACHMENTS_THAT_FIT: usize = (MAX_STDIN - 4096) / 110;
+const _: () = assert!(GC_ATTACHMENTS_THAT_FIT >= 150_000);
 
 /// One attachment named by a CNI 1.1 GC request.
 #[derive(Debug, Clone, PartialEq, Eq)]

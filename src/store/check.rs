@@ -9,6 +9,17 @@ use crate::plan::{
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
+/// What of natguard is on the node (`status`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Installation {
+    /// No `inet natguard` table: natguard never ran an ADD here, or was uninstalled.
+    NoTable,
+    /// The table without some of the node-wide guard's chains (named): someone removed them.
+    Incomplete { missing: Vec<String> },
+    /// The table and the node-wide guard's chains.
+    Guarding,
+}
+
 /// nf_tables' table flag for a dormant table: none of its rules apply.
 pub(super) const NFT_TABLE_F_DORMANT: u32 = 0x1;
 
@@ -231,6 +242,27 @@ impl<K: Kernel> Store<K> {
         nets.sort();
         nets.dedup();
         Ok(Some(nets))
+    }
+
+    /// Whether natguard is on this node at all: no table, a table without the node-wide
+    /// guard's chains (`guard_fwd`, `guard_in`, `guard_out`, `judge4`, `judge6`), or both, which
+    /// is what every ADD leaves and what guards pods.
+    pub fn installation(&mut self) -> Result<Installation> {
+        if self.k.table_flags(TableFamily::Inet)?.is_none() {
+            return Ok(Installation::NoTable);
+        }
+        let chains: HashSet<String> = self.k.chain_names(TableFamily::Inet)?.into_iter().collect();
+        let missing: Vec<String> = ChainKind::ALL
+            .into_iter()
+            .filter(|c| c.is_node() && c.table() == TableFamily::Inet)
+            .map(|c| c.suffix().to_string())
+            .filter(|name| !chains.contains(name))
+            .collect();
+        Ok(if missing.is_empty() {
+            Installation::Guarding
+        } else {
+            Installation::Incomplete { missing }
+        })
     }
 
     /// The node-wide guard's rule counters, summed by what they measure.

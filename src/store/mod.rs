@@ -26,6 +26,7 @@
 //! again.
 
 mod check;
+pub use check::Installation;
 mod verified;
 
 /// The file next to the node lock that records which networks were last found intact.

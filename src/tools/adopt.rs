@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::kernel::Kernel;
 use crate::prepare::{prepare_pod, Identity, Prepared};
 use crate::store::{self, Store};
+use crate::tools::cli::{is_help, options_or_exit, unknown, Args, Parsed};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -543,32 +544,78 @@ fn cache_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`
-pub fn cli(args: &[String], reconcile: bool) -> i32 {
-    let verb = if reconcile { "reconcile" } else { "adopt" };
+/// Where the cache's files are when the operator names `dir`: `dir` itself, or `dir/results`
+/// when `dir` is libcni's cache root (it has a `results` directory and no files of its own).
+/// `--cache-dir /var/lib/cni` is an easy mistake, and read literally it finds no pod, which
+/// would leave adopt and self-repair with nothing to do and no error.
+pub fn results_dir(dir: &Path) -> PathBuf {
+    let results = dir.join("results");
+    if !results.is_dir() {
+        return dir.to_path_buf();
+    }
+    let has_files = std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.filter_map(|e| e.ok())
+            .any(|e| e.file_type().is_ok_and(|t| t.is_file()))
+    });
+    if has_files {
+        dir.to_path_buf()
+    } else {
+        results
+    }
+}
+
+pub(crate) const USAGE_ADOPT: &str = "usage: natguard adopt [--cache-dir DIR] [--netconf-dir DIR]
+  brings pods that predate natguard under policy, from the CNI result cache, and deletes
+  their metadata flows that bypassed the DNAT
+  --cache-dir DIR     the CNI result cache (default /var/lib/cni/results; the cache root
+                      /var/lib/cni is read as its results/ directory)
+  --netconf-dir DIR   where network configs live (default /etc/cni/net.d)
+";
+
+pub(crate) const USAGE_RECONCILE: &str =
+    "usage: natguard reconcile [--cache-dir DIR] [--netconf-dir DIR]
+  restores every pod's entries from the CNI result cache (exempt pods too); touches no flow
+  --cache-dir DIR     the CNI result cache (default /var/lib/cni/results; the cache root
+                      /var/lib/cni is read as its results/ directory)
+  --netconf-dir DIR   where network configs live (default /etc/cni/net.d)
+";
+
+fn parse_args(args: &[String], reconcile: bool) -> Result<Parsed<Options>> {
     let mut opts = Options {
         reconcile,
         ..Options::default()
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--cache-dir" | "--netconf-dir" => {
-                let Some(v) = it.next() else {
-                    eprintln!("natguard {verb}: {a} needs a value");
-                    return 2;
-                };
-                if a == "--cache-dir" {
-                    opts.cache_dir = v.into();
-                } else {
-                    opts.netconf_dir = v.into();
-                }
-            }
-            other => {
-                eprintln!("natguard {verb}: unknown argument {other:?} (expected --cache-dir DIR, --netconf-dir DIR)");
-                return 2;
-            }
+    let mut it = Args::new(args);
+    while let Some((flag, inline)) = it.next_flag() {
+        match flag.as_str() {
+            f if is_help(f) => return Ok(Parsed::Help),
+            "--cache-dir" => opts.cache_dir = it.value(&flag, inline)?.into(),
+            "--netconf-dir" => opts.netconf_dir = it.value(&flag, inline)?.into(),
+            other => return Err(unknown(other)),
         }
+    }
+    Ok(Parsed::Run(opts))
+}
+
+/// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`
+pub fn cli(args: &[String], reconcile: bool) -> i32 {
+    let (verb, usage) = if reconcile {
+        ("reconcile", USAGE_RECONCILE)
+    } else {
+        ("adopt", USAGE_ADOPT)
+    };
+    let mut opts = match options_or_exit(verb, usage, parse_args(args, reconcile)) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    let results = results_dir(&opts.cache_dir);
+    if results != opts.cache_dir {
+        eprintln!(
+            "natguard {verb}: {} is the CNI cache root; reading its results in {}",
+            opts.cache_dir.display(),
+            results.display()
+        );
+        opts.cache_dir = results;
     }
     match run(&opts) {
         Ok(r) => {

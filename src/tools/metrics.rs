@@ -10,24 +10,21 @@ use super::install::atomic::write_atomic;
 use super::report;
 use super::status::collect_or_unreadable;
 use crate::error::Result;
+use crate::tools::cli::{options_or_exit, parse_switches};
 use std::path::Path;
 
 pub fn cli(args: &[String]) -> i32 {
-    match args {
-        [] => {}
-        [a] if a == "-h" || a == "--help" => {
-            println!("usage: natguard metrics\n  prints natguard's counters in the Prometheus text format");
-            return 0;
-        }
-        [a, ..] => {
-            eprintln!("natguard metrics: unexpected argument {a:?}\nusage: natguard metrics");
-            return 2;
-        }
+    if let Err(code) = options_or_exit("metrics", USAGE, parse_switches(args, &[])) {
+        return code;
     }
     let (r, code) = collect_or_unreadable();
     print!("{}", report::render_prometheus(&r));
     code
 }
+
+const USAGE: &str = "usage: natguard metrics
+  prints natguard's counters in the Prometheus text format (see docs/operations.md, \"Metrics\")
+";
 
 /// Writes the metrics of the calling thread's network namespace to `path`, atomically. When
 /// natguard's state cannot be read, the file says so (`natguard_up 0`) rather than going stale.

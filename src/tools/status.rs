@@ -2,7 +2,11 @@
 //! stopped, in plain words or as one JSON document.
 //!
 //! It reads the kernel, without the node lock (a report never writes), and the record of
-//! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one.
+//! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one,
+//! with whether that watcher still runs (its lock, see [`crate::tools::install::record`]).
+//! Kernel APIs that answer are not natguard being there: without natguard's table the report
+//! says "not installed", and without the node-wide guard's chains "not guarding"
+//! ([`store::Installation`]).
 //! The networks are named by the comments of natguard's rules; a network's mode is read back from the rules
 //! themselves (what they enforce, not what a config file says): a DNAT to the proxy is `proxy`,
 //! resets without a DNAT are `deny`, neither is `off`. Pods are the elements of `NET-pods`,
@@ -17,22 +21,12 @@ use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};
 use crate::error::Result;
 use crate::plan::{self, Count, Family};
 use crate::store;
+use crate::tools::cli::{options_or_exit, parse_switches};
 
 pub fn cli(args: &[String]) -> i32 {
-    let json = match args {
-        [] => false,
-        [a] if a == "--json" => true,
-        [a] if a == "-h" || a == "--help" => {
-            print!("usage: natguard status [--json]\n{HELP}");
-            return 0;
-        }
-        _ => {
-            eprintln!(
-                "natguard status: unexpected argument {:?}\nusage: natguard status [--json]",
-                args.iter().find(|a| *a != "--json").unwrap_or(&args[0])
-            );
-            return 2;
-        }
+    let json = match options_or_exit("status", USAGE, parse_switches(args, &["--json"])) {
+        Ok(switches) => !switches.is_empty(),
+        Err(code) => return code,
     };
     let (r, code) = collect_or_unreadable();
     if json {
@@ -43,8 +37,9 @@ pub fn cli(args: &[String]) -> i32 {
     code
 }
 
-const HELP: &str =
-    "  --json   the same report as one JSON document (see the README's \"Metrics\" section)
+const USAGE: &str = "usage: natguard status [--json]
+  prints what natguard has installed on this node and what its rules stopped
+  --json   the same report as one JSON document (see docs/operations.md, \"natguard status --json\")
 ";
 
 /// The node's report; when natguard's state cannot be read at all, a report that says why
@@ -61,6 +56,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 guard: Vec::new(),
                 unreadable: true,
                 self_repair: read_self_repair(),
+                installation: None,
             },
             1,
         ),
@@ -70,9 +66,10 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
 /// The record of the node's `install --watch`, if one runs (or ran) with the default
 /// readiness file.
 fn read_self_repair() -> Option<report::RepairStats> {
-    crate::tools::install::self_repair::read_state(std::path::Path::new(
-        crate::tools::install::self_repair::STATE_FILE,
-    ))
+    use crate::tools::install::{record, self_repair, DEFAULT_READY_FILE};
+    let mut sr = self_repair::read_state(std::path::Path::new(self_repair::STATE_FILE))?;
+    sr.running = record::watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
+    Some(sr)
 }
 
 /// Reads the calling thread's network namespace into a [`NodeReport`].
@@ -90,6 +87,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         guard: Vec::new(),
         unreadable: false,
         self_repair: read_self_repair(),
+        installation: Some(store.installation()?),
     };
     let node = store.node_counts()?;
     r.guard = Family::ALL

@@ -241,13 +241,13 @@ pub fn corpus() -> Vec<Row> {
         "not valid JSON",
     );
     c.raw(
-        "oversized stdin (2 MiB of spaces)",
-        vec![b' '; 2 << 20],
+        "oversized stdin (17 MiB of spaces)",
+        vec![b' '; natguard::cni::netconf::MAX_STDIN + (1 << 20)],
         6,
         "bytes",
     );
     let mut big = good_conf();
-    big["padding"] = Value::String("x".repeat(1 << 20));
+    big["padding"] = Value::String("x".repeat(natguard::cni::netconf::MAX_STDIN));
     c.conf("oversized but valid JSON object", big, 6, "bytes");
 
     // --- cniVersion ---

@@ -2,13 +2,15 @@
 //!
 //! Parsing is strict and happens before anything on the node is touched: an unknown flag, a
 //! malformed value or a natguard entry the plugin's own config parser rejects is an error here,
-//! and the caller turns every error of this module into exit code 2 (a usage error). natguard's
+//! and the caller turns every error of this module into exit code 2 (a usage error, one line:
+//! see [`crate::tools::cli`]). natguard's
 //! entry is built from `--config` and the flags here too (see `entry`), so the rest of install
 //! only ever sees a validated JSON object.
 
 use super::entry::{build_entry, check_cidr, validate_entry, EntryFlags};
 use super::{DEFAULT_CNI_BIN_DIR, DEFAULT_NETCONF_DIR, DEFAULT_READY_FILE};
-use crate::error::{Error, Result};
+use crate::error::Result;
+use crate::tools::cli::{is_help, no_value, unknown, usage, Args, Parsed};
 use serde_json::Value;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
@@ -40,7 +42,12 @@ usage: natguard install [options]
   --metrics-file PATH          with --watch: keep natguard's counters in PATH (Prometheus text,
                                for node_exporter's textfile collector), rewritten atomically
   --metrics-interval SECONDS   with --metrics-file: how often PATH is rewritten (default 30)
-  --check                      exit 0 iff the binary is installed and the active list has natguard
+  --create-dirs                create the bin dir and the netconf dir when they do not exist
+                               (without it, a directory that does not exist is an error: a
+                               mistyped path would install where no runtime looks)
+  --check                      exit 0 iff the binary is installed and the active list has natguard;
+                               without --cni-bin-dir/--netconf-dir/--conflist it checks the dirs
+                               the running `install --watch` recorded beside the ready file
 Flags override the same fields of --config. With neither, the entry is {\"type\":\"natguard\"}.
 ";
 
@@ -73,6 +80,11 @@ pub(crate) struct InstallOpts {
     pub(crate) repair: bool,
     /// `--watch` keeps natguard's metrics in this file.
     pub(crate) metrics: Option<MetricsFile>,
+    /// `--create-dirs`: a bin dir or netconf dir that does not exist is created, not refused.
+    pub(crate) create_dirs: bool,
+    /// `--cni-bin-dir`, `--netconf-dir` or `--conflist` was given: `--check` uses them instead
+    /// of the watcher's record (see `super::record`).
+    pub(crate) dirs_given: bool,
 }
 
 /// `--metrics-file PATH [--metrics-interval SECONDS]`.
@@ -107,59 +119,6 @@ pub(crate) struct UninstallOpts {
     pub(crate) keep_kernel_state: bool,
 }
 
-/// A parsed command line, or a request for the usage text.
-pub(crate) enum Parsed<T> {
-    Run(T),
-    Help,
-}
-
-/// Pulls `--flag value` / `--flag=value` pairs out of an argument list.
-struct Args<'a> {
-    args: &'a [String],
-    pos: usize,
-}
-
-impl<'a> Args<'a> {
-    fn new(args: &'a [String]) -> Self {
-        Args { args, pos: 0 }
-    }
-
-    /// The next flag and, if written as `--flag=value`, its inline value.
-    fn next_flag(&mut self) -> Option<(String, Option<String>)> {
-        let arg = self.args.get(self.pos)?;
-        self.pos += 1;
-        match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                Some((flag.to_string(), Some(value.to_string())))
-            }
-            _ => Some((arg.clone(), None)),
-        }
-    }
-
-    fn value(&mut self, flag: &str, inline: Option<String>) -> Result<String> {
-        if let Some(v) = inline {
-            return Ok(v);
-        }
-        let v = self
-            .args
-            .get(self.pos)
-            .ok_or_else(|| usage(format!("{flag} needs a value")))?;
-        self.pos += 1;
-        Ok(v.clone())
-    }
-}
-
-fn usage(msg: impl Into<String>) -> Error {
-    Error::Command(msg.into())
-}
-
-fn no_value(flag: &str, inline: &Option<String>) -> Result<()> {
-    match inline {
-        Some(_) => Err(usage(format!("{flag} takes no value"))),
-        None => Ok(()),
-    }
-}
-
 pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>> {
     let mut bin_dir = PathBuf::from(DEFAULT_CNI_BIN_DIR);
     let mut netconf_dir = PathBuf::from(DEFAULT_NETCONF_DIR);
@@ -175,14 +134,29 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut metrics_file: Option<PathBuf> = None;
     let mut metrics_interval: Option<Duration> = None;
     let mut flags = EntryFlags::default();
+    let mut dirs_given = false;
+    let mut create_dirs = false;
 
     let mut it = Args::new(args);
     while let Some((flag, inline)) = it.next_flag() {
         match flag.as_str() {
-            "-h" | "--help" => return Ok(Parsed::Help),
-            "--cni-bin-dir" => bin_dir = it.value(&flag, inline)?.into(),
-            "--netconf-dir" => netconf_dir = it.value(&flag, inline)?.into(),
-            "--conflist" => conflist = Some(PathBuf::from(it.value(&flag, inline)?)),
+            f if is_help(f) => return Ok(Parsed::Help),
+            "--cni-bin-dir" => {
+                bin_dir = it.value(&flag, inline)?.into();
+                dirs_given = true
+            }
+            "--netconf-dir" => {
+                netconf_dir = it.value(&flag, inline)?.into();
+                dirs_given = true
+            }
+            "--conflist" => {
+                conflist = Some(PathBuf::from(it.value(&flag, inline)?));
+                dirs_given = true
+            }
+            "--create-dirs" => {
+                no_value(&flag, &inline)?;
+                create_dirs = true
+            }
             "--config" => config_file = Some(it.value(&flag, inline)?.into()),
             "--cache-dir" => cache_dir = Some(PathBuf::from(it.value(&flag, inline)?)),
             "--ready-file" => ready_file = it.value(&flag, inline)?.into(),
@@ -278,7 +252,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
                 no_value(&flag, &inline)?;
                 flags.no_masquerade = true
             }
-            other => return Err(usage(format!("unknown argument {other:?}"))),
+            other => return Err(unknown(other)),
         }
     }
     let mode = match (watch, check) {
@@ -300,6 +274,11 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     if metrics_file.is_some() && mode != RunMode::Watch {
         return Err(usage(
             "--metrics-file needs --watch: the watcher is what keeps the file up to date",
+        ));
+    }
+    if create_dirs && mode == RunMode::Check {
+        return Err(usage(
+            "--create-dirs and --check exclude each other: a probe creates nothing",
         ));
     }
     if metrics_interval.is_some() && metrics_file.is_none() {
@@ -331,6 +310,8 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         cleanup_on_exit,
         repair,
         metrics,
+        create_dirs,
+        dirs_given,
     }))
 }
 
@@ -344,7 +325,7 @@ pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOp
     let mut it = Args::new(args);
     while let Some((flag, inline)) = it.next_flag() {
         match flag.as_str() {
-            "-h" | "--help" => return Ok(Parsed::Help),
+            f if is_help(f) => return Ok(Parsed::Help),
             "--cni-bin-dir" => opts.bin_dir = it.value(&flag, inline)?.into(),
             "--netconf-dir" => opts.netconf_dir = it.value(&flag, inline)?.into(),
             "--ready-file" => opts.ready_file = it.value(&flag, inline)?.into(),
@@ -352,7 +333,7 @@ pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOp
                 no_value(&flag, &inline)?;
                 opts.keep_kernel_state = true
             }
-            other => return Err(usage(format!("unknown argument {other:?}"))),
+            other => return Err(unknown(other)),
         }
     }
     Ok(Parsed::Run(opts))

@@ -12,7 +12,8 @@
 //! The parts: [`args`] parses the command lines, [`entry`] builds natguard's entry from
 //! `--config` and the flags, [`netconf_dir`] finds and loads the active list, [`splice`] edits
 //! it as text, [`atomic`] writes files, [`flow`] is one install pass, [`watch`] the `--watch`
-//! loop, [`uninstall`] the way back. Exit codes: 0 done, 1 refused or failed (the message says
+//! loop, [`record`] the files a watcher keeps beside the readiness file, [`uninstall`] the way
+//! back. Exit codes: 0 done, 1 refused or failed (the message says
 //! why), 2 a usage error.
 
 mod args;
@@ -20,17 +21,20 @@ pub(crate) mod atomic;
 mod entry;
 mod flow;
 mod netconf_dir;
+pub(crate) mod record;
 pub(crate) mod self_repair;
 mod splice;
 mod uninstall;
 mod watch;
 
 use crate::error::Error;
-use args::{InstallOpts, Parsed, RunMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
+use crate::tools::cli::options_or_exit;
+use args::{InstallOpts, RunMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
 use flow::{install_binary, install_conflist, place_guard, run_adopt, set_ready, Outcome, Write};
 use netconf_dir::entry_present;
 use std::fs;
 use std::os::unix::fs::MetadataExt;
+use std::path::Path;
 
 /// natguard's plugin type, as it appears in a conflist.
 pub(crate) const PLUGIN_TYPE: &str = "natguard";
@@ -43,7 +47,6 @@ pub(crate) const DEFAULT_READY_FILE: &str = "/run/natguard/ready";
 
 const EXIT_OK: i32 = 0;
 const EXIT_FAILED: i32 = 1;
-const EXIT_USAGE: i32 = 2;
 
 /// Log lines of a node tool go to stderr, which is its operator's terminal or its container's
 /// log, prefixed with the subcommand.
@@ -54,23 +57,15 @@ fn start_logging(verb: &str) {
 
 /// `natguard install ARGS...`; returns the exit code.
 pub fn install_cli(args: &[String]) -> i32 {
-    start_logging("install");
-    let opts = match args::parse_install_args(args) {
-        Ok(Parsed::Run(o)) => o,
-        Ok(Parsed::Help) => {
-            print!("{INSTALL_USAGE}");
-            return EXIT_OK;
-        }
-        Err(e) => {
-            crate::warn!("error: {e}");
-            eprint!("{INSTALL_USAGE}");
-            return EXIT_USAGE;
-        }
+    let opts = match options_or_exit("install", INSTALL_USAGE, args::parse_install_args(args)) {
+        Ok(o) => o,
+        Err(code) => return code,
     };
+    start_logging("install");
     let result = match opts.mode {
         RunMode::Check => return check(&opts),
-        RunMode::Once => install_once(&opts),
-        RunMode::Watch => install_binary(&opts.bin_dir).and_then(|_| watch::run(&opts)),
+        RunMode::Once => dirs_exist(&opts).and_then(|_| install_once(&opts)),
+        RunMode::Watch => dirs_exist(&opts).and_then(|_| watch::run(&opts)),
     };
     match result {
         Ok(()) => EXIT_OK,
@@ -78,6 +73,44 @@ pub fn install_cli(args: &[String]) -> i32 {
             crate::warn!("{e}");
             EXIT_FAILED
         }
+    }
+}
+
+/// The bin dir and the dir of the list to edit exist, or are created with `--create-dirs`. A
+/// path that does not exist is more often a typo than a wish: installing there would pass the
+/// readiness probe while every pod fails with "plugin not found".
+fn dirs_exist(opts: &InstallOpts) -> Result<(), Error> {
+    let list_dir = match &opts.conflist {
+        Some(c) => atomic::parent(c).to_path_buf(),
+        None => opts.netconf_dir.clone(),
+    };
+    for (flag, dir) in [
+        ("--cni-bin-dir", opts.bin_dir.as_path()),
+        ("--netconf-dir", list_dir.as_path()),
+    ] {
+        ensure_dir(flag, dir, opts.create_dirs)?;
+    }
+    Ok(())
+}
+
+fn ensure_dir(flag: &str, dir: &Path, create: bool) -> Result<(), Error> {
+    match fs::metadata(dir) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Error::Command(format!(
+            "{flag} {}: not a directory",
+            dir.display()
+        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+            fs::create_dir_all(dir)
+                .map_err(|e| Error::io(format!("{flag} {}: creating it", dir.display()), e))?;
+            crate::info!("created {} (--create-dirs)", dir.display());
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Error::Command(format!(
+            "{flag} {}: no such directory; check the path, or pass --create-dirs to create it",
+            dir.display()
+        ))),
+        Err(e) => Err(Error::io(format!("{flag} {}", dir.display()), e)),
     }
 }
 
@@ -121,15 +154,24 @@ fn install_once(opts: &InstallOpts) -> Result<(), Error> {
     }
 }
 
-/// `--check`: the readiness probe; one line on stdout, exit 0 iff ready.
+/// `--check`: the readiness probe; one line on stdout, exit 0 iff ready. Without directory
+/// flags it checks the directories the watcher recorded (see [`record`]).
 fn check(opts: &InstallOpts) -> i32 {
+    let mut opts = opts.clone();
+    if !opts.dirs_given {
+        if let Some(r) = record::read_options(&opts.ready_file) {
+            opts.bin_dir = r.bin_dir;
+            opts.netconf_dir = r.netconf_dir;
+            opts.conflist = r.conflist;
+        }
+    }
     let bin = opts.bin_dir.join(PLUGIN_TYPE);
     let bin_ok = fs::metadata(&bin).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0);
     if !bin_ok {
         println!("not ready: {} is missing", bin.display());
         return EXIT_FAILED;
     }
-    match entry_present(opts) {
+    match entry_present(&opts) {
         Ok(p) => {
             println!("ready: natguard is in {}", p.display());
             EXIT_OK
@@ -143,19 +185,15 @@ fn check(opts: &InstallOpts) -> i32 {
 
 /// `natguard uninstall ARGS...`; returns the exit code.
 pub fn uninstall_cli(args: &[String]) -> i32 {
-    start_logging("uninstall");
-    let opts: UninstallOpts = match args::parse_uninstall_args(args) {
-        Ok(Parsed::Run(o)) => o,
-        Ok(Parsed::Help) => {
-            print!("{UNINSTALL_USAGE}");
-            return EXIT_OK;
-        }
-        Err(e) => {
-            crate::warn!("error: {e}");
-            eprint!("{UNINSTALL_USAGE}");
-            return EXIT_USAGE;
-        }
+    let opts: UninstallOpts = match options_or_exit(
+        "uninstall",
+        UNINSTALL_USAGE,
+        args::parse_uninstall_args(args),
+    ) {
+        Ok(o) => o,
+        Err(code) => return code,
     };
+    start_logging("uninstall");
     match uninstall::run(&opts) {
         Ok(()) => EXIT_OK,
         Err(e) => {

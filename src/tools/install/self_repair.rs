@@ -22,7 +22,10 @@
 //! What happened is kept in [`STATE_FILE`] (JSON, replaced atomically after every repair or
 //! check): repairs (checks that wrote something), checks, the time and cause of the last repair
 //! and how long it took from the first notification. `natguard status` and `natguard metrics`
-//! read it; without `--watch` there is no such file and they show nothing of it.
+//! read it; without `--watch` there is no such file and they show nothing of it. A watcher
+//! holds the node's watcher lock ([`super::record`]) before it starts here, so the record has
+//! one writer, and a new watcher continues its counts: they never go down. Readers tell a
+//! record whose watcher has exited by that lock; `uninstall` removes the record.
 //!
 //! The thread is not joined: on a signal the watcher's main loop exits the process, and a
 //! repair cut short is a batch the kernel applied whole or not at all.
@@ -65,18 +68,28 @@ pub struct RepairStats {
     pub last_repair_ms: Option<f64>,
     /// Who changed natguard's tables before the last repair.
     pub last_cause: Option<String>,
+    /// Unix time the record was last written, in seconds.
+    pub updated: Option<f64>,
+    /// Whether the watcher that wrote the record still runs: filled in by its readers from the
+    /// watcher's lock (see [`super::record::watcher_running`]), never stored.
+    pub running: Option<bool>,
 }
 
 impl RepairStats {
     pub fn to_json(&self) -> Value {
-        json!({
+        let mut v = json!({
             "pid": self.pid,
             "repairs": self.repairs,
             "checks": self.checks,
             "lastRepair": self.last_repair,
             "lastRepairMs": self.last_repair_ms,
             "lastCause": self.last_cause,
-        })
+            "updated": self.updated,
+        });
+        if let Some(r) = self.running {
+            v["running"] = r.into();
+        }
+        v
     }
 
     pub fn from_json(v: &Value) -> Option<RepairStats> {
@@ -90,6 +103,8 @@ impl RepairStats {
                 .get("lastCause")
                 .and_then(Value::as_str)
                 .map(str::to_string),
+            updated: v.get("updated").and_then(Value::as_f64),
+            running: None,
         })
     }
 }
@@ -175,11 +190,22 @@ pub fn start(opts: adopt::Options, state_file: PathBuf) -> bool {
 }
 
 fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
+    // The watcher lock is held: whoever wrote a record has exited. Its counts go on from there,
+    // so the counters a monitor scrapes never go down across a restart or a rollout.
+    let previous = read_state(state_file);
+    if let Some(p) = &previous {
+        crate::info!(
+            "self-repair: continuing the record of pid {} ({} repair(s) in {} check(s))",
+            p.pid,
+            p.repairs,
+            p.checks
+        );
+    }
     let mut stats = RepairStats {
         pid: std::process::id(),
-        ..RepairStats::default()
+        ..previous.unwrap_or_default()
     };
-    write_state(state_file, &stats);
+    write_state(state_file, &mut stats);
     crate::info!(
         "self-repair: watching nf_tables notifications; a change of natguard's tables by anyone else is repaired within {} ms of the last one (at most {} ms into a burst)",
         QUIET.as_millis(),
@@ -216,7 +242,7 @@ fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
         if repair_once(opts, &cause, since, &mut stats) {
             last_end = Some(Instant::now());
         }
-        write_state(state_file, &stats);
+        write_state(state_file, &mut stats);
     }
 }
 
@@ -285,7 +311,11 @@ fn what_was_checked(r: &adopt::Repair) -> String {
     format!("{shared} and {} cached pod(s)", r.pods)
 }
 
-fn write_state(path: &Path, stats: &RepairStats) {
+fn write_state(path: &Path, stats: &mut RepairStats) {
+    stats.updated = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_secs_f64());
     let text = format!("{}\n", stats.to_json());
     if let Err(e) = write_atomic(path, text.as_bytes(), 0o644, None, &|| true) {
         crate::debug!("self-repair: {}: {e}", path.display());
@@ -349,6 +379,8 @@ mod tests {
             last_repair: Some(1.5e9),
             last_repair_ms: Some(23.5),
             last_cause: Some("nft (pid 9) changed 3 object(s) of natguard's tables".into()),
+            updated: Some(1.6e9),
+            running: None,
         };
         assert_eq!(RepairStats::from_json(&s.to_json()), Some(s));
         let fresh = RepairStats::default();

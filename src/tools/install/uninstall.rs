@@ -2,8 +2,8 @@
 //! `install --watch --cleanup-on-exit`).
 //!
 //! Uninstall undoes install in the order that keeps a node consistent: first natguard's entries
-//! in every list of the netconf dir, so no new pod calls natguard; then the readiness file and
-//! the binary; last natguard's nftables table, once nothing can add to it. Each step goes on
+//! in every list of the netconf dir, so no new pod calls natguard; then the readiness file, the
+//! watcher's record and recorded directories beside it, and the binary; last natguard's nftables table, once nothing can add to it. Each step goes on
 //! when an earlier one failed, and the exit code says whether any did. An entry is cut out of
 //! the list's text with its separator, so a list natguard spliced into is byte for byte what it
 //! was before; files that are not lists, are symlinks or do not parse are left alone, since
@@ -11,6 +11,8 @@
 
 use super::atomic::{same_bytes, sync_dir, write_atomic};
 use super::netconf_dir::{conf_files, is_list_path, is_natguard, load};
+use super::record::options_file_beside;
+use super::self_repair::state_file_beside;
 use super::splice::{checked_text, cut_entry};
 use super::{UninstallOpts, PLUGIN_TYPE};
 use crate::error::{Error, Result};
@@ -41,10 +43,19 @@ pub(crate) fn run(opts: &UninstallOpts) -> Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => fail(Error::io(dir.display().to_string(), e)),
     }
-    match fs::remove_file(&opts.ready_file) {
-        Ok(()) => crate::info!("removed {}", opts.ready_file.display()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => crate::warn!("{}: {e}", opts.ready_file.display()),
+    // The readiness file and what a watcher keeps beside it: its self-repair record (or
+    // `status` would go on reporting a watcher that has exited) and its directories. The
+    // watcher lock stays: removing it under a running watcher would let a second one in.
+    for file in [
+        opts.ready_file.clone(),
+        state_file_beside(&opts.ready_file),
+        options_file_beside(&opts.ready_file),
+    ] {
+        match fs::remove_file(&file) {
+            Ok(()) => crate::info!("removed {}", file.display()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => crate::warn!("{}: {e}", file.display()),
+        }
     }
     let bin = opts.bin_dir.join(PLUGIN_TYPE);
     match fs::remove_file(&bin) {

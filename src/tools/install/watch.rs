@@ -21,6 +21,10 @@
 //! tried again at the next tick; it never stops the watcher. The ticks share the one poll(2)
 //! with the directory events, so a busy directory does not delay them by more than a debounce.
 //!
+//! Only one watcher runs per node: it first takes the lock of [`super::record`] (a second
+//! watcher waits for it, doing nothing else), then copies the binary and records its
+//! directories for the readiness probe.
+//!
 //! On a signal it exits 0. With `--cleanup-on-exit` it first cuts natguard's entry out of the
 //! active list (atomically; the binary and the kernel state stay) and removes the readiness
 //! file, so pods created after the watcher is gone start without natguard: the node fails open.
@@ -32,6 +36,7 @@ use super::flow::{
     Outcome, Write,
 };
 use super::netconf_dir::{active_file, entry_present, is_conf_name};
+use super::record::{lock_file_beside, take_watch_lock, write_options, Waited};
 use super::self_repair;
 use super::uninstall::remove_entries;
 use super::InstallOpts;
@@ -97,8 +102,21 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
         None => opts.netconf_dir.clone(),
     };
     let sig = signal_pipe().map_err(|e| Error::io("installing signal handlers", e))?;
+    // One watcher per node: a second one (a rollout's new pod) waits here for the first to exit.
+    let _lock = match take_watch_lock(&opts.ready_file, &mut |t| poll_in(&[sig], Some(t))[0]) {
+        Ok(Waited::Held(l)) => l,
+        Ok(Waited::Stopped) => {
+            crate::info!("stopping; the other watcher was still running");
+            return Ok(());
+        }
+        Err(e) => {
+            let lock = lock_file_beside(&opts.ready_file);
+            return Err(Error::io(format!("taking {}", lock.display()), e));
+        }
+    };
+    install_binary(&opts.bin_dir)?;
+    write_options(opts);
     let mut ino = Inotify::new().map_err(|e| Error::io("inotify", e))?;
-    let _ = fs::create_dir_all(&dir);
     ino.add(&dir)
         .map_err(|e| Error::io(format!("watching {}", dir.display()), e))?;
     crate::info!("watching {}", dir.display());
@@ -111,11 +129,20 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
     let mut adopt_due = reconcile(opts, Pass::First);
     // Self-repair touches the kernel, as adopt does: `--no-adopt` turns both off.
     if opts.adopt && opts.repair {
+        let given = opts
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| crate::tools::adopt::DEFAULT_CACHE_DIR.into());
+        let cache_dir = crate::tools::adopt::results_dir(&given);
+        if cache_dir != given {
+            crate::info!(
+                "{} is the CNI cache root; self-repair reads its results in {}",
+                given.display(),
+                cache_dir.display()
+            );
+        }
         let adopt_opts = crate::tools::adopt::Options {
-            cache_dir: opts
-                .cache_dir
-                .clone()
-                .unwrap_or_else(|| crate::tools::adopt::DEFAULT_CACHE_DIR.into()),
+            cache_dir,
             netconf_dir: opts.netconf_dir.clone(),
             reconcile: true,
             known: Default::default(),

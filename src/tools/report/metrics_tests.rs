@@ -388,6 +388,7 @@ fn repairs_are_exported_only_where_a_watcher_repairs() {
         last_repair: Some(1_700_000_000.75),
         last_repair_ms: Some(21.5),
         last_cause: Some("nft (pid 9) changed 4 object(s) of natguard's tables".into()),
+        ..RepairStats::default()
     });
     let text = render_prometheus(&r);
     parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));

@@ -22,6 +22,7 @@
 //! and the JSON is escaped by serde.
 
 use crate::plan::{Family, LOG_PREFIX};
+pub(crate) use crate::store::Installation;
 pub(crate) use crate::tools::install::self_repair::RepairStats;
 use serde_json::{json, Value};
 use std::cmp::Reverse;
@@ -51,6 +52,14 @@ pub(crate) struct NodeReport {
     pub unreadable: bool,
     /// What `install --watch` has repaired; `None` without a watcher's record.
     pub self_repair: Option<RepairStats>,
+    /// Whether natguard's table and its node-wide guard are there; `None` when unreadable.
+    /// Kernel APIs that answer (`ready`) say nothing about it.
+    pub installation: Option<Installation>,
+}
+
+/// The node-wide guard is in place.
+fn guarding(r: &NodeReport) -> bool {
+    r.installation == Some(Installation::Guarding)
 }
 
 /// One CNI network with natguard rules.
@@ -329,11 +338,19 @@ fn write_guard(out: &mut String, r: &NodeReport) {
 
 /// The watcher's self-repair, in one line.
 fn write_self_repair(out: &mut String, sr: &RepairStats) {
-    let _ = write!(
-        out,
-        "self-repair (install --watch, pid {}): {} repair(s) in {} check(s)",
-        sr.pid, sr.repairs, sr.checks
-    );
+    if sr.running == Some(false) {
+        let from = sr
+            .updated
+            .map_or_else(|| "an unknown time".to_string(), utc_time);
+        let _ = write!(
+            out,
+            "self-repair: watcher pid {} is not running (record from {from}): ",
+            sr.pid
+        );
+    } else {
+        let _ = write!(out, "self-repair (install --watch, pid {}): ", sr.pid);
+    }
+    let _ = write!(out, "{} repair(s) in {} check(s)", sr.repairs, sr.checks);
     if let (Some(at), Some(ms)) = (sr.last_repair, sr.last_repair_ms) {
         let ago = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -346,6 +363,28 @@ fn write_self_repair(out: &mut String, sr: &RepairStats) {
         );
     }
     let _ = writeln!(out);
+}
+
+/// Unix time `t` as `YYYY-MM-DD HH:MM:SS UTC` (the proleptic Gregorian calendar).
+fn utc_time(t: f64) -> String {
+    let secs = t.max(0.0) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
 }
 
 pub(crate) fn render_text(r: &NodeReport) -> String {
@@ -366,11 +405,31 @@ its rules and counters could not be read"
         );
         return out;
     }
-    let _ = writeln!(
-        out,
-        "natguard: {readiness}, {} network(s)",
-        r.networks.len()
-    );
+    match &r.installation {
+        Some(Installation::NoTable) if r.ready => {
+            let _ = writeln!(
+                out,
+                "natguard: not installed: no natguard table on this node (nf_tables and \
+                 conntrack netlink answer)"
+            );
+        }
+        Some(Installation::Incomplete { missing }) if r.ready => {
+            let _ = writeln!(
+                out,
+                "natguard: NOT GUARDING: table inet natguard lacks the node-wide guard's \
+                 chain(s) {} (nf_tables and conntrack netlink answer), {} network(s)",
+                missing.join(", "),
+                r.networks.len()
+            );
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "natguard: {readiness}, {} network(s)",
+                r.networks.len()
+            );
+        }
+    }
     // Without networks there is nothing the kernel could have counted per pod.
     if !r.per_pod_counters && !r.networks.is_empty() {
         let _ = writeln!(
@@ -549,6 +608,8 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
         "ready": r.ready,
         "notReadyReason": r.not_ready_reason,
         "perPodCounters": r.per_pod_counters,
+        "installed": r.installation.as_ref().map(|i| *i != Installation::NoTable),
+        "guarding": r.installation.as_ref().map(|_| guarding(r)),
         "guard": { "families": guard },
         "networks": networks,
     });
@@ -750,7 +811,17 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         &[],
         "Unix time of install --watch's last repair of natguard's tables.",
     );
+    let mut watcher_running = MetricFamily::new(
+        "natguard_self_repair_running",
+        Gauge,
+        &[],
+        "1 if the install --watch that keeps the self-repair record holds the watcher lock \
+         (it runs), 0 if the record is left from a watcher that exited.",
+    );
     if let Some(sr) = &r.self_repair {
+        if let Some(running) = sr.running {
+            watcher_running.add(vec![], u64::from(running));
+        }
         repairs.add(vec![], sr.repairs);
         checks.add(vec![], sr.checks);
         if let Some(t) = sr.last_repair {
@@ -815,6 +886,9 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     }
     // Only where a watcher repairs: without --watch, nothing of it.
     if r.self_repair.is_some() {
+        if watcher_running.has_samples() {
+            watcher_running.write(&mut out);
+        }
         repairs.write(&mut out);
         checks.write(&mut out);
         if last_repair.has_samples() {

@@ -64,6 +64,7 @@ pub(super) fn node() -> NodeReport {
         unreadable: false,
         guard: vec![(Family::V4, 9, 2), (Family::V6, 1, 0)],
         self_repair: None,
+        installation: Some(Installation::Guarding),
         networks: vec![
             NetworkReport {
                 name: "pods".to_string(),
@@ -363,6 +364,7 @@ fn text_not_ready_and_empty() {
         networks: vec![],
         unreadable: false,
         self_repair: None,
+        installation: None,
     };
     assert_eq!(
         render_text(&r),
@@ -407,6 +409,7 @@ fn json_golden() {
         unreadable: false,
         guard: Vec::new(),
         self_repair: None,
+        installation: Some(Installation::Guarding),
         networks: vec![NetworkReport {
             name: "demo".to_string(),
             mode: "proxy".to_string(),
@@ -447,6 +450,8 @@ fn json_golden() {
   "ready": true,
   "notReadyReason": null,
   "perPodCounters": true,
+  "installed": true,
+  "guarding": true,
   "guard": {
     "families": []
   },
@@ -563,6 +568,8 @@ fn check_shape(doc: &Value) {
             "ready",
             "notReadyReason",
             "perPodCounters",
+            "installed",
+            "guarding",
             "guard",
             "networks",
         ],
@@ -728,5 +735,99 @@ fn each_pod_shows_its_policy_and_where_it_came_from() {
             "\n      metadata policy: deny (the pod's annotation natguard.io/metadata)\n"
         ),
         "{text}"
+    );
+}
+
+#[test]
+fn kernel_apis_that_answer_are_not_an_installation() {
+    let r = NodeReport {
+        ready: true,
+        per_pod_counters: true,
+        installation: Some(Installation::NoTable),
+        ..NodeReport::default()
+    };
+    let text = render_text(&r);
+    assert!(
+        text.starts_with(
+            "natguard: not installed: no natguard table on this node (nf_tables and conntrack \
+             netlink answer)\n"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("ready"), "{text}");
+    let j = render_json(&r);
+    assert_eq!(
+        (&j["installed"], &j["guarding"]),
+        (&json!(false), &json!(false))
+    );
+    let r = NodeReport {
+        installation: Some(Installation::Incomplete {
+            missing: vec!["guard_fwd".into(), "judge6".into()],
+        }),
+        ..r
+    };
+    assert!(render_text(&r).starts_with(
+        "natguard: NOT GUARDING: table inet natguard lacks the node-wide guard's chain(s) \
+         guard_fwd, judge6"
+    ));
+    assert_eq!(
+        (&render_json(&r)["installed"], &render_json(&r)["guarding"]),
+        (&json!(true), &json!(false))
+    );
+    let r = NodeReport {
+        installation: Some(Installation::Guarding),
+        ..r
+    };
+    assert!(render_text(&r)
+        .starts_with("natguard: ready (nf_tables and conntrack netlink answer), 0 network(s)"));
+    assert_eq!(render_json(&r)["guarding"], json!(true));
+}
+
+#[test]
+fn a_record_of_an_exited_watcher_is_shown_as_gone() {
+    let sr = RepairStats {
+        pid: 41,
+        repairs: 3,
+        checks: 9,
+        updated: Some(1_796_420_866.0),
+        running: Some(false),
+        ..RepairStats::default()
+    };
+    let r = NodeReport {
+        ready: true,
+        installation: Some(Installation::Guarding),
+        self_repair: Some(sr.clone()),
+        ..NodeReport::default()
+    };
+    let text = render_text(&r);
+    assert!(
+        text.contains(
+            "self-repair: watcher pid 41 is not running (record from 2026-12-04 21:47:46 UTC): \
+             3 repair(s) in 9 check(s)"
+        ),
+        "{text}"
+    );
+    assert_eq!(render_json(&r)["selfRepair"]["running"], json!(false));
+    let metrics = parse_exposition(&render_prometheus(&r)).unwrap();
+    assert_eq!(
+        value_of(family(&metrics, "natguard_self_repair_running"), &[]),
+        0.0
+    );
+    assert_eq!(
+        value_of(family(&metrics, "natguard_repairs_total"), &[]),
+        3.0
+    );
+    let live = NodeReport {
+        self_repair: Some(RepairStats {
+            running: Some(true),
+            ..sr
+        }),
+        ..r
+    };
+    assert!(render_text(&live).contains("self-repair (install --watch, pid 41): 3 repair(s)"));
+    let metrics = parse_exposition(&render_prometheus(&live)).unwrap();
+    assert_eq!(
+        value_of(family(&metrics, "natguard_self_repair_running"), &[]),
+        1.0
     );
 }
