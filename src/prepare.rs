@@ -32,6 +32,8 @@ pub(crate) struct Identity<'a> {
     pub ifname: &'a str,
     /// `CNI_NETNS` (or the cached result's sandbox); empty when unknown.
     pub netns: &'a str,
+    /// Where `netns` came from, for error messages (`CNI_NETNS`).
+    pub netns_from: &'static str,
     pub args: &'a cni::CniArgs,
     /// natguard's pod annotations (runtimeConfig, or the cache's capabilityArgs).
     pub annotations: crate::policy::Annotations,
@@ -59,7 +61,15 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
     let mut host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
-    if let Some(link) = kernel::podside::inspect(who.netns, who.ifname) {
+    let pod_link = kernel::podside::inspect(who.netns, who.ifname).map_err(|e| {
+        Error::InvalidEnv(format!(
+            "{}: {:?} {}",
+            who.netns_from,
+            crate::error::truncate(who.netns, 200),
+            e.0
+        ))
+    })?;
+    if let Some(link) = pod_link {
         if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
             return Err(Error::InvalidConfig(format!(
                 "{}: the pod's interface {} in {} is {}, not a veth: its traffic never crosses this node's netfilter, so natguard cannot enforce the metadata policy for it (set metadata.acceptUnenforced to true to accept the pod unguarded)",

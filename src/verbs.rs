@@ -110,6 +110,7 @@ fn identity<'a>(env: &'a Env, conf: &'a NetConf) -> Identity<'a> {
         container_id: &env.container_id,
         ifname: &env.ifname,
         netns: &env.netns,
+        netns_from: "CNI_NETNS",
         args: &env.args,
         annotations: conf.annotations,
     }
