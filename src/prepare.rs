@@ -60,7 +60,6 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let mut host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
     let pod_link = kernel::podside::inspect(who.netns, who.ifname).map_err(|e| {
         Error::InvalidEnv(format!(
             "{}: {:?} {}",
@@ -69,7 +68,7 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
             e.0
         ))
     })?;
-    if let Some(link) = pod_link {
+    if let Some(link) = &pod_link {
         if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
             return Err(Error::InvalidConfig(format!(
                 "{}: the pod's interface {} in {} is {}, not a veth: its traffic never crosses this node's netfilter, so natguard cannot enforce the metadata policy for it (set metadata.acceptUnenforced to true to accept the pod unguarded)",
@@ -82,10 +81,8 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
                     .unwrap_or_else(|| "a device of its own (a NIC or a VF)".into())
             )));
         }
-        if let Some(h) = host.as_mut() {
-            h.mac = link.mac;
-        }
     }
+    let host = host_side_of(cfg, who, prev, &addrs, pod_link.as_ref())?;
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,
@@ -99,6 +96,48 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     };
     let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
     Ok(Prepared { shared, pod, addrs })
+}
+
+/// The pod's host side as the kernel tells it ([`crate::node::host_side`]). A host-side
+/// interface prevResult names that is neither the pod's veth nor its bridge (`lo`, an uplink,
+/// another device) is refused with code 7 unless the operator accepts unenforced networks;
+/// where the pod's veth cannot be found, the pod is exempt nowhere (it fails closed) and the
+/// log says why.
+fn host_side_of(
+    cfg: &Config,
+    who: &Identity<'_>,
+    prev: &Value,
+    addrs: &[IpAddr],
+    pod: Option<&kernel::podside::PodLink>,
+) -> Result<Option<plan::HostSide>> {
+    let found = crate::node::host_side(&cni::prev_result::host_interfaces(prev), addrs, pod);
+    if let Some(name) = found.foreign.first() {
+        let msg = format!(
+            "prevResult.interfaces: {:?} is not the host side of {}'s interface {} (not a veth whose peer is the pod's interface, nor that veth's bridge)",
+            crate::error::truncate(name, 40),
+            who.network,
+            who.ifname
+        );
+        if !cfg.metadata.accept_unenforced {
+            return Err(Error::InvalidConfig(format!(
+                "{msg}; natguard never keys a pod by such a device (set metadata.acceptUnenforced to true to accept the network regardless)"
+            )));
+        }
+        warn!("{msg}; it is ignored (metadata.acceptUnenforced)");
+    }
+    match found.side {
+        Ok(mut h) => {
+            h.mac = pod.and_then(|p| p.mac);
+            Ok(Some(h))
+        }
+        Err(why) => {
+            warn!(
+                "{}: the host side of {} cannot be established ({why}); the pod is exempt on no interface",
+                who.network, who.ifname
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// Why `ip` cannot be a pod's address on this node, if it cannot: the one rule by which ADD

@@ -2092,3 +2092,118 @@ fn a_bridge_no_network_manages_is_reset_until_allowed_explicitly() {
     let got = http_get(&pod.ns, meta4);
     assert_eq!(got, body("proxy"), "the pods are still judged as before");
 }
+
+/// A prevResult whose host-side interface is not the pod's: `lo`, the node's uplink, another
+/// pod's veth. The host side is established from the kernel (the veth whose peer is the pod's
+/// interface, and its bridge), so each such ADD of an exempt pod is refused with code 7 naming
+/// the interface, nothing of it enters `exempt4`/`exempt6`, and the pod's metadata SYNs never
+/// reach the real server. With `acceptUnenforced` the claim is ignored: the pod is exempt on
+/// its own port only. The control: the pod's true prevResult makes it exempt, and REAL answers.
+#[test]
+fn a_host_side_that_is_not_the_pods_veth_is_never_used() {
+    let w = real_world("sec-hostside");
+    let plain = w.chain(w.list("hostside", "1.1.0", 0, None));
+    let ng = exempt_cfg(&w, json!({}));
+    let guarded = w.chain(w.list("hostside", "1.1.0", 0, Some(ng.clone())));
+    // A pod of the network that natguard saw, so the node's guard is in place.
+    let other = w.add_pod(&guarded, "other", "default");
+    let other_veth = other.result["interfaces"]
+        .as_array()
+        .and_then(|l| {
+            l.iter()
+                .filter(|i| i["sandbox"].is_null())
+                .find_map(|i| i["name"].as_str().filter(|n| n.starts_with("veth")))
+        })
+        .unwrap_or_else(|| panic!("no host veth in {}", other.result))
+        .to_string();
+    // The exempt pod's interface and addresses come from the bridge plugin alone.
+    let sys = w.add_pod(&plain, "sys", EXEMPT_NS);
+    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "syn4",
+                format!("ip saddr {} ip daddr {META4} {SYN}", sys.v4),
+            ),
+            (
+                "syn6",
+                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", sys.v6),
+            ),
+        ],
+    );
+    let claimed = |host: &str| {
+        let mut prev = sys.result.clone();
+        prev["interfaces"] = json!([
+            { "name": host },
+            { "name": "eth0", "sandbox": sys.ns.path() }
+        ]);
+        for ip in prev["ips"].as_array_mut().expect("ips") {
+            ip["interface"] = json!(1);
+        }
+        prev
+    };
+    let exempt_sets = || {
+        ["exempt4", "exempt6"]
+            .iter()
+            .map(|s| {
+                w.node
+                    .try_run(&["nft", "list", "set", "inet", "natguard", s])
+                    .unwrap_or_default()
+            })
+            .collect::<String>()
+    };
+    let mut f = Findings::new();
+    for host in ["lo", "to-rout", other_veth.as_str()] {
+        let conf = natguard_conf(&ng, "hostside", "1.1.0", Some(&claimed(host)));
+        match natguard_verb(&guarded, "ADD", &conf, &sys.att) {
+            Ok(r) => f.check(false, || {
+                format!("ADD of an exempt pod whose prevResult names {host} as its host side was accepted: {r:?}")
+            }),
+            Err(e) => f.check(
+                e.code == Some(7) && error_text(&e).contains(&format!("\"{host}\"")),
+                || format!("ADD naming {host} as the host side: expected code 7 naming it: {e}"),
+            ),
+        }
+        let sets = exempt_sets();
+        f.check(!sets.contains(&format!("\"{host}\" .")), || {
+            format!("{host} entered an exempt set:\n{sets}")
+        });
+        for t in metas() {
+            f.not_real(
+                &http_get(&sys.ns, t),
+                &format!("the exempt pod claimed on {host} -> http://{t}/"),
+            );
+        }
+    }
+    // Accepted regardless: the claim is ignored, the pod is keyed by its own port.
+    let mut lax = ng.clone();
+    merge(
+        &mut lax,
+        &json!({ "metadata": { "acceptUnenforced": true } }),
+    );
+    let conf = natguard_conf(&lax, "hostside", "1.1.0", Some(&claimed("lo")));
+    if let Err(e) = natguard_verb(&guarded, "ADD", &conf, &sys.att) {
+        f.check(false, || {
+            format!("with acceptUnenforced, ADD naming lo must be accepted: {e}")
+        });
+    }
+    let sets = exempt_sets();
+    f.check(!sets.contains("\"lo\" ."), || {
+        format!("with acceptUnenforced, lo entered an exempt set:\n{sets}")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    for name in ["syn4", "syn6"] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!("the real metadata server saw {n} SYN(s) ({name}) from the pod while its host side was claimed")
+        });
+    }
+    f.finish("host side claimed by prevResult");
+    // The control: the same pod with its true prevResult is exempt.
+    let conf = natguard_conf(&ng, "hostside", "1.1.0", Some(&sys.result));
+    natguard_verb(&guarded, "ADD", &conf, &sys.att)
+        .unwrap_or_else(|e| panic!("ADD with the pod's own prevResult: {e}"));
+    control_metadata(&sys, REAL, "the exempt pod with its own host side");
+}

@@ -68,6 +68,15 @@ fn getlink_request(b: &mut MsgBuf, name: &str) {
     b.end();
 }
 
+/// An `RTM_GETLINK` request for the interface with index `index`.
+fn getlink_by_index_request(b: &mut MsgBuf, index: u32) {
+    b.begin_header(RTM_GETLINK, 0);
+    let mut ifi = [0u8; IFINFOMSG_LEN];
+    ifi[IFI_INDEX_OFFSET..IFI_INDEX_OFFSET + 4].copy_from_slice(&index.to_ne_bytes());
+    b.bytes(&ifi); // AF_UNSPEC, this index
+    b.end();
+}
+
 /// An `RTM_GETROUTE` request for the route to `addr`.
 fn getroute_request(b: &mut MsgBuf, addr: std::net::IpAddr) {
     let (family, bytes, bits) = match addr {
@@ -177,6 +186,26 @@ impl Links {
         getlink_request(&mut b, name);
         match self.sock.request(&b, &format!("look up interface {name}")) {
             Ok(msgs) => Ok(link_reply(&msgs)),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Looks the interface with index `index` up: its name and its facts; `None` when there is
+    /// no such interface.
+    pub fn link_by_index(&mut self, index: u32) -> Result<Option<(String, Link)>> {
+        let mut b = self.sock.msgbuf();
+        getlink_by_index_request(&mut b, index);
+        match self
+            .sock
+            .request(&b, &format!("look up interface index {index}"))
+        {
+            Ok(msgs) => Ok(link_reply(&msgs).and_then(|l| {
+                let m = msgs.iter().find(|m| m.msg_type == RTM_NEWLINK)?;
+                let attrs = Attrs::new(m.body.get(IFINFOMSG_LEN..).unwrap_or(&[]));
+                let name = attrs.get(IFLA_IFNAME)?.str().to_string();
+                Some((name, l))
+            })),
             Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(e),
         }
