@@ -157,7 +157,8 @@ pub(crate) fn not_a_pod_address_here(cfg: &Config, own: &[IpAddr], ip: &PodIp) -
     }
 }
 
-/// A proxy inside the pod's own network would put the interception's target among the pods.
+/// A proxy inside the pod's own network would put the interception's target among the pods;
+/// an `auto` proxy that resolves to a metadata endpoint would be the real API.
 fn check_proxy_outside_pods(cfg: &Config, node: &NodeFacts, ips: &[PodIp]) -> Result<()> {
     if cfg.metadata.mode != MetadataMode::Proxy {
         return Ok(());
@@ -176,6 +177,12 @@ fn check_proxy_outside_pods(cfg: &Config, node: &NodeFacts, ips: &[PodIp]) -> Re
     ];
     for (field, proxy, fixed) in proxies {
         let Some(p) = proxy else { continue };
+        // A fixed one was refused when the config was parsed.
+        if let Some(why) = crate::config::not_a_proxy(p, &cfg.metadata.addresses) {
+            return Err(Error::InvalidConfig(format!(
+                "{field}: \"auto\" resolves to \"{p}\", which {why}: the proxy must be another address (set {field} to the proxy's address)"
+            )));
+        }
         for ip in ips {
             if crate::addr::contains(ip.addr, ip.prefix, p) {
                 let msg = format!(
@@ -205,4 +212,42 @@ fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
         if addrs.len() > 4 { ", ..." } else { "" },
         plan::MAX_POD_ADDRS
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_auto_proxy_that_resolves_to_a_metadata_endpoint_is_refused() {
+        let cfg = Config::default();
+        for (v4, v6, field, value) in [
+            (
+                Some("169.254.170.2"),
+                None,
+                "metadata.proxyIPv4",
+                "169.254.170.2",
+            ),
+            (
+                None,
+                Some("fd00:ec2::254"),
+                "metadata.proxyIPv6",
+                "fd00:ec2::254",
+            ),
+        ] {
+            let node = NodeFacts {
+                proxy_v4: v4.map(|a| a.parse().unwrap()),
+                proxy_v6: v6.map(|a| a.parse().unwrap()),
+            };
+            let e = check_proxy_outside_pods(&cfg, &node, &[]).unwrap_err();
+            assert_eq!(e.code(), 7, "{e}");
+            let m = e.to_string();
+            assert!(m.contains(field) && m.contains(value), "{m}");
+        }
+        let node = NodeFacts {
+            proxy_v4: Some("10.0.0.1".parse().unwrap()),
+            proxy_v6: None,
+        };
+        assert!(check_proxy_outside_pods(&cfg, &node, &[]).is_ok());
+    }
 }
