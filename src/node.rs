@@ -126,7 +126,8 @@ pub struct HostFinding {
     /// The pod's host side, or why it cannot be told (then the pod is exempt nowhere).
     pub side: Result<HostSide, String>,
     /// Host-side interfaces prevResult names that exist on the node and are neither the pod's
-    /// veth nor its bridge (`lo`, an uplink, another pod's veth): never used.
+    /// veth nor its bridge (`lo`, an uplink, another pod's veth): never used. Told only when
+    /// the pod's veth was found.
     pub foreign: Vec<String>,
 }
 
@@ -152,7 +153,8 @@ pub fn host_side(names: &[String], addrs: &[IpAddr], pod: Option<&PodLink>) -> H
             IfName::new(n) == Some(*veth) || bridge.is_some_and(|b| IfName::new(n) == Some(b))
         })
     };
-    for name in names {
+    // Without the pod's veth nothing is used, and a claim cannot be told from the truth.
+    for name in names.iter().filter(|_| side.is_ok()) {
         // A name the kernel does not know names nothing natguard could use.
         if !ours(name) && matches!(links.link(name), Ok(Some(_))) {
             foreign.push(name.clone());
