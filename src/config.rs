@@ -28,6 +28,64 @@ pub const MAX_EXEMPT_NAMESPACES: usize = 1024;
 /// At most this many `metadata.allowInterfaces`.
 pub const MAX_ALLOW_INTERFACES: usize = 64;
 
+/// Cloud metadata and credential endpoints that are never a proxy, whatever a network's own
+/// `metadata.addresses` say: a proxy there would let the guard's proxy allowance open the real
+/// API (`metadata.proxyIPv4`/`proxyIPv6` fixed to one of them is refused at parse time, an
+/// `auto` one that resolves to one at ADD).
+pub const WELL_KNOWN_METADATA: &[(IpAddr, &str)] = &[
+    // AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle ...: the instance metadata service.
+    (
+        IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+        "instance metadata",
+    ),
+    // AWS: the IMDS on IPv6 (Nitro).
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+        "AWS instance metadata (IPv6)",
+    ),
+    // AWS: ECS task metadata and credentials.
+    (
+        IpAddr::V4(Ipv4Addr::new(169, 254, 170, 2)),
+        "AWS ECS task credentials",
+    ),
+    // AWS: EKS Pod Identity agent.
+    (
+        IpAddr::V4(Ipv4Addr::new(169, 254, 170, 23)),
+        "AWS EKS Pod Identity",
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23)),
+        "AWS EKS Pod Identity (IPv6)",
+    ),
+    // GCP: the GKE metadata server (workload identity).
+    (
+        IpAddr::V4(Ipv4Addr::new(169, 254, 169, 252)),
+        "GKE metadata server",
+    ),
+    // Azure: the WireServer.
+    (
+        IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
+        "Azure WireServer",
+    ),
+    // Alibaba Cloud: the instance metadata service.
+    (
+        IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+        "Alibaba Cloud instance metadata",
+    ),
+];
+
+/// Why `proxy` can never be a network's proxy, if it cannot: one of the network's own
+/// `metadata.addresses`, or a well-known metadata endpoint ([`WELL_KNOWN_METADATA`]).
+pub fn not_a_proxy(proxy: IpAddr, addresses: &[IpAddr]) -> Option<String> {
+    if addresses.contains(&proxy) {
+        return Some("is one of metadata.addresses".into());
+    }
+    WELL_KNOWN_METADATA
+        .iter()
+        .find(|(a, _)| *a == proxy)
+        .map(|(_, what)| format!("is a metadata endpoint ({what})"))
+}
+
 /// Refuses a list longer than `max`, before its entries are parsed.
 fn check_len(path: &str, arr: &[Value], max: usize) -> Result<()> {
     if arr.len() > max {
@@ -525,9 +583,9 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
         ("metadata.proxyIPv4", fixed(m.proxy_ipv4.map(IpAddr::V4))),
         ("metadata.proxyIPv6", fixed(m.proxy_ipv6.map(IpAddr::V6))),
     ] {
-        if let Some(p) = proxy.filter(|p| m.addresses.contains(p)) {
+        if let Some((p, why)) = proxy.and_then(|p| not_a_proxy(p, &m.addresses).map(|w| (p, w))) {
             return Err(cfg_err(format!(
-                "{field}: \"{p}\" is one of metadata.addresses: the proxy must be another address, or intercepted traffic would go to the real metadata API"
+                "{field}: \"{p}\" {why}: the proxy must be another address, or intercepted traffic would go to the real metadata API and the guard would let it through"
             )));
         }
     }
@@ -695,6 +753,26 @@ mod tests {
                 json!({"metadata":{"proxyPort":0}}),
                 "metadata.proxyPort",
                 "0",
+            ),
+            (
+                json!({"metadata":{"addresses":["169.254.170.2"],"proxyIPv4":"169.254.169.254","proxyPort":80}}),
+                "metadata.proxyIPv4: \"169.254.169.254\" is a metadata endpoint",
+                "169.254.169.254",
+            ),
+            (
+                json!({"metadata":{"proxyIPv4":"169.254.169.254"}}),
+                "metadata.proxyIPv4: \"169.254.169.254\" is one of metadata.addresses",
+                "169.254.169.254",
+            ),
+            (
+                json!({"metadata":{"addresses":["169.254.169.254"],"proxyIPv6":"fd00:ec2::23"}}),
+                "metadata.proxyIPv6",
+                "fd00:ec2::23",
+            ),
+            (
+                json!({"metadata":{"proxyIPv4":"168.63.129.16"}}),
+                "metadata.proxyIPv4",
+                "Azure WireServer",
             ),
         ];
         for (extra, field, value) in cases {

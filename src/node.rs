@@ -7,9 +7,10 @@
 //!   deliver locally (on an interface that is down, or still tentative in IPv6's duplicate
 //!   address detection) is not the node's yet. Without an rtnetlink socket, every interface's
 //!   addresses are listed instead (`getifaddrs`).
-//! - Where a pod's packets enter the node: the host-side interfaces the primary plugin reports
-//!   in prevResult, resolved with rtnetlink into the interface the IP layer sees (the routed
-//!   veth, or the bridge) and, on a bridge, the pod's port.
+//! - Where a pod's packets enter the node: the node-side peer of the pod's veth, told by the
+//!   kernel (interface indexes over rtnetlink), and the bridge that veth is a port of. The
+//!   host-side interfaces the primary plugin reports in prevResult are only checked against
+//!   it: a claim is never used as the host side.
 //!
 //! `auto` proxy addresses are the node's primary address of each family: the source address the
 //! kernel picks for a route to a documentation address (192.0.2.1, 2001:db8::1). Connecting a UDP
@@ -18,6 +19,7 @@
 
 use crate::config::{Config, ProxyAddr};
 use crate::kernel::link;
+use crate::kernel::podside::PodLink;
 use crate::plan::{HostSide, IfName, NodeFacts};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 
@@ -114,37 +116,96 @@ fn own_addresses() -> Vec<IpAddr> {
     out
 }
 
-/// Where a pod's packets enter the node, from the host-side interface names of its
-/// prevResult: a port of a bridge gives (bridge, port); an interface that is not a port is the
-/// routed veth itself. An interface the kernel does not know is taken as routed, as reported.
-/// A primary plugin that reports no host-side interface gets the interface the node's route to
-/// the pod's first address leaves by. On a bridge whose IP layer sits on another device of the
-/// same bridge (the bridge plugin's `vlan`: the gateway is on `BRIDGE.VLAN`, a veth whose peer
-/// is a port of the bridge; or a VLAN device on the bridge), that device is where the pod's
-/// packets enter the IP layer, so it is the one the guard keys the pod by; the port stays the
-/// bridge port. A route that leaves by anything else (an uplink) changes nothing.
-pub fn host_side(names: &[String], addrs: &[IpAddr]) -> Option<HostSide> {
-    // One socket for every lookup; without one, every interface is taken as reported.
-    let mut links = link::Links::open().ok();
-    let route_oif = |links: &mut link::Links| {
-        addrs
-            .iter()
-            .find_map(|a| links.route_oif(*a).ok().flatten())
+/// Where a pod's packets enter the node, established from the kernel, not from the primary
+/// plugin's word: the node-side peer of the pod's veth (the pod's interface has `IFLA_LINK` =
+/// its index, it is a veth, and its own `IFLA_LINK` is the pod's interface's index), and, when
+/// that veth is a port of a bridge, the bridge. A port gives (bridge, port); a veth that is
+/// no port is the routed veth itself.
+#[derive(Debug)]
+pub struct HostFinding {
+    /// The pod's host side, or why it cannot be told (then the pod is exempt nowhere).
+    pub side: Result<HostSide, String>,
+    /// Host-side interfaces prevResult names that exist on the node and are neither the pod's
+    /// veth nor its bridge (`lo`, an uplink, another pod's veth): never used. Told only when
+    /// the pod's veth was found.
+    pub foreign: Vec<String>,
+}
+
+/// [`HostFinding`] for the pod interface `pod` (as [`crate::kernel::podside::inspect`] saw
+/// it), checking the host-side interface names of its prevResult (`names`) against it. On a
+/// bridge whose IP layer sits on another device of the same bridge (the bridge plugin's
+/// `vlan`: the gateway is on `BRIDGE.VLAN`, a veth whose peer is a port of the bridge; or a
+/// VLAN device on the bridge), that device is where the pod's packets enter the IP layer, so
+/// it is the one the guard keys the pod by (found by the node's route to the pod's first
+/// address); the port stays the bridge port. A route that leaves by anything else (an uplink)
+/// changes nothing.
+pub fn host_side(names: &[String], addrs: &[IpAddr], pod: Option<&PodLink>) -> HostFinding {
+    let Ok(mut links) = link::Links::open() else {
+        return HostFinding {
+            side: Err("no rtnetlink socket to look the host side up with".into()),
+            foreign: Vec::new(),
+        };
     };
-    if names.is_empty() {
-        let links = links.as_mut()?;
-        let oif = route_oif(links)?;
-        return classify(Some(links), &[oif]);
-    }
-    let mut host = classify(links.as_mut(), names)?;
-    if let (Some(port), Some(l)) = (host.port, links.as_mut()) {
-        if let Some(oif) = route_oif(l) {
-            if let Some(dev) = bridge_ip_device(l, &oif, host.iface, port) {
-                host.iface = dev;
-            }
+    let side = pod_peer(&mut links, pod);
+    let mut foreign = Vec::new();
+    let ours = |n: &str| {
+        side.as_ref().is_ok_and(|(veth, bridge)| {
+            IfName::new(n) == Some(*veth) || bridge.is_some_and(|b| IfName::new(n) == Some(b))
+        })
+    };
+    // Without the pod's veth nothing is used, and a claim cannot be told from the truth.
+    for name in names.iter().filter(|_| side.is_ok()) {
+        // A name the kernel does not know names nothing natguard could use.
+        if !ours(name) && matches!(links.link(name), Ok(Some(_))) {
+            foreign.push(name.clone());
         }
     }
-    Some(host)
+    let side = side.map(|(veth, bridge)| match bridge {
+        Some(bridge) => {
+            let iface = addrs
+                .iter()
+                .find_map(|a| links.route_oif(*a).ok().flatten())
+                .and_then(|oif| bridge_ip_device(&mut links, &oif, bridge, veth))
+                .unwrap_or(bridge);
+            HostSide {
+                iface,
+                port: Some(veth),
+                mac: None,
+            }
+        }
+        None => HostSide {
+            iface: veth,
+            port: None,
+            mac: None,
+        },
+    });
+    HostFinding { side, foreign }
+}
+
+/// The node-side peer of the pod's veth and the bridge it is a port of, or why there is none.
+fn pod_peer(
+    links: &mut link::Links,
+    pod: Option<&PodLink>,
+) -> Result<(IfName, Option<IfName>), String> {
+    let pod = pod.ok_or("the pod's interface could not be looked up in its network namespace")?;
+    let peer = pod
+        .peer
+        .ok_or("the pod's interface has no peer in another namespace (not a veth)")?;
+    let (name, l) = links
+        .link_by_index(peer)
+        .map_err(|e| format!("looking up its peer (index {peer}): {e}"))?
+        .ok_or_else(|| format!("the node has no interface with its peer's index {peer}"))?;
+    if l.kind.as_deref() != Some("veth") || l.peer != Some(pod.index) {
+        return Err(format!(
+            "the node's interface {name:?} (index {peer}) is not the pod's veth peer"
+        ));
+    }
+    let veth = IfName::new(&name).ok_or_else(|| format!("{name:?} is no interface name"))?;
+    let bridge = match l.master {
+        Some(m) if matches!(links.link(&m), Ok(Some(ml)) if ml.is_bridge) => IfName::new(&m),
+        _ => None,
+    };
+    Ok((veth, bridge))
 }
 
 /// `oif` when it is another IP device of `bridge`: a VLAN device on it, or a veth whose peer is
@@ -173,46 +234,6 @@ fn bridge_ip_device(
             .and_then(|m| IfName::new(&m))
             == Some(bridge);
     on_bridge.then_some(dev)
-}
-
-/// [`host_side`] for named interfaces.
-fn classify(mut links: Option<&mut link::Links>, names: &[String]) -> Option<HostSide> {
-    let (mut port, mut routed, mut bridge, mut unknown) = (None, None, None, None);
-    for name in names {
-        let Some(n) = IfName::new(name) else { continue };
-        let found = match links.as_deref_mut() {
-            Some(l) => l.link(name),
-            None => Ok(None),
-        };
-        match found {
-            Ok(Some(l)) if l.is_bridge => {
-                bridge.get_or_insert(n);
-            }
-            Ok(Some(l)) => match l.master.as_deref().and_then(IfName::new) {
-                Some(m) => {
-                    port.get_or_insert((m, n));
-                }
-                None => {
-                    routed.get_or_insert(n);
-                }
-            },
-            Ok(None) | Err(_) => {
-                unknown.get_or_insert(n);
-            }
-        }
-    }
-    if let Some((iface, p)) = port {
-        return Some(HostSide {
-            iface,
-            port: Some(p),
-            mac: None,
-        });
-    }
-    routed.or(bridge).or(unknown).map(|iface| HostSide {
-        iface,
-        port: None,
-        mac: None,
-    })
 }
 
 /// The calling thread's network namespace as (device, inode) of `/proc/thread-self/ns/net`:

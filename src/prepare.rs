@@ -32,6 +32,8 @@ pub(crate) struct Identity<'a> {
     pub ifname: &'a str,
     /// `CNI_NETNS` (or the cached result's sandbox); empty when unknown.
     pub netns: &'a str,
+    /// Where `netns` came from, for error messages (`CNI_NETNS`).
+    pub netns_from: &'static str,
     pub args: &'a cni::CniArgs,
     /// natguard's pod annotations (runtimeConfig, or the cache's capabilityArgs).
     pub annotations: crate::policy::Annotations,
@@ -58,8 +60,15 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let mut host = crate::node::host_side(&cni::prev_result::host_interfaces(prev), &addrs);
-    if let Some(link) = kernel::podside::inspect(who.netns, who.ifname) {
+    let pod_link = kernel::podside::inspect(who.netns, who.ifname).map_err(|e| {
+        Error::InvalidEnv(format!(
+            "{}: {:?} {}",
+            who.netns_from,
+            crate::error::truncate(who.netns, 200),
+            e.0
+        ))
+    })?;
+    if let Some(link) = &pod_link {
         if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
             return Err(Error::InvalidConfig(format!(
                 "{}: the pod's interface {} in {} is {}, not a veth: its traffic never crosses this node's netfilter, so natguard cannot enforce the metadata policy for it (set metadata.acceptUnenforced to true to accept the pod unguarded)",
@@ -72,10 +81,8 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
                     .unwrap_or_else(|| "a device of its own (a NIC or a VF)".into())
             )));
         }
-        if let Some(h) = host.as_mut() {
-            h.mac = link.mac;
-        }
     }
+    let host = host_side_of(cfg, who, prev, &addrs, pod_link.as_ref())?;
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,
@@ -89,6 +96,48 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     };
     let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
     Ok(Prepared { shared, pod, addrs })
+}
+
+/// The pod's host side as the kernel tells it ([`crate::node::host_side`]). A host-side
+/// interface prevResult names that is neither the pod's veth nor its bridge (`lo`, an uplink,
+/// another device) is refused with code 7 unless the operator accepts unenforced networks;
+/// where the pod's veth cannot be found, the pod is exempt nowhere (it fails closed) and the
+/// log says why.
+fn host_side_of(
+    cfg: &Config,
+    who: &Identity<'_>,
+    prev: &Value,
+    addrs: &[IpAddr],
+    pod: Option<&kernel::podside::PodLink>,
+) -> Result<Option<plan::HostSide>> {
+    let found = crate::node::host_side(&cni::prev_result::host_interfaces(prev), addrs, pod);
+    if let Some(name) = found.foreign.first() {
+        let msg = format!(
+            "prevResult.interfaces: {:?} is not the host side of {}'s interface {} (not a veth whose peer is the pod's interface, nor that veth's bridge)",
+            crate::error::truncate(name, 40),
+            who.network,
+            who.ifname
+        );
+        if !cfg.metadata.accept_unenforced {
+            return Err(Error::InvalidConfig(format!(
+                "{msg}; natguard never keys a pod by such a device (set metadata.acceptUnenforced to true to accept the network regardless)"
+            )));
+        }
+        warn!("{msg}; it is ignored (metadata.acceptUnenforced)");
+    }
+    match found.side {
+        Ok(mut h) => {
+            h.mac = pod.and_then(|p| p.mac);
+            Ok(Some(h))
+        }
+        Err(why) => {
+            warn!(
+                "{}: the host side of {} cannot be established ({why}); the pod is exempt on no interface",
+                who.network, who.ifname
+            );
+            Ok(None)
+        }
+    }
 }
 
 /// Why `ip` cannot be a pod's address on this node, if it cannot: the one rule by which ADD
@@ -108,7 +157,8 @@ pub(crate) fn not_a_pod_address_here(cfg: &Config, own: &[IpAddr], ip: &PodIp) -
     }
 }
 
-/// A proxy inside the pod's own network would put the interception's target among the pods.
+/// A proxy inside the pod's own network would put the interception's target among the pods;
+/// an `auto` proxy that resolves to a metadata endpoint would be the real API.
 fn check_proxy_outside_pods(cfg: &Config, node: &NodeFacts, ips: &[PodIp]) -> Result<()> {
     if cfg.metadata.mode != MetadataMode::Proxy {
         return Ok(());
@@ -127,6 +177,12 @@ fn check_proxy_outside_pods(cfg: &Config, node: &NodeFacts, ips: &[PodIp]) -> Re
     ];
     for (field, proxy, fixed) in proxies {
         let Some(p) = proxy else { continue };
+        // A fixed one was refused when the config was parsed.
+        if let Some(why) = crate::config::not_a_proxy(p, &cfg.metadata.addresses) {
+            return Err(Error::InvalidConfig(format!(
+                "{field}: \"auto\" resolves to \"{p}\", which {why}: the proxy must be another address (set {field} to the proxy's address)"
+            )));
+        }
         for ip in ips {
             if crate::addr::contains(ip.addr, ip.prefix, p) {
                 let msg = format!(
@@ -156,4 +212,42 @@ fn check_addr_count(addrs: &[IpAddr], ifname: &str) -> Result<()> {
         if addrs.len() > 4 { ", ..." } else { "" },
         plan::MAX_POD_ADDRS
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_auto_proxy_that_resolves_to_a_metadata_endpoint_is_refused() {
+        let cfg = Config::default();
+        for (v4, v6, field, value) in [
+            (
+                Some("169.254.170.2"),
+                None,
+                "metadata.proxyIPv4",
+                "169.254.170.2",
+            ),
+            (
+                None,
+                Some("fd00:ec2::254"),
+                "metadata.proxyIPv6",
+                "fd00:ec2::254",
+            ),
+        ] {
+            let node = NodeFacts {
+                proxy_v4: v4.map(|a| a.parse().unwrap()),
+                proxy_v6: v6.map(|a| a.parse().unwrap()),
+            };
+            let e = check_proxy_outside_pods(&cfg, &node, &[]).unwrap_err();
+            assert_eq!(e.code(), 7, "{e}");
+            let m = e.to_string();
+            assert!(m.contains(field) && m.contains(value), "{m}");
+        }
+        let node = NodeFacts {
+            proxy_v4: Some("10.0.0.1".parse().unwrap()),
+            proxy_v6: None,
+        };
+        assert!(check_proxy_outside_pods(&cfg, &node, &[]).is_ok());
+    }
 }

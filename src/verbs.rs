@@ -110,6 +110,7 @@ fn identity<'a>(env: &'a Env, conf: &'a NetConf) -> Identity<'a> {
         container_id: &env.container_id,
         ifname: &env.ifname,
         netns: &env.netns,
+        netns_from: "CNI_NETNS",
         args: &env.args,
         annotations: conf.annotations,
     }
@@ -134,7 +135,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
     }
     if p.pod.host.is_none() {
         warn!(
-            "prevResult names no host-side interface for {}: the pod's metadata traffic is judged by its addresses only{}",
+            "no host side of {} was established: the pod's metadata traffic is judged by its addresses only{}",
             env.ifname,
             if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Allow(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
         );

@@ -211,3 +211,48 @@ fn del_with_a_broken_config_still_removes_the_pod() {
     let v: Value = serde_json::from_slice(&out.raw_stdout).unwrap();
     assert_eq!(v["code"], 7, "{v}");
 }
+
+/// A `CNI_NETNS` that is no network namespace: a FIFO (whose plain open would block until a
+/// writer came, wedging ADD until the runtime killed it), a regular file, a directory. ADD
+/// answers at once with code 4 naming the variable and the path; DEL, which needs no
+/// namespace, still removes the pod and exits 0. Each invocation must exit within 10 s.
+#[test]
+fn a_netns_that_is_no_network_namespace_is_refused_at_once() {
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test needs root");
+    let h = Harness::new("badns");
+    require_tools(&["nft"]);
+    let ns = h.netns("node");
+    let fifo = h.dir().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let file = h.dir().join("regular");
+    std::fs::write(&file, b"not a namespace").unwrap();
+    let dir = h.dir().join("directory");
+    std::fs::create_dir_all(&dir).unwrap();
+    let bound = std::time::Duration::from_secs(10);
+    let run = |verb: &str, netns: &str, conf: &Value| {
+        Natguard::new()
+            .env(&base_env(verb, netns))
+            .stdin(&serde_json::to_vec(conf).unwrap())
+            .bound(bound)
+            .run_in(&ns)
+    };
+    let good = good_conf();
+    for path in [&fifo, &file, &dir] {
+        let p = path.to_str().unwrap();
+        run("ADD", p, &good).fails_with(4, &["CNI_NETNS", p, "not a network namespace"]);
+    }
+    assert!(
+        !ruleset(&ns).contains("10.99.0.5"),
+        "a refused ADD installs nothing"
+    );
+    run("ADD", &ns.path(), &good).succeeded();
+    assert!(ruleset(&ns).contains("10.99.0.5"));
+    run("DEL", fifo.to_str().unwrap(), &good).succeeded();
+    let after = ruleset(&ns);
+    assert!(
+        !after.contains("10.99.0.5") && !after.contains("fd00:99::5"),
+        "DEL with a FIFO for CNI_NETNS left the pod's elements:\n{after}"
+    );
+}

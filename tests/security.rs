@@ -2092,3 +2092,247 @@ fn a_bridge_no_network_manages_is_reset_until_allowed_explicitly() {
     let got = http_get(&pod.ns, meta4);
     assert_eq!(got, body("proxy"), "the pods are still judged as before");
 }
+
+/// A prevResult whose host-side interface is not the pod's: `lo`, the node's uplink, another
+/// pod's veth. The host side is established from the kernel (the veth whose peer is the pod's
+/// interface, and its bridge), so each such ADD of an exempt pod is refused with code 7 naming
+/// the interface, nothing of it enters `exempt4`/`exempt6`, and the pod's metadata SYNs never
+/// reach the real server. With `acceptUnenforced` the claim is ignored: the pod is exempt on
+/// its own port only. The control: the pod's true prevResult makes it exempt, and REAL answers.
+#[test]
+fn a_host_side_that_is_not_the_pods_veth_is_never_used() {
+    let w = real_world("sec-hostside");
+    let plain = w.chain(w.list("hostside", "1.1.0", 0, None));
+    let ng = exempt_cfg(&w, json!({}));
+    let guarded = w.chain(w.list("hostside", "1.1.0", 0, Some(ng.clone())));
+    // A pod of the network that natguard saw, so the node's guard is in place.
+    let other = w.add_pod(&guarded, "other", "default");
+    let other_veth = other.result["interfaces"]
+        .as_array()
+        .and_then(|l| {
+            l.iter()
+                .filter(|i| i["sandbox"].is_null())
+                .find_map(|i| i["name"].as_str().filter(|n| n.starts_with("veth")))
+        })
+        .unwrap_or_else(|| panic!("no host veth in {}", other.result))
+        .to_string();
+    // The exempt pod's interface and addresses come from the bridge plugin alone.
+    let sys = w.add_pod(&plain, "sys", EXEMPT_NS);
+    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "syn4",
+                format!("ip saddr {} ip daddr {META4} {SYN}", sys.v4),
+            ),
+            (
+                "syn6",
+                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", sys.v6),
+            ),
+        ],
+    );
+    let claimed = |host: &str| {
+        let mut prev = sys.result.clone();
+        prev["interfaces"] = json!([
+            { "name": host },
+            { "name": "eth0", "sandbox": sys.ns.path() }
+        ]);
+        for ip in prev["ips"].as_array_mut().expect("ips") {
+            ip["interface"] = json!(1);
+        }
+        prev
+    };
+    let exempt_sets = || {
+        ["exempt4", "exempt6"]
+            .iter()
+            .map(|s| {
+                w.node
+                    .try_run(&["nft", "list", "set", "inet", "natguard", s])
+                    .unwrap_or_default()
+            })
+            .collect::<String>()
+    };
+    let mut f = Findings::new();
+    for host in ["lo", "to-rout", other_veth.as_str()] {
+        let conf = natguard_conf(&ng, "hostside", "1.1.0", Some(&claimed(host)));
+        match natguard_verb(&guarded, "ADD", &conf, &sys.att) {
+            Ok(r) => f.check(false, || {
+                format!("ADD of an exempt pod whose prevResult names {host} as its host side was accepted: {r:?}")
+            }),
+            Err(e) => f.check(
+                e.code == Some(7) && error_text(&e).contains(&format!("\"{host}\"")),
+                || format!("ADD naming {host} as the host side: expected code 7 naming it: {e}"),
+            ),
+        }
+        let sets = exempt_sets();
+        f.check(!sets.contains(&format!("\"{host}\" .")), || {
+            format!("{host} entered an exempt set:\n{sets}")
+        });
+        for t in metas() {
+            f.not_real(
+                &http_get(&sys.ns, t),
+                &format!("the exempt pod claimed on {host} -> http://{t}/"),
+            );
+        }
+    }
+    // Accepted regardless: the claim is ignored, the pod is keyed by its own port.
+    let mut lax = ng.clone();
+    merge(
+        &mut lax,
+        &json!({ "metadata": { "acceptUnenforced": true } }),
+    );
+    let conf = natguard_conf(&lax, "hostside", "1.1.0", Some(&claimed("lo")));
+    if let Err(e) = natguard_verb(&guarded, "ADD", &conf, &sys.att) {
+        f.check(false, || {
+            format!("with acceptUnenforced, ADD naming lo must be accepted: {e}")
+        });
+    }
+    let sets = exempt_sets();
+    f.check(!sets.contains("\"lo\" ."), || {
+        format!("with acceptUnenforced, lo entered an exempt set:\n{sets}")
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    for name in ["syn4", "syn6"] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!("the real metadata server saw {n} SYN(s) ({name}) from the pod while its host side was claimed")
+        });
+    }
+    f.finish("host side claimed by prevResult");
+    // The control: the same pod with its true prevResult is exempt.
+    let conf = natguard_conf(&ng, "hostside", "1.1.0", Some(&sys.result));
+    natguard_verb(&guarded, "ADD", &conf, &sys.att)
+        .unwrap_or_else(|e| panic!("ADD with the pod's own prevResult: {e}"));
+    control_metadata(&sys, REAL, "the exempt pod with its own host side");
+}
+
+/// The guard's proxy allowance admits only what natguard's DNAT sent to a proxy, never a
+/// destination by itself. A network whose proxy is a metadata endpoint (the documented
+/// `addresses: ["169.254.170.2"]` with `proxyIPv4: "169.254.169.254"`, `proxyPort: 80`) is
+/// refused with code 7 naming the field; and a proxy target that is the real API (planted here
+/// in `proxies4`/`proxies6`, as such a network or any writer would) admits neither a pod
+/// natguard never saw nor an address a pod gave itself: the real server counts no SYN from
+/// them. The controls: before the plant nothing was let through either, the natguard pod is
+/// still answered by its proxy, and the self-given address's SYNs reach the cloud elsewhere.
+#[test]
+fn a_proxy_target_admits_only_what_natguard_redirected() {
+    let w = real_world("sec-proxy-target");
+    let opened = w.chain(w.list(
+        "pxyopen",
+        "1.1.0",
+        1,
+        Some(w.natguard(json!({ "metadata": {
+            "addresses": ["169.254.170.2"],
+            "proxyIPv4": "169.254.169.254",
+            "proxyPort": 80
+        } }))),
+    ));
+    match w.try_add_pod(&opened, "opener", "default") {
+        Ok(p) => panic!(
+            "a network whose proxy is 169.254.169.254:80 was accepted: {}",
+            p.result
+        ),
+        Err(e) => {
+            assert_eq!(e.code, Some(7), "{e}");
+            let text = error_text(&e);
+            assert!(
+                text.contains("metadata.proxyIPv4") && text.contains("169.254.169.254"),
+                "the error must name the field and the value: {e}"
+            );
+        }
+    }
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-pxy-unseen"),
+            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "pxyunseen", "plugins": [ptp] }));
+    let unseen = w.add_pod(&plain, "unseen", "default");
+    let guarded = w.chain(w.list("pxy", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let pod = w.add_pod(&guarded, "pod", "default");
+    control_metadata(&pod, "proxy", "the natguard pod");
+    // An address the pod gives itself: in no natguard set, so never DNATed.
+    let (self4, self6): (IpAddr, IpAddr) = (
+        "10.244.0.200".parse().unwrap(),
+        "fd00:10:244::c8".parse().unwrap(),
+    );
+    pod.ns.addr("eth0", &format!("{self4}/32"));
+    pod.ns.ip(&format!("addr add {self6}/128 dev eth0 nodad"));
+    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
+    let (cloud4, cloud6): (IpAddr, IpAddr) =
+        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            ("self4", format!("ip saddr {self4} ip daddr {META4} {SYN}")),
+            (
+                "self6",
+                format!("ip6 saddr {self6} ip6 daddr {META6} {SYN}"),
+            ),
+            (
+                "unseen4",
+                format!("ip saddr {} ip daddr {META4} {SYN}", unseen.v4),
+            ),
+            (
+                "unseen6",
+                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", unseen.v6),
+            ),
+            ("ctl4", format!("ip saddr {self4} ip daddr {cloud4} {SYN}")),
+            (
+                "ctl6",
+                format!("ip6 saddr {self6} ip6 daddr {cloud6} {SYN}"),
+            ),
+        ],
+    );
+    w.on_node(&format!(
+        "nft add element inet natguard proxies4 {{ {META4} . 80 }}"
+    ));
+    w.on_node(&format!(
+        "nft add element inet natguard proxies6 {{ {META6} . 80 }}"
+    ));
+    let mut f = Findings::new();
+    for t in metas() {
+        f.not_real(
+            &http_get(&unseen.ns, t),
+            &format!("the pod natguard never saw -> http://{t}/ (a proxy target)"),
+        );
+    }
+    send_segments(&w.h, &pod.ns, self4, META4, 80, 3, &[0x02]);
+    send_segments(&w.h, &pod.ns, self6, META6, 80, 3, &[0x02]);
+    // The controls go last: once they have arrived, so has everything sent before them.
+    send_segments(&w.h, &pod.ns, self4, cloud4, 80, 1, &[0x02]);
+    send_segments(&w.h, &pod.ns, self6, cloud6, 80, 1, &[0x02]);
+    wait_counter(
+        &counters,
+        "ctl4",
+        1,
+        "the self-given IPv4 address's SYN to the cloud",
+    );
+    wait_counter(
+        &counters,
+        "ctl6",
+        1,
+        "the self-given IPv6 address's SYN to the cloud",
+    );
+    for name in ["self4", "self6", "unseen4", "unseen6"] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!(
+                "the real metadata server saw {n} SYN(s) ({name}) sent straight to a proxy target"
+            )
+        });
+    }
+    // The pod's own addresses again, so that its connections leave from them.
+    pod.ns.ip(&format!("addr del {self4}/32 dev eth0"));
+    pod.ns.ip(&format!("addr del {self6}/128 dev eth0"));
+    control_metadata(&pod, "proxy", "the natguard pod after the plant");
+    f.finish("a proxy target reached directly");
+}

@@ -22,6 +22,8 @@ const RTN_LOCAL: u8 = 2;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const IFINFOMSG_LEN: usize = 16;
+/// `ifi_index`'s offset in `struct ifinfomsg`.
+const IFI_INDEX_OFFSET: usize = 4;
 const IFLA_ADDRESS: u16 = 1;
 const IFLA_IFNAME: u16 = 3;
 const IFLA_LINK: u16 = 5;
@@ -46,6 +48,11 @@ pub struct Link {
     pub kind: Option<String>,
     /// The link-layer address, when it is an Ethernet one.
     pub mac: Option<[u8; 6]>,
+    /// Its own index (`ifi_index`) in the namespace asked.
+    pub index: u32,
+    /// `IFLA_LINK` when `IFLA_LINK_NETNSID` says it is another namespace's index: a veth's peer
+    /// there. Compared as a number, never resolved to a name here.
+    pub peer: Option<u32>,
 }
 
 /// An rtnetlink socket in the calling thread's network namespace, for lookups.
@@ -58,6 +65,15 @@ fn getlink_request(b: &mut MsgBuf, name: &str) {
     b.begin_header(RTM_GETLINK, 0);
     b.bytes(&[0u8; IFINFOMSG_LEN]); // AF_UNSPEC, any index
     b.attr_str(IFLA_IFNAME, name);
+    b.end();
+}
+
+/// An `RTM_GETLINK` request for the interface with index `index`.
+fn getlink_by_index_request(b: &mut MsgBuf, index: u32) {
+    b.begin_header(RTM_GETLINK, 0);
+    let mut ifi = [0u8; IFINFOMSG_LEN];
+    ifi[IFI_INDEX_OFFSET..IFI_INDEX_OFFSET + 4].copy_from_slice(&index.to_ne_bytes());
+    b.bytes(&ifi); // AF_UNSPEC, this index
     b.end();
 }
 
@@ -103,6 +119,8 @@ fn route_reply_is_local(msgs: &[Msg]) -> bool {
 fn link_reply(msgs: &[Msg]) -> Option<Link> {
     let m = msgs.iter().find(|m| m.msg_type == RTM_NEWLINK)?;
     let attrs = Attrs::new(m.body.get(IFINFOMSG_LEN..).unwrap_or(&[]));
+    let u32_at = |b: Option<&[u8]>| b.map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+    let link_index = u32_at(attrs.get(IFLA_LINK).and_then(|a| a.payload.get(..4)));
     let kind = attrs
         .get(IFLA_LINKINFO)
         .and_then(|li| li.nested().get(IFLA_INFO_KIND))
@@ -118,6 +136,8 @@ fn link_reply(msgs: &[Msg]) -> Option<Link> {
         mac: attrs
             .get(IFLA_ADDRESS)
             .and_then(|a| <[u8; 6]>::try_from(a.payload).ok()),
+        index: u32_at(m.body.get(IFI_INDEX_OFFSET..IFI_INDEX_OFFSET + 4)).unwrap_or(0),
+        peer: attrs.get(IFLA_LINK_NETNSID).and(link_index),
     })
 }
 
@@ -166,6 +186,26 @@ impl Links {
         getlink_request(&mut b, name);
         match self.sock.request(&b, &format!("look up interface {name}")) {
             Ok(msgs) => Ok(link_reply(&msgs)),
+            Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Looks the interface with index `index` up: its name and its facts; `None` when there is
+    /// no such interface.
+    pub fn link_by_index(&mut self, index: u32) -> Result<Option<(String, Link)>> {
+        let mut b = self.sock.msgbuf();
+        getlink_by_index_request(&mut b, index);
+        match self
+            .sock
+            .request(&b, &format!("look up interface index {index}"))
+        {
+            Ok(msgs) => Ok(link_reply(&msgs).and_then(|l| {
+                let m = msgs.iter().find(|m| m.msg_type == RTM_NEWLINK)?;
+                let attrs = Attrs::new(m.body.get(IFINFOMSG_LEN..).unwrap_or(&[]));
+                let name = attrs.get(IFLA_IFNAME)?.str().to_string();
+                Some((name, l))
+            })),
             Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(e),
         }
@@ -262,6 +302,15 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(peer.lower, None);
+        assert_eq!(
+            peer.peer,
+            Some(1),
+            "the peer's index in the other namespace"
+        );
+        assert_eq!(
+            l.peer, None,
+            "an index of this namespace is no peer elsewhere"
+        );
         let plain = link_reply(&reply(RTM_NEWLINK, IFINFOMSG_LEN, &|_| {})).unwrap();
         assert_eq!(
             plain,
@@ -271,6 +320,8 @@ mod tests {
                 lower: None,
                 kind: None,
                 mac: None,
+                index: 0,
+                peer: None,
             }
         );
         let route = reply(RTM_NEWROUTE, RTMSG_LEN, &|b| {

@@ -42,7 +42,8 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
 /// neither headed for a metadata address and port nor opened towards one, returns at once.
 /// What is left is metadata TCP, and [`ChainKind::Judge`] admits only what is known to be
 /// good: an exempt pod on its own host-side interface with its own address, a connection on
-/// its way to natguard's proxy (after natguard's DNAT), and the node itself over loopback.
+/// its way to natguard's proxy (DNATed there from a metadata address), and the node itself
+/// over loopback.
 /// Everything else is reset, whatever interface it arrived on (a tunnel, another network, an
 /// interface natguard never saw) and whatever its conntrack state (untracked, invalid or from
 /// before the rules). No conntrack state is consulted on the packet's own destination; the
@@ -117,12 +118,19 @@ fn plan_node_rules() -> Vec<Rule> {
             Action::Return,
             None,
         ));
+        // On its way to a proxy because natguard's DNAT sent it there: a connection to a
+        // proxy target that was DNATed, first headed for a metadata address. A destination by
+        // itself admits nothing: a proxy target that is some metadata endpoint, reached
+        // directly, is reset like any other.
         rules.push(rule(
             judge,
             vec![
                 Match::NfProto(f),
                 Match::IsTcp,
                 Match::ToIn(f, SetKind::Proxies(f)),
+                Match::CtStatusDnat,
+                Match::CtDirOriginal,
+                Match::CtOrigDaddrIn(f, SetKind::MetaDests(f)),
             ],
             Action::Return,
             None,

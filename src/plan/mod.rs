@@ -508,6 +508,8 @@ pub enum Match {
     },
     /// `ct direction original`: the packet travels the way its connection was opened.
     CtDirOriginal,
+    /// `ct status dnat`: the connection's destination was rewritten by a DNAT.
+    CtStatusDnat,
     /// `ct original ip daddr @set`: where the connection was first headed, before any NAT.
     CtOrigDaddrIn(Family, SetKind),
     /// `meta l4proto tcp ct original proto-dst @set`

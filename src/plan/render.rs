@@ -25,6 +25,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::EtherSaddrNotIn(s) => format!("ether saddr != @{}", set(s)),
         Match::IifEtherSaddrNotIn(s) => format!("iifname . ether saddr != @{}", set(s)),
         Match::CtDirOriginal => "ct direction original".into(),
+        Match::CtStatusDnat => "ct status dnat".into(),
         Match::ToIn(f, s) => format!("{} daddr . tcp dport @{}", f.nft(), set(s)),
         Match::SaddrNotLocal => "fib saddr type != local".into(),
         Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), set(s)),

@@ -418,6 +418,7 @@ fn prepare_entry(
         container_id: &entry.container_id,
         ifname: &entry.ifname,
         netns: &netns,
+        netns_from: "the cached result's sandbox",
         args: &args,
         annotations,
     };

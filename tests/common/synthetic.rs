@@ -17,7 +17,7 @@ use super::{base64, merge, nft_table, non_masq, require_tools, Harness, Netns};
 use natguard::plan::{self, OwnerKey, PodRef};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File};
+use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
@@ -199,7 +199,8 @@ impl SynPod {
     }
 
     /// The netns path a runtime passes for the pod; for a [`Sandbox::Live`] pod this creates
-    /// the file it names.
+    /// the path it names: a symlink to `/proc/self/ns/net`, so natguard finds a network
+    /// namespace there (its own) and no interface of the pod's in it.
     pub fn netns_path(&self) -> String {
         match self.sandbox {
             Sandbox::Gone => format!("/run/netns/ng-gone-{}", self.cid),
@@ -207,7 +208,10 @@ impl SynPod {
                 let dir = std::env::temp_dir().join("ng-synthetic-netns");
                 let _ = fs::create_dir_all(&dir);
                 let path = dir.join(&self.cid);
-                let _ = File::create(&path);
+                if !fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+                    let _ = fs::remove_file(&path);
+                    let _ = std::os::unix::fs::symlink("/proc/self/ns/net", &path);
+                }
                 path.display().to_string()
             }
         }

@@ -130,6 +130,9 @@ const NFTA_FIB_F_SADDR: u32 = 1;
 const RTN_LOCAL: u32 = 2;
 /// `ct` keys (`enum nft_ct_keys`).
 const NFT_CT_DIRECTION: u32 = 1;
+const NFT_CT_STATUS: u32 = 2;
+/// `IPS_DST_NAT` of `enum ip_conntrack_status`: the connection was DNATed.
+const IPS_DST_NAT: u32 = 0x20;
 const NFT_CT_PROTO_DST: u32 = 12;
 const NFT_CT_DST_IP: u32 = 20;
 const NFT_CT_DST_IP6: u32 = 22;
@@ -256,6 +259,16 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
             x.ct_original(NFT_CT_PROTO_DST, NFT_REG_1);
             x.lookup(&set(s), NFT_REG_1, false);
+        }
+        // ct status dnat → [ ct load status => reg 1 ] [ bitwise reg 1 = (reg 1 & 0x20) ^ 0 ]
+        //   [ cmp neq reg 1 0 ] (the status word in host order)
+        Match::CtStatusDnat => {
+            x.expr("ct", |b| {
+                b.attr_u32_be(1, NFT_REG_1); // NFTA_CT_DREG
+                b.attr_u32_be(2, NFT_CT_STATUS); // NFTA_CT_KEY
+            });
+            x.bitwise_and(NFT_REG_1, &IPS_DST_NAT.to_ne_bytes());
+            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &0u32.to_ne_bytes());
         }
         // ct direction original → [ ct load direction => reg 1 ] [ cmp eq 0 ]
         Match::CtDirOriginal => {
