@@ -418,7 +418,7 @@ fn prepare_entry(
         container_id: &entry.container_id,
         ifname: &entry.ifname,
         netns: &netns,
-        netns_from: "the cached result's sandbox",
+        netns_from: crate::prepare::CACHED_SANDBOX,
         args: &args,
         annotations,
     };
