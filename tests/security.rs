@@ -153,10 +153,31 @@ fn error_text(e: &CniError) -> String {
 /// The thief takes the exempt pod's addresses (and, with `steal_mac`, its MAC address), makes the
 /// node's neighbour entries point at itself, and talks to the metadata addresses from them.
 fn address_theft(w: &World, chain: &Chain, steal_mac: bool) -> Findings {
+    address_theft_by(w, chain, chain, steal_mac)
+}
+
+/// [`address_theft`] with the thief attached through `thief_chain`: the exempt pod's own
+/// network, or another list on the same bridge that does not list natguard (a pod natguard
+/// never saw: another conflist on the bridge, a pod from before the install).
+fn address_theft_by(w: &World, chain: &Chain, thief_chain: &Chain, steal_mac: bool) -> Findings {
     let exempt = w.add_pod(chain, "sys", EXEMPT_NS);
-    let thief = w.add_pod(chain, "thief", "default");
+    let thief = w.add_pod(thief_chain, "thief", "default");
     control_metadata(&exempt, REAL, "exempt pod before the theft");
-    control_metadata(&thief, "proxy", "the thief before the theft");
+    let natguard_saw_it = thief_chain
+        .plugins()
+        .iter()
+        .any(|p| p["type"] == "natguard");
+    if natguard_saw_it {
+        control_metadata(&thief, "proxy", "the thief before the theft");
+    } else {
+        for t in metas() {
+            assert_eq!(
+                http_get(&thief.ns, t),
+                Outcome::Refused,
+                "control: a pod natguard never saw -> http://{t}/ is reset"
+            );
+        }
+    }
 
     let (gw4, gw6) = gateways(&thief);
     // Read before the MAC address changes, which flushes the thief's neighbour entries.
@@ -981,6 +1002,67 @@ fn stale_exemption_of_a_vanished_pod_is_not_usable_by_a_neighbour() {
 // ---------------------------------------------------------------------------------------------
 
 /// A bridge + host-local entry with explicit ranges.
+/// A list on the exempt pod's bridge (`cni0`) without natguard: its pods are attached by the
+/// bridge plugin alone, from a range of their own in the same subnet.
+fn never_seen_on_cni0(w: &World) -> Chain {
+    w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "unguarded",
+        "plugins": [bridge_entry(
+            w,
+            "unguarded",
+            "cni0",
+            json!({ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }),
+            json!({ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" })
+        )]
+    }))
+}
+
+/// Issue of a shared bridge: a pod natguard never saw (another conflist on the exempt pod's
+/// bridge) claims the exempt pod's addresses (ARP, neighbour advertisement, source) and opens
+/// metadata TCP from them: it never reaches the REAL server, and the exempt pod keeps its own.
+#[test]
+fn address_theft_by_a_pod_natguard_never_saw_on_the_same_bridge_never_reaches_real_metadata() {
+    let w = real_world("sec-theft-unseen");
+    let chain = w.chain(w.list("theftns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let unguarded = never_seen_on_cni0(&w);
+    address_theft_by(&w, &chain, &unguarded, false)
+        .finish("address theft by a pod natguard never saw on the same bridge");
+}
+
+/// ... and with the exempt pod's MAC too.
+#[test]
+fn address_and_mac_theft_by_a_pod_natguard_never_saw_never_reaches_real_metadata() {
+    let w = real_world("sec-theft-unseen-mac");
+    let chain = w.chain(w.list("theftnsm", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let unguarded = never_seen_on_cni0(&w);
+    address_theft_by(&w, &chain, &unguarded, true)
+        .finish("address and MAC theft by a pod natguard never saw on the same bridge");
+}
+
+/// `interfaces` is optional in CNI: an exempt pod whose primary reports none is pinned to its
+/// port all the same (natguard finds the port from the kernel), so another pod that claims its
+/// addresses never reaches the REAL server.
+#[test]
+fn an_exempt_pod_without_interfaces_in_its_result_is_pinned_to_its_port() {
+    let w = real_world("sec-noifs");
+    let mut list = w.list("noifs", "1.1.0", 0, Some(exempt_cfg(&w, json!({}))));
+    list["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .insert(1, json!({ "type": POD_IFACE_ONLY, "dropAll": true }));
+    let chain = w.chain(list);
+    let f = address_theft(&w, &chain, false);
+    let pins = w
+        .node
+        .run(&["nft", "list", "set", "bridge", "natguard", "xaddr4"]);
+    assert!(
+        pins.contains("10.244.0."),
+        "the exempt pod's address is pinned: {pins}"
+    );
+    f.finish("address theft of an exempt pod whose result lists no interfaces");
+}
+
 fn bridge_entry(w: &World, name: &str, bridge: &str, v4: Value, v6: Value) -> Value {
     json!({
         "type": "bridge",
@@ -1039,6 +1121,73 @@ fn overlapping_network_does_not_take_another_networks_exemption() {
             format!("after A's ADD, B's exempt pod -> http://{t}/ got {got:?}, not REAL")
         });
     }
+    f.finish("overlapping networks");
+}
+
+/// Two bridge networks whose pods share an address (overlapping ranges, an address picked on a
+/// secondary network): network A's exempt pod has 10.251.0.10 / fd00:251::10 on bridge `cnia`,
+/// network B's default pod the same addresses on bridge `cnib`, and a neighbour on `cnib`.
+/// A's exempt pod keeps the REAL server (B's DNAT is only for what enters on B's pods' host
+/// sides), and B's pod keeps its layer-2 neighbour (the exempt pod's pins let every natguard
+/// pod's own address through from its own port).
+#[test]
+fn overlapping_networks_never_act_on_each_others_pods() {
+    let w = real_world("sec-overlap2");
+    let ranges = |last: &str| {
+        (
+            json!({ "subnet": "10.251.0.0/24", "rangeStart": "10.251.0.10", "rangeEnd": format!("10.251.0.{last}"), "gateway": "10.251.0.1" }),
+            json!({ "subnet": "fd00:251::/64", "rangeStart": "fd00:251::10", "rangeEnd": format!("fd00:251::{last}"), "gateway": "fd00:251::1" }),
+        )
+    };
+    let (a4, a6) = ranges("10");
+    let a = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "ova",
+        "plugins": [bridge_entry(&w, "ova", "cnia", a4, a6), exempt_cfg(&w, json!({}))]
+    }));
+    let (b4, b6) = ranges("11");
+    let b = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "ovb",
+        "plugins": [bridge_entry(&w, "ovb", "cnib", b4, b6), w.natguard(json!({}))]
+    }));
+    let sys = w.add_pod(&a, "ovsys", EXEMPT_NS);
+    control_metadata(&sys, REAL, "A's exempt pod before B has pods");
+    let twin = w.add_pod(&b, "ovtwin", "default");
+    let neighbour = w.add_pod(&b, "ovnb", "default");
+    assert_eq!(
+        twin.ips(),
+        sys.ips(),
+        "control: B's pod has A's exempt pod's addresses"
+    );
+    let mut f = Findings::new();
+    for t in metas() {
+        let got = http_get(&sys.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after B's ADD, A's exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+        let got = http_get(&twin.ns, t);
+        f.not_real(
+            &got,
+            &format!("B's default pod with A's exempt addresses -> http://{t}/"),
+        );
+    }
+    for (what, args) in [
+        (
+            "IPv4",
+            vec!["busybox", "ping", "-c", "3", "-W", "2", "10.251.0.11"],
+        ),
+        (
+            "IPv6",
+            vec!["busybox", "ping6", "-c", "3", "-W", "2", "fd00:251::11"],
+        ),
+    ] {
+        let ok = twin.ns.try_run(&args).is_ok();
+        f.check(ok, || {
+            format!("B's pod lost its {what} neighbour on its own bridge (pinged from the address A's exempt pod also has)")
+        });
+    }
+    drop(neighbour);
     f.finish("overlapping networks");
 }
 

@@ -167,12 +167,16 @@ fn plan_node_rules() -> Vec<Rule> {
             Some(Count::Reset(f)),
         ));
     }
-    // On a bridge the IP layer sees the bridge, not the port. So, for frames from natguard's
-    // pod ports only (other bridges and ports are never touched): VLAN-tagged frames are
+    // On a bridge the IP layer sees the bridge, not the port. So a frame that claims an exempt
+    // pod's MAC or address (as source, in ARP, or as a neighbour advertisement's target) is
+    // dropped from every port of every bridge, a pod natguard never saw included, unless the
+    // port is one of natguard's pods' own with that address or MAC (`xport4/6`, `xportmac`
+    // hold every natguard pod's port with its addresses and MAC, exempt or not): before the
+    // bridge learns the MAC or the node a neighbour entry. So the exempt pod's identity is its
+    // port's alone, and a natguard pod on another bridge that has the same address (an
+    // overlapping network) keeps its own. VLAN-tagged frames from natguard's pod ports are
     // dropped (the kernel strips a priority tag before the IP layer, where the frame would
-    // look untagged); and a frame that claims an exempt pod's MAC or address (as source, in
-    // ARP, or as a neighbour advertisement's target) from any port but that pod's own is
-    // dropped, before the bridge learns the MAC or the node a neighbour entry.
+    // look untagged).
     //
     // First, what almost every frame is: IP from neither an exempt address nor an exempt MAC
     // (and, for IPv6, not ICMPv6, which carries neighbour advertisements). No rule below can
@@ -201,14 +205,14 @@ fn plan_node_rules() -> Vec<Rule> {
         action: Action::Drop,
         count: None,
     };
-    rules.push(Rule {
-        chain: ChainKind::BridgeGuard,
-        matches: vec![Match::IifNotIn(SetKind::Ports)],
-        action: Action::Return,
-        count: None,
-    });
-    rules.push(guard(vec![Match::EtherType(EtherProto::Vlan)]));
-    rules.push(guard(vec![Match::EtherType(EtherProto::QinQ)]));
+    rules.push(guard(vec![
+        Match::EtherType(EtherProto::Vlan),
+        Match::IifIn(SetKind::Ports),
+    ]));
+    rules.push(guard(vec![
+        Match::EtherType(EtherProto::QinQ),
+        Match::IifIn(SetKind::Ports),
+    ]));
     rules.push(guard(vec![
         Match::EtherSaddrIn(SetKind::GuardMac),
         Match::IifEtherSaddrNotIn(SetKind::GuardPortMac),
@@ -251,9 +255,13 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         if !meta_on || !has_dst || md.mode != MetadataMode::Proxy {
             continue;
         }
+        // Only packets that enter on a host side of this network's pods: another network's
+        // pod with the same address (overlapping ranges, Multus `ips`) is never this
+        // network's to redirect.
         let from = |m: Vec<Match>| {
             let mut v = vec![
                 Match::NfProto(f),
+                Match::IifIn(SetKind::Ifaces),
                 Match::DaddrIn(f, SetKind::MetaDst(f)),
                 Match::TcpDportIn(SetKind::MetaPorts),
             ];
@@ -453,7 +461,9 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
             want(SetKind::CountReset(f), Key::IfAddr(h.iface, *a), !allowed);
             if let Some(port) = h.port {
                 want(SetKind::GuardAddr(f), Key::Addr(*a), allowed);
-                want(SetKind::GuardPort(f), Key::IfAddr(port, *a), allowed);
+                // Every natguard pod's own address on its own port, exempt or not: what
+                // the pins let through from that port.
+                want(SetKind::GuardPort(f), Key::IfAddr(port, *a), true);
             }
         }
     }
@@ -467,7 +477,11 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         if let Some(mac) = mac {
             let pin = allowed && !addrs.is_empty();
             want(SetKind::GuardMac, Key::Mac(mac), pin);
-            want(SetKind::GuardPortMac, Key::IfMac(port, mac), pin);
+            want(
+                SetKind::GuardPortMac,
+                Key::IfMac(port, mac),
+                !addrs.is_empty(),
+            );
         }
     }
     PodPlan {

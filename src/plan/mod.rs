@@ -102,8 +102,9 @@ pub enum ChainKind {
     /// reset.
     Judge(Family),
     /// Node-wide. bridge filter, prerouting, dstnat (-300), before any bridge filter: frames
-    /// from natguard's pod ports that carry VLAN tags, or that claim an exempt pod's MAC or
-    /// address without being that pod's port, are dropped.
+    /// from natguard's pod ports that carry VLAN tags, and frames from any port that claim an
+    /// exempt pod's MAC or address without being that pod's own (or another natguard pod's
+    /// own with the same address or MAC), are dropped.
     BridgeGuard,
 }
 
@@ -237,7 +238,8 @@ pub enum SetKind {
     /// dead attachment from a live one.
     Attach,
     /// The host-side interfaces of the network's pods (a routed veth, or the bridge); each
-    /// element counts the pods behind it. A record for `status`: no rule reads it.
+    /// element counts the pods behind it. The DNAT reads it: a network redirects only what
+    /// enters on its own pods' host sides.
     Ifaces,
     /// Intercepted pod addresses again, each element with a counter: connections DNATed to
     /// the proxy, per pod.
@@ -270,11 +272,14 @@ pub enum SetKind {
     Ports,
     /// Node-wide, bridge table: exempt pods' addresses.
     GuardAddr(Family),
-    /// Node-wide, bridge table: `iifname . saddr` of those addresses: the port each belongs to.
+    /// Node-wide, bridge table: `iifname . saddr` of every natguard pod on a bridge, exempt or
+    /// not: the port each pod's address belongs to, which alone may claim it where it is an
+    /// exempt address.
     GuardPort(Family),
     /// Node-wide, bridge table: exempt pods' MACs.
     GuardMac,
-    /// Node-wide, bridge table: `iifname . ether saddr` of those MACs.
+    /// Node-wide, bridge table: `iifname . ether saddr` of every natguard pod on a bridge whose
+    /// MAC is known: the port each MAC belongs to.
     GuardPortMac,
 }
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """A chained CNI plugin for the tests: passes the prevResult on without its host-side
-interfaces, as routed primary plugins that report only the pod's interface do. natguard then
-finds where the pod's packets enter the node from the node's route to the pod's address."""
+interfaces, as routed primary plugins that report only the pod's interface do. With `"dropAll": true`
+in its entry it drops `interfaces` altogether (and the addresses' interface indexes):
+`interfaces` is optional in CNI. natguard finds the pod's host side from the kernel either
+way."""
 import json
 import os
 import sys
@@ -22,5 +24,9 @@ elif command == "ADD":
     for ip in prev.get("ips", []):
         if "interface" in ip:
             ip["interface"] = index[ip["interface"]]
+    if conf.get("dropAll"):
+        del prev["interfaces"]
+        for ip in prev.get("ips", []):
+            ip.pop("interface", None)
     prev["cniVersion"] = conf["cniVersion"]
     print(json.dumps(prev))
