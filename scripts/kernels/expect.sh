@@ -39,7 +39,10 @@ ci_filter() {
       "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority" \
       "vlan_tagged_claims mac_theft_on_a_bridge vxlan_decapsulated a_ptp_pod_natguard_never_saw" \
       "a_primary_that_bypasses reset_counters_name after_a_flushed_ruleset" \
-      "a_bridge_no_network_manages a_neighbour_advertisement_from_a_link_local"
+      "a_bridge_no_network_manages a_neighbour_advertisement_from_a_link_local" \
+      "address_theft_by_a_pod_natguard_never_saw address_and_mac_theft_by_a_pod_natguard_never_saw" \
+      "an_exempt_pod_without_interfaces overlapping_networks_never_act" \
+      "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only"
     ;;
   esac
 }
