@@ -661,7 +661,7 @@ fn counts_every_connection_per_network_family_and_pod() {
     let text = natguard_on(&w.node, &["status"]);
     assert!(
         text.starts_with(
-            "natguard: ready (nf_tables and conntrack netlink answer), 2 network(s)\n"
+            "natguard: guarding (the node-wide metadata guard is in place; nf_tables and conntrack netlink answer), 2 network(s)\n"
         ),
         "{text}"
     );

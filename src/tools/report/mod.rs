@@ -422,6 +422,14 @@ its rules and counters could not be read"
                 r.networks.len()
             );
         }
+        Some(Installation::Guarding) if r.ready => {
+            let _ = writeln!(
+                out,
+                "natguard: guarding (the node-wide metadata guard is in place; nf_tables and \
+                 conntrack netlink answer), {} network(s)",
+                r.networks.len()
+            );
+        }
         _ => {
             let _ = writeln!(
                 out,

@@ -212,7 +212,7 @@ fn text_first_line_networks_and_family_counters() {
     let text = render_text(&node());
     assert_eq!(
         text.lines().next().unwrap(),
-        "natguard: ready (nf_tables and conntrack netlink answer), 3 network(s)"
+        "natguard: guarding (the node-wide metadata guard is in place; nf_tables and conntrack netlink answer), 3 network(s)"
     );
     assert!(!text.contains("per-pod counters: unavailable"), "{text}");
     let pods = section(&text, "pods:");
@@ -779,7 +779,7 @@ fn kernel_apis_that_answer_are_not_an_installation() {
         ..r
     };
     assert!(render_text(&r)
-        .starts_with("natguard: ready (nf_tables and conntrack netlink answer), 0 network(s)"));
+        .starts_with("natguard: guarding (the node-wide metadata guard is in place; nf_tables and conntrack netlink answer), 0 network(s)"));
     assert_eq!(render_json(&r)["guarding"], json!(true));
 }
 
