@@ -416,8 +416,7 @@ mod tests {
 
     /// A live process other than this one: the parent (the test harness's, always alive).
     fn live_other() -> Requester {
-        // SAFETY: plain syscall.
-        let pid = unsafe { libc::getppid() } as u32;
+        let pid = rustix::process::getppid().map_or(0, |p| p.as_raw_pid() as u32);
         Requester {
             pid,
             start: start_time(pid).unwrap(),

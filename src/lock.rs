@@ -180,7 +180,7 @@ pub fn acquire_at(path: &Path, wait: Duration) -> Result<Lock, LockError> {
 /// Blocks in `flock(LOCK_EX)` until the lock is taken (`true`) or `wait` has passed since
 /// `start` (`false`); `timer` interrupts the block (see the module doc).
 fn block(file: &File, start: Instant, wait: Duration, _timer: &Timer) -> io::Result<bool> {
-    use std::os::fd::AsRawFd;
+    use rustix::fs::{flock, FlockOperation};
     loop {
         if start.elapsed() >= wait {
             return Ok(false);
@@ -188,13 +188,10 @@ fn block(file: &File, start: Instant, wait: Duration, _timer: &Timer) -> io::Res
         // Bounded: `timer` is armed (only `Timer::arm` makes one), and its signal, whose
         // handler has no SA_RESTART, ends this call with EINTR at the deadline and every
         // RECHECK after it; the check above then returns.
-        // SAFETY: flock on a descriptor this function borrows.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
-            return Ok(true);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match flock(file, FlockOperation::LockExclusive) {
+            Ok(()) => return Ok(true),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
     }
 }

@@ -184,8 +184,7 @@ impl Monitor {
             buf: vec![0u8; 1 << 16],
             // The kernel names a writer by its thread id: the thread that opens the monitor
             // is the one whose own repairs it must recognise.
-            // SAFETY: gettid(2) cannot fail.
-            tracker: Tracker::new(unsafe { libc::gettid() } as u32),
+            tracker: Tracker::new(rustix::thread::gettid().as_raw_pid() as u32),
         })
     }
 

@@ -21,7 +21,7 @@
 
 use super::link::Links;
 use rustix::fs::{FileType, Mode, OFlags};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 
 /// `statfs`'s `f_type` of the kernel's namespace files (`NSFS_MAGIC`, linux/magic.h).
 const NSFS_MAGIC: u64 = 0x6e73_6673;
@@ -100,12 +100,16 @@ pub fn inspect(netns: &str, ifname: &str) -> Result<Option<PodLink>, NotANetns> 
     };
     std::thread::scope(|s| {
         s.spawn(|| {
-            // SAFETY: setns on a valid namespace fd affects only this thread, which ends here.
-            if unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            // Only this thread enters the namespace, and it ends here.
+            let entered = rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            );
+            if let Err(e) = entered {
                 // EINVAL: a namespace file of another kind (mount, pid, ...).
                 return Err(NotANetns(format!(
                     "cannot be entered as a network namespace ({})",
-                    std::io::Error::last_os_error()
+                    std::io::Error::from(e)
                 )));
             }
             let Ok(mut links) = Links::open() else {
