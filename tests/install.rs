@@ -1161,3 +1161,28 @@ fn watch_follows_its_config_file_like_a_configmap() {
         assert!(v["time"].as_str().unwrap().ends_with('Z'), "{line}");
     }
 }
+
+/// The uninstall DaemonSet's pod: `uninstall --stay` takes natguard off the node and keeps
+/// running until SIGTERM, and `uninstall --check` (its readiness probe) says clean exactly when
+/// no list has natguard and the bin dir has no natguard binary.
+#[test]
+fn uninstall_stays_and_its_check_says_when_the_node_is_clean() {
+    let n = Node::new("uninstall-stay");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[]);
+    let check = || n.run("uninstall", &["--check"]);
+    let out = check();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("not clean: natguard is in "));
+    let mut stay = Watcher::spawn(n.cmd("uninstall", &["--stay", "--log-format", "json"]));
+    wait_for("the node clean", || check().status.code() == Some(0));
+    assert_eq!(n.read("10-calico.conflist"), CALICO);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(stay.child.try_wait().unwrap().is_none(), "{}", stay.log());
+    assert!(stay.signal(libc::SIGTERM).success());
+    assert!(
+        stay.count(r#""msg":"natguard is off this node; staying until SIGTERM (--stay)""#) == 1
+    );
+    let out = n.run("uninstall", &["--stay", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

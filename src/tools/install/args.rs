@@ -68,6 +68,10 @@ usage: natguard uninstall [options]
   --ready-file PATH            removed (default /run/natguard/ready)
   --keep-kernel-state          leave natguard's nftables table in place
   --log-format text|json       log lines as text (default) or one JSON object per line
+  --stay                       after a successful uninstall, keep running until SIGTERM (the
+                               uninstall DaemonSet: its pods are ready once their node is clean)
+  --check                      exit 0 iff no list in the netconf dir has natguard and the bin
+                               dir has no natguard binary (the uninstall DaemonSet's probe)
 Removes natguard's entry from every list in the netconf dir, then its binary from the bin dir,
 then its nftables table (inet natguard) with every pod's entries.
 ";
@@ -137,6 +141,18 @@ pub(crate) struct UninstallOpts {
     pub(crate) ready_file: PathBuf,
     pub(crate) keep_kernel_state: bool,
     pub(crate) log_format: Format,
+    pub(crate) mode: UninstallMode,
+}
+
+/// The three ways uninstall runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UninstallMode {
+    /// Uninstall and exit.
+    Once,
+    /// Uninstall, then wait for a signal (`--stay`).
+    Stay,
+    /// Only report whether anything of natguard is left (`--check`).
+    Check,
 }
 
 pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>> {
@@ -392,6 +408,7 @@ pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOp
         ready_file: PathBuf::from(DEFAULT_READY_FILE),
         keep_kernel_state: false,
         log_format: Format::Text,
+        mode: UninstallMode::Once,
     };
     let mut it = Args::new(args);
     while let Some((flag, inline)) = it.next_flag() {
@@ -405,6 +422,18 @@ pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOp
                 opts.keep_kernel_state = true
             }
             "--log-format" => opts.log_format = parse_log_format(&it.value(&flag, inline)?)?,
+            "--stay" | "--check" => {
+                no_value(&flag, &inline)?;
+                let mode = if flag == "--stay" {
+                    UninstallMode::Stay
+                } else {
+                    UninstallMode::Check
+                };
+                if opts.mode != UninstallMode::Once && opts.mode != mode {
+                    return Err(usage("--stay and --check exclude each other"));
+                }
+                opts.mode = mode
+            }
             other => return Err(unknown(other)),
         }
     }

@@ -30,7 +30,7 @@ mod watch;
 
 use crate::error::Error;
 use crate::tools::cli::options_or_exit;
-use args::{InstallOpts, RunMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
+use args::{InstallOpts, RunMode, UninstallMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
 use flow::{install_binary, install_conflist, place_guard, run_adopt, set_ready, Outcome, Write};
 use netconf_dir::entry_present;
 use std::fs;
@@ -223,7 +223,29 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     start_logging("uninstall", opts.log_format);
+    if opts.mode == UninstallMode::Check {
+        return match uninstall::left_over(&opts) {
+            None => {
+                println!("clean: natguard is in no list and not in the bin dir");
+                EXIT_OK
+            }
+            Some(what) => {
+                println!("not clean: {what}");
+                EXIT_FAILED
+            }
+        };
+    }
     match uninstall::run(&opts) {
+        Ok(()) if opts.mode == UninstallMode::Stay => {
+            crate::info!("natguard is off this node; staying until SIGTERM (--stay)");
+            match watch::wait_for_signal() {
+                Ok(()) => EXIT_OK,
+                Err(e) => {
+                    crate::warn!("{e}");
+                    EXIT_FAILED
+                }
+            }
+        }
         Ok(()) => EXIT_OK,
         Err(e) => {
             crate::warn!("{e}");

@@ -291,6 +291,13 @@ fn reload_config(opts: &mut InstallOpts) -> Option<Instant> {
     due
 }
 
+/// Waits for SIGTERM or SIGINT (`uninstall --stay`).
+pub(crate) fn wait_for_signal() -> Result<()> {
+    let sig = signal_pipe().map_err(|e| Error::io("installing signal handlers", e))?;
+    while !poll_in(&[sig], None)[0] {}
+    Ok(())
+}
+
 /// How long until `t` (zero once it has passed).
 fn until(t: Instant) -> Duration {
     t.saturating_duration_since(Instant::now())
