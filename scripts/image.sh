@@ -7,9 +7,9 @@
 # ["/natguard","install","--watch"]. The archive is reproducible: the same binary gives the same
 # bytes, so the same digests (fixed mtimes, owners, modes and order in both tars, gzip -n, a fixed
 # "created" time). Load it with
-#   ctr -n k8s.io images import target/natguard-image.tar    (names it docker.io/library/natguard:0.1.0)
-#   podman load -i target/natguard-image.tar                  (names it docker.io/library/natguard:0.1.0)
-# Kubernetes normalizes the DaemonSet's "natguard:0.1.0" to docker.io/library/natguard:0.1.0, so
+#   ctr -n k8s.io images import target/natguard-image.tar    (names it docker.io/library/natguard:0.2.0)
+#   podman load -i target/natguard-image.tar                  (names it docker.io/library/natguard:0.2.0)
+# Kubernetes normalizes the DaemonSet's "natguard:0.2.0" to docker.io/library/natguard:0.2.0, so
 # the imported image is found without a registry.
 #
 # The image config carries the OCI labels org.opencontainers.image.title, .version and
@@ -19,7 +19,7 @@
 #
 # Environment:
 #   NATGUARD_BIN       use this binary instead of building target/x86_64-unknown-linux-gnu/release/natguard
-#   IMAGE_REF          image reference (default natguard:0.1.0)
+#   IMAGE_REF          image reference (default natguard:0.2.0)
 #   IMAGE_SOURCE       org.opencontainers.image.source (default: Cargo.toml's package.repository,
 #                      else "unknown"; never the git remote, whose URL may hold credentials)
 #   SOURCE_DATE_EPOCH  the image's "created" time and every file's mtime (default 0)
@@ -27,7 +27,7 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/target/natguard-image.tar}
-ref=${IMAGE_REF:-natguard:0.1.0}
+ref=${IMAGE_REF:-natguard:0.2.0}
 epoch=${SOURCE_DATE_EPOCH:-0}
 
 die() { echo "image.sh: $*" >&2; exit 1; }
@@ -113,9 +113,9 @@ printf '%s' \
 read -r manifest_digest manifest_size < <(blob "$work/manifest.json")
 
 # ctr import (1.6) names the image after io.containerd.image.name, else after
-# org.opencontainers.image.ref.name, as written: a short "natguard:0.1.0" stays short, and the CRI
-# plugin, which looks the DaemonSet's image up as docker.io/library/natguard:0.1.0, would not find
-# it. podman load takes ref.name and turns a short name into localhost/natguard:0.1.0. Both get the
+# org.opencontainers.image.ref.name, as written: a short "natguard:0.2.0" stays short, and the CRI
+# plugin, which looks the DaemonSet's image up as docker.io/library/natguard:0.2.0, would not find
+# it. podman load takes ref.name and turns a short name into localhost/natguard:0.2.0. Both get the
 # fully qualified name, which both then find under the short name too.
 printf '%s' \
   '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json",' \
