@@ -7,9 +7,9 @@
 # ["/natguard","install","--watch"]. The archive is reproducible: the same binary gives the same
 # bytes, so the same digests (fixed mtimes, owners, modes and order in both tars, gzip -n, a fixed
 # "created" time). Load it with
-#   ctr -n k8s.io images import target/natguard-image.tar    (names it docker.io/library/natguard:0.1.0)
-#   podman load -i target/natguard-image.tar                  (names it docker.io/library/natguard:0.1.0)
-# Kubernetes normalizes the DaemonSet's "natguard:0.1.0" to docker.io/library/natguard:0.1.0, so
+#   ctr -n k8s.io images import target/natguard-image.tar    (names it docker.io/library/natguard:0.2.0)
+#   podman load -i target/natguard-image.tar                  (names it docker.io/library/natguard:0.2.0)
+# Kubernetes normalizes the DaemonSet's "natguard:0.2.0" to docker.io/library/natguard:0.2.0, so
 # the imported image is found without a registry.
 #
 # The image config carries the OCI labels org.opencontainers.image.title, .version and
@@ -19,7 +19,9 @@
 #
 # Environment:
 #   NATGUARD_BIN       use this binary instead of building target/x86_64-unknown-linux-gnu/release/natguard
-#   IMAGE_REF          image reference (default natguard:0.1.0)
+#   IMAGE_ARCH         the image's architecture, amd64 (default) or arm64; for arm64, NATGUARD_BIN
+#                      must be a static aarch64 binary (built on an arm64 host: docs/upgrade.md)
+#   IMAGE_REF          image reference (default natguard:0.2.0)
 #   IMAGE_SOURCE       org.opencontainers.image.source (default: Cargo.toml's package.repository,
 #                      else "unknown"; never the git remote, whose URL may hold credentials)
 #   SOURCE_DATE_EPOCH  the image's "created" time and every file's mtime (default 0)
@@ -27,8 +29,9 @@ set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/target/natguard-image.tar}
-ref=${IMAGE_REF:-natguard:0.1.0}
+ref=${IMAGE_REF:-natguard:0.2.0}
 epoch=${SOURCE_DATE_EPOCH:-0}
+arch=${IMAGE_ARCH:-amd64}
 
 die() { echo "image.sh: $*" >&2; exit 1; }
 
@@ -44,6 +47,14 @@ case $name in
   *) full=docker.io/library/$name ;;
 esac
 
+case $arch in
+  amd64) machine='X86-64' ;;
+  arm64) machine='AArch64' ;;
+  *) die "IMAGE_ARCH must be amd64 or arm64, got $arch" ;;
+esac
+if [[ -z ${NATGUARD_BIN:-} && $arch != amd64 ]]; then
+  die "IMAGE_ARCH=$arch needs NATGUARD_BIN: a static $arch binary built on such a host"
+fi
 if [[ -n ${NATGUARD_BIN:-} ]]; then
   bin=$NATGUARD_BIN
 else
@@ -55,6 +66,7 @@ fi
 if readelf -lW "$bin" | grep 'program interpreter' >/dev/null; then
   die "$bin is dynamically linked; build with the crate's .cargo/config.toml (crt-static)"
 fi
+readelf -hW "$bin" | grep -q "Machine:.*$machine" || die "$bin is not a $arch binary"
 
 # Version and revision as the binary reports them: "natguard 0.1.0 (revision 0123456789ab)".
 version_line=$("$bin" --version) || die "$bin --version failed"
@@ -93,7 +105,7 @@ read -r layer_digest layer_size < <(blob "$work/layer.tar.gz")
 
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 printf '%s' \
-  '{"architecture":"amd64","os":"linux",' \
+  '{"architecture":"'"$arch"'","os":"linux",' \
   '"config":{"Entrypoint":["/natguard","install","--watch"],"WorkingDir":"/",' \
   '"Labels":{"org.opencontainers.image.licenses":"Apache-2.0",' \
   '"org.opencontainers.image.revision":"'"$revision"'",' \
@@ -113,14 +125,14 @@ printf '%s' \
 read -r manifest_digest manifest_size < <(blob "$work/manifest.json")
 
 # ctr import (1.6) names the image after io.containerd.image.name, else after
-# org.opencontainers.image.ref.name, as written: a short "natguard:0.1.0" stays short, and the CRI
-# plugin, which looks the DaemonSet's image up as docker.io/library/natguard:0.1.0, would not find
-# it. podman load takes ref.name and turns a short name into localhost/natguard:0.1.0. Both get the
+# org.opencontainers.image.ref.name, as written: a short "natguard:0.2.0" stays short, and the CRI
+# plugin, which looks the DaemonSet's image up as docker.io/library/natguard:0.2.0, would not find
+# it. podman load takes ref.name and turns a short name into localhost/natguard:0.2.0. Both get the
 # fully qualified name, which both then find under the short name too.
 printf '%s' \
   '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json",' \
   '"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:'"$manifest_digest"'","size":'"$manifest_size"',' \
-  '"platform":{"architecture":"amd64","os":"linux"},' \
+  '"platform":{"architecture":"'"$arch"'","os":"linux"},' \
   '"annotations":{"io.containerd.image.name":"'"$full:$tag"'","org.opencontainers.image.ref.name":"'"$full:$tag"'"}}]}' \
   >"$work/layout/index.json"
 printf '%s' '{"imageLayoutVersion":"1.0.0"}' >"$work/layout/oci-layout"

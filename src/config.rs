@@ -1,7 +1,7 @@
 //! natguard's configuration: the plugin's entry in a conflist, parsed strictly once.
 //!
 //! This module parses natguard's own sections of the network configuration (`metadata`,
-//! `masquerade`, `conntrack`, and the log fields `logFile`, `logLevel`, `logFileMaxSize`); the
+//! `masquerade`, `conntrack`, and the log fields `logFile`, `logLevel`, `logFileMaxSize`, `logFormat`); the
 //! CNI keys around them are [`crate::cni::netconf`]'s. Every natguard field is optional and has
 //! the default documented in the README. Unknown keys inside natguard's sections are rejected,
 //! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
@@ -188,6 +188,8 @@ pub struct Config {
     pub log_level: crate::log::Level,
     /// `logFileMaxSize`: bytes after which `logFile` is rotated to `logFile.1`.
     pub log_file_max_size: u64,
+    /// `logFormat`: `text` (default) or `json` lines, in `logFile` and on stderr.
+    pub log_format: crate::log::Format,
 }
 
 pub const DEFAULT_NON_MASQUERADE_CIDRS: &[&str] = &[
@@ -237,6 +239,7 @@ impl Default for Config {
             log_file: None,
             log_level: crate::log::DEFAULT_LEVEL,
             log_file_max_size: crate::log::DEFAULT_MAX_SIZE,
+            log_format: crate::log::Format::Text,
         }
     }
 }
@@ -387,6 +390,12 @@ pub fn parse_plugin_config(v: &Value) -> Result<Config> {
                     show(l)
                 ))
             })?;
+    }
+    if let Some(f) = obj.get("logFormat") {
+        c.log_format = f
+            .as_str()
+            .and_then(crate::log::Format::from_name)
+            .ok_or_else(|| cfg_err(format!("logFormat: {} is not one of text, json", show(f))))?;
     }
     if let Some(m) = obj.get("logFileMaxSize") {
         use crate::log::{MAX_MAX_SIZE, MIN_MAX_SIZE};
@@ -677,6 +686,9 @@ mod tests {
         assert_eq!(c.log_file, None);
         assert_eq!(c.log_level, crate::log::Level::Warn);
         assert_eq!(c.log_file_max_size, 10_485_760);
+        assert_eq!(c.log_format, crate::log::Format::Text);
+        let j = parse_plugin_config(&json!({"logFormat": "json"})).unwrap();
+        assert_eq!(j.log_format, crate::log::Format::Json);
     }
 
     #[test]
@@ -734,6 +746,12 @@ mod tests {
                 "verbose",
             ),
             (json!({"logLevel":"WARN"}), "logLevel", "WARN"),
+            (
+                json!({"logFormat":"yaml"}),
+                "logFormat: \"yaml\" is not one of text, json",
+                "yaml",
+            ),
+            (json!({"logFormat":true}), "logFormat", "true"),
             (json!({"logLevel":2}), "logLevel", "2"),
             (json!({"logFileMaxSize":0}), "logFileMaxSize", "0"),
             (json!({"logFileMaxSize":-1}), "logFileMaxSize", "-1"),

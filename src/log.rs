@@ -20,6 +20,15 @@
 //! lands in PATH or PATH.1 in the order it was written; and a file exceeds the cap only by a
 //! single line longer than the cap itself.
 //!
+//! **Two formats.** `text` (the default) is one line of `SECONDS.MILLIS natguard[PID] LEVEL
+//! CONTEXT: MSG`, as tests and operators' greps read it. `json` (`logFormat: "json"` in the
+//! plugin's config, `--log-format json` for the node tools) is one JSON object per line with
+//! `time` (RFC 3339, UTC, milliseconds), `level`, `component` (the verb or subcommand), `msg`,
+//! `pid`, and `network`, `container`, `ifname` and `pod` where the invocation knows them: what
+//! a cluster's log pipeline indexes without a parser of its own. Both outputs of a process,
+//! stderr and `logFile`, use the same format, and the format is set before the first line that
+//! has a context, so every line a component writes is in one format.
+//!
 //! The wait for that flock is bounded: [`LOG_LOCK_WAIT`] per line, and once it ran out the
 //! invocation stops waiting for it. A line that cannot have the lock is appended without it
 //! and without rotating (one note on stderr): the verb never waits on its log, and no line is
@@ -60,6 +69,71 @@ impl Level {
     }
 }
 
+/// How each line is written: the format of `logFormat` and `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Format {
+    /// `SECONDS.MILLIS natguard[PID] LEVEL CONTEXT: MSG`.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl Format {
+    pub const ALL: [Format; 2] = [Format::Text, Format::Json];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Format::Text => "text",
+            Format::Json => "json",
+        }
+    }
+
+    /// The format named exactly `s` ("text", "json").
+    pub fn from_name(s: &str) -> Option<Format> {
+        Format::ALL.into_iter().find(|f| f.as_str() == s)
+    }
+}
+
+/// What a line is about: the component (a CNI verb or a node tool's subcommand) and, for a
+/// CNI verb, the attachment. Text lines name them in this order, separated by spaces.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// "ADD", "DEL", ..., "install", "uninstall", "adopt".
+    pub component: String,
+    pub network: Option<String>,
+    /// The container ID, cut to 12 characters as runtimes show it.
+    pub container: Option<String>,
+    pub ifname: Option<String>,
+    /// "NAMESPACE/NAME" from CNI_ARGS; in JSON lines only (text lines stay as they were).
+    pub pod: Option<String>,
+}
+
+impl Context {
+    /// A context that names only the component.
+    pub fn component(name: impl Into<String>) -> Context {
+        Context {
+            component: name.into(),
+            ..Context::default()
+        }
+    }
+
+    /// The text form: "ADD net1 abc123 eth0", "install", or "" before any context is set.
+    fn text(&self) -> String {
+        [
+            Some(&self.component).filter(|c| !c.is_empty()),
+            self.network.as_ref(),
+            self.container.as_ref(),
+            self.ifname.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(" ")
+    }
+}
+
 /// `logLevel` when the config names none.
 pub const DEFAULT_LEVEL: Level = Level::Warn;
 /// `logFileMaxSize` when the config names none: 10 MiB.
@@ -88,13 +162,21 @@ struct Sink {
 
 struct State {
     level: Level,
-    context: String,
+    format: Format,
+    context: Context,
     sink: Option<Sink>,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     level: DEFAULT_LEVEL,
-    context: String::new(),
+    format: Format::Text,
+    context: Context {
+        component: String::new(),
+        network: None,
+        container: None,
+        ifname: None,
+        pod: None,
+    },
     sink: None,
 });
 
@@ -132,9 +214,19 @@ pub fn info_to_stderr() {
 
 static INFO_TO_STDERR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Prefix for every line of this invocation, e.g. "ADD net1 abc123 eth0".
-pub fn set_context(ctx: String) {
+/// What every line of this invocation is about (in text, its prefix: "ADD net1 abc123 eth0").
+pub fn set_context(ctx: Context) {
     state().context = ctx;
+}
+
+/// The format of every line from here on, on stderr and in `logFile`.
+pub fn set_format(format: Format) {
+    state().format = format;
+}
+
+/// The format lines are written in.
+pub fn format() -> Format {
+    state().format
 }
 
 /// Writes one line at `level`: to stderr if it is a warning or an error, to the log file if the
@@ -150,16 +242,7 @@ pub fn log(level: Level, msg: &str) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    // A line before any context is set reads "error: MSG", never "error : MSG".
-    let sep = if st.context.is_empty() { "" } else { " " };
-    let line = format!(
-        "{}.{:03} natguard[{}] {}{sep}{}: {msg}\n",
-        now.as_secs(),
-        now.subsec_millis(),
-        std::process::id(),
-        level.as_str(),
-        st.context
-    );
+    let line = render(st.format, now, level, &st.context, msg);
     if to_stderr {
         let _ = std::io::stderr().write_all(line.as_bytes());
     }
@@ -176,9 +259,84 @@ pub fn write(level: &str, msg: &str) {
     log(Level::from_name(level).unwrap_or(Level::Error), msg);
 }
 
-/// A note about the log itself: stderr only, with no context (there may be none yet).
+/// One line in `format`, with its newline. `now` is the time since the Unix epoch.
+fn render(format: Format, now: Duration, level: Level, ctx: &Context, msg: &str) -> String {
+    match format {
+        Format::Text => {
+            // A line before any context is set reads "error: MSG", never "error : MSG".
+            let ctx = ctx.text();
+            let sep = if ctx.is_empty() { "" } else { " " };
+            format!(
+                "{}.{:03} natguard[{}] {}{sep}{ctx}: {msg}\n",
+                now.as_secs(),
+                now.subsec_millis(),
+                std::process::id(),
+                level.as_str(),
+            )
+        }
+        Format::Json => {
+            let mut o = serde_json::Map::new();
+            o.insert("time".into(), rfc3339_utc(now).into());
+            o.insert("level".into(), level.as_str().into());
+            o.insert("component".into(), ctx.component.clone().into());
+            for (k, v) in [
+                ("network", &ctx.network),
+                ("container", &ctx.container),
+                ("ifname", &ctx.ifname),
+                ("pod", &ctx.pod),
+            ] {
+                if let Some(v) = v {
+                    o.insert(k.into(), v.clone().into());
+                }
+            }
+            o.insert("pid".into(), std::process::id().into());
+            o.insert("msg".into(), msg.into());
+            format!("{}\n", serde_json::Value::Object(o))
+        }
+    }
+}
+
+/// `now` (since the Unix epoch) as RFC 3339 in UTC with milliseconds:
+/// `2026-12-04T21:04:47.775Z`. The civil date comes from the day count by Howard Hinnant's
+/// `civil_from_days`, which is exact for the proleptic Gregorian calendar.
+pub fn rfc3339_utc(now: Duration) -> String {
+    let secs = now.as_secs();
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}
+
+/// A note about the log itself: stderr only. In text it has no context (there may be none
+/// yet); in JSON it is a warning of the component "log".
 fn note(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "natguard: {msg}");
+    let format = state().format;
+    match format {
+        Format::Text => {
+            let _ = writeln!(std::io::stderr(), "natguard: {msg}");
+        }
+        Format::Json => {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default();
+            let line = render(format, now, Level::Warn, &Context::component("log"), msg);
+            let _ = std::io::stderr().write_all(line.as_bytes());
+        }
+    }
 }
 
 /// Opens a log file without blocking or following a symlink; only a regular file is returned.
@@ -374,6 +532,63 @@ mod tests {
             lock_gave_up: false,
             rotate_failed: false,
         }
+    }
+
+    #[test]
+    fn rfc3339_times_are_the_civil_utc_date() {
+        let t = |s: u64, ms: u32| rfc3339_utc(Duration::new(s, ms * 1_000_000));
+        assert_eq!(t(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(t(951_782_400, 5), "2000-02-29T00:00:00.005Z");
+        assert_eq!(t(1_796_414_287, 775), "2026-12-04T19:58:07.775Z");
+        assert_eq!(t(4_107_542_399, 999), "2100-02-28T23:59:59.999Z");
+        assert_eq!(t(4_107_542_400, 0), "2100-03-01T00:00:00.000Z");
+    }
+
+    #[test]
+    fn text_lines_keep_their_shape_and_json_lines_name_the_context() {
+        let now = Duration::new(1_796_414_287, 775_000_000);
+        let ctx = Context {
+            component: "ADD".into(),
+            network: Some("net1".into()),
+            container: Some("abc123".into()),
+            ifname: Some("eth0".into()),
+            pod: Some("default/web".into()),
+        };
+        let pid = std::process::id();
+        assert_eq!(
+            render(Format::Text, now, Level::Warn, &ctx, "m"),
+            format!("1796414287.775 natguard[{pid}] warn ADD net1 abc123 eth0: m\n")
+        );
+        assert_eq!(
+            render(Format::Text, now, Level::Error, &Context::default(), "m"),
+            format!("1796414287.775 natguard[{pid}] error: m\n")
+        );
+        let line = render(Format::Json, now, Level::Info, &ctx, "say \"hi\"\n");
+        assert!(
+            line.ends_with('\n') && line.matches('\n').count() == 1,
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"time": "2026-12-04T19:58:07.775Z", "level": "info",
+                "component": "ADD", "network": "net1", "container": "abc123", "ifname": "eth0",
+                "pod": "default/web", "pid": pid, "msg": "say \"hi\"\n"})
+        );
+        let v: serde_json::Value = serde_json::from_str(&render(
+            Format::Json,
+            now,
+            Level::Warn,
+            &Context::component("install"),
+            "m",
+        ))
+        .unwrap();
+        assert_eq!(
+            v.as_object().unwrap().keys().collect::<Vec<_>>(),
+            ["time", "level", "component", "pid", "msg"]
+        );
+        assert_eq!(Format::from_name("json"), Some(Format::Json));
+        assert_eq!(Format::from_name("JSON"), None);
     }
 
     #[test]

@@ -61,7 +61,9 @@ fn run_cni() -> i32 {
     let get = |k: &str| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned());
     // Until the verb knows its network and container, its lines name what is known: the verb.
     let verb = get("CNI_COMMAND").as_deref().and_then(Command::parse);
-    natguard::log::set_context(verb.map_or("CNI", |c| c.as_str()).to_string());
+    natguard::log::set_context(natguard::log::Context::component(
+        verb.map_or("CNI", |c| c.as_str()),
+    ));
     let Some(cmd_text) = get("CNI_COMMAND") else {
         let e = Error::InvalidEnv(
             "CNI_COMMAND: not set; natguard runs as a CNI plugin, or try `natguard help`".into(),

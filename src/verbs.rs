@@ -57,13 +57,17 @@ pub fn run(
         conf.natguard.log_level,
         conf.natguard.log_file_max_size,
     );
-    crate::log::set_context(format!(
-        "{} {} {} {}",
-        command.as_str(),
-        conf.name,
-        cni::truncate(&env.container_id, 12),
-        env.ifname
-    ));
+    crate::log::set_format(conf.natguard.log_format);
+    crate::log::set_context(crate::log::Context {
+        component: command.as_str().to_string(),
+        network: Some(conf.name.clone()),
+        container: Some(cni::truncate(&env.container_id, 12).to_string()),
+        ifname: Some(env.ifname.clone()),
+        pod: match (&env.args.pod_namespace, &env.args.pod_name) {
+            (Some(ns), Some(name)) => Some(format!("{ns}/{name}")),
+            _ => None,
+        },
+    });
     let ct_path = conntrack_path(env_get)?;
     match command {
         Command::Add => cmd_add(&env, &conf, ct_path).map(Some),

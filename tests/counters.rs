@@ -976,6 +976,165 @@ fn watch_keeps_the_metrics_file() {
     chain.del(&pod.att).unwrap();
 }
 
+/// One HTTP/1.1 request from `ns` to `addr`, read to the end (the server closes): the status
+/// code, the headers (names in lower case) and the body.
+fn http_request(
+    ns: &Netns,
+    addr: SocketAddr,
+    request: &str,
+) -> (u16, Vec<(String, String)>, String) {
+    use std::io::{Read, Write};
+    let raw = in_netns(ns, || {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        String::from_utf8(raw).unwrap()
+    });
+    let (head, body) = raw
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no head: {raw:?}"));
+    let mut lines = head.split("\r\n");
+    let status = lines.next().unwrap();
+    assert!(status.starts_with("HTTP/1.1 "), "{status}");
+    let code = status[9..12].parse().unwrap();
+    let headers: Vec<(String, String)> = lines
+        .map(|l| {
+            let (k, v) = l.split_once(':').unwrap();
+            (k.trim().to_ascii_lowercase(), v.trim().to_string())
+        })
+        .collect();
+    let len: usize = headers
+        .iter()
+        .find(|(k, _)| k == "content-length")
+        .map(|(_, v)| v.parse().unwrap())
+        .expect("a Content-Length");
+    assert_eq!(
+        body.len(),
+        len,
+        "the body is as long as Content-Length says"
+    );
+    (code, headers, body.to_string())
+}
+
+/// `install --watch --metrics-port`: GET /metrics answers 200 with the Prometheus text format
+/// that `natguard metrics` prints (read with the Prometheus client's parser) and follows the
+/// counters; other paths are 404, other methods 405; and a client that connects and sends
+/// nothing delays neither the watcher's work on the conflist nor, beyond its 2 s timeout, the
+/// next scrape.
+#[test]
+fn watch_serves_metrics_over_http() {
+    let w = World::new("cnthttp");
+    let chain = w.chain(w.list("nghttp", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    run(w.node.cmd("ip").args(["link", "set", "lo", "up"]));
+    let dir = w.dir().join("install");
+    fs::create_dir_all(dir.join("net.d")).unwrap();
+    fs::create_dir_all(dir.join("bin")).unwrap();
+    let list = dir.join("net.d/10-nghttp.conflist");
+    let template = serde_json::to_string_pretty(&w.list("nghttp", "1.0.0", 0, None)).unwrap();
+    fs::write(&list, &template).unwrap();
+    let log = dir.join("watch.log");
+    let port = 19118;
+    let bin = natguard_bin();
+    let mut cmd = w.node.cmd(bin.to_str().unwrap());
+    cmd.args(["install", "--watch", "--no-adopt"])
+        .arg("--netconf-dir")
+        .arg(dir.join("net.d"))
+        .arg("--cni-bin-dir")
+        .arg(dir.join("bin"))
+        .arg("--ready-file")
+        .arg(dir.join("ready"))
+        .args([
+            "--metrics-port",
+            &port.to_string(),
+            "--metrics-address",
+            "127.0.0.1",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    let watcher = Watcher(cmd.spawn().unwrap());
+    let logged = || fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the endpoint in the log", Duration::from_secs(10), || {
+        logged()
+            .contains(&format!(
+                "serving metrics on http://127.0.0.1:{port}/metrics"
+            ))
+            .then_some(())
+    });
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let get = "GET /metrics HTTP/1.1\r\nHost: node\r\nAccept: text/plain\r\n\r\n";
+
+    let (code, headers, body) = http_request(&w.node, addr, get);
+    assert_eq!(code, 200, "{body}");
+    let header =
+        |h: &[(String, String)], k: &str| h.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+    assert_eq!(
+        header(&headers, "content-type").as_deref(),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    let metrics = parse_exposition(&body).unwrap_or_else(|e| panic!("{e}\n{body}"));
+    assert_eq!(sample(&metrics, "natguard_up", &[]), 1.0);
+    assert_eq!(
+        sample(&metrics, "natguard_pods", &[("network", "nghttp")]),
+        1.0
+    );
+    // The same families as `natguard metrics` prints.
+    let cli = common::run::Natguard::new()
+        .args(&["metrics"])
+        .run_in(&w.node);
+    let cli = parse_exposition(&cli.stdout).unwrap();
+    let names = |m: &[Metric]| m.iter().map(|m| m.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&metrics), names(&cli));
+
+    // A scrape sees the counters of its moment.
+    fetch_metadata(&pod, META4, 2, "proxy");
+    let (_, _, body) = http_request(&w.node, addr, get);
+    let metrics = parse_exposition(&body).unwrap();
+    assert_eq!(fam_metrics(&metrics, "nghttp", "ipv4").proxied, 2);
+
+    let (code, _, _) = http_request(&w.node, addr, "GET / HTTP/1.1\r\nHost: node\r\n\r\n");
+    assert_eq!(code, 404);
+    let (code, headers, _) = http_request(
+        &w.node,
+        addr,
+        "POST /metrics HTTP/1.1\r\nHost: node\r\nContent-Length: 0\r\n\r\n",
+    );
+    assert_eq!(code, 405);
+    assert_eq!(header(&headers, "allow").as_deref(), Some("GET, HEAD"));
+
+    // A client that sends nothing: the watcher still puts natguard back into a rewritten list
+    // at once, and the next scrape is answered once the idle one has timed out.
+    let idle = in_netns(&w.node, || std::net::TcpStream::connect(addr).unwrap());
+    let start = Instant::now();
+    fs::write(&list, &template).unwrap();
+    wait_for("natguard back in the list", Duration::from_secs(10), || {
+        fs::read_to_string(&list)
+            .ok()
+            .filter(|t| t.contains("\"natguard\""))
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "the watcher waited for the idle client: {:?}",
+        start.elapsed()
+    );
+    let (code, _, _) = http_request(&w.node, addr, get);
+    assert_eq!(code, 200);
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "a scrape waited {:?} behind an idle client",
+        start.elapsed()
+    );
+    drop(idle);
+
+    let status = watcher.stop();
+    assert!(status.success(), "watcher exit {status:?}\n{}", logged());
+    chain.del(&pod.att).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 
 /// Without CAP_NET_ADMIN natguard's state cannot be read: all three outputs say so (exit 1),

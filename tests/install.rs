@@ -1020,3 +1020,169 @@ fn the_cache_root_is_read_as_its_results() {
     assert_eq!(results_dir(&root), root);
     assert_eq!(results_dir(&n.dir.join("missing")), n.dir.join("missing"));
 }
+
+/// A directory laid out as the kubelet lays out a ConfigMap volume: `natguard.json` is a
+/// symlink to `..data/natguard.json`, and `..data` a symlink to a timestamped directory. An
+/// update writes a new directory and renames a new `..data` symlink over the old one.
+struct ConfigMapDir {
+    dir: PathBuf,
+    version: usize,
+}
+
+impl ConfigMapDir {
+    fn new(dir: PathBuf, first: &str) -> ConfigMapDir {
+        fs::create_dir_all(&dir).unwrap();
+        let mut c = ConfigMapDir { dir, version: 0 };
+        c.update(first);
+        std::os::unix::fs::symlink("..data/natguard.json", c.file()).unwrap();
+        c
+    }
+    fn file(&self) -> PathBuf {
+        self.dir.join("natguard.json")
+    }
+    /// What the kubelet does on an update: a new data dir, then `..data` swapped atomically.
+    fn update(&mut self, text: &str) {
+        self.version += 1;
+        let data = format!("..2026_12_04_{:02}", self.version);
+        fs::create_dir_all(self.dir.join(&data)).unwrap();
+        fs::write(self.dir.join(&data).join("natguard.json"), text).unwrap();
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&data, &tmp).unwrap();
+        fs::rename(&tmp, self.dir.join("..data")).unwrap();
+    }
+}
+
+fn natguard_entry(list: &Path) -> Value {
+    let v: Value = serde_json::from_str(&fs::read_to_string(list).unwrap()).unwrap();
+    v["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "natguard")
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// `install --watch --config FILE` follows FILE like a DaemonSet's ConfigMap: a `..data`
+/// swap and a plain rewrite both become natguard's entry in the active list (flags still
+/// override it), a config the plugin's parser refuses is logged and the entry kept, and the
+/// readiness probe with the same `--config` is ready exactly when the list has that file's
+/// entry. With `--log-format json` every line the watcher writes is one JSON object.
+#[test]
+fn watch_follows_its_config_file_like_a_configmap() {
+    let n = Node::new("configmap");
+    n.write("10-calico.conflist", CALICO);
+    let list = n.conf("10-calico.conflist");
+    let mut cm = ConfigMapDir::new(
+        n.dir.join("etc-natguard"),
+        r#"{"metadata":{"mode":"deny"}}"#,
+    );
+    let cfg = cm.file().display().to_string();
+    let w = Watcher::start(
+        &n,
+        &[
+            "--config",
+            &cfg,
+            "--exempt-namespace",
+            "kube-system",
+            "--log-format",
+            "json",
+        ],
+    );
+    let mode = || natguard_entry(&list)["metadata"]["mode"].clone();
+    wait_for("the first entry", || mode() == "deny");
+    let ready = n.ready().display().to_string();
+    let probe = || {
+        Command::new(BIN)
+            .args([
+                "install",
+                "--check",
+                "--ready-file",
+                &ready,
+                "--config",
+                &cfg,
+            ])
+            .args(["--exempt-namespace", "kube-system"])
+            .output()
+            .unwrap()
+    };
+    let out = probe();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+
+    // A ConfigMap update: the new entry replaces the old one, the flags still apply.
+    cm.update(r#"{"metadata":{"mode":"proxy","proxyPort":9000},"logFormat":"json"}"#);
+    wait_for("the updated entry", || mode() == "proxy");
+    let e = natguard_entry(&list);
+    assert_eq!(e["metadata"]["proxyPort"], 9000);
+    assert_eq!(e["metadata"]["exemptNamespaces"], json!(["kube-system"]));
+    assert_eq!(e["logFormat"], "json");
+    assert_eq!(
+        e["capabilities"],
+        json!({"io.kubernetes.cri.pod-annotations": true})
+    );
+    wait_for("the probe to pass on the new entry", || {
+        probe().status.code() == Some(0)
+    });
+
+    // A bad config: logged, the entry stays, and the probe says not ready.
+    let before = fs::read(&list).unwrap();
+    cm.update(r#"{"metadata":{"mode":"allow"}}"#);
+    wait_for("the refusal in the log", || {
+        w.count("keeping natguard's entry as it is") == 1
+    });
+    assert_eq!(fs::read(&list).unwrap(), before);
+    let out = probe();
+    assert_ne!(out.status.code(), Some(0), "{}", text(&out));
+
+    // Fixed by hand: a plain file in place of the ConfigMap's symlink.
+    let tmp = cm.dir.join("natguard.json.new");
+    fs::write(&tmp, r#"{"metadata":{"mode":"off"}}"#).unwrap();
+    fs::rename(&tmp, cm.file()).unwrap();
+    wait_for("the fixed entry", || mode() == "off");
+    wait_for("the probe to pass again", || {
+        probe().status.code() == Some(0)
+    });
+    // The agent's rewrite from its template gets the current entry back, not the first one.
+    fs::write(&list, CALICO).unwrap();
+    wait_for("the entry back after the agent's rewrite", || {
+        mode() == "off"
+    });
+
+    let mut w = w;
+    assert!(w.signal(libc::SIGTERM).success());
+    let log = w.log();
+    assert!(log.lines().count() >= 5, "{log}");
+    for line in log.lines() {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert_eq!(v["component"], "install", "{line}");
+        for k in ["time", "level", "msg"] {
+            assert!(v[k].is_string(), "{k} missing: {line}");
+        }
+        assert!(v["time"].as_str().unwrap().ends_with('Z'), "{line}");
+    }
+}
+
+/// The uninstall DaemonSet's pod: `uninstall --stay` takes natguard off the node and keeps
+/// running until SIGTERM, and `uninstall --check` (its readiness probe) says clean exactly when
+/// no list has natguard and the bin dir has no natguard binary.
+#[test]
+fn uninstall_stays_and_its_check_says_when_the_node_is_clean() {
+    let n = Node::new("uninstall-stay");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[]);
+    let check = || n.run("uninstall", &["--check"]);
+    let out = check();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("not clean: natguard is in "));
+    let mut stay = Watcher::spawn(n.cmd("uninstall", &["--stay", "--log-format", "json"]));
+    wait_for("the node clean", || check().status.code() == Some(0));
+    assert_eq!(n.read("10-calico.conflist"), CALICO);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(stay.child.try_wait().unwrap().is_none(), "{}", stay.log());
+    assert!(stay.signal(libc::SIGTERM).success());
+    assert!(
+        stay.count(r#""msg":"natguard is off this node; staying until SIGTERM (--stay)""#) == 1
+    );
+    let out = n.run("uninstall", &["--stay", "--check"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+}

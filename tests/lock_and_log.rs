@@ -27,6 +27,7 @@ use std::fs::{self, File};
 use std::io::{self, Read};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -443,6 +444,125 @@ fn log_level_filters_the_file_and_stderr_keeps_warnings() {
         let mut want: Vec<String> = expected.iter().map(|s| s.to_string()).collect();
         want.sort();
         assert_eq!(got, want, "logLevel {level:?}: levels in the file\n{text}");
+    }
+}
+
+/// Checks one JSON log line: an object with an RFC 3339 UTC `time` (milliseconds, `Z`), a
+/// known `level`, the `component`, a `pid` and a `msg`; returns it.
+pub fn json_log_line(line: &str) -> serde_json::Map<String, Value> {
+    let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {line}"))
+        .clone();
+    let time = o["time"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no time: {line}"));
+    let b = time.as_bytes();
+    let digits = |r: std::ops::Range<usize>| b[r].iter().all(u8::is_ascii_digit);
+    assert!(
+        b.len() == 24
+            && digits(0..4)
+            && b[4] == b'-'
+            && digits(5..7)
+            && b[7] == b'-'
+            && digits(8..10)
+            && b[10] == b'T'
+            && digits(11..13)
+            && b[13] == b':'
+            && digits(14..16)
+            && b[16] == b':'
+            && digits(17..19)
+            && b[19] == b'.'
+            && digits(20..23)
+            && b[23] == b'Z',
+        "time is not RFC 3339 UTC with milliseconds: {line}"
+    );
+    // The date itself, read by date(1): the same second as natguard wrote.
+    let epoch = run(Command::new("date").args(["-u", "-d", time, "+%s"]));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let then: u64 = epoch.trim().parse().unwrap();
+    assert!(
+        then <= now && now - then < 600,
+        "{time} is not about now: {line}"
+    );
+    assert!(
+        ["error", "warn", "info", "debug"].contains(&o["level"].as_str().unwrap_or("")),
+        "{line}"
+    );
+    assert!(
+        o["component"].is_string() && o["pid"].is_u64() && o["msg"].is_string(),
+        "{line}"
+    );
+    o
+}
+
+/// `logFormat: "json"`: every line of the file and of stderr is one JSON object, with the
+/// verb, the network, the container, the interface and the pod; the text format stays the
+/// default.
+#[test]
+fn log_format_json_writes_one_object_per_line_with_the_attachment() {
+    let (h, ns) = setup("log-json");
+    let run = RunDir::new(&h, "run");
+    let log = h.dir().join("json.log");
+    let mut c = with(
+        with(cfg(), "logFile", json!(log)),
+        "logLevel",
+        json!("debug"),
+    );
+    c = with(c, "logFormat", json!("json"));
+    // "auto" with no route in the namespace: a warning at every ADD, on stderr too.
+    c["metadata"]["proxyIPv6"] = json!("auto");
+    let p = pod("json", 1);
+    let a = add(&ns, &run, &c, &p).succeeded();
+    let k = check(&ns, &run, &c, &pod("json", 2));
+    assert_eq!(k.exit, Some(1), "{k}");
+    let d = del(&ns, &run, &c, &p).succeeded();
+    let text = fs::read_to_string(&log).unwrap();
+    let mut components = BTreeMap::new();
+    for line in text.lines() {
+        let o = json_log_line(line);
+        let component = o["component"].as_str().unwrap().to_string();
+        assert_eq!(o["network"], NET, "{line}");
+        assert_eq!(o["ifname"], "eth0", "{line}");
+        let cid = o["container"].as_str().unwrap();
+        assert!(cid.starts_with("json000"), "{line}");
+        assert_eq!(o["pod"], format!("default/pod-{cid}"), "{line}");
+        *components.entry(component).or_insert(0) += 1;
+    }
+    for verb in ["ADD", "CHECK", "DEL"] {
+        assert!(components.contains_key(verb), "no {verb} line in\n{text}");
+    }
+    for inv in [&a, &k] {
+        assert!(
+            !inv.stderr.trim().is_empty(),
+            "no warning or error on stderr: {inv}"
+        );
+    }
+    for inv in [&a, &k, &d] {
+        for line in inv.stderr.lines() {
+            json_log_line(line);
+        }
+    }
+    assert!(k.stderr.contains(r#""level":"error""#), "{k}");
+
+    // Without logFormat the lines are text, as before.
+    let text_log = h.dir().join("text.log");
+    let mut c = with(cfg(), "logFile", json!(text_log));
+    c["metadata"]["proxyIPv6"] = json!("auto");
+    let p = pod("json", 3);
+    add(&ns, &run, &c, &p).succeeded();
+    del(&ns, &run, &c, &p).succeeded();
+    let text = fs::read_to_string(&text_log).unwrap();
+    assert!(!text.is_empty());
+    for line in text.lines() {
+        assert!(
+            line.contains(" natguard[") && line.contains(&format!(" {NET} json0003 eth0: ")),
+            "{line}"
+        );
     }
 }
 

@@ -1,5 +1,6 @@
 #!/bin/bash
-# scripts/e2e/image-e2e.sh: natguard's image, run the way scripts/daemonset.yaml runs it.
+# scripts/e2e/image-e2e.sh: natguard's image, run the way scripts/daemonset.yaml (deploy/base
+# rendered, with the metrics overlay's port) runs it.
 #
 # 1. scripts/image.sh builds the image twice from the same binary: both archives must be byte
 #    for byte the same; the layer holds /natguard alone and the entrypoint is
@@ -7,23 +8,27 @@
 #    git revision (this checkout's HEAD when the test built the binary), Apache-2.0 and the
 #    source (IMAGE_SOURCE, which changes the digest like any other input).
 # 2. `podman load` (throwaway storage) and `ctr images import` both name it
-#    docker.io/library/natguard:0.1.0, which is what Kubernetes resolves "natguard:0.1.0" to.
+#    docker.io/library/natguard:0.2.0, which is what Kubernetes resolves "natguard:0.2.0" to.
 # 3. containerd 1.6 (own root, state and socket, started inside the node netns) runs it as the
 #    DaemonSet does: host network (the node netns), the node's CNI dirs bind-mounted at
-#    /opt/cni/bin, /etc/cni/net.d, /var/lib/cni (read-only) and /run/natguard, read-only root
-#    filesystem, every capability dropped but NET_ADMIN, the runtime's default seccomp profile,
-#    no new privileges. The "node's" dirs are directories of this test, never the real ones.
-#    natguard must land in the node's conflist, its binary in the bin dir, the readiness file
-#    must appear and the readiness probe (`natguard install --check`, run with ctr exec) pass;
-#    after the conflist is rewritten from its template the entry must come back; SIGTERM must
-#    end the container with status 0.
+#    /opt/cni/bin, /etc/cni/net.d, /var/lib/cni (read-only) and /run/natguard, the ConfigMap
+#    (laid out as the kubelet does, ..data symlink and all) read-only at /etc/natguard, the
+#    DaemonSet's args and the metrics overlay's port, read-only root filesystem, every
+#    capability dropped but NET_ADMIN, the runtime's default seccomp profile, no new
+#    privileges. The "node's" dirs are directories of this test, never the real ones.
+#    natguard must land in the node's conflist with the ConfigMap's entry, its binary in the
+#    bin dir, the readiness file must appear and the readiness probe (as the DaemonSet writes
+#    it, run with ctr exec) pass; GET /metrics must parse with the Prometheus client's parser;
+#    a ConfigMap update must reach the conflist and a bad one be refused; after the conflist is
+#    rewritten from its template the entry must come back; SIGTERM must end the container
+#    with status 0.
 # 4. `natguard uninstall` in the node netns takes everything off again.
 . "$(dirname "$0")/lib.sh"
 e2e_init image
-need ctr podman tar gzip readelf sha256sum jq flock
+need ctr podman tar gzip readelf sha256sum jq flock /usr/bin/python3 curl
 NS=ng-e2e-image # containerd namespace
 CID=ng-e2e-natguard-$$
-REF=docker.io/library/natguard:0.1.0
+REF=docker.io/library/natguard:0.2.0
 
 # --- 1. the image, reproducibly ---------------------------------------------------------------
 bin=$(natguard_bin)
@@ -85,28 +90,66 @@ pm() { CONTAINERS_STORAGE_CONF=$W/podman/storage.conf podman --log-level=error "
 defer "CONTAINERS_STORAGE_CONF='$W/podman/storage.conf' podman rmi -a -f"
 out=$(pm load -i "$W/image-a.tar" 2>&1) || fail "podman load: $out"
 grep -q "Loaded image: $REF" <<<"$out" || fail "podman load named it otherwise: $out"
-[ "$(pm image inspect natguard:0.1.0 --format '{{.RepoTags}}')" = "[$REF]" ] ||
-  fail "podman does not find natguard:0.1.0 as $REF"
+[ "$(pm image inspect natguard:0.2.0 --format '{{.RepoTags}}')" = "[$REF]" ] ||
+  fail "podman does not find natguard:0.2.0 as $REF"
 log "podman load: $REF"
 
 # --- 3. under containerd, as the DaemonSet runs it --------------------------------------------
-# What is run below must be what scripts/daemonset.yaml asks for.
+# What is run below must be what scripts/daemonset.yaml (deploy/base rendered) asks for, plus
+# the metrics overlay's flags; read with PyYAML into one JSON line per fact.
 ds=$REPO/scripts/daemonset.yaml
-for want in 'image: natguard:0.1.0' 'hostNetwork: true' 'drop: ["ALL"]' 'add: ["NET_ADMIN"]' \
-  'readOnlyRootFilesystem: true' 'allowPrivilegeEscalation: false' 'type: RuntimeDefault' \
-  'privileged: false' 'command: ["/natguard", "install", "--check"]' 'operator: Exists' \
-  'priorityClassName: system-node-critical'; do
-  grep -qF -- "$want" "$ds" || fail "scripts/daemonset.yaml lacks '$want'"
-done
-grep -q '^ *args:' "$ds" && fail "scripts/daemonset.yaml passes args; this test runs the entrypoint alone"
-mounts=$(awk '/mountPath:/ { print $NF }' "$ds" | sort | tr '\n' ' ')
-[ "$mounts" = "/etc/cni/net.d /opt/cni/bin /run/natguard /var/lib/cni " ] ||
-  fail "scripts/daemonset.yaml mounts $mounts; this test mounts /etc/cni/net.d /opt/cni/bin /run/natguard /var/lib/cni"
+facts=$(/usr/bin/python3 - "$ds" <<'PY'
+import json, sys, yaml
+docs = list(yaml.safe_load_all(open(sys.argv[1])))
+ds = next(d for d in docs if d["kind"] == "DaemonSet")
+cm = next(d for d in docs if d["kind"] == "ConfigMap")
+pod = ds["spec"]["template"]["spec"]
+c = pod["containers"][0]
+vols = {v["name"]: v for v in pod["volumes"]}
+mounts = sorted(
+    [m["mountPath"], "configMap" if "configMap" in vols[m["name"]] else "hostPath", bool(m.get("readOnly"))]
+    for m in c["volumeMounts"])
+print(json.dumps({
+    "image": c["image"], "hostNetwork": pod["hostNetwork"], "args": c["args"],
+    "command": c.get("command"), "probe": c["readinessProbe"]["exec"]["command"],
+    "securityContext": c["securityContext"], "mounts": mounts,
+    "nodeSelector": pod["nodeSelector"], "config": cm["data"]["natguard.json"]}))
+PY
+) || fail "reading $ds"
+fact() { jq -c "$1" <<<"$facts"; }
+[ "$(fact .image)" = '"natguard:0.2.0"' ] || fail "image $(fact .image)"
+[ "$(fact .hostNetwork)" = true ] || fail "hostNetwork $(fact .hostNetwork)"
+[ "$(fact .command)" = null ] || fail "the DaemonSet replaces the entrypoint: $(fact .command)"
+[ "$(fact .args)" = '["--config","/etc/natguard/natguard.json"]' ] || fail "args $(fact .args)"
+[ "$(fact .probe)" = '["/natguard","install","--check","--config","/etc/natguard/natguard.json"]' ] ||
+  fail "probe $(fact .probe)"
+[ "$(fact '.securityContext | {capabilities, readOnlyRootFilesystem, allowPrivilegeEscalation, privileged, seccompProfile}')" = \
+  '{"capabilities":{"add":["NET_ADMIN"],"drop":["ALL"]},"readOnlyRootFilesystem":true,"allowPrivilegeEscalation":false,"privileged":false,"seccompProfile":{"type":"RuntimeDefault"}}' ] ||
+  fail "securityContext $(fact .securityContext)"
+[ "$(fact .mounts)" = '[["/etc/cni/net.d","hostPath",false],["/etc/natguard","configMap",true],["/opt/cni/bin","hostPath",false],["/run/natguard","hostPath",false],["/var/lib/cni","hostPath",true]]' ] ||
+  fail "scripts/daemonset.yaml mounts $(fact .mounts); this test mounts those below"
+[ "$(fact .nodeSelector)" = '{"kubernetes.io/arch":"amd64","kubernetes.io/os":"linux"}' ] ||
+  fail "nodeSelector $(fact .nodeSelector)"
 ip netns add "$NODE" || fail "ip netns add $NODE"
 defer "ip netns del '$NODE'"
 ip -n "$NODE" link set lo up
 host=$W/node # the node's filesystem, as far as the DaemonSet mounts it
 mkdir -p "$host/opt/cni/bin" "$host/etc/cni/net.d" "$host/var/lib/cni/results" "$host/run/natguard"
+# The ConfigMap volume as the kubelet lays it out: natguard.json -> ..data/natguard.json,
+# ..data -> a timestamped directory; an update swaps ..data.
+cm=$W/configmap
+cm_version=0
+cm_update() { # TEXT: what the kubelet does when the ConfigMap changes
+  cm_version=$((cm_version + 1))
+  mkdir -p "$cm/..v$cm_version"
+  printf '%s' "$1" >"$cm/..v$cm_version/natguard.json"
+  ln -sfn "..v$cm_version" "$cm/..data_tmp"
+  mv -T "$cm/..data_tmp" "$cm/..data"
+}
+mkdir -p "$cm"
+cm_update "$(jq -r .config <<<"$facts")"
+ln -s ..data/natguard.json "$cm/natguard.json"
+METRICS_PORT=9118
 LIST=$host/etc/cni/net.d/10-bridge.conflist
 jq -n --argjson br "$(bridge_conf cni0 10.244.9.0/24)" \
   '{cniVersion: "0.4.0", name: "ng-e2e-image", plugins: [$br, {type: "portmap", capabilities: {portMappings: true}}]}' \
@@ -139,24 +182,28 @@ for c in CHOWN DAC_OVERRIDE FSETID FOWNER MKNOD NET_RAW SETGID SETUID SETFCAP SE
   caps+=(--cap-drop "CAP_$c")
 done
 mount_opt() { echo "type=bind,src=$1,dst=$2,options=rbind:$3"; }
-# No arguments: ctr (unlike Kubernetes' args) would replace the entrypoint with them, and the
-# DaemonSet passes none, so the image's entrypoint is what runs.
-log "ctr run $REF (host network of $NODE, hostPath mounts, NET_ADMIN only, read-only rootfs)"
+# ctr's arguments replace the entrypoint (Kubernetes' args are appended to it): the entrypoint
+# is given whole, then the DaemonSet's args and the metrics overlay's (on the node's loopback).
+entrypoint=$(jq -r '.config.Entrypoint | join(" ")' "$W/layout/blobs/sha256/$config")
+read -r -a run_args <<<"$entrypoint $(jq -r '.args | join(" ")' <<<"$facts") --metrics-port=$METRICS_PORT --metrics-address=127.0.0.1"
+log "ctr run $REF ${run_args[*]} (host network of $NODE, hostPath mounts, the ConfigMap, NET_ADMIN only, read-only rootfs)"
 nsenter --net="/run/netns/$NODE" ctr --address "$CTD_SOCK" -n "$NS" run --net-host --read-only --seccomp \
   "${caps[@]}" --cap-add CAP_NET_ADMIN \
   --mount "$(mount_opt "$host/opt/cni/bin" /opt/cni/bin rw)" \
   --mount "$(mount_opt "$host/etc/cni/net.d" /etc/cni/net.d rw)" \
   --mount "$(mount_opt "$host/var/lib/cni" /var/lib/cni ro)" \
   --mount "$(mount_opt "$host/run/natguard" /run/natguard rw)" \
-  "$REF" "$CID" \
+  --mount "$(mount_opt "$cm" /etc/natguard ro)" \
+  "$REF" "$CID" "${run_args[@]}" \
   >"$W/ctr.out" 2>&1 9>&- &
 ctr_pid=$!
 defer "kill $ctr_pid"
 
 wait_until "natguard in the node's conflist" has_natguard
 wait_until "the readiness file" test -e "$host/run/natguard/ready"
-[ "$(jq -c '.plugins[-1]' "$LIST")" = '{"type":"natguard","capabilities":{"io.kubernetes.cri.pod-annotations":true}}' ] ||
-  fail "natguard's entry: $(jq -c '.plugins[-1]' "$LIST")"
+want=$(jq -c --argjson c "$(jq -r .config <<<"$facts")" -n '{type: "natguard", capabilities: {"io.kubernetes.cri.pod-annotations": true}} + ($c | del(.type))')
+[ "$(jq -c '.plugins[-1]' "$LIST")" = "$want" ] ||
+  fail "natguard's entry: $(jq -c '.plugins[-1]' "$LIST"), want the ConfigMap's $want"
 [ "$(jq -c '[.plugins[].type]' "$LIST")" = '["bridge","portmap","natguard"]' ] || fail "list: $(cat "$LIST")"
 [ "$(jq -r .cniVersion "$LIST")" = 0.4.0 ] || fail "cniVersion changed: $(cat "$LIST")"
 cmp -s "$bin" "$host/opt/cni/bin/natguard" || fail "the bin dir does not hold the image's binary"
@@ -172,9 +219,41 @@ capeff=$(awk '/^CapEff:/ { print $2 }' "/proc/$pid/status")
 log "container: CapEff=$capeff (NET_ADMIN), host network of $NODE"
 
 # The readiness probe of the DaemonSet.
-probe=$(ctd -n "$NS" tasks exec --exec-id probe1 "$CID" /natguard install --check 2>&1) ||
+read -r -a probe_cmd <<<"$(jq -r '.probe | join(" ")' <<<"$facts")"
+probe=$(ctd -n "$NS" tasks exec --exec-id probe1 "$CID" "${probe_cmd[@]}" 2>&1) ||
   fail "readiness probe failed: $probe"
 log "readiness probe: $probe"
+
+# The scrape endpoint, read by the Prometheus client's parser.
+scrape=$(in_node curl -fsS --max-time 10 "http://127.0.0.1:$METRICS_PORT/metrics") || fail "scraping :$METRICS_PORT/metrics"
+up=$(/usr/bin/python3 -c '
+import sys
+from prometheus_client.parser import text_string_to_metric_families
+for f in text_string_to_metric_families(sys.stdin.read()):
+    for s in f.samples:
+        if s.name == "natguard_up":
+            print(int(s.value))
+' <<<"$scrape") || fail "the Prometheus parser rejects the scrape: $scrape"
+[ "$up" = 1 ] || fail "natguard_up is '$up' in the scrape"
+code=$(in_node curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$METRICS_PORT/") || fail "curl /"
+[ "$code" = 404 ] || fail "GET / answered $code"
+log "scrape endpoint: GET /metrics parsed (natguard_up 1), GET / is 404"
+
+# A ConfigMap update: the watcher puts the new entry into the list, and the probe follows.
+cm_update '{"metadata":{"mode":"deny"}}'
+entry_mode() { [ "$(jq -r '.plugins[-1].metadata.mode // empty' "$LIST")" = "$1" ]; }
+wait_until "the ConfigMap's new entry in the conflist" entry_mode deny
+probe=$(ctd -n "$NS" tasks exec --exec-id probe2 "$CID" "${probe_cmd[@]}" 2>&1) ||
+  fail "readiness probe after the update failed: $probe"
+cm_update '{"metadata":{"mode":"nonsense"}}'
+for _ in $(seq 50); do grep -q 'keeping natguard.s entry as it is' "$W/ctr.out" && break; sleep 0.1; done
+grep -q 'keeping natguard.s entry as it is' "$W/ctr.out" || fail "a bad config was not reported: $(cat "$W/ctr.out")"
+entry_mode deny || fail "a bad config changed the entry: $(jq -c '.plugins[-1]' "$LIST")"
+ctd -n "$NS" tasks exec --exec-id probe3 "$CID" "${probe_cmd[@]}" >/dev/null 2>&1 &&
+  fail "the probe passed on a config the watcher refused"
+cm_update "$(jq -r .config <<<"$facts")"
+wait_until "the ConfigMap's first entry back" entry_mode proxy
+log "ConfigMap updates: a new entry applied, a bad one refused and reported, the probe follows"
 
 # The primary plugin's agent rewrites its list from the template: natguard comes back.
 cp "$W/template.conflist" "$LIST.agent-tmp"

@@ -571,6 +571,7 @@ pub(crate) const USAGE_ADOPT: &str = "usage: natguard adopt [--cache-dir DIR] [-
   --cache-dir DIR     the CNI result cache (default /var/lib/cni/results; the cache root
                       /var/lib/cni is read as its results/ directory)
   --netconf-dir DIR   where network configs live (default /etc/cni/net.d)
+  --log-format text|json  log lines as text (default) or one JSON object per line
 ";
 
 pub(crate) const USAGE_RECONCILE: &str =
@@ -579,9 +580,11 @@ pub(crate) const USAGE_RECONCILE: &str =
   --cache-dir DIR     the CNI result cache (default /var/lib/cni/results; the cache root
                       /var/lib/cni is read as its results/ directory)
   --netconf-dir DIR   where network configs live (default /etc/cni/net.d)
+  --log-format text|json  log lines as text (default) or one JSON object per line
 ";
 
-fn parse_args(args: &[String], reconcile: bool) -> Result<Parsed<Options>> {
+fn parse_args(args: &[String], reconcile: bool) -> Result<Parsed<(Options, crate::log::Format)>> {
+    let mut format = crate::log::Format::Text;
     let mut opts = Options {
         reconcile,
         ..Options::default()
@@ -592,10 +595,16 @@ fn parse_args(args: &[String], reconcile: bool) -> Result<Parsed<Options>> {
             f if is_help(f) => return Ok(Parsed::Help),
             "--cache-dir" => opts.cache_dir = it.value(&flag, inline)?.into(),
             "--netconf-dir" => opts.netconf_dir = it.value(&flag, inline)?.into(),
+            "--log-format" => {
+                let v = it.value(&flag, inline)?;
+                format = crate::log::Format::from_name(&v).ok_or_else(|| {
+                    crate::tools::cli::usage(format!("--log-format {v:?}: expected text or json"))
+                })?;
+            }
             other => return Err(unknown(other)),
         }
     }
-    Ok(Parsed::Run(opts))
+    Ok(Parsed::Run((opts, format)))
 }
 
 /// `natguard adopt|reconcile [--cache-dir DIR] [--netconf-dir DIR]`
@@ -605,10 +614,12 @@ pub fn cli(args: &[String], reconcile: bool) -> i32 {
     } else {
         ("adopt", USAGE_ADOPT)
     };
-    let mut opts = match options_or_exit(verb, usage, parse_args(args, reconcile)) {
+    let (mut opts, format) = match options_or_exit(verb, usage, parse_args(args, reconcile)) {
         Ok(o) => o,
         Err(code) => return code,
     };
+    crate::log::set_format(format);
+    crate::log::set_context(crate::log::Context::component(verb));
     let results = results_dir(&opts.cache_dir);
     if results != opts.cache_dir {
         eprintln!(

@@ -1,6 +1,7 @@
-//! `natguard metrics`, and the metrics file `natguard install --watch --metrics-file` keeps
-//! for node_exporter's textfile collector: the node's [`super::report::NodeReport`] in the
-//! Prometheus text exposition format.
+//! `natguard metrics`, the metrics file `natguard install --watch --metrics-file` keeps for
+//! node_exporter's textfile collector, and the body `install --watch --metrics-port` serves: the
+//! node's [`super::report::NodeReport`] in the Prometheus text exposition format, one text for
+//! all three.
 //!
 //! The file is replaced whole each time (a temporary file in the same directory, renamed over
 //! it), so a collector never reads half of it. The temporary file's name starts with a dot and
@@ -17,9 +18,17 @@ pub fn cli(args: &[String]) -> i32 {
     if let Err(code) = options_or_exit("metrics", USAGE, parse_switches(args, &[])) {
         return code;
     }
-    let (r, code) = collect_or_unreadable();
-    print!("{}", report::render_prometheus(&r));
+    let (text, code) = exposition();
+    print!("{text}");
     code
+}
+
+/// The exposition of the calling thread's network namespace, and the exit code `metrics`
+/// gives it (non-zero when natguard's state cannot be read: the text then says
+/// `natguard_up 0`).
+pub(crate) fn exposition() -> (String, i32) {
+    let (r, code) = collect_or_unreadable();
+    (report::render_prometheus(&r), code)
 }
 
 const USAGE: &str = "usage: natguard metrics
@@ -29,7 +38,6 @@ const USAGE: &str = "usage: natguard metrics
 /// Writes the metrics of the calling thread's network namespace to `path`, atomically. When
 /// natguard's state cannot be read, the file says so (`natguard_up 0`) rather than going stale.
 pub(crate) fn write_file(path: &Path) -> Result<()> {
-    let (r, _) = collect_or_unreadable();
-    let text = report::render_prometheus(&r);
+    let (text, _) = exposition();
     write_atomic(path, text.as_bytes(), 0o644, None, &|| true)
 }

@@ -10,9 +10,10 @@
 use super::entry::{build_entry, check_cidr, validate_entry, EntryFlags};
 use super::{DEFAULT_CNI_BIN_DIR, DEFAULT_NETCONF_DIR, DEFAULT_READY_FILE};
 use crate::error::Result;
+use crate::log::Format;
 use crate::tools::cli::{is_help, no_value, unknown, usage, Args, Parsed};
 use serde_json::Value;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -42,13 +43,22 @@ usage: natguard install [options]
   --metrics-file PATH          with --watch: keep natguard's counters in PATH (Prometheus text,
                                for node_exporter's textfile collector), rewritten atomically
   --metrics-interval SECONDS   with --metrics-file: how often PATH is rewritten (default 30)
+  --metrics-port PORT          with --watch: serve the same metrics over HTTP, GET /metrics on
+                               PORT (off by default; docs/operations.md, \"Scrape endpoint\")
+  --metrics-address ADDR       with --metrics-port: the address to listen on (default 0.0.0.0)
+  --log-format text|json       log lines as text (default) or one JSON object per line; default:
+                               the entry's logFormat
   --create-dirs                create the bin dir and the netconf dir when they do not exist
                                (without it, a directory that does not exist is an error: a
                                mistyped path would install where no runtime looks)
   --check                      exit 0 iff the binary is installed and the active list has natguard;
                                without --cni-bin-dir/--netconf-dir/--conflist it checks the dirs
-                               the running `install --watch` recorded beside the ready file
+                               the running `install --watch` recorded beside the ready file;
+                               with --config, also that the active list's entry is that config's
 Flags override the same fields of --config. With neither, the entry is {\"type\":\"natguard\"}.
+With --watch, a change of the --config file (a ConfigMap update too) is validated and, when it
+parses, becomes natguard's entry in the active list; a config that does not is logged and the
+entry stays as it was.
 ";
 
 pub(crate) const UNINSTALL_USAGE: &str = "\
@@ -57,6 +67,11 @@ usage: natguard uninstall [options]
   --netconf-dir DIR            where network configs live (default /etc/cni/net.d)
   --ready-file PATH            removed (default /run/natguard/ready)
   --keep-kernel-state          leave natguard's nftables table in place
+  --log-format text|json       log lines as text (default) or one JSON object per line
+  --stay                       after a successful uninstall, keep running until SIGTERM (the
+                               uninstall DaemonSet: its pods are ready once their node is clean)
+  --check                      exit 0 iff no list in the netconf dir has natguard and the bin
+                               dir has no natguard binary (the uninstall DaemonSet's probe)
 Removes natguard's entry from every list in the netconf dir, then its binary from the bin dir,
 then its nftables table (inet natguard) with every pod's entries.
 ";
@@ -85,6 +100,14 @@ pub(crate) struct InstallOpts {
     /// `--cni-bin-dir`, `--netconf-dir` or `--conflist` was given: `--check` uses them instead
     /// of the watcher's record (see `super::record`).
     pub(crate) dirs_given: bool,
+    /// `--config`: the file `--watch` follows and `--check` compares the entry with.
+    pub(crate) config_file: Option<PathBuf>,
+    /// The entry's flags, applied again over a reloaded `--config`.
+    pub(crate) entry_flags: EntryFlags,
+    /// `--metrics-port` and `--metrics-address`: where `--watch` serves its metrics.
+    pub(crate) metrics_listen: Option<SocketAddr>,
+    /// `--log-format`, else the entry's `logFormat`.
+    pub(crate) log_format: Format,
 }
 
 /// `--metrics-file PATH [--metrics-interval SECONDS]`.
@@ -117,6 +140,19 @@ pub(crate) struct UninstallOpts {
     pub(crate) netconf_dir: PathBuf,
     pub(crate) ready_file: PathBuf,
     pub(crate) keep_kernel_state: bool,
+    pub(crate) log_format: Format,
+    pub(crate) mode: UninstallMode,
+}
+
+/// The three ways uninstall runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UninstallMode {
+    /// Uninstall and exit.
+    Once,
+    /// Uninstall, then wait for a signal (`--stay`).
+    Stay,
+    /// Only report whether anything of natguard is left (`--check`).
+    Check,
 }
 
 pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>> {
@@ -136,6 +172,9 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut flags = EntryFlags::default();
     let mut dirs_given = false;
     let mut create_dirs = false;
+    let mut metrics_port: Option<u16> = None;
+    let mut metrics_address: Option<IpAddr> = None;
+    let mut log_format: Option<Format> = None;
 
     let mut it = Args::new(args);
     while let Some((flag, inline)) = it.next_flag() {
@@ -200,6 +239,29 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
                     }
                 }
             }
+            "--metrics-port" => {
+                let v = it.value(&flag, inline)?;
+                match v.parse::<u16>() {
+                    Ok(p) if p > 0 => metrics_port = Some(p),
+                    _ => {
+                        return Err(usage(format!(
+                            "--metrics-port {v:?}: expected a port 1-65535"
+                        )))
+                    }
+                }
+            }
+            "--metrics-address" => {
+                let v = it.value(&flag, inline)?;
+                match v.parse::<IpAddr>() {
+                    Ok(a) => metrics_address = Some(a),
+                    Err(_) => {
+                        return Err(usage(format!(
+                            "--metrics-address {v:?}: expected an IPv4 or IPv6 address"
+                        )))
+                    }
+                }
+            }
+            "--log-format" => log_format = Some(parse_log_format(&it.value(&flag, inline)?)?),
             "--mode" => {
                 let v = it.value(&flag, inline)?;
                 if !matches!(v.as_str(), "proxy" | "deny" | "off") {
@@ -284,13 +346,28 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     if metrics_interval.is_some() && metrics_file.is_none() {
         return Err(usage("--metrics-interval needs --metrics-file"));
     }
+    if metrics_port.is_some() && mode != RunMode::Watch {
+        return Err(usage(
+            "--metrics-port needs --watch: the watcher is what serves the metrics",
+        ));
+    }
+    if metrics_address.is_some() && metrics_port.is_none() {
+        return Err(usage("--metrics-address needs --metrics-port"));
+    }
+    let metrics_listen = metrics_port.map(|port| {
+        SocketAddr::new(
+            metrics_address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+            port,
+        )
+    });
     let metrics = metrics_file.map(|path| MetricsFile {
         path,
         interval: metrics_interval.unwrap_or(DEFAULT_METRICS_INTERVAL),
     });
     // --check only looks; the entry is not needed, but a bad --config is still an error.
     let entry = build_entry(config_file.as_deref(), &flags)?;
-    validate_entry(&entry)?;
+    let entry_config = validate_entry(&entry)?;
+    let log_format = log_format.unwrap_or(entry_config.log_format);
     let conflist = conflist.map(|c| {
         if c.components().count() == 1 && !c.is_absolute() {
             netconf_dir.join(c)
@@ -312,7 +389,16 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         metrics,
         create_dirs,
         dirs_given,
+        config_file,
+        entry_flags: flags,
+        metrics_listen,
+        log_format,
     }))
+}
+
+/// `--log-format`'s value.
+pub(crate) fn parse_log_format(v: &str) -> Result<Format> {
+    Format::from_name(v).ok_or_else(|| usage(format!("--log-format {v:?}: expected text or json")))
 }
 
 pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOpts>> {
@@ -321,6 +407,8 @@ pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOp
         netconf_dir: PathBuf::from(DEFAULT_NETCONF_DIR),
         ready_file: PathBuf::from(DEFAULT_READY_FILE),
         keep_kernel_state: false,
+        log_format: Format::Text,
+        mode: UninstallMode::Once,
     };
     let mut it = Args::new(args);
     while let Some((flag, inline)) = it.next_flag() {
@@ -332,6 +420,19 @@ pub(crate) fn parse_uninstall_args(args: &[String]) -> Result<Parsed<UninstallOp
             "--keep-kernel-state" => {
                 no_value(&flag, &inline)?;
                 opts.keep_kernel_state = true
+            }
+            "--log-format" => opts.log_format = parse_log_format(&it.value(&flag, inline)?)?,
+            "--stay" | "--check" => {
+                no_value(&flag, &inline)?;
+                let mode = if flag == "--stay" {
+                    UninstallMode::Stay
+                } else {
+                    UninstallMode::Check
+                };
+                if opts.mode != UninstallMode::Once && opts.mode != mode {
+                    return Err(usage("--stay and --check exclude each other"));
+                }
+                opts.mode = mode
             }
             other => return Err(unknown(other)),
         }

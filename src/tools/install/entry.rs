@@ -19,7 +19,7 @@ fn usage(msg: impl Into<String>) -> Error {
 }
 
 /// Fields of natguard's entry given as flags.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct EntryFlags {
     pub(crate) mode: Option<String>,
     pub(crate) proxy_port: Option<u16>,
@@ -160,10 +160,8 @@ fn merge_config_file(entry: &mut Map<String, Value>, path: &Path) -> Result<()> 
 
 /// Checks natguard's entry with the plugin's own parser before it is written into a list, so
 /// that a bad value fails here rather than at every pod's ADD.
-pub(crate) fn validate_entry(entry: &Value) -> Result<()> {
-    crate::config::parse_plugin_config(entry)
-        .map(drop)
-        .map_err(|e| e.context("natguard's entry"))
+pub(crate) fn validate_entry(entry: &Value) -> Result<crate::config::Config> {
+    crate::config::parse_plugin_config(entry).map_err(|e| e.context("natguard's entry"))
 }
 
 #[cfg(test)]

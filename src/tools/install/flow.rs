@@ -234,7 +234,9 @@ pub(crate) fn place_guard(opts: &InstallOpts) -> Result<()> {
 }
 
 /// Runs the installed binary's `adopt`, which brings pods that got no ADD from natguard under
-/// policy; a failure is reported and does not fail the install.
+/// policy; a failure is reported and does not fail the install. With JSON logs, adopt logs in
+/// JSON too and its report lines (stdout) and other output become this process's log lines, so
+/// every line the watcher's container writes is one JSON object.
 pub(crate) fn run_adopt(opts: &InstallOpts) {
     let bin = opts.bin_dir.join(PLUGIN_TYPE);
     let mut cmd = Command::new(&bin);
@@ -242,7 +244,18 @@ pub(crate) fn run_adopt(opts: &InstallOpts) {
     if let Some(c) = &opts.cache_dir {
         cmd.arg("--cache-dir").arg(c);
     }
-    match cmd.status() {
+    let status = match opts.log_format {
+        crate::log::Format::Text => cmd.status(),
+        crate::log::Format::Json => {
+            cmd.args(["--log-format", "json"]);
+            cmd.output().map(|out| {
+                relog_json(&out.stdout, crate::log::Level::Info);
+                relog_json(&out.stderr, crate::log::Level::Warn);
+                out.status
+            })
+        }
+    };
+    match status {
         Ok(s) if s.success() => crate::info!("natguard adopt: done"),
         Ok(s) => crate::warn!(
             "`{} adopt` failed ({s}); pods started without natguard's ADD may lack its policy \
@@ -250,6 +263,22 @@ pub(crate) fn run_adopt(opts: &InstallOpts) {
             bin.display()
         ),
         Err(e) => crate::warn!("running `{} adopt`: {e}", bin.display()),
+    }
+}
+
+/// A child's output as log lines: a JSON object line as it is (the child's own log line),
+/// any other line as a line of this process at `level`.
+fn relog_json(output: &[u8], level: crate::log::Level) {
+    use std::io::Write as _;
+    for line in String::from_utf8_lossy(output).lines() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if serde_json::from_str::<Map<String, Value>>(line).is_ok() {
+            let _ = writeln!(std::io::stderr(), "{line}");
+        } else {
+            crate::log::log(level, line.trim_start());
+        }
     }
 }
 

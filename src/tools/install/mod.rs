@@ -12,9 +12,9 @@
 //! The parts: [`args`] parses the command lines, [`entry`] builds natguard's entry from
 //! `--config` and the flags, [`netconf_dir`] finds and loads the active list, [`splice`] edits
 //! it as text, [`atomic`] writes files, [`flow`] is one install pass, [`watch`] the `--watch`
-//! loop, [`record`] the files a watcher keeps beside the readiness file, [`uninstall`] the way
-//! back. Exit codes: 0 done, 1 refused or failed (the message says
-//! why), 2 a usage error.
+//! loop, [`record`] the files a watcher keeps beside the readiness file, [`serve`] the
+//! watcher's scrape endpoint, [`uninstall`] the way back. Exit codes: 0 done, 1 refused or
+//! failed (the message says why), 2 a usage error.
 
 mod args;
 pub(crate) mod atomic;
@@ -23,13 +23,14 @@ mod flow;
 mod netconf_dir;
 pub(crate) mod record;
 pub(crate) mod self_repair;
+mod serve;
 mod splice;
 mod uninstall;
 mod watch;
 
 use crate::error::Error;
 use crate::tools::cli::options_or_exit;
-use args::{InstallOpts, RunMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
+use args::{InstallOpts, RunMode, UninstallMode, UninstallOpts, INSTALL_USAGE, UNINSTALL_USAGE};
 use flow::{install_binary, install_conflist, place_guard, run_adopt, set_ready, Outcome, Write};
 use netconf_dir::entry_present;
 use std::fs;
@@ -49,10 +50,11 @@ const EXIT_OK: i32 = 0;
 const EXIT_FAILED: i32 = 1;
 
 /// Log lines of a node tool go to stderr, which is its operator's terminal or its container's
-/// log, prefixed with the subcommand.
-fn start_logging(verb: &str) {
+/// log, in `format`, naming the subcommand.
+fn start_logging(verb: &str, format: crate::log::Format) {
     crate::log::info_to_stderr();
-    crate::log::set_context(verb.to_string());
+    crate::log::set_format(format);
+    crate::log::set_context(crate::log::Context::component(verb));
 }
 
 /// `natguard install ARGS...`; returns the exit code.
@@ -61,7 +63,7 @@ pub fn install_cli(args: &[String]) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    start_logging("install");
+    start_logging("install", opts.log_format);
     let result = match opts.mode {
         RunMode::Check => return check(&opts),
         RunMode::Once => dirs_exist(&opts).and_then(|_| install_once(&opts)),
@@ -155,7 +157,9 @@ fn install_once(opts: &InstallOpts) -> Result<(), Error> {
 }
 
 /// `--check`: the readiness probe; one line on stdout, exit 0 iff ready. Without directory
-/// flags it checks the directories the watcher recorded (see [`record`]).
+/// flags it checks the directories the watcher recorded (see [`record`]). With `--config`
+/// (the DaemonSet's ConfigMap), natguard's entry in the active list must also be the one that
+/// file gives: a pod is not ready until the watcher has applied the config it mounts.
 fn check(opts: &InstallOpts) -> i32 {
     let mut opts = opts.clone();
     if !opts.dirs_given {
@@ -172,6 +176,17 @@ fn check(opts: &InstallOpts) -> i32 {
         return EXIT_FAILED;
     }
     match entry_present(&opts) {
+        Ok(p) if opts.config_file.is_some() && !entry_is(&p, &opts.entry) => {
+            println!(
+                "not ready: natguard's entry in {} is not the one {} gives (yet)",
+                p.display(),
+                opts.config_file
+                    .as_deref()
+                    .unwrap_or(Path::new(""))
+                    .display()
+            );
+            EXIT_FAILED
+        }
         Ok(p) => {
             println!("ready: natguard is in {}", p.display());
             EXIT_OK
@@ -181,6 +196,20 @@ fn check(opts: &InstallOpts) -> i32 {
             EXIT_FAILED
         }
     }
+}
+
+/// Whether natguard's entry in the list at `path` is `entry`.
+fn entry_is(path: &Path, entry: &serde_json::Value) -> bool {
+    netconf_dir::load(path)
+        .ok()
+        .and_then(|l| {
+            netconf_dir::check_list(&l)
+                .ok()?
+                .iter()
+                .find(|p| netconf_dir::is_natguard(p))
+                .map(|p| p == entry)
+        })
+        .unwrap_or(false)
 }
 
 /// `natguard uninstall ARGS...`; returns the exit code.
@@ -193,8 +222,30 @@ pub fn uninstall_cli(args: &[String]) -> i32 {
         Ok(o) => o,
         Err(code) => return code,
     };
-    start_logging("uninstall");
+    start_logging("uninstall", opts.log_format);
+    if opts.mode == UninstallMode::Check {
+        return match uninstall::left_over(&opts) {
+            None => {
+                println!("clean: natguard is in no list and not in the bin dir");
+                EXIT_OK
+            }
+            Some(what) => {
+                println!("not clean: {what}");
+                EXIT_FAILED
+            }
+        };
+    }
     match uninstall::run(&opts) {
+        Ok(()) if opts.mode == UninstallMode::Stay => {
+            crate::info!("natguard is off this node; staying until SIGTERM (--stay)");
+            match watch::wait_for_signal() {
+                Ok(()) => EXIT_OK,
+                Err(e) => {
+                    crate::warn!("{e}");
+                    EXIT_FAILED
+                }
+            }
+        }
         Ok(()) => EXIT_OK,
         Err(e) => {
             crate::warn!("{e}");

@@ -8,6 +8,12 @@
 //! the list's text with its separator, so a list natguard spliced into is byte for byte what it
 //! was before; files that are not lists, are symlinks or do not parse are left alone, since
 //! install never writes to those.
+//!
+//! `--check` is the uninstall DaemonSet's readiness probe: a node is clean when no list of its
+//! netconf dir names natguard and its bin dir has no natguard binary. With `--stay` the pod
+//! then keeps running (the image has nothing but natguard to sleep with), so `kubectl rollout
+//! status` tells the operator when every node is clean; a failed step exits 1 instead and the
+//! kubelet runs uninstall again.
 
 use super::atomic::{same_bytes, sync_dir, write_atomic};
 use super::netconf_dir::{conf_files, is_list_path, is_natguard, load};
@@ -77,6 +83,28 @@ pub(crate) fn run(opts: &UninstallOpts) -> Result<()> {
         0 => Ok(()),
         n => Err(Error::Command(format!("{n} step(s) of uninstall failed"))),
     }
+}
+
+/// What of natguard is left on the node, in words; `None` when nothing is.
+pub(crate) fn left_over(opts: &UninstallOpts) -> Option<String> {
+    let dir = &opts.netconf_dir;
+    let mut left = Vec::new();
+    if let Ok(files) = conf_files(dir) {
+        for f in files {
+            let path = dir.join(&f);
+            let listed = load(&path).ok().is_some_and(|l| {
+                matches!(l.doc.get("plugins"), Some(Value::Array(p)) if p.iter().any(is_natguard))
+            });
+            if listed {
+                left.push(format!("natguard is in {}", path.display()));
+            }
+        }
+    }
+    let bin = opts.bin_dir.join(PLUGIN_TYPE);
+    if fs::symlink_metadata(&bin).is_ok() {
+        left.push(format!("{} exists", bin.display()));
+    }
+    (!left.is_empty()).then(|| left.join("; "))
 }
 
 /// Removes every natguard entry from one config file; Ok(false) when it has none (or is not a

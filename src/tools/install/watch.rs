@@ -21,6 +21,18 @@
 //! tried again at the next tick; it never stops the watcher. The ticks share the one poll(2)
 //! with the directory events, so a busy directory does not delay them by more than a debounce.
 //!
+//! With `--config`, the watcher also follows that file: a second inotify watch on its
+//! directory, because a ConfigMap volume is updated by swapping the `..data` symlink in that
+//! directory, which no watch on the file itself would see. On any event there (and at every
+//! resync) the file is read again and built into an entry with the same flags, then checked
+//! with the plugin's own config parser. An entry that parses and differs becomes natguard's
+//! entry in the active list (the same pass as after an agent's rewrite, adopt included) and the
+//! node-wide guard is converged to it; one that does not parse is logged and the entry in the
+//! list stays the last good one. The watcher's own log format and the guard that self-repair
+//! restores where no list names natguard are the ones of its start.
+//!
+//! With `--metrics-port`, [`super::serve`] answers `GET /metrics` on a thread of its own.
+//!
 //! Only one watcher runs per node: it first takes the lock of [`super::record`] (a second
 //! watcher waits for it, doing nothing else), then copies the binary and records its
 //! directories for the readiness probe.
@@ -31,6 +43,7 @@
 
 use super::args::MetricsFile;
 use super::atomic::parent;
+use super::entry::{build_entry, validate_entry};
 use super::flow::{
     entry_config, install_binary, install_conflist, place_guard, retrying, run_adopt, set_ready,
     Outcome, Write,
@@ -93,10 +106,14 @@ enum Wake {
     Timeout,
     /// Events on names that are not configs.
     Unrelated,
+    /// Something happened in the `--config` file's directory.
+    Config,
 }
 
 /// Runs the watcher until a signal; Err when it cannot start or its cleanup failed.
-pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
+pub(crate) fn run(given: &InstallOpts) -> Result<()> {
+    // The entry changes when `--config` does; everything else stays as given.
+    let mut opts = given.clone();
     let dir = match &opts.conflist {
         Some(c) => parent(c).to_path_buf(),
         None => opts.netconf_dir.clone(),
@@ -115,18 +132,19 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
         }
     };
     install_binary(&opts.bin_dir)?;
-    write_options(opts);
+    write_options(&opts);
     let mut ino = Inotify::new().map_err(|e| Error::io("inotify", e))?;
     ino.add(&dir)
         .map_err(|e| Error::io(format!("watching {}", dir.display()), e))?;
     crate::info!("watching {}", dir.display());
+    let mut config = watch_config(&opts);
     // The guard before anything else, so that a node whose runtime starts after this
     // process is ready never runs a pod without it. Self-repair keeps it from here on.
     if opts.adopt {
-        place_guard(opts)?;
+        place_guard(&opts)?;
     }
     // When the follow-up adopt after a write is due.
-    let mut adopt_due = reconcile(opts, Pass::First);
+    let mut adopt_due = reconcile(&opts, Pass::First);
     // Self-repair touches the kernel, as adopt does: `--no-adopt` turns both off.
     if opts.adopt && opts.repair {
         let given = opts
@@ -146,15 +164,22 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
             netconf_dir: opts.netconf_dir.clone(),
             reconcile: true,
             known: Default::default(),
-            node_guard: entry_config(opts),
+            node_guard: entry_config(&opts),
         };
         self_repair::start(adopt_opts, self_repair::state_file_beside(&opts.ready_file));
+    }
+    if let Some(addr) = opts.metrics_listen {
+        // A port that cannot be bound is logged; the watcher's work goes on without it.
+        if let Err(e) = super::serve::start(addr) {
+            crate::warn!("{e}; serving no metrics");
+        }
     }
     // A systemd unit of `Type=notify` (deploy/node/natguard.service) orders the container
     // runtime and the kubelet after this point: the guard is in place, the list handled.
     notify_ready();
     let mut resync_due = Instant::now() + RESYNC_EVERY;
-    let mut metrics = opts.metrics.as_ref().map(MetricsTicks::new);
+    let metrics_file = opts.metrics.clone();
+    let mut metrics = metrics_file.as_ref().map(MetricsTicks::new);
     loop {
         if let Some(m) = &mut metrics {
             m.tick();
@@ -168,7 +193,7 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
             }
             if ino.add(&dir).is_ok() {
                 crate::info!("watching {} again", dir.display());
-                adopt_due = reconcile(opts, Pass::First).or(adopt_due);
+                adopt_due = reconcile(&opts, Pass::First).or(adopt_due);
                 resync_due = Instant::now() + RESYNC_EVERY;
             }
             continue;
@@ -178,16 +203,21 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
             .flatten()
             .min()
             .unwrap_or(resync_due);
-        match wait_for_change(&mut ino, sig, until(next)) {
+        match wait_for_change(&mut ino, sig, config.as_mut(), until(next)) {
             Wake::Signal => break,
             Wake::Changed => {
-                adopt_due = reconcile(opts, Pass::Event).or(adopt_due);
+                adopt_due = reconcile(&opts, Pass::Event).or(adopt_due);
                 resync_due = Instant::now() + RESYNC_EVERY;
+            }
+            Wake::Config => {
+                adopt_due = reload_config(&mut opts).or(adopt_due);
             }
             // Only the resync's own deadline runs a pass; a metrics tick or a due adopt does
             // not.
             Wake::Timeout if Instant::now() >= resync_due => {
-                adopt_due = reconcile(opts, Pass::Resync).or(adopt_due);
+                // A lost event of the config's directory is caught here too.
+                adopt_due = reload_config(&mut opts).or(adopt_due);
+                adopt_due = reconcile(&opts, Pass::Resync).or(adopt_due);
                 resync_due = Instant::now() + RESYNC_EVERY;
             }
             Wake::Timeout | Wake::Unrelated => {}
@@ -199,11 +229,73 @@ pub(crate) fn run(opts: &InstallOpts) -> Result<()> {
         // Checked after every wake, so a busy dir cannot put it off.
         if adopt_due.is_some_and(|due| Instant::now() >= due) {
             crate::info!("adopting again, for pods whose ADD was under way at the last adopt");
-            run_adopt(opts);
+            run_adopt(&opts);
             adopt_due = None;
         }
     }
-    stop(opts)
+    stop(&opts)
+}
+
+/// An inotify watch on the `--config` file's directory, if there is a `--config`. A directory
+/// that cannot be watched is logged: the file is then read again at every resync only.
+fn watch_config(opts: &InstallOpts) -> Option<Inotify> {
+    let file = opts.config_file.as_ref()?;
+    let dir = parent(file);
+    let watched = Inotify::new().and_then(|mut i| i.add(dir).map(|()| i));
+    match watched {
+        Ok(i) => {
+            crate::info!("following {} for changes", file.display());
+            Some(i)
+        }
+        Err(e) => {
+            crate::warn!(
+                "cannot watch {} ({e}); {} is read again every {} s only",
+                dir.display(),
+                file.display(),
+                RESYNC_EVERY.as_secs()
+            );
+            None
+        }
+    }
+}
+
+/// Reads `--config` again. A new entry that the plugin's parser accepts replaces the old one
+/// in the active list (a pass like an agent's rewrite) and the node-wide guard is converged to
+/// it; a bad one is logged and the old entry kept. Returns when the follow-up adopt is due.
+fn reload_config(opts: &mut InstallOpts) -> Option<Instant> {
+    let file = opts.config_file.clone()?;
+    let built =
+        build_entry(Some(&file), &opts.entry_flags).and_then(|e| validate_entry(&e).map(|_| e));
+    let entry = match built {
+        Ok(e) => e,
+        Err(e) => {
+            crate::warn!("{}: {e}; keeping natguard's entry as it is", file.display());
+            return None;
+        }
+    };
+    if entry == opts.entry {
+        return None;
+    }
+    crate::info!(
+        "{} changed; natguard's entry is now {}",
+        file.display(),
+        entry
+    );
+    opts.entry = entry;
+    let due = reconcile(opts, Pass::Event);
+    if opts.adopt {
+        if let Err(e) = place_guard(opts) {
+            crate::warn!("{e}");
+        }
+    }
+    due
+}
+
+/// Waits for SIGTERM or SIGINT (`uninstall --stay`).
+pub(crate) fn wait_for_signal() -> Result<()> {
+    let sig = signal_pipe().map_err(|e| Error::io("installing signal handlers", e))?;
+    while !poll_in(&[sig], None)[0] {}
+    Ok(())
 }
 
 /// How long until `t` (zero once it has passed).
@@ -263,16 +355,30 @@ impl<'a> MetricsTicks<'a> {
 }
 
 /// Waits (up to `timeout`) for the next relevant event, then for the dir to be quiet for a
-/// moment (bounded).
-fn wait_for_change(ino: &mut Inotify, sig: libc::c_int, timeout: Duration) -> Wake {
-    let fds = [ino.fd.as_raw_fd(), sig];
+/// moment (bounded). An event in the config's directory is answered at once (its reload reads
+/// the file whole and is cheap; a half-swapped ConfigMap wakes it again).
+fn wait_for_change(
+    ino: &mut Inotify,
+    sig: libc::c_int,
+    config: Option<&mut Inotify>,
+    timeout: Duration,
+) -> Wake {
+    let mut fds = vec![ino.fd.as_raw_fd(), sig];
+    if let Some(c) = &config {
+        fds.push(c.fd.as_raw_fd());
+    }
     let ready = poll_in(&fds, Some(timeout));
     if ready[1] {
         return Wake::Signal;
     }
+    if let Some(c) = config.filter(|_| ready.get(2) == Some(&true)) {
+        c.drain();
+        return Wake::Config;
+    }
     if !ready[0] {
         return Wake::Timeout;
     }
+    let fds = [fds[0], fds[1]];
     let (mut relevant, mut gone) = ino.drain();
     let start = Instant::now();
     while relevant && start.elapsed() < DEBOUNCE_MAX {
