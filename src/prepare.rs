@@ -63,31 +63,14 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let pod_link = match kernel::podside::inspect(who.netns, who.ifname) {
-        Ok(link) => link,
-        // A runtime's CNI_NETNS that is no network namespace is refused. A cached result's
-        // sandbox path is read by `adopt` or the watcher, which may run in a mount namespace
-        // of their own (a container) where the runtime's later netns mounts never arrived:
-        // there the path says nothing, and the pod is planned as one whose interface cannot
-        // be inspected (no host side: not exempt anywhere, intercepted as ever).
-        Err(e) if who.netns_from == CACHED_SANDBOX => {
-            warn!(
-                "{}: {:?} {}; the pod's interface cannot be inspected from here",
-                who.netns_from,
-                crate::error::truncate(who.netns, 200),
-                e.0
-            );
-            None
-        }
-        Err(e) => {
-            return Err(Error::InvalidEnv(format!(
-                "{}: {:?} {}",
-                who.netns_from,
-                crate::error::truncate(who.netns, 200),
-                e.0
-            )))
-        }
-    };
+    let pod_link = kernel::podside::inspect(who.netns, who.ifname).map_err(|e| {
+        Error::InvalidEnv(format!(
+            "{}: {:?} {}",
+            who.netns_from,
+            crate::error::truncate(who.netns, 200),
+            e.0
+        ))
+    })?;
     if let Some(link) = &pod_link {
         if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
             return Err(Error::InvalidConfig(format!(

@@ -75,6 +75,12 @@ pub enum Outcome {
     SkippedNetnsGone {
         netns: String,
     },
+    /// The network namespace is there but cannot be inspected from here (see
+    /// docs/bootstrap.md): nothing was done for the attachment.
+    SkippedNetnsUnreadable {
+        netns: String,
+        reason: String,
+    },
     SkippedNoNatguard,
     SkippedNoAddress,
     /// The cache file is not a readable libcni result; nothing was done for it.
@@ -121,6 +127,12 @@ impl fmt::Display for Entry {
                 write!(
                     f,
                     "skipped  {id}: network namespace {netns} no longer exists"
+                )
+            }
+            Outcome::SkippedNetnsUnreadable { netns, reason } => {
+                write!(
+                    f,
+                    "skipped  {id}: network namespace {netns} {reason}; adopt it from where the runtime's network namespaces can be entered (the node, or a container with /run/netns mounted HostToContainer and CAP_SYS_ADMIN)"
                 )
             }
             Outcome::SkippedNoNatguard => {
@@ -407,6 +419,13 @@ fn prepare_entry(
     let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
     if !netns.is_empty() && !Path::new(&netns).exists() {
         return Err(Outcome::SkippedNetnsGone { netns });
+    }
+    // The pod's identity comes from its own interface. Where this process cannot look at it
+    // (a mount namespace the runtime's later netns mounts never reached, no right to enter
+    // it), the attachment is left as it is: planned without its host side it would lose what
+    // its ADD recorded.
+    if let Err(e) = crate::kernel::podside::inspect(&netns, &entry.ifname) {
+        return Err(Outcome::SkippedNetnsUnreadable { netns, reason: e.0 });
     }
     // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
     let annotations = crate::policy::parse(entry.cap_args.as_ref())

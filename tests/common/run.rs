@@ -464,12 +464,15 @@ impl ChildSetup {
         unsafe {
             check(libc::setns(self.netns_fd, libc::CLONE_NEWNET))?;
             check(libc::unshare(libc::CLONE_NEWNS))?;
-            // Private propagation first: the bind mounts below must not reach the host.
+            // Slave propagation first: the bind mounts below must not reach the host, and the
+            // host's later mounts (the network namespaces of pods started after this process,
+            // under /run/netns) reach this process, as a DaemonSet's `HostToContainer` mount
+            // of /run/netns gives its container.
             check(libc::mount(
                 std::ptr::null(),
                 c"/".as_ptr(),
                 std::ptr::null(),
-                libc::MS_REC | libc::MS_PRIVATE,
+                libc::MS_REC | libc::MS_SLAVE,
                 std::ptr::null(),
             ))?;
             let bind = |source: &CString, target: &CStr| {
