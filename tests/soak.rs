@@ -236,8 +236,11 @@ fn months_of_churn_leave_only_what_is_alive() {
     let durations = Mutex::new(Vec::new());
     let peak = AtomicUsize::new(0);
     let pod = |i: usize| {
+        // A network namespace at the path, as a runtime's sandbox is (natguard's own: no
+        // interface of the pod's is in it).
         let path = netns_dir.join(format!("p{i}"));
-        std::fs::write(&path, b"").unwrap();
+        let _ = std::fs::remove_file(&path);
+        std::os::unix::fs::symlink("/proc/self/ns/net", &path).unwrap();
         SoakPod {
             i,
             netns: path.display().to_string(),
@@ -246,22 +249,34 @@ fn months_of_churn_leave_only_what_is_alive() {
     // Per live pod: its record, attachment and interface, and up to 6 address elements per
     // family; PARALLEL pods are alive at most at once, plus the shared bridge's element.
     let bound = PARALLEL * (3 + 2 * 6) + 1;
+    // Workers still running: the sampler stops when they are all gone, panicked ones included,
+    // so a failing worker fails the test instead of hanging it.
+    let working = AtomicUsize::new(PARALLEL);
+    struct Gone<'a>(&'a AtomicUsize);
+    impl Drop for Gone<'_> {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
     std::thread::scope(|s| {
         for _ in 0..PARALLEL {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= total {
-                    return;
+            s.spawn(|| {
+                let _gone = Gone(&working);
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= total {
+                        return;
+                    }
+                    let p = pod(i);
+                    call(&ns, run, "ADD", &p, true, &durations);
+                    // Now and then a DEL without prevResult (0.3.x lists, a lost cache).
+                    call(&ns, run, "DEL", &p, !i.is_multiple_of(5), &durations);
+                    let _ = std::fs::remove_file(&p.netns);
                 }
-                let p = pod(i);
-                call(&ns, run, "ADD", &p, true, &durations);
-                // Now and then a DEL without prevResult (0.3.x lists, a lost cache).
-                call(&ns, run, "DEL", &p, !i.is_multiple_of(5), &durations);
-                let _ = std::fs::remove_file(&p.netns);
             });
         }
         s.spawn(|| {
-            while next.load(Ordering::SeqCst) < total {
+            while working.load(Ordering::SeqCst) > 0 {
                 let n = per_pod_elements(&element_counts(&ns));
                 peak.fetch_max(n, Ordering::SeqCst);
                 std::thread::sleep(Duration::from_millis(200));
