@@ -1641,12 +1641,30 @@ fn exempt_and_thief(test: &str, list: &str) -> (World, Pod, Pod) {
 #[test]
 fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
     let (w, exempt, thief) = exempt_and_thief("sec-vlan-tags", "vlantags");
+    vlan_tagged_claims(&w, &exempt, &thief).finish("VLAN-tagged claims");
+}
+
+/// The same claims, priority-tagged, from a pod natguard never saw on the exempt pod's bridge
+/// (another conflist on the bridge): a priority tag is dropped from every port, since the
+/// kernel strips it before the IP layer.
+#[test]
+fn vlan_tagged_claims_from_a_pod_natguard_never_saw_never_reach_real_metadata() {
+    let w = real_world("sec-vlan-unseen");
+    let chain = w.chain(w.list("vlanns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    control_metadata(&exempt, REAL, "exempt pod before the attack");
+    let thief = w.add_pod(&never_seen_on_cni0(&w), "thief", "default");
+    vlan_tagged_claims(&w, &exempt, &thief)
+        .finish("VLAN-tagged claims from a pod natguard never saw");
+}
+
+fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {
     let exempt_mac = mac_of(&exempt.ns, "eth0");
     let thief_mac = mac_of(&thief.ns, "eth0");
     let bridge_mac = mac_of(&w.node, "cni0");
-    let (gw4, _) = gateways(&thief);
+    let (gw4, _) = gateways(thief);
     // The node learns the exempt pod's neighbour entries from real traffic first.
-    control_network(&exempt, "exempt pod");
+    control_network(exempt, "exempt pod");
     let (cloud4, cloud6): (IpAddr, IpAddr) =
         ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
     let counters = Counters::install(
@@ -1676,24 +1694,24 @@ fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
     for tags in ["q", "adq"] {
         let s = |v: &[&str]| -> Vec<String> { v.iter().map(|x| x.to_string()).collect() };
         send_frames(
-            &w,
-            &thief,
+            w,
+            thief,
             &thief_mac,
             "ff:ff:ff:ff:ff:ff",
             tags,
             &s(&["arp", &exempt.v4.to_string(), &exempt.v4.to_string()]),
         );
         send_frames(
-            &w,
-            &thief,
+            w,
+            thief,
             &thief_mac,
             &bridge_mac,
             tags,
             &s(&["arp", &exempt.v4.to_string(), &gw4.to_string()]),
         );
         send_frames(
-            &w,
-            &thief,
+            w,
+            thief,
             &thief_mac,
             "33:33:00:00:00:01",
             tags,
@@ -1706,8 +1724,8 @@ fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
             (thief.v6, cloud6),
         ] {
             send_frames(
-                &w,
-                &thief,
+                w,
+                thief,
                 &thief_mac,
                 &bridge_mac,
                 tags,
@@ -1747,13 +1765,13 @@ fn vlan_tagged_claims_of_the_exempt_identity_never_reach_real_metadata() {
         f.check(n == EACH, || format!("{name}: {n} SYNs arrived, expected only the {EACH} untagged ones: tagged frames crossed the bridge"));
     }
     for a in exempt.ips() {
-        let got = node_neighbour(&w, a);
+        let got = node_neighbour(w, a);
         f.check(got.as_deref() == Some(exempt_mac.as_str()), || {
             format!("the node's neighbour entry for the exempt pod's {a} is {got:?}, not the exempt pod's {exempt_mac}")
         });
     }
-    control_metadata(&exempt, REAL, "exempt pod after the claims");
-    f.finish("VLAN-tagged claims");
+    control_metadata(exempt, REAL, "exempt pod after the claims");
+    f
 }
 
 /// A neighbour advertisement comes from the sender's link-local address, not from the address

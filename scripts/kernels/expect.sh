@@ -42,7 +42,8 @@ ci_filter() {
       "a_bridge_no_network_manages a_neighbour_advertisement_from_a_link_local" \
       "address_theft_by_a_pod_natguard_never_saw address_and_mac_theft_by_a_pod_natguard_never_saw" \
       "an_exempt_pod_without_interfaces overlapping_networks_never_act" \
-      "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only"
+      "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only" \
+      "vlan_tagged_claims_from_a_pod_natguard_never_saw"
     ;;
   esac
 }

@@ -213,6 +213,13 @@ fn plan_node_rules() -> Vec<Rule> {
         Match::EtherType(EtherProto::QinQ),
         Match::IifIn(SetKind::Ports),
     ]));
+    // From every other port too, a priority tag (VLAN id 0, outermost): the kernel strips it
+    // before the IP layer, so a port natguard never saw could otherwise bring an exempt pod's
+    // address to the node in a frame the pins above the tag never see. Tags with a VLAN id
+    // reach the IP layer only through a VLAN device of that id.
+    for tag in [EtherProto::Vlan, EtherProto::QinQ] {
+        rules.push(guard(vec![Match::EtherType(tag), Match::VlanIdZero]));
+    }
     rules.push(guard(vec![
         Match::EtherSaddrIn(SetKind::GuardMac),
         Match::IifEtherSaddrNotIn(SetKind::GuardPortMac),

@@ -498,6 +498,9 @@ pub enum Match {
     NdTargetIn(SetKind),
     /// `meta iifname .` the advertisement's target `!= @set`
     IifNdTargetNotIn(SetKind),
+    /// `vlan id 0`: the outermost tag is a priority tag (VLAN id 0), which the kernel strips
+    /// before the IP layer. Only after an [`Match::EtherType`] of a tag.
+    VlanIdZero,
     /// `ether saddr @set`
     EtherSaddrIn(SetKind),
     /// `ether saddr != @set`

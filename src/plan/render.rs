@@ -21,6 +21,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::IifIn(s) => format!("iifname @{}", set(s)),
         Match::IifNotIn(s) => format!("iifname != @{}", set(s)),
         Match::IifSaddrIn(f, s) => format!("iifname . {} saddr @{}", f.nft(), set(s)),
+        Match::VlanIdZero => "vlan id 0".into(),
         Match::EtherSaddrIn(s) => format!("ether saddr @{}", set(s)),
         Match::EtherSaddrNotIn(s) => format!("ether saddr != @{}", set(s)),
         Match::IifEtherSaddrNotIn(s) => format!("iifname . ether saddr != @{}", set(s)),

@@ -154,6 +154,10 @@ const ETH_P_8021AD: u16 = 0x88a8;
 const ETHER_SADDR_OFFSET: u32 = 6;
 /// Offset of the ethertype in an Ethernet header.
 const ETHER_TYPE_OFFSET: u32 = 12;
+/// Offset of the outermost VLAN tag's TCI (after the tag's ethertype at 12).
+const VLAN_TCI_OFFSET: u32 = 14;
+/// The VLAN id bits of a TCI.
+const VLAN_VID_MASK: u16 = 0x0fff;
 /// Offset of the sender protocol address in an ARP packet for IPv4 over Ethernet.
 const ARP_SPA_OFFSET: u32 = 14;
 const ICMPV6_ND_NEIGHBOR_ADVERT: u8 = 136;
@@ -320,6 +324,13 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         Match::IifSaddrIn(f, s) => {
             let ((off, len), _) = addr_offsets(*f);
             iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), false);
+        }
+        // vlan id 0 → [ payload load 2b @ link header + 14 => reg 1 ]
+        //   [ bitwise reg 1 = (reg 1 & 0x0fff) ^ 0 ] [ cmp eq reg 1 0 ] (the TCI, network order)
+        Match::VlanIdZero => {
+            x.payload(BASE_LL, VLAN_TCI_OFFSET, 2, NFT_REG_1);
+            x.bitwise_and(NFT_REG_1, &VLAN_VID_MASK.to_be_bytes());
+            x.cmp_eq(NFT_REG_1, &[0, 0]);
         }
         // ether saddr @set → [ payload load 6b @ link header + 6 => reg 1 ] [ lookup ]
         Match::EtherSaddrIn(s) | Match::EtherSaddrNotIn(s) => {
