@@ -301,8 +301,20 @@ fn render(format: Format, now: Duration, level: Level, ctx: &Context, msg: &str)
 /// `civil_from_days`, which is exact for the proleptic Gregorian calendar.
 pub fn rfc3339_utc(now: Duration) -> String {
     let secs = now.as_secs();
-    let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
+    let (year, month, day) = civil_from_days((secs / 86_400) as i64);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60,
+        now.subsec_millis()
+    )
+}
+
+/// The (year, month, day) of a count of days since 1970-01-01 (Howard Hinnant's
+/// `civil_from_days`: exact for the proleptic Gregorian calendar, negative days included).
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -311,14 +323,7 @@ pub fn rfc3339_utc(now: Duration) -> String {
     let mp = (5 * doy + 2) / 153;
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60,
-        now.subsec_millis()
-    )
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
 }
 
 /// A note about the log itself: stderr only. In text it has no context (there may be none

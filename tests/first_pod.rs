@@ -24,12 +24,11 @@
 mod common;
 
 use common::attack::{is_real, real_world, Counters};
-use common::run::{Access, Natguard};
+use common::watcher::Watcher;
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// How long anything may take before the test fails (a deadline, not a timing claim). The
@@ -53,89 +52,24 @@ fn syns(c: &Counters) -> u64 {
     c.packets("syn4") + c.packets("syn6")
 }
 
-/// A running `natguard install --watch` over an initially empty netconf dir, stopped on drop.
-struct Watcher {
-    child: Child,
-    netd: PathBuf,
-    log: PathBuf,
-}
-
+/// The watcher of these tests: over an initially empty netconf dir, waited for until its
+/// self-repair watches.
 impl Watcher {
     fn start(w: &World) -> Watcher {
         Watcher::start_with(w, &[])
     }
 
     fn start_with(w: &World, env: &[(&str, &str)]) -> Watcher {
-        let dir = w.dir();
-        let netd = dir.join("net.d");
-        let bin = dir.join("bin");
-        let run_dir = dir.join("run-natguard");
-        for d in [&netd, &bin, &run_dir] {
-            fs::create_dir_all(d).unwrap();
-        }
-        let entry_file = dir.join("natguard-entry.json");
-        fs::write(
-            &entry_file,
-            serde_json::to_vec(&w.natguard(json!({}))).unwrap(),
-        )
-        .unwrap();
-        let log = dir.join("watcher.log");
-        let child = Natguard::new()
-            .args(&[
-                "install".as_ref(),
-                "--watch".as_ref(),
-                "--cni-bin-dir".as_ref(),
-                bin.as_os_str(),
-                "--netconf-dir".as_ref(),
-                netd.as_os_str(),
-                "--cache-dir".as_ref(),
-                w.cache_dir().join("results").as_os_str(),
-                "--config".as_ref(),
-                entry_file.as_os_str(),
-            ])
-            .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
-            .env(env)
-            .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
-            .spawn_in(&w.node, &log);
-        let me = Watcher { child, netd, log };
+        let results = w.cache_dir().join("results");
+        let me = Watcher::spawn(w, &w.natguard(json!({})), &results, env, "watcher.log");
         me.wait_until("the watcher's self-repair", || {
             me.log_text().contains("self-repair: watching")
         });
         me
     }
 
-    fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = Instant::now() + deadline(DEADLINE);
-        while !f() {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; watcher log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        // SAFETY: plain syscall on our own child, not reaped yet.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn wait_until(&self, what: &str, f: impl FnMut() -> bool) {
+        self.wait_for(what, deadline(DEADLINE), f)
     }
 }
 

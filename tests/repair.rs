@@ -29,11 +29,11 @@
 mod common;
 
 use common::run::{Access, Natguard};
+use common::watcher::Watcher;
 use common::*;
 use serde_json::{json, Value};
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// `BURST_MAX` of `src/tools/install/self_repair.rs`: a burst never delays a repair longer.
@@ -43,13 +43,7 @@ const BURST_MAX: Duration = Duration::from_millis(200);
 const RESTORE_DEADLINE: Duration = Duration::from_secs(10);
 const RUNS: usize = 7;
 
-/// A running `natguard install --watch`, stopped on drop.
-struct Watcher {
-    child: Child,
-    run_dir: PathBuf,
-    log: PathBuf,
-}
-
+/// The watcher of these tests: over the chain's list, with natguard's entry from it.
 impl Watcher {
     fn start(w: &World, chain: &Chain) -> Watcher {
         Watcher::start_with(w, chain, &[])
@@ -57,7 +51,7 @@ impl Watcher {
 
     fn start_with(w: &World, chain: &Chain, env: &[(&str, &str)]) -> Watcher {
         let results = w.cache_dir().join("results");
-        let me = Watcher::spawn(w, chain, env, &results, "watcher.log");
+        let me = Watcher::spawn_over(w, chain, env, &results, "watcher.log");
         me.wait_until(
             "the watcher to subscribe to nf_tables notifications",
             || me.state().is_some(),
@@ -65,21 +59,17 @@ impl Watcher {
         me
     }
 
-    /// Starts a watcher with `cache_dir`, logging to `log_name`, without waiting for it.
-    fn spawn(
+    /// Starts a watcher over the chain's list with `cache_dir`, logging to `log_name`, without
+    /// waiting for it.
+    fn spawn_over(
         w: &World,
         chain: &Chain,
         env: &[(&str, &str)],
         cache_dir: &Path,
         log_name: &str,
     ) -> Watcher {
-        let dir = w.dir();
-        let netd = dir.join("net.d");
-        let bin = dir.join("bin");
-        let run_dir = dir.join("run-natguard");
-        for d in [&netd, &bin, &run_dir] {
-            fs::create_dir_all(d).unwrap();
-        }
+        let netd = w.dir().join("net.d");
+        fs::create_dir_all(&netd).unwrap();
         fs::write(
             netd.join("10-repair.conflist"),
             serde_json::to_vec_pretty(&chain.list).unwrap(),
@@ -92,45 +82,7 @@ impl Watcher {
             .find(|p| p["type"] == "natguard")
             .unwrap()
             .clone();
-        let entry_file = dir.join("natguard-entry.json");
-        fs::write(&entry_file, serde_json::to_vec(&entry).unwrap()).unwrap();
-        let log = dir.join(log_name);
-        let child = Natguard::new()
-            .args(&[
-                "install".as_ref(),
-                "--watch".as_ref(),
-                "--cni-bin-dir".as_ref(),
-                bin.as_os_str(),
-                "--netconf-dir".as_ref(),
-                netd.as_os_str(),
-                "--cache-dir".as_ref(),
-                cache_dir.as_os_str(),
-                "--config".as_ref(),
-                entry_file.as_os_str(),
-            ])
-            .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
-            .env(env)
-            .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
-            .spawn_in(&w.node, &log);
-        Watcher {
-            child,
-            run_dir,
-            log,
-        }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// The watcher's record (`/run/natguard/repair.json` inside its mount namespace).
-    fn state(&self) -> Option<Value> {
-        let bytes = fs::read(self.run_dir.join("repair.json")).ok()?;
-        serde_json::from_slice(&bytes).ok()
+        Watcher::spawn(w, &entry, cache_dir, env, log_name)
     }
 
     fn repairs(&self) -> u64 {
@@ -156,39 +108,13 @@ impl Watcher {
         ticks as f64 / hz
     }
 
-    fn wait_until(&self, what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = Instant::now() + RESTORE_DEADLINE;
-        while !f() {
-            assert!(
-                Instant::now() < deadline,
-                "timed out waiting for {what}; watcher log:\n{}",
-                self.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
+    fn wait_until(&self, what: &str, f: impl FnMut() -> bool) {
+        self.wait_for(what, RESTORE_DEADLINE, f)
     }
 
     /// `natguard status` / `metrics` as an operator on the node runs them.
     fn tool(&self, w: &World, args: &[&str]) -> String {
         node_tool(w, &self.run_dir, args)
-    }
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        // SAFETY: plain syscall on our own child, not reaped yet.
-        unsafe {
-            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -577,7 +503,7 @@ fn a_second_watcher_waits_and_the_record_never_goes_back() {
     flush_and_wait(&first, first.pid());
     assert_eq!(sample(&first)["pid"], first.pid());
 
-    let second = Watcher::spawn(&w, &chain, &[], &w.cache_dir(), "second.log");
+    let second = Watcher::spawn_over(&w, &chain, &[], &w.cache_dir(), "second.log");
     second.wait_until("the second watcher to wait for the first", || {
         second
             .log_text()

@@ -1023,21 +1023,22 @@ fn never_seen_on_cni0(w: &World) -> Chain {
 /// metadata TCP from them: it never reaches the REAL server, and the exempt pod keeps its own.
 #[test]
 fn address_theft_by_a_pod_natguard_never_saw_on_the_same_bridge_never_reaches_real_metadata() {
-    let w = real_world("sec-theft-unseen");
-    let chain = w.chain(w.list("theftns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
-    let unguarded = never_seen_on_cni0(&w);
-    address_theft_by(&w, &chain, &unguarded, false)
-        .finish("address theft by a pod natguard never saw on the same bridge");
+    theft_by_a_never_seen_pod("sec-theft-unseen", false);
 }
 
 /// ... and with the exempt pod's MAC too.
 #[test]
 fn address_and_mac_theft_by_a_pod_natguard_never_saw_never_reaches_real_metadata() {
-    let w = real_world("sec-theft-unseen-mac");
-    let chain = w.chain(w.list("theftnsm", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    theft_by_a_never_seen_pod("sec-theft-unseen-mac", true);
+}
+
+fn theft_by_a_never_seen_pod(test: &str, steal_mac: bool) {
+    let w = real_world(test);
+    let chain = w.chain(w.list("theftns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let unguarded = never_seen_on_cni0(&w);
-    address_theft_by(&w, &chain, &unguarded, true)
-        .finish("address and MAC theft by a pod natguard never saw on the same bridge");
+    address_theft_by(&w, &chain, &unguarded, steal_mac).finish(&format!(
+        "{test}: theft by a pod natguard never saw on the same bridge"
+    ));
 }
 
 /// `interfaces` is optional in CNI: an exempt pod whose primary reports none is pinned to its

@@ -20,6 +20,7 @@
 //! - [`synthetic`]: pods that exist only as a CNI environment and a prevResult, and a model of
 //!   the kernel state they must leave.
 //! - [`attack`]: pieces of the attack tests (`tests/security.rs`).
+//! - [`watcher`]: a running `natguard install --watch` in the node namespace.
 //! - here: running commands, requiring root and tools, reading nft and conntrack state.
 #![allow(dead_code)]
 
@@ -29,6 +30,7 @@ mod clients;
 mod netns;
 pub mod run;
 pub mod synthetic;
+pub mod watcher;
 mod world;
 
 pub use chain::*;
