@@ -1988,6 +1988,22 @@ for _ in range(int(count)):
     f.finish("VXLAN decapsulation");
 }
 
+/// A routed (ptp) network `name` whose conflist has no natguard (pods in 10.244.9.0/24 and
+/// fd00:10:244:9::/64): its pods are pods natguard never saw.
+fn ptp_without_natguard(w: &World, name: &str) -> Chain {
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join(format!("ipam-{name}")),
+            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    w.chain(json!({ "cniVersion": "1.0.0", "name": name, "plugins": [ptp] }))
+}
+
 /// A routed (ptp) network whose conflist has no natguard (a network added later, a runtime that
 /// skipped the chain): its pods were never seen by natguard, yet once natguard guards the node
 /// (here for another network) they get no answer from the real API. Before that, the same pod
@@ -1995,17 +2011,7 @@ for _ in range(int(count)):
 #[test]
 fn a_ptp_pod_natguard_never_saw_never_reaches_real_metadata() {
     let w = real_world("sec-unseen-ptp");
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join("ipam-unseen"),
-            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
-    let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "unseen", "plugins": [ptp] }));
+    let plain = ptp_without_natguard(&w, "unseen");
     let unseen = w.add_pod(&plain, "unseen", "default");
     control_metadata(
         &unseen,
@@ -2411,17 +2417,7 @@ fn a_proxy_target_admits_only_what_natguard_redirected() {
             );
         }
     }
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join("ipam-pxy-unseen"),
-            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
-    let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "pxyunseen", "plugins": [ptp] }));
+    let plain = ptp_without_natguard(&w, "pxyunseen");
     let unseen = w.add_pod(&plain, "unseen", "default");
     let guarded = w.chain(w.list("pxy", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let pod = w.add_pod(&guarded, "pod", "default");
