@@ -37,6 +37,7 @@ pub mod node;
 pub mod plan;
 pub mod policy;
 pub(crate) mod prepare;
+pub mod restore;
 pub(crate) mod store;
 pub mod tools;
 pub mod verbs;

@@ -171,12 +171,12 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
 /// every pod, not only its own. Idempotent for pods whose entries are intact; a failure is
 /// logged, never returned: this pod's policy is in force.
 fn restore_cached_pods(network: &str, cfg: &Config) {
-    let opts = crate::tools::adopt::Options {
+    let opts = crate::restore::Options {
         reconcile: true,
         known: [(network.to_string(), cfg.clone())].into_iter().collect(),
         ..Default::default()
     };
-    match crate::tools::adopt::run(&opts) {
+    match crate::restore::run(&opts) {
         Ok(r) if r.adopted() > 0 || r.failed() > 0 => info!(
             "shared objects were rewritten: restored {} cached attachment(s), {} failed",
             r.adopted(),

@@ -1008,7 +1008,7 @@ fn a_second_watcher_waits_for_the_first() {
 /// `results` directory and no cache files of its own, is read as `results/`.
 #[test]
 fn the_cache_root_is_read_as_its_results() {
-    use natguard::tools::adopt::results_dir;
+    use natguard::restore::results_dir;
     let n = Node::new("cache-root");
     let root = n.dir.join("var-lib-cni");
     fs::create_dir_all(root.join("results")).unwrap();

@@ -223,7 +223,7 @@ pub(crate) fn entry_config(opts: &InstallOpts) -> Option<crate::config::Config> 
 /// no natguard network yet. Nothing is written when it is intact.
 pub(crate) fn place_guard(opts: &InstallOpts) -> Result<()> {
     let cfg = entry_config(opts);
-    let n = crate::tools::adopt::place_guard(&opts.netconf_dir, cfg.as_ref())
+    let n = crate::restore::place_guard(&opts.netconf_dir, cfg.as_ref())
         .map_err(|e| e.context("putting the node-wide metadata guard in place"))?;
     if n > 0 {
         crate::info!("the node-wide metadata guard is in place ({n} change(s) committed)");

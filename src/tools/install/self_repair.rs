@@ -11,7 +11,7 @@
 //! flushes costs one repair per [`BURST_MAX`] at most, and other components' writes to their
 //! own tables cost a read each and never a repair.
 //!
-//! A repair is [`adopt::repair`]: the shared objects of every network whose conflist lists
+//! A repair is [`restore::repair`]: the shared objects of every network whose conflist lists
 //! natguard (pods or not), or the node-wide guard alone from natguard's entry where no conflist
 //! lists natguard yet, and the entries of every live pod in the runtimes' result cache, in one
 //! batch, as `reconcile` installs them. So a flush never leaves the node unguarded, whether or
@@ -32,7 +32,7 @@
 
 use super::atomic::write_atomic;
 use crate::kernel::monitor::{Monitor, Verdict};
-use crate::tools::adopt;
+use crate::restore;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -166,7 +166,7 @@ fn cause_text(v: &Verdict) -> String {
 }
 
 /// Starts the repair thread; false (logged) when nf_tables notifications are unavailable.
-pub fn start(opts: adopt::Options, state_file: PathBuf) -> bool {
+pub fn start(opts: restore::Options, state_file: PathBuf) -> bool {
     // The thread keeps the process's name, which is how its own writes are told apart.
     let (tx, rx) = std::sync::mpsc::channel();
     let rcvbuf = std::env::var(crate::kernel::monitor::RCVBUF_ENV)
@@ -189,7 +189,7 @@ pub fn start(opts: adopt::Options, state_file: PathBuf) -> bool {
     rx.recv_timeout(Duration::from_secs(5)).unwrap_or(false)
 }
 
-fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
+fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     // The watcher lock is held: whoever wrote a record has exited. Its counts go on from there,
     // so the counters a monitor scrapes never go down across a restart or a rollout.
     let previous = read_state(state_file);
@@ -248,13 +248,13 @@ fn run(mut m: Monitor, opts: &adopt::Options, state_file: &Path) {
 
 /// One repair (or check): logged, counted. Whether it wrote something.
 fn repair_once(
-    opts: &adopt::Options,
+    opts: &restore::Options,
     cause: &Verdict,
     since: Instant,
     stats: &mut RepairStats,
 ) -> bool {
     stats.checks += 1;
-    match adopt::repair(opts) {
+    match restore::repair(opts) {
         Ok(r) if r.ops > 0 => {
             let committed = r.committed.unwrap_or_else(Instant::now);
             let took = committed.saturating_duration_since(since).as_secs_f64() * 1000.0;
@@ -297,7 +297,7 @@ fn repair_once(
 }
 
 /// What a repair covered, in words: the shared objects it checked and the pods.
-fn what_was_checked(r: &adopt::Repair) -> String {
+fn what_was_checked(r: &restore::Repair) -> String {
     let shared = match r.networks.as_slice() {
         [] => "no shared objects (no conflist lists natguard)".to_string(),
         [n] if n == crate::plan::NODE => {

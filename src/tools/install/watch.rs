@@ -150,8 +150,8 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
         let given = opts
             .cache_dir
             .clone()
-            .unwrap_or_else(|| crate::tools::adopt::DEFAULT_CACHE_DIR.into());
-        let cache_dir = crate::tools::adopt::results_dir(&given);
+            .unwrap_or_else(|| crate::restore::DEFAULT_CACHE_DIR.into());
+        let cache_dir = crate::restore::results_dir(&given);
         if cache_dir != given {
             crate::info!(
                 "{} is the CNI cache root; self-repair reads its results in {}",
@@ -159,7 +159,7 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
                 cache_dir.display()
             );
         }
-        let adopt_opts = crate::tools::adopt::Options {
+        let adopt_opts = crate::restore::Options {
             cache_dir,
             netconf_dir: opts.netconf_dir.clone(),
             reconcile: true,

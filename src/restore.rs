@@ -1,0 +1,587 @@
+//! Attachments from the runtimes' CNI result cache brought under policy: what `natguard adopt`
+//! and `natguard reconcile` do, what an ADD that had to rewrite the shared objects does for
+//! every other pod, and the watcher's self-repair. It sits in the core, below the verbs and the
+//! node tools, which both use it.
+//!
+//! Pods that were running before natguard was added to a conflist, or whose entries someone
+//! flushed, are found in the runtimes' CNI result cache (`/var/lib/cni/results/*`, written by
+//! libcni for containerd, CRI-O and podman). Each cache file names the network, container ID,
+//! interface, CNI_ARGS and the final result of the list. For every attachment of a network whose
+//! conflist in the netconf dir now lists natguard, the same plan ADD would make is applied, using
+//! natguard's config from that conflist and the namespace from the cached CNI_ARGS.
+//!
+//! Each pod's `natguard.io/` annotations are read from the cache's `capabilityArgs` (what the
+//! runtime passed as runtimeConfig), so an annotated pod gets the policy its ADD gave it.
+//! Pods of exempt namespaces get what ADD gives them (masquerade policy, and their addresses in
+//! the network's allow set, so the fail-closed reject of metadata traffic from the pod networks
+//! lets them through); their metadata traffic is not intercepted and their flows are left alone.
+//! For the other adopted pods, [`run`] then deletes the conntrack entries of their TCP flows to
+//! the metadata addresses that bypassed the DNAT: those are the flows opened before the rules
+//! existed. That costs one kernel walk per metadata address, however many pods there are.
+//! Reconcile installs the same entries and touches no flow. Both are idempotent and report one
+//! entry per attachment. [`repair`] is reconcile in one batch, for `install --watch`'s
+//! self-repair; [`place_guard`] puts the shared objects in place whatever pods there are.
+
+use crate::cni::{self, CniArgs};
+use crate::config::{self, Config, MetadataMode};
+use crate::error::{Error, Result};
+use crate::kernel::Kernel;
+use crate::prepare::{prepare_pod, Identity, Prepared};
+use crate::store::{self, Store};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
+pub const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
+/// Cache files larger than this are not results.
+const MAX_CACHE_FILE: u64 = 1 << 20;
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub cache_dir: PathBuf,
+    pub netconf_dir: PathBuf,
+    /// `reconcile`: restore exempt pods too, and leave conntrack alone.
+    pub reconcile: bool,
+    /// Networks known besides the conflists in `netconf_dir` (the running ADD's own), by name;
+    /// they win over a conflist of the same name.
+    pub known: BTreeMap<String, Config>,
+    /// natguard's entry as `install` puts it in the active list: where no conflist lists
+    /// natguard yet, the node-wide guard is planned from it alone ([`guard_plans`]).
+    pub node_guard: Option<Config>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cache_dir: DEFAULT_CACHE_DIR.into(),
+            netconf_dir: DEFAULT_NETCONF_DIR.into(),
+            reconcile: false,
+            known: BTreeMap::new(),
+            node_guard: None,
+        }
+    }
+}
+
+/// What happened to one cache entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Adopted {
+        addrs: Vec<IpAddr>,
+        /// The namespace, when it is exempt: entries installed, metadata not intercepted,
+        /// flows left alone.
+        exempt: Option<String>,
+    },
+    SkippedNetnsGone {
+        netns: String,
+    },
+    /// The network namespace is there but cannot be inspected from here (see
+    /// docs/bootstrap.md): nothing was done for the attachment.
+    SkippedNetnsUnreadable {
+        netns: String,
+        reason: String,
+    },
+    SkippedNoNatguard,
+    SkippedNoAddress,
+    /// The cache file is not a readable libcni result; nothing was done for it.
+    SkippedUnreadable {
+        reason: String,
+    },
+    Failed {
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub file: String,
+    pub network: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub who: String,
+    pub outcome: Outcome,
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let id = format!(
+            "{} {} {} ({})",
+            self.network,
+            cni::truncate(&self.container_id, 12),
+            self.ifname,
+            self.who
+        );
+        match &self.outcome {
+            Outcome::Adopted { addrs, exempt } => {
+                let a: Vec<String> = addrs.iter().map(|a| a.to_string()).collect();
+                write!(f, "adopted  {id}: {}", a.join(", "))?;
+                match exempt {
+                    Some(ns) => write!(
+                        f,
+                        " (namespace {ns} is exempt: not intercepted, flows untouched)"
+                    ),
+                    None => Ok(()),
+                }
+            }
+            Outcome::SkippedNetnsGone { netns } => {
+                write!(
+                    f,
+                    "skipped  {id}: network namespace {netns} no longer exists"
+                )
+            }
+            Outcome::SkippedNetnsUnreadable { netns, reason } => {
+                write!(
+                    f,
+                    "skipped  {id}: network namespace {netns} {reason}; adopt it from where the runtime's network namespaces can be entered (the node, or a container with /run/netns mounted HostToContainer and CAP_SYS_ADMIN)"
+                )
+            }
+            Outcome::SkippedNoNatguard => {
+                write!(f, "skipped  {id}: its network does not list natguard")
+            }
+            Outcome::SkippedNoAddress => {
+                write!(f, "skipped  {id}: the cached result has no address on it")
+            }
+            Outcome::SkippedUnreadable { reason } => {
+                write!(f, "skipped  cache file {}: {reason}", self.file)
+            }
+            Outcome::Failed { reason } => write!(f, "failed   {id} ({}): {reason}", self.file),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub entries: Vec<Entry>,
+    pub conntrack_deleted: u64,
+    pub conntrack_error: Option<String>,
+}
+
+impl Report {
+    pub fn adopted(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.outcome, Outcome::Adopted { .. }))
+            .count()
+    }
+    pub fn failed(&self) -> usize {
+        self.entries
+            .iter()
+            .filter(|e| matches!(e.outcome, Outcome::Failed { .. }))
+            .count()
+    }
+}
+
+/// natguard's config for every network whose conflist lists natguard, by network name.
+pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>> {
+    let mut out = BTreeMap::new();
+    let rd = match std::fs::read_dir(netconf_dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(Error::io(format!("read {}", netconf_dir.display()), e)),
+    };
+    let mut files: Vec<PathBuf> = rd
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            matches!(
+                p.extension().and_then(|e| e.to_str()),
+                Some("conflist" | "conf" | "json")
+            )
+        })
+        .collect();
+    files.sort();
+    for path in files {
+        let Ok(bytes) = std::fs::read(&path) else {
+            continue;
+        };
+        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
+            continue;
+        };
+        let Some(name) = v.get("name").and_then(Value::as_str) else {
+            continue;
+        };
+        let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
+            continue;
+        };
+        if out.contains_key(name) {
+            continue; // the first file by name wins, as in libcni
+        }
+        if let Some(entry) = plugins
+            .iter()
+            .find(|p| p.get("type").and_then(Value::as_str) == Some("natguard"))
+        {
+            let cfg = config::parse_plugin_config(entry)
+                .map_err(|e| e.context(format!("natguard entry of {}", path.display())))?;
+            out.insert(name.to_string(), cfg);
+        }
+    }
+    Ok(out)
+}
+
+/// The shared objects that must be on the node whatever pods it has: those of every network
+/// in `networks` (each with the node-wide guard), or, where there is none, the guard alone
+/// planned from `node_guard`. So the guard exists from `natguard install` on, and a repair
+/// restores it on a node that has no pod yet.
+pub fn guard_plans(
+    networks: &BTreeMap<String, Config>,
+    node_guard: Option<&Config>,
+) -> Vec<crate::plan::SharedPlan> {
+    if networks.is_empty() {
+        return node_guard
+            .map(|cfg| crate::plan::plan_node_guard(cfg, &crate::node::facts(cfg)))
+            .into_iter()
+            .collect();
+    }
+    networks
+        .iter()
+        .map(|(name, cfg)| crate::plan::plan_shared(name, cfg, &crate::node::facts(cfg)))
+        .collect()
+}
+
+/// Puts the shared objects of [`guard_plans`] in place (a converge where they differ, nothing
+/// written where they are intact); returns the number of operations committed.
+pub fn place_guard(netconf_dir: &Path, node_guard: Option<&Config>) -> Result<usize> {
+    let networks = natguard_networks(netconf_dir)?;
+    let plans = guard_plans(&networks, node_guard);
+    if plans.is_empty() {
+        return Ok(0);
+    }
+    let shared: Vec<_> = plans.iter().collect();
+    store::open()?.apply(&shared, &[])
+}
+
+/// One libcni cache entry (`cniCacheV1`).
+#[derive(Debug, Clone)]
+struct CacheEntry {
+    network: String,
+    container_id: String,
+    ifname: String,
+    args: Vec<(String, String)>,
+    /// `capabilityArgs`: what the runtime passed as runtimeConfig (pod annotations among it).
+    cap_args: Option<Value>,
+    result: Value,
+}
+
+fn read_cache_entry(path: &Path) -> std::result::Result<CacheEntry, String> {
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_CACHE_FILE {
+        return Err(format!(
+            "{} bytes is too large for a CNI result",
+            meta.len()
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("not valid JSON: {e}"))?;
+    let s = |k: &str| -> std::result::Result<String, String> {
+        v.get(k)
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| format!("{k}: missing or not a string"))
+    };
+    if v.get("kind").and_then(Value::as_str) != Some("cniCacheV1") {
+        return Err("kind: not a cniCacheV1 result".into());
+    }
+    let args = match v.get("cniArgs") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|p| {
+                let p = p.as_array()?;
+                Some((
+                    p.first()?.as_str()?.to_string(),
+                    p.get(1)?.as_str()?.to_string(),
+                ))
+            })
+            .collect(),
+        Some(_) => return Err("cniArgs: not an array of pairs".into()),
+    };
+    let result = v
+        .get("result")
+        .filter(|r| r.is_object())
+        .cloned()
+        .ok_or("result: missing or not an object")?;
+    Ok(CacheEntry {
+        network: s("networkName")?,
+        container_id: s("containerId")?,
+        ifname: s("ifName")?,
+        args,
+        cap_args: v.get("capabilityArgs").cloned(),
+        result,
+    })
+}
+
+/// The sandbox path the result records for `ifname`, if any.
+fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
+    result
+        .get("interfaces")?
+        .as_array()?
+        .iter()
+        .find(|i| i.get("name").and_then(Value::as_str) == Some(ifname))?
+        .get("sandbox")?
+        .as_str()
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+/// Runs adopt (or reconcile) over the cache.
+pub fn run(opts: &Options) -> Result<Report> {
+    let mut networks = natguard_networks(&opts.netconf_dir)?;
+    networks.extend(opts.known.clone());
+    let mut report = Report::default();
+    let ct_path = crate::kernel::conntrack::Path::from_override(
+        std::env::var(crate::kernel::conntrack::PATH_ENV)
+            .ok()
+            .as_deref(),
+    )?;
+    let mut store = store::open()?;
+    // The networks' shared objects (and with them the node-wide guard) first, pods or not.
+    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    if !plans.is_empty() {
+        store.apply(&plans.iter().collect::<Vec<_>>(), &[])?;
+    }
+    let files = cache_files(&opts.cache_dir)?;
+    // Metadata flows to delete: (sources, destinations, ports), per network config.
+    let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
+    for path in files {
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let entry = match read_cache_entry(&path) {
+            Ok(e) => e,
+            Err(reason) => {
+                report.entries.push(Entry {
+                    file,
+                    network: String::new(),
+                    container_id: String::new(),
+                    ifname: String::new(),
+                    who: String::new(),
+                    outcome: Outcome::SkippedUnreadable { reason },
+                });
+                continue;
+            }
+        };
+        let outcome = adopt_entry(&mut store, &entry, &networks, &mut flows);
+        let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
+        report.entries.push(Entry {
+            file,
+            network: entry.network,
+            container_id: entry.container_id,
+            ifname: entry.ifname,
+            who: format!(
+                "{}/{}",
+                args.pod_namespace.as_deref().unwrap_or("-"),
+                args.pod_name.as_deref().unwrap_or("-")
+            ),
+            outcome,
+        });
+    }
+    if !opts.reconcile {
+        for (srcs, dsts, ports) in flows {
+            match store.flush_undnatted(&srcs, &dsts, &ports, ct_path) {
+                Ok(r) => report.conntrack_deleted += r.deleted,
+                Err(e) => report.conntrack_error = Some(e.to_string()),
+            }
+        }
+    }
+    Ok(report)
+}
+
+fn join_args(args: &[(String, String)]) -> String {
+    args.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// One cache entry, validated and planned exactly as a live ADD would: the plan, and the
+/// namespace when it is exempt. `Err` is the outcome to report instead.
+fn prepare_entry(
+    entry: &CacheEntry,
+    networks: &BTreeMap<String, Config>,
+) -> std::result::Result<(Prepared, Option<String>), Outcome> {
+    let Some(cfg) = networks.get(&entry.network) else {
+        return Err(Outcome::SkippedNoNatguard);
+    };
+    let fail = |reason: String| Outcome::Failed { reason };
+    if !cni::netconf::is_network_name(&entry.network)
+        || !cni::is_container_id(&entry.container_id)
+        || !cni::is_ifname(&entry.ifname)
+    {
+        return Err(fail(
+            "the cache entry's network, container ID or ifname is malformed".into(),
+        ));
+    }
+    let args = CniArgs::parse(&join_args(&entry.args))
+        .map_err(|e| fail(format!("cached CNI_ARGS: {e}")))?;
+    let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
+    if !netns.is_empty() && !Path::new(&netns).exists() {
+        return Err(Outcome::SkippedNetnsGone { netns });
+    }
+    // The pod's identity comes from its own interface. Where this process cannot look at it
+    // (a mount namespace the runtime's later netns mounts never reached, no right to enter
+    // it), the attachment is left as it is: planned without its host side it would lose what
+    // its ADD recorded.
+    if let Err(e) = crate::kernel::podside::inspect(&netns, &entry.ifname) {
+        return Err(Outcome::SkippedNetnsUnreadable { netns, reason: e.0 });
+    }
+    // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
+    let annotations = crate::policy::parse(entry.cap_args.as_ref())
+        .map_err(|e| fail(format!("cached capabilityArgs: {e}")))?;
+    let decision = crate::policy::decide(cfg, args.pod_namespace.as_deref(), &annotations);
+    let exempt = args.pod_namespace.clone().filter(|_| decision.is_exempt());
+    let who = Identity {
+        network: &entry.network,
+        container_id: &entry.container_id,
+        ifname: &entry.ifname,
+        netns: &netns,
+        netns_from: crate::prepare::CACHED_SANDBOX,
+        args: &args,
+        annotations,
+    };
+    // Exactly the checks and plan of a live ADD.
+    let p =
+        prepare_pod(cfg, &who, &entry.result).map_err(|e| fail(format!("cached result: {e}")))?;
+    if p.addrs.is_empty() {
+        return Err(Outcome::SkippedNoAddress);
+    }
+    Ok((p, exempt))
+}
+
+fn adopt_entry<K: Kernel>(
+    store: &mut Store<K>,
+    entry: &CacheEntry,
+    networks: &BTreeMap<String, Config>,
+    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
+) -> Outcome {
+    let (p, exempt) = match prepare_entry(entry, networks) {
+        Ok(x) => x,
+        Err(o) => return o,
+    };
+    if let Err(e) = store.apply_pod(&p.shared, &p.pod) {
+        return Outcome::Failed {
+            reason: format!("installing entries: {e}"),
+        };
+    }
+    let cfg = &networks[&entry.network];
+    if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
+        flows.push((
+            p.addrs.clone(),
+            cfg.metadata.addresses.clone(),
+            cfg.metadata.ports.clone(),
+        ));
+    }
+    Outcome::Adopted {
+        addrs: p.addrs,
+        exempt,
+    }
+}
+
+/// What one repair did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Repair {
+    /// Attachments of the cache that were checked (and restored where needed).
+    pub pods: usize,
+    /// The shared objects checked (and restored where needed) whatever the pods: every
+    /// natguard network's by name, or [`crate::plan::NODE`] for the node-wide guard alone.
+    pub networks: Vec<String>,
+    /// Operations committed: 0 when everything was in place and nothing was written.
+    pub ops: usize,
+    /// Cache entries skipped (network without natguard, netns gone, unreadable).
+    pub skipped: usize,
+    /// Why attachments could not be planned or installed.
+    pub failed: Vec<String>,
+    /// When the batch was committed (before the socket's release, which waits for the kernel's
+    /// cleanup): the moment the policy was back.
+    pub committed: Option<std::time::Instant>,
+}
+
+/// The watcher's repair after someone else changed natguard's tables: the shared objects of
+/// every network and the entries of every live pod of the cache (exempt ones included), as
+/// `reconcile` installs them, in ONE batch; flows are left alone. When the batch cannot be
+/// committed (one attachment over its owner limit, say), the pods are installed one by one,
+/// so one bad entry does not keep the others unprotected.
+pub fn repair(opts: &Options) -> Result<Repair> {
+    let networks = natguard_networks(&opts.netconf_dir)?;
+    let mut out = Repair::default();
+    let mut prepared: Vec<Prepared> = Vec::new();
+    for path in cache_files(&opts.cache_dir)? {
+        let Ok(entry) = read_cache_entry(&path) else {
+            out.skipped += 1;
+            continue;
+        };
+        match prepare_entry(&entry, &networks) {
+            Ok((p, _)) => prepared.push(p),
+            Err(Outcome::Failed { reason }) => out.failed.push(format!(
+                "{} {} {}: {reason}",
+                entry.network, entry.container_id, entry.ifname
+            )),
+            Err(_) => out.skipped += 1,
+        }
+    }
+    out.pods = prepared.len();
+    // Every network's shared objects, pods or not: after a flush on a node whose networks
+    // have no pod yet, the node-wide guard comes back too.
+    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    out.networks = plans.iter().map(|p| p.names.network.clone()).collect();
+    if prepared.is_empty() && plans.is_empty() {
+        return Ok(out);
+    }
+    let mut store = store::open()?;
+    let all: Vec<_> = prepared.iter().map(|p| (&p.shared, &p.pod)).collect();
+    let shared: Vec<_> = plans.iter().collect();
+    match store.apply(&shared, &all) {
+        Ok(n) => {
+            out.ops = n;
+            out.committed = Some(std::time::Instant::now());
+        }
+        Err(e) => {
+            crate::warn!("repair in one batch failed ({e}); installing pod by pod");
+            for p in &prepared {
+                match store.apply_pod(&p.shared, &p.pod) {
+                    Ok(_) => {
+                        out.ops += 1;
+                        out.committed = Some(std::time::Instant::now());
+                    }
+                    Err(e) => out.failed.push(format!("{}: {e}", p.pod.comment)),
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The cache's files, by name.
+fn cache_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = match std::fs::read_dir(dir) {
+        Ok(rd) => rd.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(Error::io(format!("read {}", dir.display()), e)),
+    };
+    files.sort();
+    Ok(files)
+}
+
+/// Where the cache's files are when the operator names `dir`: `dir` itself, or `dir/results`
+/// when `dir` is libcni's cache root (it has a `results` directory and no files of its own).
+/// `--cache-dir /var/lib/cni` is an easy mistake, and read literally it finds no pod, which
+/// would leave adopt and self-repair with nothing to do and no error.
+pub fn results_dir(dir: &Path) -> PathBuf {
+    let results = dir.join("results");
+    if !results.is_dir() {
+        return dir.to_path_buf();
+    }
+    let has_files = std::fs::read_dir(dir).is_ok_and(|rd| {
+        rd.filter_map(|e| e.ok())
+            .any(|e| e.file_type().is_ok_and(|t| t.is_file()))
+    });
+    if has_files {
+        dir.to_path_buf()
+    } else {
+        results
+    }
+}
