@@ -253,7 +253,7 @@ fn json_keys_of_the_binary() -> BTreeSet<String> {
         .find("// natguard metrics")
         .expect("the metrics section");
     let json_part = &report[start..end];
-    let record = source("src/tools/install/self_repair.rs");
+    let record = source("src/tools/watcher.rs");
     let to_json =
         &record[record.find("pub fn to_json").unwrap()..record.find("pub fn from_json").unwrap()];
     let mut keys = BTreeSet::new();

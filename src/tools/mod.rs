@@ -8,6 +8,7 @@ pub mod install;
 pub mod metrics;
 pub(crate) mod report;
 pub mod status;
+pub(crate) mod watcher;
 
 const VERSION_USAGE: &str = "usage: natguard version
   prints natguard's version and the git revision it was built from

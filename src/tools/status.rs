@@ -3,7 +3,7 @@
 //!
 //! It reads the kernel, without the node lock (a report never writes), and the record of
 //! `install --watch`'s self-repair (`/run/natguard/repair.json`) when a watcher keeps one,
-//! with whether that watcher still runs (its lock, see [`crate::tools::install::record`]).
+//! with whether that watcher still runs (its lock, see [`crate::tools::watcher`]).
 //! Kernel APIs that answer are not natguard being there: without natguard's table the report
 //! says "not installed", and without the node-wide guard's chains "not guarding"
 //! ([`store::Installation`]).
@@ -66,9 +66,9 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
 /// The record of the node's `install --watch`, if one runs (or ran) with the default
 /// readiness file.
 fn read_self_repair() -> Option<report::RepairStats> {
-    use crate::tools::install::{record, self_repair, DEFAULT_READY_FILE};
-    let mut sr = self_repair::read_state(std::path::Path::new(self_repair::STATE_FILE))?;
-    sr.running = record::watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
+    use crate::tools::watcher::{read_state, watcher_running, DEFAULT_READY_FILE, STATE_FILE};
+    let mut sr = read_state(std::path::Path::new(STATE_FILE))?;
+    sr.running = watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
     Some(sr)
 }
 

@@ -43,8 +43,7 @@ pub(crate) const PLUGIN_TYPE: &str = "natguard";
 pub(crate) const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
 /// Where runtimes look for network configs unless configured otherwise.
 pub(crate) const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
-/// Exists while natguard's entry is in the active network list.
-pub(crate) const DEFAULT_READY_FILE: &str = "/run/natguard/ready";
+pub(crate) use crate::tools::watcher::DEFAULT_READY_FILE;
 
 const EXIT_OK: i32 = 0;
 const EXIT_FAILED: i32 = 1;

@@ -29,10 +29,7 @@ use std::time::Duration;
 /// How often a second watcher tries the lock again.
 pub(crate) const POLL: Duration = Duration::from_secs(1);
 
-/// `watch.lock` beside the readiness file.
-pub(crate) fn lock_file_beside(ready_file: &Path) -> PathBuf {
-    parent(ready_file).join("watch.lock")
-}
+pub(crate) use crate::tools::watcher::lock_file_beside;
 
 /// `install.json` beside the readiness file.
 pub(crate) fn options_file_beside(ready_file: &Path) -> PathBuf {
@@ -106,28 +103,6 @@ fn holder(file: &mut File) -> Option<u32> {
     s.trim().parse().ok()
 }
 
-/// Whether a watcher holds the lock beside `ready_file` now; `None` when that cannot be told
-/// (the lock file cannot be opened although it is there).
-pub fn watcher_running(ready_file: &Path) -> Option<bool> {
-    let path = lock_file_beside(ready_file);
-    let file = match OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-    {
-        Ok(f) => f,
-        // Every watcher makes the file: without it, none runs.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Some(false),
-        Err(_) => return None,
-    };
-    // A shared lock is refused only while a watcher holds its exclusive one.
-    match file.try_lock_shared() {
-        Ok(()) => Some(false),
-        Err(TryLockError::WouldBlock) => Some(true),
-        Err(TryLockError::Error(_)) => None,
-    }
-}
-
 /// The directories `install --watch` runs with, as recorded for `--check`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Recorded {
@@ -167,6 +142,7 @@ pub(crate) fn read_options(ready_file: &Path) -> Option<Recorded> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::watcher::watcher_running;
 
     #[test]
     fn a_second_lock_waits_and_the_running_check_sees_the_first() {

@@ -33,7 +33,6 @@
 use super::atomic::write_atomic;
 use crate::kernel::monitor::{Monitor, Verdict};
 use crate::restore;
-use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -45,79 +44,7 @@ pub const QUIET: Duration = Duration::from_millis(10);
 pub const BURST_MAX: Duration = Duration::from_millis(200);
 /// The periodic check without notifications: a backstop, as the timers of other agents are.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
-/// Where the watcher records its repairs, for `status` and `metrics`.
-pub const STATE_FILE: &str = "/run/natguard/repair.json";
-
-/// The state file of a watcher whose readiness file is `ready_file`: beside it, so that
-/// `--ready-file` moves both (the default is [`STATE_FILE`]).
-pub fn state_file_beside(ready_file: &Path) -> PathBuf {
-    super::atomic::parent(ready_file).join("repair.json")
-}
-
-/// What the watcher has repaired so far.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RepairStats {
-    pub pid: u32,
-    /// Repairs: checks that wrote something.
-    pub repairs: u64,
-    /// Every check (event-driven, after a loss, periodic), repairs included.
-    pub checks: u64,
-    /// Unix time of the last repair, in seconds.
-    pub last_repair: Option<f64>,
-    /// From the first notification of the burst to the committed repair.
-    pub last_repair_ms: Option<f64>,
-    /// Who changed natguard's tables before the last repair.
-    pub last_cause: Option<String>,
-    /// Unix time the record was last written, in seconds.
-    pub updated: Option<f64>,
-    /// Whether the watcher that wrote the record still runs: filled in by its readers from the
-    /// watcher's lock (see [`super::record::watcher_running`]), never stored.
-    pub running: Option<bool>,
-}
-
-impl RepairStats {
-    pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "pid": self.pid,
-            "repairs": self.repairs,
-            "checks": self.checks,
-            "lastRepair": self.last_repair,
-            "lastRepairMs": self.last_repair_ms,
-            "lastCause": self.last_cause,
-            "updated": self.updated,
-        });
-        if let Some(r) = self.running {
-            v["running"] = r.into();
-        }
-        v
-    }
-
-    pub fn from_json(v: &Value) -> Option<RepairStats> {
-        Some(RepairStats {
-            pid: v.get("pid")?.as_u64()? as u32,
-            repairs: v.get("repairs")?.as_u64()?,
-            checks: v.get("checks")?.as_u64()?,
-            last_repair: v.get("lastRepair").and_then(Value::as_f64),
-            last_repair_ms: v.get("lastRepairMs").and_then(Value::as_f64),
-            last_cause: v
-                .get("lastCause")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            updated: v.get("updated").and_then(Value::as_f64),
-            running: None,
-        })
-    }
-}
-
-/// The watcher's record, if a watcher has written one; `None` without `--watch` (or when the
-/// file is unreadable: it is a report, never an input to policy).
-pub fn read_state(path: &Path) -> Option<RepairStats> {
-    let bytes = std::fs::read(path).ok()?;
-    if bytes.len() > 64 * 1024 {
-        return None;
-    }
-    RepairStats::from_json(&serde_json::from_slice(&bytes).ok()?)
-}
+pub use crate::tools::watcher::{read_state, state_file_beside, RepairStats};
 
 /// A burst of notifications that demand a repair.
 #[derive(Debug, Clone, PartialEq)]
@@ -339,6 +266,8 @@ fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::watcher::STATE_FILE;
+    use serde_json::json;
 
     fn foreign(w: &str) -> Verdict {
         Verdict::Foreign {

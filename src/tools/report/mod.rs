@@ -23,7 +23,7 @@
 
 use crate::plan::{Family, LOG_PREFIX};
 pub(crate) use crate::store::Installation;
-pub(crate) use crate::tools::install::self_repair::RepairStats;
+pub(crate) use crate::tools::watcher::RepairStats;
 use serde_json::{json, Value};
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
