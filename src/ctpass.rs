@@ -367,7 +367,7 @@ impl Requester {
 
 /// Field 22 of `/proc/<pid>/stat`, after the command name (which may hold spaces and ')').
 fn start_time(pid: u32) -> Option<u64> {
-    let stat = crate::node::read_small(&format!("/proc/{pid}/stat"), 2048)?;
+    let stat = crate::sys::read_small(&format!("/proc/{pid}/stat"), 2048)?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }

@@ -19,7 +19,7 @@
 //!   network, namespace and `natguard.io/` annotations;
 //! - [`config`] (natguard's own sections), `addr` (address arithmetic and the rules for a pod's
 //!   address), `ifname` (interface names as the kernel stores them), [`node`] (facts looked up
-//!   before planning), [`lock`] (the node lock with its deadline), [`log`] (levels, rotation,
+//!   before planning), `sys` (the kernel's small procfs and sysfs files), [`lock`] (the node lock with its deadline), [`log`] (levels, rotation,
 //!   never blocking), [`error`] (one error type and its CNI codes).
 //!
 //! `main.rs` only dispatches. What tests and the fuzzer need is `pub`; the rest is `pub(crate)`.
@@ -39,8 +39,6 @@ pub mod policy;
 pub(crate) mod prepare;
 pub mod restore;
 pub(crate) mod store;
+pub(crate) mod sys;
 pub mod tools;
 pub mod verbs;
-
-/// natguard's record of the networks found intact, next to the node lock (`/run/natguard`).
-pub use store::VERIFIED_FILE;

@@ -43,6 +43,9 @@ use std::time::{Duration, Instant};
 /// The node-wide lock file (flock, exclusive), in natguard's runtime directory `/run/natguard`.
 pub const LOCK_PATH: &str = "/run/natguard/lock";
 
+/// natguard's record of the networks found intact, in [`run_dir`] (`crate::store`'s).
+pub const VERIFIED_FILE: &str = "verified";
+
 /// natguard's runtime directory, the lock file's: the other per-node records live next to it.
 pub fn run_dir() -> &'static Path {
     Path::new(LOCK_PATH)

@@ -244,15 +244,3 @@ pub(crate) fn netns_id() -> Option<(u64, u64)> {
     let m = std::fs::metadata("/proc/thread-self/ns/net").ok()?;
     Some((m.dev(), m.ino()))
 }
-
-/// A small file of the kernel's (procfs, sysfs) read whole into a buffer of `cap` bytes made
-/// up front: procfs gives no size, and growing a buffer from 32 bytes costs a read each step.
-pub(crate) fn read_small(path: &str, cap: usize) -> Option<String> {
-    use std::io::Read as _;
-    let mut s = String::with_capacity(cap);
-    std::fs::File::open(path)
-        .ok()?
-        .read_to_string(&mut s)
-        .ok()?;
-    Some(s)
-}

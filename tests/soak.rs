@@ -306,7 +306,7 @@ fn months_of_churn_leave_only_what_is_alive() {
         .filter(|n| {
             n != "lock"
                 && n != natguard::kernel::conntrack::ipv6_probe::CACHE_FILE
-                && n != natguard::VERIFIED_FILE
+                && n != natguard::lock::VERIFIED_FILE
                 && n != "ct.lock"
                 // The conntrack pass's requests: one per invocation still running, so none.
                 && !(n == "ct"

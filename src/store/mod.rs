@@ -30,7 +30,6 @@ pub use check::Installation;
 mod verified;
 
 /// The file next to the node lock that records which networks were last found intact.
-pub use verified::FILE as VERIFIED_FILE;
 mod view;
 
 use crate::error::{Error, Result};

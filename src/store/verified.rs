@@ -28,7 +28,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 /// The record's file, next to the node lock.
-pub const FILE: &str = "verified";
+pub const FILE: &str = crate::lock::VERIFIED_FILE;
 
 /// One network whose shared objects matched its plan.
 #[derive(Debug, Clone, PartialEq, Eq)]

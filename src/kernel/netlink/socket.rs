@@ -119,8 +119,8 @@ pub fn release_deferred() -> Release {
     if n == 0 {
         return Release::Nothing;
     }
-    let status = crate::node::read_small("/proc/self/status", 4096);
-    let disabled = crate::node::read_small("/proc/sys/kernel/io_uring_disabled", 64);
+    let status = crate::sys::read_small("/proc/self/status", 4096);
+    let disabled = crate::sys::read_small("/proc/sys/kernel/io_uring_disabled", 64);
     // With the hand-over, the ring is closed only after the sockets (below): it holds the
     // last references.
     let ring = match io_uring_allowed(status.as_deref(), disabled.as_deref()) {
