@@ -545,11 +545,14 @@ fn the_guard_alone_is_put_in_place_and_then_a_network_converges_over_it() {
     assert!(!s.kernel().sets.keys().any(|c| c.contains('-')));
     let dests: Vec<Key> = s
         .kernel()
-        .elems("metadata4")
+        .elems("guarded4")
         .into_iter()
         .map(|e| e.0)
         .collect();
-    assert_eq!(dests, vec![Key::Addr("169.254.169.254".parse().unwrap())]);
+    assert_eq!(
+        dests,
+        vec![Key::AddrPort("169.254.169.254".parse().unwrap(), 80)]
+    );
     // Intact: nothing written.
     assert_eq!(s.apply(&[&guard], &[]).unwrap(), 0);
     assert_eq!(s.kernel().commits.len(), 1);
