@@ -7,6 +7,11 @@
 //! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
 //! gets masqueraded.
 //!
+//! The metadata endpoints are one list of (address, ports, mode) whatever the config says:
+//! today's `addresses` × `ports` with one `mode`, or a cloud preset ([`crate::clouds`])
+//! overridden by explicit `endpoints`, so the plan has one shape to turn into sets. Conflicts
+//! (one address and port with two modes, a proxy that is an endpoint) are refused here.
+//!
 //! Errors name the field path and the offending value; downstream code never re-validates.
 
 pub use crate::addr::Cidr;
