@@ -7,6 +7,11 @@
 //! because a misspelt `nonMasqueradeCidrs` silently falling back to defaults would change who
 //! gets masqueraded.
 //!
+//! The metadata endpoints are one list of (address, ports, mode) whatever the config says:
+//! today's `addresses` × `ports` with one `mode`, or a cloud preset ([`crate::clouds`])
+//! overridden by explicit `endpoints`, so the plan has one shape to turn into sets. Conflicts
+//! (one address and port with two modes, a proxy that is an endpoint) are refused here.
+//!
 //! Errors name the field path and the offending value; downstream code never re-validates.
 
 pub use crate::addr::Cidr;
@@ -28,62 +33,20 @@ pub const MAX_EXEMPT_NAMESPACES: usize = 1024;
 /// At most this many `metadata.allowInterfaces`.
 pub const MAX_ALLOW_INTERFACES: usize = 64;
 
-/// Cloud metadata and credential endpoints that are never a proxy, whatever a network's own
-/// `metadata.addresses` say: a proxy there would let the guard's proxy allowance open the real
-/// API (`metadata.proxyIPv4`/`proxyIPv6` fixed to one of them is refused at parse time, an
-/// `auto` one that resolves to one at ADD).
-pub const WELL_KNOWN_METADATA: &[(IpAddr, &str)] = &[
-    // AWS, GCP, Azure, OpenStack, DigitalOcean, Oracle ...: the instance metadata service.
-    (
-        IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
-        "instance metadata",
-    ),
-    // AWS: the IMDS on IPv6 (Nitro).
-    (
-        IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
-        "AWS instance metadata (IPv6)",
-    ),
-    // AWS: ECS task metadata and credentials.
-    (
-        IpAddr::V4(Ipv4Addr::new(169, 254, 170, 2)),
-        "AWS ECS task credentials",
-    ),
-    // AWS: EKS Pod Identity agent.
-    (
-        IpAddr::V4(Ipv4Addr::new(169, 254, 170, 23)),
-        "AWS EKS Pod Identity",
-    ),
-    (
-        IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x23)),
-        "AWS EKS Pod Identity (IPv6)",
-    ),
-    // GCP: the GKE metadata server (workload identity).
-    (
-        IpAddr::V4(Ipv4Addr::new(169, 254, 169, 252)),
-        "GKE metadata server",
-    ),
-    // Azure: the WireServer.
-    (
-        IpAddr::V4(Ipv4Addr::new(168, 63, 129, 16)),
-        "Azure WireServer",
-    ),
-    // Alibaba Cloud: the instance metadata service.
-    (
-        IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
-        "Alibaba Cloud instance metadata",
-    ),
-];
+/// At most this many address and port pairs in a network's endpoint list (`metadata.addresses`
+/// times `metadata.ports`, or the ports of every `metadata.endpoints` entry): each pair is one
+/// element of the network's and the node's endpoint sets.
+pub const MAX_METADATA_PAIRS: usize = 4096;
+
+pub use crate::clouds::{Cloud, EndpointMode, PresetChoice};
 
 /// Why `proxy` can never be a network's proxy, if it cannot: one of the network's own
-/// `metadata.addresses`, or a well-known metadata endpoint ([`WELL_KNOWN_METADATA`]).
+/// endpoints, or a known cloud credential endpoint ([`crate::clouds::CATALOGUE`]).
 pub fn not_a_proxy(proxy: IpAddr, addresses: &[IpAddr]) -> Option<String> {
     if addresses.contains(&proxy) {
-        return Some("is one of metadata.addresses".into());
+        return Some("is one of the network's metadata endpoints (metadata.addresses, metadata.endpoints or metadata.preset)".into());
     }
-    WELL_KNOWN_METADATA
-        .iter()
-        .find(|(a, _)| *a == proxy)
-        .map(|(_, what)| format!("is a metadata endpoint ({what})"))
+    crate::clouds::well_known(proxy).map(|what| format!("is a metadata endpoint ({what})"))
 }
 
 /// Refuses a list longer than `max`, before its entries are parsed.
@@ -140,11 +103,32 @@ fn fixed<T>(p: ProxyAddr<T>) -> Option<T> {
     }
 }
 
+/// One credential endpoint of a network: an address, its TCP ports, and what natguard does
+/// with a pod's TCP to them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub address: IpAddr,
+    pub ports: Vec<u16>,
+    pub mode: EndpointMode,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Metadata {
+    /// `off` switches every endpoint off; `deny` makes every endpoint that would be proxied
+    /// denied; `proxy` leaves each endpoint its own mode. It is also the mode of the
+    /// `addresses` × `ports` list and of an `endpoints` entry that names none.
     pub mode: MetadataMode,
+    /// Every endpoint address (derived from `endpoints`): a pod may not have one, and a proxy
+    /// may not be one.
     pub addresses: Vec<IpAddr>,
+    /// Every endpoint port (derived from `endpoints`).
     pub ports: Vec<u16>,
+    /// The endpoints and their modes: `metadata.addresses` × `metadata.ports` with
+    /// `metadata.mode` (today's fields), or `metadata.preset` overridden by
+    /// `metadata.endpoints`.
+    pub endpoints: Vec<Endpoint>,
+    /// `metadata.preset`, and for `auto` what the DMI strings said.
+    pub preset: Option<PresetChoice>,
     pub proxy_port: u16,
     pub proxy_ipv4: ProxyAddr<Ipv4Addr>,
     pub proxy_ipv6: ProxyAddr<Ipv6Addr>,
@@ -216,6 +200,8 @@ impl Default for Config {
                     "fd00:ec2::254".parse().unwrap(),
                 ],
                 ports: vec![80],
+                endpoints: default_endpoints(MetadataMode::Proxy),
+                preset: None,
                 proxy_port: 8181,
                 proxy_ipv4: ProxyAddr::Auto,
                 proxy_ipv6: ProxyAddr::Auto,
@@ -241,6 +227,56 @@ impl Default for Config {
             log_file_max_size: crate::log::DEFAULT_MAX_SIZE,
             log_format: crate::log::Format::Text,
         }
+    }
+}
+
+/// The endpoints of a config that names none: the instance metadata service on both families.
+fn default_endpoints(mode: MetadataMode) -> Vec<Endpoint> {
+    legacy_endpoints(
+        &[
+            IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254)),
+            IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+        ],
+        &[80],
+        mode,
+    )
+}
+
+/// `metadata.addresses` × `metadata.ports`, all with `metadata.mode`.
+fn legacy_endpoints(addresses: &[IpAddr], ports: &[u16], mode: MetadataMode) -> Vec<Endpoint> {
+    addresses
+        .iter()
+        .map(|a| Endpoint {
+            address: *a,
+            ports: ports.to_vec(),
+            mode: endpoint_mode(mode),
+        })
+        .collect()
+}
+
+/// The endpoint mode a network's `metadata.mode` gives an endpoint that names none (`off`
+/// switches every endpoint off, whatever its mode).
+fn endpoint_mode(mode: MetadataMode) -> EndpointMode {
+    match mode {
+        MetadataMode::Deny => EndpointMode::Deny,
+        MetadataMode::Proxy | MetadataMode::Off => EndpointMode::Proxy,
+    }
+}
+
+impl Metadata {
+    /// Whether any endpoint has `mode` (and the network is not `off`).
+    pub fn has(&self, mode: EndpointMode) -> bool {
+        self.mode != MetadataMode::Off && self.endpoints.iter().any(|e| e.mode == mode)
+    }
+    /// The (address, port) pairs of the endpoints with one of `modes` (none when `off`).
+    pub fn pairs<'a>(
+        &'a self,
+        modes: &'a [EndpointMode],
+    ) -> impl Iterator<Item = (IpAddr, u16)> + 'a {
+        self.endpoints
+            .iter()
+            .filter(move |e| self.mode != MetadataMode::Off && modes.contains(&e.mode))
+            .flat_map(|e| e.ports.iter().map(move |p| (e.address, *p)))
     }
 }
 
@@ -353,10 +389,16 @@ pub fn is_dns_label(s: &str) -> bool {
 /// Parses natguard's sections out of a plugin entry (the whole stdin object or a conflist
 /// entry). Top-level keys other than natguard's are ignored.
 pub fn parse_plugin_config(v: &Value) -> Result<Config> {
+    parse_plugin_config_with(v, &crate::clouds::Dmi::read)
+}
+
+/// [`parse_plugin_config`] with the node's DMI strings from `dmi`, which is called only for
+/// `metadata.preset: "auto"`.
+pub fn parse_plugin_config_with(v: &Value, dmi: &dyn Fn() -> crate::clouds::Dmi) -> Result<Config> {
     let obj = expect_object("config", v)?;
     let mut c = Config::default();
     if let Some(m) = obj.get("metadata") {
-        parse_metadata(m, &mut c.metadata)?;
+        parse_metadata(m, &mut c.metadata, dmi)?;
     }
     if let Some(m) = obj.get("masquerade") {
         parse_masquerade(m, &mut c.masquerade)?;
@@ -412,7 +454,181 @@ pub fn parse_plugin_config(v: &Value) -> Result<Config> {
     Ok(c)
 }
 
-fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
+/// A metadata address: any unicast address but loopback, and no v4-mapped IPv6 form.
+fn parse_metadata_address(p: &str, a: &Value) -> Result<IpAddr> {
+    let s = expect_str(p, a)?;
+    let ip: IpAddr = s
+        .parse()
+        .map_err(|_| cfg_err(format!("{p}: {} is not an IP address", q(s))))?;
+    if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
+        return Err(cfg_err(format!(
+            "{p}: {} cannot be a metadata address",
+            q(s)
+        )));
+    }
+    // A v4-mapped form never appears on the wire: matching it would intercept nothing.
+    if let IpAddr::V6(v6) = ip {
+        if let Some(v4) = v6.to_ipv4_mapped() {
+            return Err(cfg_err(format!(
+                "{p}: {} is an IPv4-mapped IPv6 address, which no packet carries; write the IPv4 address {v4}",
+                q(s)
+            )));
+        }
+    }
+    Ok(ip)
+}
+
+/// A list of ports, deduplicated, at most [`MAX_METADATA_PORTS`].
+fn parse_ports(path: &str, x: &Value) -> Result<Vec<u16>> {
+    let arr = expect_array(path, x)?;
+    check_len(path, arr, MAX_METADATA_PORTS)?;
+    let mut out = Vec::new();
+    for (i, p) in arr.iter().enumerate() {
+        let port = expect_port(&format!("{path}[{i}]"), p)?;
+        if !out.contains(&port) {
+            out.push(port);
+        }
+    }
+    Ok(out)
+}
+
+/// One `metadata.endpoints` entry: `address` (required), `ports` (default `[80]`) and `mode`
+/// (default: the network's `metadata.mode`).
+fn parse_endpoint(path: &str, v: &Value, net: MetadataMode) -> Result<Endpoint> {
+    let o = expect_object(path, v)?;
+    reject_unknown(path, o, &["address", "ports", "mode"])?;
+    let address = match o.get("address") {
+        Some(a) => parse_metadata_address(&format!("{path}.address"), a)?,
+        None => return Err(cfg_err(format!("{path}.address: missing"))),
+    };
+    let ports = match o.get("ports") {
+        Some(x) => parse_ports(&format!("{path}.ports"), x)?,
+        None => vec![80],
+    };
+    if ports.is_empty() {
+        return Err(cfg_err(format!(
+            "{path}.ports: must list at least one port"
+        )));
+    }
+    let mode = match o.get("mode") {
+        None => endpoint_mode(net),
+        Some(x) => {
+            let s = expect_str(&format!("{path}.mode"), x)?;
+            let mode = EndpointMode::parse(s).ok_or_else(|| {
+                cfg_err(format!(
+                    "{path}.mode: {} is not one of \"proxy\", \"deny\", \"allow\"",
+                    q(s)
+                ))
+            })?;
+            if mode == EndpointMode::Proxy && net == MetadataMode::Deny {
+                return Err(cfg_err(format!(
+                    "{path}.mode: \"proxy\" conflicts with metadata.mode \"deny\", which proxies nothing"
+                )));
+            }
+            mode
+        }
+    };
+    Ok(Endpoint {
+        address,
+        ports,
+        mode,
+    })
+}
+
+/// `metadata.preset` and `metadata.endpoints`: the preset's endpoints (in a `deny` network,
+/// the proxied ones denied), each replaced by an explicit entry for the same address, then the
+/// explicit entries. The same address and port with two modes is refused, naming both entries.
+fn parse_endpoint_list(
+    o: &Map<String, Value>,
+    m: &mut Metadata,
+    dmi: &dyn Fn() -> crate::clouds::Dmi,
+) -> Result<()> {
+    for k in ["addresses", "ports"] {
+        if o.contains_key(k) {
+            return Err(cfg_err(format!(
+                "metadata.{k}: cannot be combined with metadata.preset or metadata.endpoints; give each address its ports in metadata.endpoints"
+            )));
+        }
+    }
+    let mut list: Vec<Endpoint> = Vec::new();
+    if let Some(x) = o.get("preset") {
+        let s = expect_str("metadata.preset", x)?;
+        let choice = if s == "auto" {
+            crate::clouds::detect(&dmi())
+        } else {
+            let cloud = Cloud::parse(s).ok_or_else(|| {
+                let names: Vec<String> = Cloud::ALL
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.as_str()))
+                    .collect();
+                cfg_err(format!(
+                    "metadata.preset: {} is not one of {}, \"auto\"",
+                    q(s),
+                    names.join(", ")
+                ))
+            })?;
+            PresetChoice {
+                cloud: Some(cloud),
+                why: crate::clouds::PresetReason::Explicit,
+            }
+        };
+        list = match choice.cloud {
+            Some(c) => crate::clouds::preset(c)
+                .map(|(e, mode)| Endpoint {
+                    address: e.address,
+                    ports: e.ports.to_vec(),
+                    mode: match mode {
+                        EndpointMode::Proxy => endpoint_mode(m.mode),
+                        other => other,
+                    },
+                })
+                .collect(),
+            None => default_endpoints(m.mode),
+        };
+        m.preset = Some(choice);
+    }
+    if let Some(x) = o.get("endpoints") {
+        let arr = expect_array("metadata.endpoints", x)?;
+        check_len("metadata.endpoints", arr, MAX_METADATA_ADDRESSES)?;
+        let mut explicit: Vec<Endpoint> = Vec::new();
+        for (i, v) in arr.iter().enumerate() {
+            let path = format!("metadata.endpoints[{i}]");
+            let e = parse_endpoint(&path, v, m.mode)?;
+            for (j, earlier) in explicit.iter().enumerate() {
+                let shared = e.ports.iter().find(|p| earlier.ports.contains(p));
+                if let (true, Some(port), true) =
+                    (earlier.address == e.address, shared, earlier.mode != e.mode)
+                {
+                    return Err(cfg_err(format!(
+                        "{path}: {} port {port} is {:?} here but {:?} in metadata.endpoints[{j}]; an endpoint has one mode",
+                        e.address,
+                        e.mode.as_str(),
+                        earlier.mode.as_str()
+                    )));
+                }
+            }
+            explicit.push(e);
+        }
+        list.retain(|p| !explicit.iter().any(|e| e.address == p.address));
+        list.extend(explicit);
+    }
+    let pairs: usize = list.iter().map(|e| e.ports.len()).sum();
+    if pairs > MAX_METADATA_PAIRS {
+        return Err(cfg_err(format!(
+            "metadata.endpoints: {pairs} address and port pairs are more than natguard accepts (at most {MAX_METADATA_PAIRS})"
+        )));
+    }
+    if list.is_empty() && m.mode != MetadataMode::Off {
+        return Err(cfg_err(
+            "metadata.endpoints: must list at least one endpoint unless metadata.mode is \"off\""
+                .into(),
+        ));
+    }
+    m.endpoints = list;
+    Ok(())
+}
+
+fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::Dmi) -> Result<()> {
     let o = expect_object("metadata", v)?;
     reject_unknown(
         "metadata",
@@ -429,6 +645,8 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             "logDenied",
             "acceptUnenforced",
             "allowInterfaces",
+            "endpoints",
+            "preset",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -450,26 +668,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
         let mut out = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for (i, a) in arr.iter().enumerate() {
-            let p = format!("metadata.addresses[{i}]");
-            let s = expect_str(&p, a)?;
-            let ip: IpAddr = s
-                .parse()
-                .map_err(|_| cfg_err(format!("{p}: {} is not an IP address", q(s))))?;
-            if ip.is_unspecified() || ip.is_multicast() || ip.is_loopback() {
-                return Err(cfg_err(format!(
-                    "{p}: {} cannot be a metadata address",
-                    q(s)
-                )));
-            }
-            // A v4-mapped form never appears on the wire: matching it would intercept nothing.
-            if let IpAddr::V6(v6) = ip {
-                if let Some(v4) = v6.to_ipv4_mapped() {
-                    return Err(cfg_err(format!(
-                        "{p}: {} is an IPv4-mapped IPv6 address, which no packet carries; write the IPv4 address {v4}",
-                        q(s)
-                    )));
-                }
-            }
+            let ip = parse_metadata_address(&format!("metadata.addresses[{i}]"), a)?;
             if seen.insert(ip) {
                 out.push(ip);
             }
@@ -477,16 +676,7 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
         m.addresses = out;
     }
     if let Some(x) = o.get("ports") {
-        let arr = expect_array("metadata.ports", x)?;
-        check_len("metadata.ports", arr, MAX_METADATA_PORTS)?;
-        let mut out = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for (i, p) in arr.iter().enumerate() {
-            let port = expect_port(&format!("metadata.ports[{i}]"), p)?;
-            if seen.insert(port) {
-                out.push(port);
-            }
-        }
+        let out = parse_ports("metadata.ports", x)?;
         if out.is_empty() && m.mode != MetadataMode::Off {
             return Err(cfg_err(
                 "metadata.ports: must list at least one port unless metadata.mode is \"off\""
@@ -587,6 +777,31 @@ fn parse_metadata(v: &Value, m: &mut Metadata) -> Result<()> {
             }
         }
         m.exempt_namespaces = out;
+    }
+    if o.contains_key("preset") || o.contains_key("endpoints") {
+        parse_endpoint_list(o, m, dmi)?;
+    } else {
+        let pairs = m.addresses.len() * m.ports.len();
+        if pairs > MAX_METADATA_PAIRS {
+            return Err(cfg_err(format!(
+                "metadata.addresses, metadata.ports: {} addresses times {} ports are {pairs} pairs, more than natguard accepts (at most {MAX_METADATA_PAIRS})",
+                m.addresses.len(),
+                m.ports.len()
+            )));
+        }
+        m.endpoints = legacy_endpoints(&m.addresses, &m.ports, m.mode);
+    }
+    m.addresses = Vec::new();
+    m.ports = Vec::new();
+    for e in &m.endpoints {
+        if !m.addresses.contains(&e.address) {
+            m.addresses.push(e.address);
+        }
+        for p in &e.ports {
+            if !m.ports.contains(p) {
+                m.ports.push(*p);
+            }
+        }
     }
     for (field, proxy) in [
         ("metadata.proxyIPv4", fixed(m.proxy_ipv4.map(IpAddr::V4))),
@@ -779,7 +994,7 @@ mod tests {
             ),
             (
                 json!({"metadata":{"proxyIPv4":"169.254.169.254"}}),
-                "metadata.proxyIPv4: \"169.254.169.254\" is one of metadata.addresses",
+                "metadata.proxyIPv4: \"169.254.169.254\" is one of the network's metadata endpoints",
                 "169.254.169.254",
             ),
             (
@@ -799,6 +1014,189 @@ mod tests {
             let m = e.to_string();
             assert!(m.contains(field) && m.contains(value), "{extra}: {m}");
         }
+    }
+
+    fn endpoints_of(extra: Value) -> Vec<(String, Vec<u16>, &'static str)> {
+        let c = netconf_from_value(&conf(extra)).unwrap().natguard;
+        c.metadata
+            .endpoints
+            .iter()
+            .map(|e| (e.address.to_string(), e.ports.clone(), e.mode.as_str()))
+            .collect()
+    }
+
+    #[test]
+    fn today_s_fields_are_the_endpoint_list_when_nothing_else_is_given() {
+        assert_eq!(
+            endpoints_of(json!({})),
+            vec![
+                ("169.254.169.254".into(), vec![80], "proxy"),
+                ("fd00:ec2::254".into(), vec![80], "proxy"),
+            ]
+        );
+        assert_eq!(
+            endpoints_of(
+                json!({"metadata":{"mode":"deny","addresses":["100.100.100.200"],"ports":[80,8080]}})
+            ),
+            vec![("100.100.100.200".into(), vec![80, 8080], "deny")]
+        );
+        let c = netconf_from_value(&conf(json!({}))).unwrap().natguard;
+        assert_eq!(c.metadata.preset, None);
+    }
+
+    #[test]
+    fn a_preset_expands_to_its_cloud_s_endpoints_and_explicit_entries_override_it() {
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"azure"}})),
+            vec![
+                ("169.254.169.254".into(), vec![80], "proxy"),
+                ("168.63.129.16".into(), vec![80, 32526], "deny"),
+            ]
+        );
+        // An explicit entry replaces the preset's for its address; a new one is added.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"aws","endpoints":[
+                {"address":"169.254.169.254","mode":"deny"},
+                {"address":"10.9.9.9","ports":[8080],"mode":"allow"}
+            ]}})),
+            vec![
+                ("fd00:ec2::254".into(), vec![80], "proxy"),
+                ("169.254.170.23".into(), vec![80], "allow"),
+                ("fd00:ec2::23".into(), vec![80], "allow"),
+                ("169.254.169.254".into(), vec![80], "deny"),
+                ("10.9.9.9".into(), vec![8080], "allow"),
+            ]
+        );
+        // A deny network proxies nothing: the preset's proxied endpoints are denied.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"alibaba","mode":"deny"}})),
+            vec![("100.100.100.200".into(), vec![80], "deny")]
+        );
+        // An entry without ports or mode: port 80, the network's mode.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"endpoints":[{"address":"168.63.129.16"}]}})),
+            vec![("168.63.129.16".into(), vec![80], "proxy")]
+        );
+        let c = netconf_from_value(&conf(json!({"metadata":{"preset":"gcp"}})))
+            .unwrap()
+            .natguard;
+        assert_eq!(
+            c.metadata.preset.unwrap().describe(),
+            "preset gcp (from the config)"
+        );
+        assert_eq!(
+            c.metadata.addresses,
+            vec![
+                "169.254.169.254".parse::<IpAddr>().unwrap(),
+                "169.254.169.252".parse().unwrap()
+            ]
+        );
+    }
+
+    #[test]
+    fn auto_reads_the_dmi_strings_and_says_what_decided() {
+        let parse = |dmi: crate::clouds::Dmi| {
+            parse_plugin_config_with(&json!({"metadata":{"preset":"auto"}}), &move || dmi.clone())
+                .unwrap()
+                .metadata
+        };
+        let m = parse(crate::clouds::Dmi {
+            chassis_asset_tag: "7783-7084-3265-9085-8269-3286-77".into(),
+            ..Default::default()
+        });
+        assert_eq!(m.preset.as_ref().unwrap().cloud, Some(Cloud::Azure));
+        assert!(m.endpoints.iter().any(|e| e.mode == EndpointMode::Deny));
+        // Nothing recognized: today's default endpoints, and the choice says so.
+        let m = parse(crate::clouds::Dmi::default());
+        assert_eq!(m.endpoints, Config::default().metadata.endpoints);
+        assert!(m.preset.unwrap().describe().contains("no cloud recognized"));
+        // Without `auto` the DMI strings are never read.
+        parse_plugin_config_with(&json!({"metadata":{"preset":"aws"}}), &|| {
+            panic!("read DMI without auto")
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn endpoint_conflicts_are_config_errors_naming_the_field() {
+        let cases = [
+            (
+                json!({"metadata":{"endpoints":[
+                    {"address":"168.63.129.16","ports":[80,32526],"mode":"deny"},
+                    {"address":"168.63.129.16","ports":[32526],"mode":"proxy"}]}}),
+                "metadata.endpoints[1]: 168.63.129.16 port 32526 is \"proxy\" here but \"deny\" in metadata.endpoints[0]",
+            ),
+            (
+                json!({"metadata":{"preset":"azure","proxyIPv4":"168.63.129.16"}}),
+                "metadata.proxyIPv4: \"168.63.129.16\" is one of the network's metadata endpoints",
+            ),
+            (
+                json!({"metadata":{"endpoints":[{"address":"10.9.9.9","mode":"allow"}],"proxyIPv4":"10.9.9.9"}}),
+                "metadata.proxyIPv4: \"10.9.9.9\"",
+            ),
+            (
+                json!({"metadata":{"preset":"openstack","proxyIPv4":"100.100.100.200"}}),
+                "Alibaba Cloud instance metadata",
+            ),
+            (
+                json!({"metadata":{"preset":"azure","addresses":["169.254.169.254"]}}),
+                "metadata.addresses: cannot be combined with metadata.preset",
+            ),
+            (
+                json!({"metadata":{"endpoints":[],"ports":[80]}}),
+                "metadata.ports: cannot be combined",
+            ),
+            (json!({"metadata":{"preset":"Azure"}}), "metadata.preset: \"Azure\""),
+            (json!({"metadata":{"preset":"ibm"}}), "\"ibm\" is not one of"),
+            (
+                json!({"metadata":{"endpoints":[{"address":"168.63.129.16","mode":"block"}]}}),
+                "metadata.endpoints[0].mode: \"block\" is not one of",
+            ),
+            (
+                json!({"metadata":{"endpoints":[{"ports":[80]}]}}),
+                "metadata.endpoints[0].address: missing",
+            ),
+            (
+                json!({"metadata":{"endpoints":[{"address":"::ffff:168.63.129.16"}]}}),
+                "metadata.endpoints[0].address",
+            ),
+            (
+                json!({"metadata":{"endpoints":[{"address":"168.63.129.16","ports":[0]}]}}),
+                "metadata.endpoints[0].ports[0]: 0",
+            ),
+            (
+                json!({"metadata":{"endpoints":[{"address":"168.63.129.16","ports":[]}]}}),
+                "metadata.endpoints[0].ports: must list at least one port",
+            ),
+            (
+                json!({"metadata":{"endpoints":[{"address":"168.63.129.16","port":80}]}}),
+                "metadata.endpoints[0].port: unknown field",
+            ),
+            (
+                json!({"metadata":{"mode":"deny","endpoints":[{"address":"168.63.129.16","mode":"proxy"}]}}),
+                "metadata.endpoints[0].mode: \"proxy\" conflicts with metadata.mode \"deny\"",
+            ),
+            (
+                json!({"metadata":{"endpoints":[]}}),
+                "metadata.endpoints: must list at least one endpoint",
+            ),
+            (
+                json!({"metadata":{"addresses":(1..=64).map(|i| format!("10.9.0.{i}")).collect::<Vec<_>>(),
+                    "ports":(1..=65).collect::<Vec<u64>>()}}),
+                "at most 4096",
+            ),
+        ];
+        for (extra, needle) in cases {
+            let e = netconf_from_value(&conf(extra.clone())).unwrap_err();
+            assert_eq!(e.code(), 7, "{extra}: {e}");
+            assert!(e.to_string().contains(needle), "{extra}: {e}");
+        }
+        // The same endpoint twice with one mode is no conflict.
+        endpoints_of(json!({"metadata":{"endpoints":[
+            {"address":"168.63.129.16","ports":[80],"mode":"deny"},
+            {"address":"168.63.129.16","ports":[80,32526],"mode":"deny"}]}}));
+        // `off` with an empty list is fine: nothing is installed.
+        endpoints_of(json!({"metadata":{"mode":"off","endpoints":[]}}));
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! `main.rs` only dispatches. What tests and the fuzzer need is `pub`; the rest is `pub(crate)`.
 
 pub(crate) mod addr;
+pub mod clouds;
 pub mod cni;
 pub mod config;
 pub(crate) mod ctpass;

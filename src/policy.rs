@@ -29,7 +29,7 @@
 //! set membership, so CHECK verifies it, and records the source in the pod's record when an
 //! annotation decided, so `status` can say so.
 
-use crate::config::{q, Config, MetadataMode};
+use crate::config::{q, Config, EndpointMode, MetadataMode};
 use crate::error::{Error, Result};
 use serde_json::Value;
 
@@ -229,10 +229,12 @@ pub fn refuse_unenforceable(cfg: &Config, ann: &Annotations) -> Result<()> {
 /// `off`.)
 pub fn decide(cfg: &Config, namespace: Option<&str>, ann: &Annotations) -> Decision {
     let d = |policy, source| Decision { policy, source };
+    // A network proxies only if one of its endpoints is `proxy`; with `deny` and `allow`
+    // endpoints alone, what it imposes on a pod is `deny` (allow endpoints are not judged).
     let network = match cfg.metadata.mode {
         MetadataMode::Off => return d(Policy::Off, Source::Network),
-        MetadataMode::Proxy => Policy::Proxy,
-        MetadataMode::Deny => Policy::Deny,
+        MetadataMode::Proxy if cfg.metadata.has(EndpointMode::Proxy) => Policy::Proxy,
+        MetadataMode::Proxy | MetadataMode::Deny => Policy::Deny,
     };
     let ns_exempt =
         namespace.is_some_and(|ns| cfg.metadata.exempt_namespaces.iter().any(|e| e == ns));

@@ -252,10 +252,11 @@ fn long_config_lists_work_up_to_the_limit_and_are_refused_above_it() {
     let ports: Vec<u16> = (1..=MAX_METADATA_PORTS as u16).collect();
     let c = cfg(json!({ "metadata": { "ports": ports } }));
     add(&ns, &c, &pod("port", 1)).succeeded();
-    let have: BTreeSet<u16> = elements(&ns, SetKind::MetaPorts)
+    // Each port is one pair with each address: 1024 of the IPv4 metadata address's.
+    let have: BTreeSet<u16> = elements(&ns, SetKind::MetaDst(Family::V4))
         .iter()
         .filter_map(|k| match k {
-            Key::Port(p) => Some(*p),
+            Key::AddrPort(_, p) => Some(*p),
             _ => None,
         })
         .collect();

@@ -212,6 +212,27 @@ fn cases() -> Vec<Case> {
             ],
         },
         Case {
+            // One node, two treatments: IMDS proxied, the WireServer's TCP 80 and 32526 denied.
+            name: "preset_azure",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"azure-cni","type":"natguard",
+                    "metadata":{"preset":"azure","exemptNamespaces":["kube-system"]}}"#,
+                both(),
+                &[DUAL, EXEMPT],
+            )],
+        },
+        Case {
+            // The Pod Identity agent is `allow`: in no set the DNAT or the guard reads.
+            name: "preset_aws_with_an_override",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"aws-cni","type":"natguard",
+                    "metadata":{"preset":"aws","endpoints":[
+                        {"address":"fd00:ec2::254","mode":"deny"}]}}"#,
+                both(),
+                &[DUAL],
+            )],
+        },
+        Case {
             name: "long_network_name",
             networks: vec![net(
                 r#"{"cniVersion":"1.0.0","type":"natguard",

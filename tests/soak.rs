@@ -169,10 +169,11 @@ fn element_counts(ns: &Netns) -> BTreeMap<String, usize> {
 
 /// Elements of the sets that hold per-pod state (everything but the config's own sets).
 fn per_pod_elements(counts: &BTreeMap<String, usize>) -> usize {
-    const SHARED: [&str; 8] = [
-        "-mdst4",
-        "-mdst6",
-        "-mports",
+    const SHARED: [&str; 9] = [
+        "-mproxy4",
+        "-mproxy6",
+        "-mguard4",
+        "-mguard6",
         "-nomasq4",
         "-nomasq6",
         "-pxy4",
@@ -180,14 +181,7 @@ fn per_pod_elements(counts: &BTreeMap<String, usize>) -> usize {
         "-allowifs",
     ];
     // The node-wide sets derived from the networks' configs.
-    const NODE_SHARED: [&str; 6] = [
-        "metadata4",
-        "metadata6",
-        "metaports",
-        "proxies4",
-        "proxies6",
-        "allowedifs",
-    ];
+    const NODE_SHARED: [&str; 5] = ["guarded4", "guarded6", "proxies4", "proxies6", "allowedifs"];
     counts
         .iter()
         .filter(|(name, _)| {

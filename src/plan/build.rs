@@ -1,7 +1,7 @@
 //! Building the plan: the rules and sets a network shares, and what one attachment owns.
 
 use super::*;
-use crate::config::{Cidr, Config, MetadataMode};
+use crate::config::{Cidr, Config, EndpointMode, MetadataMode};
 use std::net::IpAddr;
 
 pub fn merge_ranges(mut r: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
@@ -39,7 +39,10 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
 /// between pods in the per-pod node-wide sets.
 ///
 /// Every packet the node forwards, delivers or sends pays for one cheap test: not TCP, or TCP
-/// neither headed for a metadata address and port nor opened towards one, returns at once.
+/// neither headed for a judged endpoint nor opened towards one, returns at once. An endpoint is
+/// an address and a port (`ip daddr . tcp dport @guarded4`), so each endpoint has its own ports
+/// and a packet still pays one lookup per question; `allow` endpoints are not in the set, so
+/// the guard never sees them.
 /// What is left is metadata TCP, and [`ChainKind::Judge`] admits only what is known to be
 /// good: an exempt pod on its own host-side interface with its own address, a connection on
 /// its way to natguard's proxy (DNATed there from a metadata address), and the node itself
@@ -66,8 +69,8 @@ fn plan_node_rules() -> Vec<Rule> {
                 chain,
                 vec![
                     Match::NfProto(f),
-                    Match::DaddrIn(f, SetKind::MetaDests(f)),
-                    Match::TcpDportIn(SetKind::MetaDestPorts),
+                    Match::IsTcp,
+                    Match::ToIn(f, SetKind::MetaDests(f)),
                 ],
                 Action::Goto(ChainKind::Judge(f)),
                 None,
@@ -77,8 +80,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 // No family match: the ct key of one family breaks on a connection of the other.
                 vec![
                     Match::CtDirOriginal,
-                    Match::CtOrigDaddrIn(f, SetKind::MetaDests(f)),
-                    Match::CtOrigTcpDportIn(SetKind::MetaDestPorts),
+                    Match::CtOrigToIn(f, SetKind::MetaDests(f)),
                 ],
                 Action::Goto(ChainKind::Judge(f)),
                 None,
@@ -96,8 +98,8 @@ fn plan_node_rules() -> Vec<Rule> {
             ChainKind::GuardOutput,
             vec![
                 Match::NfProto(f),
-                Match::DaddrIn(f, SetKind::MetaDests(f)),
-                Match::TcpDportIn(SetKind::MetaDestPorts),
+                Match::IsTcp,
+                Match::ToIn(f, SetKind::MetaDests(f)),
                 Match::SaddrNotLocal,
             ],
             Action::RejectTcpReset,
@@ -119,9 +121,9 @@ fn plan_node_rules() -> Vec<Rule> {
             None,
         ));
         // On its way to a proxy because natguard's DNAT sent it there: a connection to a
-        // proxy target that was DNATed, first headed for a metadata address. A destination by
-        // itself admits nothing: a proxy target that is some metadata endpoint, reached
-        // directly, is reset like any other.
+        // proxy target that was DNATed, first headed for a judged endpoint (address and port).
+        // A destination by itself admits nothing: a proxy target that is some metadata
+        // endpoint, reached directly, is reset like any other.
         rules.push(rule(
             judge,
             vec![
@@ -130,7 +132,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 Match::ToIn(f, SetKind::Proxies(f)),
                 Match::CtStatusDnat,
                 Match::CtDirOriginal,
-                Match::CtOrigDaddrIn(f, SetKind::MetaDests(f)),
+                Match::CtOrigToIn(f, SetKind::MetaDests(f)),
             ],
             Action::Return,
             None,
@@ -257,9 +259,20 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
     let mut rules = Vec::new();
 
     let meta_on = md.mode != MetadataMode::Off;
+    // Each family's endpoint pairs by mode, sorted: the DNAT's (`proxy`) and the guard's
+    // (`proxy` and `deny`); `allow` endpoints are in neither.
+    let pairs = |f: Family, modes: &[EndpointMode]| -> Vec<Elem> {
+        let mut v: Vec<Elem> = md
+            .pairs(modes)
+            .filter(|(a, _)| Family::of(a) == f)
+            .map(|(a, p)| Elem::AddrPort(a, p))
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
     for f in Family::ALL {
-        let has_dst = md.addresses.iter().any(|a| Family::of(a) == f);
-        if !meta_on || !has_dst || md.mode != MetadataMode::Proxy {
+        if pairs(f, &[EndpointMode::Proxy]).is_empty() {
             continue;
         }
         // Only packets that enter on a host side of this network's pods: another network's
@@ -269,8 +282,8 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             let mut v = vec![
                 Match::NfProto(f),
                 Match::IifIn(SetKind::Ifaces),
-                Match::DaddrIn(f, SetKind::MetaDst(f)),
-                Match::TcpDportIn(SetKind::MetaPorts),
+                Match::IsTcp,
+                Match::ToIn(f, SetKind::MetaDst(f)),
             ];
             v.extend(m);
             v
@@ -353,20 +366,10 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                         })
                         .collect(),
                 ),
-                SetKind::MetaDst(f) | SetKind::MetaDests(f) => Some(if meta_on {
-                    md.addresses
-                        .iter()
-                        .filter(|a| Family::of(a) == f)
-                        .map(|a| Elem::Addr(*a))
-                        .collect()
-                } else {
-                    Vec::new()
-                }),
-                SetKind::MetaPorts | SetKind::MetaDestPorts => Some(if meta_on {
-                    md.ports.iter().map(|p| Elem::Port(*p)).collect()
-                } else {
-                    Vec::new()
-                }),
+                SetKind::MetaDst(f) => Some(pairs(f, &[EndpointMode::Proxy])),
+                SetKind::MetaGuard(f) | SetKind::MetaDests(f) => {
+                    Some(pairs(f, &[EndpointMode::Proxy, EndpointMode::Deny]))
+                }
                 SetKind::AllowIfaces | SetKind::AllowedIfaces => Some(
                     md.allow_interfaces
                         .iter()
@@ -381,7 +384,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                     };
                     Some(
                         proxy
-                            .filter(|_| md.mode == MetadataMode::Proxy)
+                            .filter(|_| md.has(EndpointMode::Proxy))
                             .map(|p| vec![Elem::AddrPort(p, md.proxy_port)])
                             .unwrap_or_default(),
                     )
@@ -442,7 +445,7 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     // it. With metadata interception off for the network, its pods are treated as exempt:
     // the guard still judges them, and "off" means the operator lets them through.
     let intercept =
-        cfg.metadata.mode == MetadataMode::Proxy && decision.policy == crate::policy::Policy::Proxy;
+        cfg.metadata.has(EndpointMode::Proxy) && decision.policy == crate::policy::Policy::Proxy;
     let allowed = !meta_on || decision.is_exempt();
     let mut present = Vec::new();
     let mut absent = Vec::new();

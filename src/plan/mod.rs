@@ -186,7 +186,7 @@ pub const LEGACY_CHAIN_SUFFIXES: [(TableFamily, &str); 3] = [
 /// Suffixes of sets that earlier versions of natguard created and this one no longer uses (or
 /// uses under another name with another key type): a converge deletes them, after flushing
 /// the chains whose old rules referred to them, so an upgraded node keeps only what is used.
-pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 12] = [
+pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 15] = [
     (TableFamily::Inet, "nets4"),
     (TableFamily::Inet, "nets6"),
     (TableFamily::Inet, "allow4"),
@@ -199,6 +199,19 @@ pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 12] = [
     (TableFamily::Bridge, "xaddr6"),
     (TableFamily::Bridge, "xport4"),
     (TableFamily::Bridge, "xport6"),
+    // The metadata addresses and ports as two sets; now address . port pairs (`mproxy4/6`,
+    // `mguard4/6`), so each endpoint has its own ports and mode.
+    (TableFamily::Inet, "mdst4"),
+    (TableFamily::Inet, "mdst6"),
+    (TableFamily::Inet, "mports"),
+];
+
+/// Node-wide sets of earlier versions, deleted after a converge the same way: the guard's
+/// metadata addresses and ports as two sets, now the address . port pairs of `guarded4/6`.
+pub const LEGACY_NODE_SETS: [(TableFamily, &str); 3] = [
+    (TableFamily::Inet, "metadata4"),
+    (TableFamily::Inet, "metadata6"),
+    (TableFamily::Inet, "metaports"),
 ];
 
 /// What a set's keys are made of.
@@ -227,10 +240,11 @@ pub enum SetKind {
     Masq(Family),
     /// Destinations that keep the pod's source address (interval set).
     NoMasq(Family),
-    /// The network's metadata addresses.
+    /// The network's `proxy` endpoints (address . port): what its DNAT redirects.
     MetaDst(Family),
-    /// The network's metadata ports.
-    MetaPorts,
+    /// The network's `proxy` and `deny` endpoints (address . port): the record from which the
+    /// node-wide [`SetKind::MetaDests`] is derived. `allow` endpoints are in neither.
+    MetaGuard(Family),
     /// Owner keys of the pods of this network; the comment records the pod's addresses.
     Pods,
     /// Owner keys again; the comment records the attachment's host side (interface, bridge
@@ -247,10 +261,9 @@ pub enum SetKind {
     /// The network's proxy target (address . port); the record from which the node-wide
     /// [`SetKind::Proxies`] is derived.
     ProxyTarget(Family),
-    /// Node-wide: every network's metadata addresses.
+    /// Node-wide: every network's `proxy` and `deny` endpoints (address . port): what the guard
+    /// judges, one lookup per packet.
     MetaDests(Family),
-    /// Node-wide: every network's metadata ports.
-    MetaDestPorts,
     /// The network's `metadata.allowInterfaces`: the record from which the node-wide
     /// [`SetKind::AllowedIfaces`] is derived.
     AllowIfaces,
@@ -289,15 +302,14 @@ impl SetKind {
             SetKind::Meta(f) => format!("meta{}", f.suffix()),
             SetKind::Masq(f) => format!("masq{}", f.suffix()),
             SetKind::NoMasq(f) => format!("nomasq{}", f.suffix()),
-            SetKind::MetaDst(f) => format!("mdst{}", f.suffix()),
-            SetKind::MetaPorts => "mports".into(),
+            SetKind::MetaDst(f) => format!("mproxy{}", f.suffix()),
+            SetKind::MetaGuard(f) => format!("mguard{}", f.suffix()),
             SetKind::Pods => "pods".into(),
             SetKind::Attach => "att".into(),
             SetKind::Ifaces => "ifs".into(),
             SetKind::CountProxied(f) => format!("cntp{}", f.suffix()),
             SetKind::ProxyTarget(f) => format!("pxy{}", f.suffix()),
-            SetKind::MetaDests(f) => format!("metadata{}", f.suffix()),
-            SetKind::MetaDestPorts => "metaports".into(),
+            SetKind::MetaDests(f) => format!("guarded{}", f.suffix()),
             SetKind::Proxies(f) => format!("proxies{}", f.suffix()),
             SetKind::AllowIfaces => "allowifs".into(),
             SetKind::AllowedIfaces => "allowedifs".into(),
@@ -316,7 +328,6 @@ impl SetKind {
         matches!(
             self,
             SetKind::MetaDests(_)
-                | SetKind::MetaDestPorts
                 | SetKind::Proxies(_)
                 | SetKind::AllowedIfaces
                 | SetKind::Allow(_)
@@ -334,10 +345,7 @@ impl SetKind {
     pub fn is_union(self) -> bool {
         matches!(
             self,
-            SetKind::MetaDests(_)
-                | SetKind::MetaDestPorts
-                | SetKind::Proxies(_)
-                | SetKind::AllowedIfaces
+            SetKind::MetaDests(_) | SetKind::Proxies(_) | SetKind::AllowedIfaces
         )
     }
     /// Sets whose every element carries a counter (where the kernel supports it).
@@ -361,16 +369,17 @@ impl SetKind {
             SetKind::Meta(f)
             | SetKind::Masq(f)
             | SetKind::NoMasq(f)
-            | SetKind::MetaDst(f)
             | SetKind::GuardAddr(f)
             | SetKind::Logged(f)
-            | SetKind::MetaDests(f)
             | SetKind::CountProxied(f) => KeyShape::Addr(f),
             SetKind::Allow(f) | SetKind::GuardPort(f) | SetKind::CountReset(f) => {
                 KeyShape::IfAddr(f)
             }
-            SetKind::ProxyTarget(f) | SetKind::Proxies(f) => KeyShape::AddrPort(f),
-            SetKind::MetaPorts | SetKind::MetaDestPorts => KeyShape::Port,
+            SetKind::ProxyTarget(f)
+            | SetKind::Proxies(f)
+            | SetKind::MetaDst(f)
+            | SetKind::MetaGuard(f)
+            | SetKind::MetaDests(f) => KeyShape::AddrPort(f),
             SetKind::Pods
             | SetKind::Attach
             | SetKind::Ifaces
@@ -402,7 +411,10 @@ impl SetKind {
     pub fn is_per_pod(self) -> bool {
         !matches!(
             self,
-            SetKind::NoMasq(_) | SetKind::MetaDst(_) | SetKind::MetaPorts | SetKind::ProxyTarget(_)
+            SetKind::NoMasq(_)
+                | SetKind::MetaDst(_)
+                | SetKind::MetaGuard(_)
+                | SetKind::ProxyTarget(_)
         ) && !self.is_union()
     }
     /// Per-pod sets whose elements name their owners in their comment.
@@ -419,7 +431,8 @@ impl SetKind {
         SetKind::Masq(Family::V6),
         SetKind::MetaDst(Family::V4),
         SetKind::MetaDst(Family::V6),
-        SetKind::MetaPorts,
+        SetKind::MetaGuard(Family::V4),
+        SetKind::MetaGuard(Family::V6),
         SetKind::NoMasq(Family::V4),
         SetKind::NoMasq(Family::V6),
         SetKind::CountProxied(Family::V4),
@@ -429,7 +442,6 @@ impl SetKind {
         SetKind::AllowIfaces,
         SetKind::MetaDests(Family::V4),
         SetKind::MetaDests(Family::V6),
-        SetKind::MetaDestPorts,
         SetKind::Proxies(Family::V4),
         SetKind::Proxies(Family::V6),
         SetKind::AllowedIfaces,
@@ -520,8 +532,9 @@ pub enum Match {
     CtStatusDnat,
     /// `ct original ip daddr @set`: where the connection was first headed, before any NAT.
     CtOrigDaddrIn(Family, SetKind),
-    /// `meta l4proto tcp ct original proto-dst @set`
-    CtOrigTcpDportIn(SetKind),
+    /// `meta l4proto tcp ct original ip daddr . ct original proto-dst @set`: where the
+    /// connection was first headed, address and port, in one lookup.
+    CtOrigToIn(Family, SetKind),
     /// `ip daddr . tcp dport @set`
     ToIn(Family, SetKind),
     /// `fib saddr type != local`: the source is not one of the node's own addresses.
@@ -663,7 +676,8 @@ pub enum Key {
     Iface(IfName),
     /// An interface and an address (`NET-exempt4/6`, `NET-xport4/6`).
     IfAddr(IfName, IpAddr),
-    /// An address and a port (`NET-pxy4/6`, `metadata4/6`, `proxies4/6`).
+    /// An address and a port (`NET-pxy4/6`, `NET-mproxy4/6`, `NET-mguard4/6`, `guarded4/6`,
+    /// `proxies4/6`).
     AddrPort(IpAddr, u16),
     /// An Ethernet address (`xmac`).
     Mac([u8; 6]),

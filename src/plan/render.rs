@@ -44,7 +44,11 @@ fn render_match(m: &Match, names: &NetNames) -> String {
             format!("limit rate {per_second}/second burst {burst} packets")
         }
         Match::CtOrigDaddrIn(f, s) => format!("ct original {} daddr @{}", f.nft(), set(s)),
-        Match::CtOrigTcpDportIn(s) => format!("meta l4proto tcp ct original proto-dst @{}", set(s)),
+        Match::CtOrigToIn(f, s) => format!(
+            "meta l4proto tcp ct original {} daddr . ct original proto-dst @{}",
+            f.nft(),
+            set(s)
+        ),
     }
 }
 

@@ -349,23 +349,21 @@ impl<K: Kernel> Store<K> {
                 }
             }
         }
+        // The endpoints the guard judges for this network (`proxy` and `deny`).
         let mut meta_dst = Vec::new();
+        let mut meta_ports = Vec::new();
         for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::MetaDst(f)))? {
-                if let Key::Addr(a) = e.key {
-                    meta_dst.push(a);
+            for e in self.k.dump(&set_ref(&names, SetKind::MetaGuard(f)))? {
+                if let Key::AddrPort(a, p) = e.key {
+                    if !meta_dst.contains(&a) {
+                        meta_dst.push(a);
+                    }
+                    if !meta_ports.contains(&p) {
+                        meta_ports.push(p);
+                    }
                 }
             }
         }
-        let meta_ports = self
-            .k
-            .dump(&set_ref(&names, SetKind::MetaPorts))?
-            .into_iter()
-            .filter_map(|e| match e.key {
-                Key::Port(p) => Some(p),
-                _ => None,
-            })
-            .collect();
         let ifaces = self
             .k
             .dump(&set_ref(&names, SetKind::Ifaces))?

@@ -100,9 +100,8 @@ fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
 /// The network's own record sets from which a node-wide union set is derived.
 fn union_sources(kind: SetKind) -> &'static [SetKind] {
     match kind {
-        SetKind::MetaDests(Family::V4) => &[SetKind::MetaDst(Family::V4)],
-        SetKind::MetaDests(Family::V6) => &[SetKind::MetaDst(Family::V6)],
-        SetKind::MetaDestPorts => &[SetKind::MetaPorts],
+        SetKind::MetaDests(Family::V4) => &[SetKind::MetaGuard(Family::V4)],
+        SetKind::MetaDests(Family::V6) => &[SetKind::MetaGuard(Family::V6)],
         SetKind::Proxies(Family::V4) => &[SetKind::ProxyTarget(Family::V4)],
         SetKind::Proxies(Family::V6) => &[SetKind::ProxyTarget(Family::V6)],
         SetKind::AllowedIfaces => &[SetKind::AllowIfaces],
@@ -379,6 +378,13 @@ impl<K: Kernel> Store<K> {
                 let name = format!("{prefix}{suffix}");
                 if sets.contains(&name) {
                     batch.push(Op::DeleteSet(t, name));
+                }
+            }
+            // Node-wide: once per batch, however many networks converge in it.
+            for (_, name) in plan::LEGACY_NODE_SETS.iter().filter(|(lt, _)| *lt == t) {
+                let op = Op::DeleteSet(t, name.to_string());
+                if sets.contains(*name) && !batch.ops.contains(&op) {
+                    batch.push(op);
                 }
             }
         }

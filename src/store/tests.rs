@@ -464,7 +464,18 @@ fn an_upgrade_deletes_the_sets_earlier_versions_left() {
     let cfg = Config::default();
     let mut s = store();
     s.kernel().tables.insert(TableFamily::Inet, 0);
-    for legacy in ["net1-nets4", "net1-allow4", "other-nets4"] {
+    let gone = [
+        "net1-nets4",
+        "net1-allow4",
+        // The metadata addresses and ports as two sets, per network and node-wide.
+        "net1-mdst4",
+        "net1-mdst6",
+        "net1-mports",
+        "metadata4",
+        "metadata6",
+        "metaports",
+    ];
+    for legacy in gone.iter().copied().chain(["other-nets4"]) {
         s.kernel().sets.insert(
             legacy.into(),
             crate::kernel::fake::FakeSet {
@@ -475,13 +486,21 @@ fn an_upgrade_deletes_the_sets_earlier_versions_left() {
     }
     s.apply_pod(&shared(&cfg), &pod(&cfg, "a", "default", &["10.1.0.5"]))
         .unwrap();
-    let names: Vec<&String> = s.kernel().sets.keys().collect();
+    let names: Vec<String> = s.kernel().sets.keys().cloned().collect();
     assert!(
-        !names
-            .iter()
-            .any(|n| *n == "net1-nets4" || *n == "net1-allow4"),
+        !names.iter().any(|n| gone.contains(&n.as_str())),
         "{names:?}"
     );
+    // Each node-wide one is deleted once in the batch.
+    let deletes = s
+        .kernel()
+        .commits
+        .last()
+        .unwrap()
+        .ops
+        .iter()
+        .filter(|o| matches!(o, Op::DeleteSet(_, n) if n == "metadata4"));
+    assert_eq!(deletes.count(), 1);
     assert!(
         names.iter().any(|n| *n == "other-nets4"),
         "another network's set is not ours"
@@ -545,11 +564,14 @@ fn the_guard_alone_is_put_in_place_and_then_a_network_converges_over_it() {
     assert!(!s.kernel().sets.keys().any(|c| c.contains('-')));
     let dests: Vec<Key> = s
         .kernel()
-        .elems("metadata4")
+        .elems("guarded4")
         .into_iter()
         .map(|e| e.0)
         .collect();
-    assert_eq!(dests, vec![Key::Addr("169.254.169.254".parse().unwrap())]);
+    assert_eq!(
+        dests,
+        vec![Key::AddrPort("169.254.169.254".parse().unwrap(), 80)]
+    );
     // Intact: nothing written.
     assert_eq!(s.apply(&[&guard], &[]).unwrap(), 0);
     assert_eq!(s.kernel().commits.len(), 1);

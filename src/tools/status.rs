@@ -33,8 +33,28 @@ pub fn cli(args: &[String]) -> i32 {
         println!("{}", report::render_json(&r));
     } else {
         print!("{}", report::render_text(&r));
+        print!(
+            "{}",
+            preset_lines(std::path::Path::new(crate::restore::DEFAULT_NETCONF_DIR))
+        );
     }
     code
+}
+
+/// Which endpoint preset each natguard network's config chose and why (`metadata.preset`;
+/// for `auto`, the DMI string that decided, or that none did), one line per network that names
+/// one. Read from the conflists: the kernel holds the endpoints, not where they came from.
+fn preset_lines(netconf_dir: &std::path::Path) -> String {
+    let Ok(networks) = crate::restore::natguard_networks(netconf_dir) else {
+        return String::new();
+    };
+    networks
+        .iter()
+        .filter_map(|(name, cfg)| {
+            let p = cfg.metadata.preset.as_ref()?;
+            Some(format!("network {name}: {}\n", p.describe()))
+        })
+        .collect()
 }
 
 const USAGE: &str = "usage: natguard status [--json]
@@ -187,6 +207,34 @@ fn pod_report(p: &store::PodRecord, network_mode: &str) -> PodReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn status_names_each_network_s_preset_and_why() {
+        let dir = std::env::temp_dir().join(format!("ng-status-preset-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let list = |name: &str, entry: &str| {
+            format!(
+                r#"{{"cniVersion":"1.0.0","name":"{name}","plugins":[{{"type":"bridge"}},{entry}]}}"#
+            )
+        };
+        std::fs::write(
+            dir.join("10-azure.conflist"),
+            list(
+                "azure",
+                r#"{"type":"natguard","metadata":{"preset":"azure"}}"#,
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join("20-plain.conflist"),
+            list("plain", r#"{"type":"natguard"}"#),
+        )
+        .unwrap();
+        let text = preset_lines(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(text, "network azure: preset azure (from the config)\n");
+        assert_eq!(preset_lines(std::path::Path::new("/nonexistent")), "");
+    }
     use crate::plan::{AttachRecord, IfName, OwnerKey};
 
     fn record(comment: &str) -> store::PodRecord {

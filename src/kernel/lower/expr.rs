@@ -256,13 +256,20 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.ct_original(key, NFT_REG_1);
             x.lookup(&set(s), NFT_REG_1, false);
         }
-        // meta l4proto tcp ct original proto-dst @set → [ meta load l4proto ] [ cmp eq 6 ]
-        //   [ ct load proto_dst => reg 1, dir original ] [ lookup ]
-        Match::CtOrigTcpDportIn(s) => {
+        // meta l4proto tcp ct original ip daddr . ct original proto-dst @set →
+        //   [ meta load l4proto ] [ cmp eq 6 ] [ ct load dst_ip => reg32 0, dir original ]
+        //   [ ct load proto_dst => reg32 1 (4 for IPv6), dir original ] [ lookup reg32 0 ]:
+        //   the layout of a concatenated key, as for `ip daddr . tcp dport`.
+        Match::CtOrigToIn(f, s) => {
+            let (key, len) = match f {
+                Family::V4 => (NFT_CT_DST_IP, 4),
+                Family::V6 => (NFT_CT_DST_IP6, 16),
+            };
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_TCP as u8]);
-            x.ct_original(NFT_CT_PROTO_DST, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, false);
+            x.ct_original(key, NFT_REG32_00);
+            x.ct_original(NFT_CT_PROTO_DST, NFT_REG32_00 + len / 4);
+            x.lookup(&set(s), NFT_REG32_00, false);
         }
         // ct status dnat → [ ct load status => reg 1 ] [ bitwise reg 1 = (reg 1 & 0x20) ^ 0 ]
         //   [ cmp neq reg 1 0 ] (the status word in host order)

@@ -1,0 +1,483 @@
+//! Per-endpoint modes and cloud presets, with REAL servers bound to every endpoint address and
+//! port of each preset (root; each test builds its own namespaces).
+//!
+//! The cloud namespace answers on each endpoint's own address and port only, with a body that
+//! names it (`EP 168.63.129.16:32526`), so a body tells which server answered: natguard's
+//! proxy on the node answers `proxy`. For each preset a default pod gets what its endpoint's
+//! mode says (proxied, reset, or the real endpoint for `allow`), an exempt pod reaches every
+//! endpoint, and SYN counters in the cloud show that a reset endpoint saw not one of the
+//! default pod's SYNs. Azure's WireServer keeps its UDP 53 (the VM's DNS) open: only TCP is
+//! judged. The guard's attacks (address theft on the bridge, a pod natguard never saw) are run
+//! against the WireServer, not only against 169.254.169.254.
+//!
+//! Each test prints `RESULT <preset> <pod> <endpoint> -> <outcome>` lines (run with
+//! `--nocapture` to see them).
+
+mod common;
+
+use common::attack::*;
+use common::*;
+use serde_json::{json, Value};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const EXEMPT_NS: &str = "kube-system";
+const WIRESERVER: &str = "168.63.129.16";
+
+/// What a default pod must get from an endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Proxied,
+    Reset,
+    Reached,
+}
+
+/// One endpoint of a preset: address, port, what a default pod gets.
+struct Ep {
+    addr: &'static str,
+    port: u16,
+    want: Want,
+}
+
+const fn ep(addr: &'static str, port: u16, want: Want) -> Ep {
+    Ep { addr, port, want }
+}
+
+fn body_of(addr: IpAddr, port: u16) -> String {
+    format!("EP {}", sa(addr, port))
+}
+
+/// Binds a real server to each endpoint's address and port in the cloud namespace (the
+/// addresses on its `lo`, routed there from the node, as the world does for
+/// 169.254.169.254), and replaces the world's catch-all cloud server.
+fn serve_endpoints(w: &mut World, eps: &[Ep]) {
+    require_tools(&["python3"]);
+    w.h.stop(&w.cloud_http);
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/http_keepalive.py");
+    let script = script.to_str().expect("utf-8 path");
+    let mut added: Vec<IpAddr> = vec![META4, META6];
+    let mut listeners = std::collections::BTreeMap::<u16, usize>::new();
+    for e in eps {
+        let a: IpAddr = e.addr.parse().unwrap();
+        if !added.contains(&a) {
+            if a.is_ipv4() {
+                w.cloud.addr("lo", &format!("{a}/32"));
+                w.node.route(&format!("{a}/32"), "10.20.0.2");
+            } else {
+                w.cloud.addr("lo", &format!("{a}/128"));
+                w.node.route(&format!("{a}/128"), "fd00:c1::2");
+            }
+            added.push(a);
+        }
+        let label = format!("ep-{}-{}", e.addr.replace(':', "_"), e.port);
+        w.h.spawn(
+            &w.cloud,
+            &label,
+            &[
+                "python3",
+                "-u",
+                script,
+                &e.port.to_string(),
+                &body_of(a, e.port),
+                e.addr,
+            ],
+        );
+        *listeners.entry(e.port).or_default() += 1;
+    }
+    for (port, n) in listeners {
+        wait_listening(&w.cloud, "tcp", port, n);
+    }
+}
+
+/// natguard with `preset`, `kube-system` exempt, and `patch` merged in.
+fn preset_cfg(w: &World, preset: &str, patch: Value) -> Value {
+    let mut c = w.natguard(json!({
+        "metadata": { "preset": preset, "exemptNamespaces": [EXEMPT_NS] }
+    }));
+    merge(&mut c, &patch);
+    c
+}
+
+fn describe(o: &Outcome) -> String {
+    match o {
+        Outcome::Body(b) if b.contains("proxy") => "proxied (the node's proxy answered)".into(),
+        Outcome::Body(b) => format!("reached the endpoint ({})", b.trim()),
+        Outcome::Refused => "reset".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Every endpoint from a default pod and an exempt pod: what each got, checked against `eps`.
+/// SYN counters in the cloud show a reset endpoint never saw the default pod's SYNs, and that
+/// the exempt pod's did arrive.
+fn check_preset(w: &World, preset: &str, chain: &Chain, eps: &[Ep]) -> (Findings, Pod, Pod) {
+    let default = w.add_pod(chain, "web", "default");
+    let exempt = w.add_pod(chain, "sys", EXEMPT_NS);
+    // By destination alone: the pods' sources may be masqueraded on the way. Each pod's
+    // attempt is counted as the difference it made.
+    let syn = "tcp flags & (syn | ack | rst) == syn";
+    let rules: Vec<(String, String)> = eps
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let a: IpAddr = e.addr.parse().unwrap();
+            let fam = if a.is_ipv4() { "ip" } else { "ip6" };
+            (
+                format!("ep{i}"),
+                format!("{fam} daddr {a} tcp dport {} {syn}", e.port),
+            )
+        })
+        .collect();
+    let named: Vec<(&str, String)> = rules.iter().map(|(n, m)| (n.as_str(), m.clone())).collect();
+    let counters = Counters::install(&w.h, &w.cloud, &named);
+    let settle = |name: &str, from: u64| {
+        let start = Instant::now();
+        while counters.packets(name) == from && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        counters.packets(name)
+    };
+    let mut f = Findings::new();
+    for (i, e) in eps.iter().enumerate() {
+        let name = format!("ep{i}");
+        let a: IpAddr = e.addr.parse().unwrap();
+        let t: SocketAddr = sa(a, e.port);
+        let real = body(&body_of(a, e.port));
+        let c0 = counters.packets(&name);
+        let got = http_get(&default.ns, t);
+        println!("RESULT {preset} default {t} -> {}", describe(&got));
+        let want = match e.want {
+            Want::Proxied => body("proxy"),
+            Want::Reset => Outcome::Refused,
+            Want::Reached => real.clone(),
+        };
+        f.check(got == want, || {
+            format!("{preset}: a default pod -> http://{t}/ got {got:?}, not {want:?}")
+        });
+        let c1 = settle(&name, c0);
+        let want_syns = e.want == Want::Reached;
+        f.check((c1 > c0) == want_syns, || {
+            format!(
+                "{preset}: {} of the default pod's SYNs to {t} arrived at the cloud (its mode: {:?})",
+                c1 - c0,
+                e.want
+            )
+        });
+        let got = http_get(&exempt.ns, t);
+        println!("RESULT {preset} exempt {t} -> {}", describe(&got));
+        f.check(got == real, || {
+            format!("{preset}: the exempt pod -> http://{t}/ got {got:?}, not the endpoint")
+        });
+        let c2 = settle(&name, c1);
+        f.check(c2 > c1, || {
+            format!("control: the exempt pod's SYN to {t} never arrived at the cloud")
+        });
+    }
+    (f, default, exempt)
+}
+
+/// A UDP who-am-i server bound to the WireServer's address, port 53 (the VM's DNS): its
+/// replies come from that address, as a connected client expects.
+fn start_wireserver_dns(w: &World) {
+    w.h.spawn(
+        &w.cloud,
+        "wireserver-dns",
+        &[
+            "socat",
+            &format!("UDP4-RECVFROM:53,bind={WIRESERVER},reuseaddr,fork"),
+            "SYSTEM:read -r request; echo $SOCAT_PEERADDR",
+        ],
+    );
+    wait_listening(&w.cloud, "udp", 53, 1);
+}
+
+fn preset_world(test: &str, eps: &[Ep]) -> World {
+    let mut w = World::new(test);
+    serve_endpoints(&mut w, eps);
+    w
+}
+
+const AZURE: &[Ep] = &[
+    ep("169.254.169.254", 80, Want::Proxied),
+    ep(WIRESERVER, 80, Want::Reset),
+    ep(WIRESERVER, 32526, Want::Reset),
+];
+
+/// Azure in one node: IMDS proxied and the WireServer's TCP 80 and 32526 reset for a default
+/// pod, every endpoint reached by the exempt pod, and UDP 53 to the WireServer (the VM's DNS)
+/// answered for both.
+#[test]
+fn azure_preset_proxies_imds_resets_the_wireserver_and_keeps_its_dns() {
+    let w = preset_world("ep-azure", AZURE);
+    let wire: IpAddr = WIRESERVER.parse().unwrap();
+    start_wireserver_dns(&w);
+    let chain = w.chain(w.list(
+        "azure",
+        "1.1.0",
+        0,
+        Some(preset_cfg(&w, "azure", json!({}))),
+    ));
+    let (mut f, default, exempt) = check_preset(&w, "azure", &chain, AZURE);
+    for (who, pod) in [("default", &default), ("exempt", &exempt)] {
+        let got = udp_whoami(&pod.ns, sa(wire, 53));
+        println!("RESULT azure {who} udp {wire}:53 -> {got:?}");
+        f.check(got.is_ok(), || {
+            format!("UDP 53 to the WireServer from the {who} pod got {got:?}: only TCP is judged")
+        });
+    }
+    f.finish("azure preset");
+}
+
+const AWS: &[Ep] = &[
+    ep("169.254.169.254", 80, Want::Proxied),
+    ep("fd00:ec2::254", 80, Want::Proxied),
+    ep("169.254.170.23", 80, Want::Reached),
+    ep("fd00:ec2::23", 80, Want::Reached),
+];
+
+/// AWS: IMDS proxied on both families, the EKS Pod Identity agent reachable (`allow`) from a
+/// default pod, and from a pod annotated `deny` too (the annotation tightens what natguard
+/// judges; an `allow` endpoint is not judged), whose IMDS is reset.
+#[test]
+fn aws_preset_proxies_imds_and_leaves_the_pod_identity_agent_reachable() {
+    let w = preset_world("ep-aws", AWS);
+    let mut entry = preset_cfg(&w, "aws", json!({}));
+    entry["capabilities"] = json!({ "io.kubernetes.cri.pod-annotations": true });
+    let chain = w.chain(w.list("aws", "1.1.0", 0, Some(entry)));
+    let (mut f, ..) = check_preset(&w, "aws", &chain, AWS);
+    let ns = w.h.netns("strict");
+    let mut att = Attachment::new("cid-strict", &ns).k8s("default", "strict");
+    att.cap_args.insert(
+        "io.kubernetes.cri.pod-annotations".into(),
+        json!({ "natguard.io/metadata": "deny" }),
+    );
+    let strict = w
+        .try_attach(&chain, ns, att)
+        .unwrap_or_else(|e| panic!("ADD of the annotated pod: {e}"));
+    for e in AWS {
+        let a: IpAddr = e.addr.parse().unwrap();
+        let t = sa(a, e.port);
+        let got = http_get(&strict.ns, t);
+        println!("RESULT aws annotated-deny {t} -> {}", describe(&got));
+        let want = match e.want {
+            Want::Reached => body(&body_of(a, e.port)),
+            _ => Outcome::Refused,
+        };
+        f.check(got == want, || {
+            format!("a pod annotated deny -> http://{t}/ got {got:?}, not {want:?}")
+        });
+    }
+    f.finish("aws preset");
+}
+
+const GCP: &[Ep] = &[
+    ep("169.254.169.254", 80, Want::Proxied),
+    ep("169.254.169.252", 988, Want::Reached),
+    ep("169.254.169.252", 987, Want::Reached),
+];
+
+/// GCP: the metadata server proxied, GKE's node-local metadata server (988, 987) left to the
+/// pods, as Workload Identity redirects them there.
+#[test]
+fn gcp_preset_proxies_the_metadata_server_and_leaves_gke_s_own_reachable() {
+    let w = preset_world("ep-gcp", GCP);
+    let chain = w.chain(w.list("gcp", "1.1.0", 0, Some(preset_cfg(&w, "gcp", json!({})))));
+    check_preset(&w, "gcp", &chain, GCP).0.finish("gcp preset");
+}
+
+const ALIBABA: &[Ep] = &[ep("100.100.100.200", 80, Want::Proxied)];
+
+#[test]
+fn alibaba_preset_proxies_its_metadata_address() {
+    let w = preset_world("ep-alibaba", ALIBABA);
+    let chain = w.chain(w.list(
+        "alibaba",
+        "1.1.0",
+        0,
+        Some(preset_cfg(&w, "alibaba", json!({}))),
+    ));
+    check_preset(&w, "alibaba", &chain, ALIBABA)
+        .0
+        .finish("alibaba preset");
+}
+
+const OPENSTACK: &[Ep] = &[ep("169.254.169.254", 80, Want::Proxied)];
+
+#[test]
+fn openstack_preset_proxies_the_metadata_service() {
+    let w = preset_world("ep-openstack", OPENSTACK);
+    let chain = w.chain(w.list(
+        "openstack",
+        "1.1.0",
+        0,
+        Some(preset_cfg(&w, "openstack", json!({}))),
+    ));
+    check_preset(&w, "openstack", &chain, OPENSTACK)
+        .0
+        .finish("openstack preset");
+}
+
+/// Explicit entries: the same WireServer denied on one port and allowed on another, in one
+/// network, the per-port mode holding for a default pod.
+#[test]
+fn explicit_endpoints_keep_a_mode_per_port() {
+    let eps = &[
+        ep(WIRESERVER, 80, Want::Reset),
+        ep(WIRESERVER, 32526, Want::Reached),
+        ep("169.254.169.254", 80, Want::Proxied),
+    ];
+    let w = preset_world("ep-explicit", eps);
+    let cfg = w.natguard(json!({ "metadata": {
+        "exemptNamespaces": [EXEMPT_NS],
+        "endpoints": [
+            { "address": WIRESERVER, "ports": [80], "mode": "deny" },
+            { "address": WIRESERVER, "ports": [32526], "mode": "allow" },
+            { "address": "169.254.169.254" }
+        ]
+    }}));
+    let chain = w.chain(w.list("explicit", "1.1.0", 0, Some(cfg)));
+    check_preset(&w, "explicit", &chain, eps)
+        .0
+        .finish("explicit endpoints");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The guard's attacks, against the WireServer
+// ---------------------------------------------------------------------------------------------
+
+fn wire_targets() -> [SocketAddr; 2] {
+    let a: IpAddr = WIRESERVER.parse().unwrap();
+    [sa(a, 80), sa(a, 32526)]
+}
+
+/// The MAC address `ns` holds for `addr`.
+fn neighbour_mac(ns: &Netns, addr: IpAddr) -> String {
+    let out = ns.ip(&format!("-j neigh show {addr}"));
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    v.as_array()
+        .and_then(|a| {
+            a.iter()
+                .find_map(|n| n["lladdr"].as_str().map(str::to_string))
+        })
+        .unwrap_or_else(|| panic!("control: no neighbour entry for {addr}"))
+}
+
+fn gateway4(p: &Pod) -> IpAddr {
+    p.result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["gateway"].as_str()?.parse::<IpAddr>().ok())
+        .find(IpAddr::is_ipv4)
+        .unwrap_or_else(|| panic!("no IPv4 gateway in {}", p.result))
+}
+
+/// A pod natguard never saw on the exempt pod's bridge (another list on `cni0` without
+/// natguard) takes the exempt pod's IPv4 address and opens TCP to the WireServer from it: it
+/// never reaches the WireServer, and the exempt pod still does.
+#[test]
+fn address_theft_on_the_bridge_never_reaches_the_wireserver() {
+    let w = preset_world("ep-theft", AZURE);
+    let chain = w.chain(w.list(
+        "theft",
+        "1.1.0",
+        0,
+        Some(preset_cfg(&w, "azure", json!({}))),
+    ));
+    let mut bridge = w.bridge("unguarded", 0);
+    bridge["ipam"]["dataDir"] = json!(w.dir().join("ipam-unguarded"));
+    bridge["ipam"]["ranges"] = json!([
+        [{ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }],
+        [{ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" }]
+    ]);
+    let unguarded =
+        w.chain(json!({ "cniVersion": "1.1.0", "name": "unguarded", "plugins": [bridge] }));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&unguarded, "thief", "default");
+    let mut f = Findings::new();
+    for t in wire_targets() {
+        let want = body(&body_of(t.ip(), t.port()));
+        assert_eq!(
+            http_get(&exempt.ns, t),
+            want,
+            "control: the exempt pod -> {t}"
+        );
+        let got = http_get(&thief.ns, t);
+        f.check(got == Outcome::Refused, || {
+            format!("control: a pod natguard never saw -> {t} got {got:?}, not a reset")
+        });
+        println!("RESULT azure never-seen {t} -> {}", describe(&got));
+    }
+    let gw4 = gateway4(&thief);
+    let gw_mac = neighbour_mac(&thief.ns, gw4);
+    thief.ns.addr("eth0", &format!("{}/32", exempt.v4));
+    thief.ns.addr("eth0", &format!("{}/128", exempt.v6));
+    thief.ns.ip(&format!(
+        "route replace {WIRESERVER}/32 via {gw4} src {}",
+        exempt.v4
+    ));
+    thief.ns.ip("neigh flush all");
+    thief.ns.ip(&format!(
+        "neigh replace {gw4} lladdr {gw_mac} dev eth0 nud permanent"
+    ));
+    announce(&w.h, &thief.ns, "eth0", exempt.v4, gw4, exempt.v6);
+    for t in wire_targets() {
+        let got = http_get(&thief.ns, t);
+        println!(
+            "RESULT azure thief-with-exempt-address {t} -> {}",
+            describe(&got)
+        );
+        f.check(
+            !matches!(&got, Outcome::Body(b) if b.starts_with("EP")),
+            || format!("the thief from the exempt pod's address reached the WireServer at {t}"),
+        );
+        let got = http_get(&exempt.ns, t);
+        f.check(got == body(&body_of(t.ip(), t.port())), || {
+            format!("after the theft the exempt pod -> {t} got {got:?}")
+        });
+    }
+    f.finish("address theft against the WireServer");
+}
+
+/// A ptp pod of a network without natguard, on the azure node: reset at the WireServer's TCP
+/// ports and at IMDS, its WireServer DNS still answered.
+#[test]
+fn a_pod_natguard_never_saw_never_reaches_the_wireserver() {
+    let w = preset_world("ep-unseen", AZURE);
+    start_wireserver_dns(&w);
+    let guarded = w.chain(w.list(
+        "guarded",
+        "1.1.0",
+        0,
+        Some(preset_cfg(&w, "azure", json!({}))),
+    ));
+    let sys = w.add_pod(&guarded, "sys", EXEMPT_NS);
+    let ptp = json!({
+        "type": "ptp",
+        "ipMasq": false,
+        "ipam": {
+            "type": "host-local",
+            "dataDir": w.dir().join("ipam-unseen"),
+            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "unseen", "plugins": [ptp] }));
+    let unseen = w.add_pod(&plain, "unseen", "default");
+    let mut f = Findings::new();
+    for t in wire_targets().into_iter().chain([sa(META4, 80)]) {
+        let want = body(&body_of(t.ip(), t.port()));
+        assert_eq!(http_get(&sys.ns, t), want, "control: the exempt pod -> {t}");
+        let got = http_get(&unseen.ns, t);
+        println!("RESULT azure never-seen-ptp {t} -> {}", describe(&got));
+        f.check(got == Outcome::Refused, || {
+            format!("the ptp pod natguard never saw -> {t} got {got:?}, not a reset")
+        });
+    }
+    let got = udp_whoami(&unseen.ns, sa(WIRESERVER.parse().unwrap(), 53));
+    f.check(got.is_ok(), || {
+        format!("UDP 53 to the WireServer from the never-seen pod got {got:?}")
+    });
+    f.finish("a pod natguard never saw, against the WireServer");
+}
