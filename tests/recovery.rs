@@ -89,7 +89,7 @@ fn flushed_table_add_restores_check_reports_reconcile_restores() {
     }
 }
 
-/// A shared set emptied by someone else (here `nft flush set` of the metadata addresses, ports
+/// A shared set emptied by someone else (here `nft flush set` of the metadata endpoints
 /// or non-masquerade CIDRs) turns the policy off for every pod of the network. CHECK must report
 /// it and the next ADD must restore the set, as it does for rules: CHECK compares the shared
 /// sets' contents, not only their names and the rule comments.
@@ -100,7 +100,10 @@ fn flushed_shared_set_is_reported_and_restored() {
     let reference = reference_shared(&h, "ref", &cfg);
     let p = SynPod::numbered("s", 1, 0);
     add(&ns, &cfg, &p).succeeded();
-    for (i, set) in ["mdst4", "mdst6", "mports", "nomasq4"].iter().enumerate() {
+    for (i, set) in ["mproxy4", "mproxy6", "mguard4", "mguard6", "nomasq4"]
+        .iter()
+        .enumerate()
+    {
         let name = set_name(set);
         ns.run(&["nft", "flush", "set", "inet", "natguard", &name]);
         let inv = check(&ns, &cfg, &p);
