@@ -376,6 +376,103 @@ fn gateway4(p: &Pod) -> IpAddr {
 /// A pod natguard never saw on the exempt pod's bridge (another list on `cni0` without
 /// natguard) takes the exempt pod's IPv4 address and opens TCP to the WireServer from it: it
 /// never reaches the WireServer, and the exempt pod still does.
+/// A list without natguard on the azure node's bridge `cni0`, from a range of its own: its pods
+/// are pods natguard never saw.
+fn unguarded_on_cni0(w: &World) -> Chain {
+    let mut bridge = w.bridge("unguarded", 0);
+    bridge["ipam"]["dataDir"] = json!(w.dir().join("ipam-unguarded"));
+    bridge["ipam"]["ranges"] = json!([
+        [{ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }],
+        [{ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" }]
+    ]);
+    w.chain(json!({ "cniVersion": "1.1.0", "name": "unguarded", "plugins": [bridge] }))
+}
+
+/// Priority-tagged SYNs (one 802.1Q tag of VLAN 0, or 802.1ad outside it) from the exempt pod's
+/// address to the WireServer's TCP ports, sent by a default natguard pod and by a pod natguard
+/// never saw on the same bridge: the kernel would strip the tags before the IP layer, and not
+/// one SYN may reach the WireServer. Untagged SYNs from each sender's own address to another
+/// cloud address are the control that the senders' frames do arrive.
+#[test]
+fn tagged_claims_never_reach_the_wireserver() {
+    let w = preset_world("ep-tags", AZURE);
+    let chain = w.chain(w.list("tags", "1.1.0", 0, Some(preset_cfg(&w, "azure", json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let natpod = w.add_pod(&chain, "web", "default");
+    let unseen = w.add_pod(&unguarded_on_cni0(&w), "unseen", "default");
+    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
+    const SYN: &str = "tcp flags & (syn | ack | rst) == syn";
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "stolen",
+                format!(
+                    "ip saddr {} ip daddr {WIRESERVER} tcp dport {{ 80, 32526 }} {SYN}",
+                    exempt.v4
+                ),
+            ),
+            (
+                "own",
+                format!(
+                    "ip saddr {{ {}, {} }} ip daddr {cloud4} tcp dport 80 {SYN}",
+                    natpod.v4, unseen.v4
+                ),
+            ),
+        ],
+    );
+    let bridge_mac = {
+        let out = w.node.ip("-j link show cni0");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["address"].as_str().unwrap().to_string()
+    };
+    const EACH: u64 = 3;
+    let mut own = 0;
+    for thief in [&natpod, &unseen] {
+        let thief_mac = {
+            let out = thief.ns.ip("-j link show eth0");
+            let v: Value = serde_json::from_str(&out).unwrap();
+            v[0]["address"].as_str().unwrap().to_string()
+        };
+        for tags in ["q", "adq"] {
+            for port in ["80", "32526"] {
+                let what: Vec<String> = ["syn", &exempt.v4.to_string(), WIRESERVER, port, "3"]
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect();
+                send_frames(&w, thief, &thief_mac, &bridge_mac, tags, &what);
+            }
+        }
+        send_segments(&w.h, &thief.ns, thief.v4, cloud4, 80, EACH as u32, &[0x02]);
+        own += EACH;
+        let start = Instant::now();
+        while counters.packets("own") < own {
+            assert!(
+                start.elapsed() < deadline(Duration::from_secs(20)),
+                "control: the untagged SYNs of {} to the cloud never arrived",
+                thief.att.container_id
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let stolen = counters.packets("stolen");
+    println!(
+        "RESULT azure tagged claims of the exempt address -> {stolen} SYN(s) at the WireServer"
+    );
+    assert_eq!(
+        stolen, 0,
+        "tagged SYNs from the exempt pod's address reached the WireServer"
+    );
+    let got = http_get(&exempt.ns, sa(WIRESERVER.parse().unwrap(), 80));
+    assert_eq!(
+        got,
+        body(&body_of(WIRESERVER.parse().unwrap(), 80)),
+        "the exempt pod after"
+    );
+}
+
 #[test]
 fn address_theft_on_the_bridge_never_reaches_the_wireserver() {
     let w = preset_world("ep-theft", AZURE);
@@ -385,14 +482,7 @@ fn address_theft_on_the_bridge_never_reaches_the_wireserver() {
         0,
         Some(preset_cfg(&w, "azure", json!({}))),
     ));
-    let mut bridge = w.bridge("unguarded", 0);
-    bridge["ipam"]["dataDir"] = json!(w.dir().join("ipam-unguarded"));
-    bridge["ipam"]["ranges"] = json!([
-        [{ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }],
-        [{ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" }]
-    ]);
-    let unguarded =
-        w.chain(json!({ "cniVersion": "1.1.0", "name": "unguarded", "plugins": [bridge] }));
+    let unguarded = unguarded_on_cni0(&w);
     let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
     let thief = w.add_pod(&unguarded, "thief", "default");
     let mut f = Findings::new();

@@ -572,3 +572,88 @@ impl Findings {
         );
     }
 }
+
+/// Sends Ethernet frames from `IFNAME` with source MAC `SRCMAC` to `DSTMAC`, with VLAN tags
+/// (`TAGS`: "" none, "q" one 802.1Q tag of VLAN 0, "adq" 802.1ad outside 802.1Q, VLAN 0 both),
+/// carrying `KIND`:
+///   syn SRC DST DPORT COUNT  - TCP SYNs (IPv4 or IPv6 by the addresses)
+///   arp SPA TPA              - an ARP reply claiming SPA (gratuitous when SPA == TPA)
+///   na TARGET [SRC]          - an unsolicited neighbour advertisement (override) for TARGET,
+///                              sent from SRC (default: TARGET itself)
+pub const FRAMES_PY: &str = r#"
+import random, socket, struct, sys
+
+ifname, srcmac, dstmac, tags, kind = sys.argv[1:6]
+args = sys.argv[6:]
+mac = lambda m: bytes(int(b, 16) for b in m.split(":"))
+smac, dmac = mac(srcmac), mac(dstmac)
+
+def csum(data):
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack("!%dH" % (len(data) // 2), data))
+    while s >> 16:
+        s = (s & 0xffff) + (s >> 16)
+    return (~s) & 0xffff
+
+def eth(ethertype, payload):
+    hdr = dmac + smac
+    if tags == "adq":
+        hdr += struct.pack("!HH", 0x88a8, 0)
+    if tags in ("q", "adq"):
+        hdr += struct.pack("!HH", 0x8100, 0)
+    return hdr + struct.pack("!H", ethertype) + payload
+
+def ip4(src, dst, proto, payload):
+    h = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), random.getrandbits(16), 0, 64,
+                    proto, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    return h[:10] + struct.pack("!H", csum(h)) + h[12:] + payload
+
+def ip6(src, dst, nh, payload, hops=64):
+    return struct.pack("!IHBB", 6 << 28, len(payload), nh, hops) + \
+        socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst) + payload
+
+def pseudo6(src, dst, nh, n):
+    return socket.inet_pton(socket.AF_INET6, src) + socket.inet_pton(socket.AF_INET6, dst) + \
+        struct.pack("!I3xB", n, nh)
+
+def syn(src, dst, dport):
+    hdr = struct.pack("!HHIIBBHHH", random.randint(20000, 60000), dport, random.getrandbits(32),
+                      0, 5 << 4, 0x02, 64240, 0, 0)
+    if ":" in dst:
+        c = csum(pseudo6(src, dst, 6, len(hdr)) + hdr)
+        return eth(0x86dd, ip6(src, dst, 6, hdr[:16] + struct.pack("!H", c) + hdr[18:]))
+    p = socket.inet_aton(src) + socket.inet_aton(dst) + struct.pack("!xBH", 6, len(hdr))
+    c = csum(p + hdr)
+    return eth(0x0800, ip4(src, dst, 6, hdr[:16] + struct.pack("!H", c) + hdr[18:]))
+
+frames = []
+if kind == "syn":
+    src, dst, dport, count = args[0], args[1], int(args[2]), int(args[3])
+    frames = [syn(src, dst, dport) for _ in range(count)]
+elif kind == "arp":
+    spa, tpa = args
+    arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 2) + smac + socket.inet_aton(spa) + \
+        b"\xff" * 6 + socket.inet_aton(tpa)
+    frames = [eth(0x0806, arp)] * 3
+elif kind == "na":
+    target = args[0]
+    src = args[1] if len(args) > 1 else target
+    body = struct.pack("!BBHI", 136, 0, 0, 0x20000000) + \
+        socket.inet_pton(socket.AF_INET6, target) + struct.pack("!BB", 2, 1) + smac
+    c = csum(pseudo6(src, "ff02::1", 58, len(body)) + body)
+    body = body[:2] + struct.pack("!H", c) + body[4:]
+    frames = [eth(0x86dd, ip6(src, "ff02::1", 58, body, hops=255))] * 3
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((ifname, 0))
+for f in frames:
+    s.send(f)
+"#;
+
+/// Sends frames from `pod`'s eth0 (see [`FRAMES_PY`]).
+pub fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str, what: &[String]) {
+    let path = script(&w.h, "frames.py", FRAMES_PY);
+    let mut args: Vec<&str> = vec!["python3", &path, "eth0", srcmac, dstmac, tags];
+    args.extend(what.iter().map(String::as_str));
+    pod.ns.run(&args);
+}
