@@ -420,6 +420,13 @@ fn tagged_claims_never_reach_the_wireserver() {
                     natpod.v4, unseen.v4
                 ),
             ),
+            (
+                "tagged",
+                format!(
+                    "ip saddr {{ {}, {} }} ip daddr {cloud4} tcp dport 81 {SYN}",
+                    natpod.v4, unseen.v4
+                ),
+            ),
         ],
     );
     let bridge_mac = {
@@ -443,6 +450,13 @@ fn tagged_claims_never_reach_the_wireserver() {
                     .collect();
                 send_frames(&w, thief, &thief_mac, &bridge_mac, tags, &what);
             }
+            // The same tags on the sender's own SYNs to another cloud address: they must not
+            // cross the bridge either.
+            let what: Vec<String> = ["syn", &thief.v4.to_string(), "10.20.0.2", "81", "3"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            send_frames(&w, thief, &thief_mac, &bridge_mac, tags, &what);
         }
         send_segments(&w.h, &thief.ns, thief.v4, cloud4, 80, EACH as u32, &[0x02]);
         own += EACH;
@@ -458,9 +472,11 @@ fn tagged_claims_never_reach_the_wireserver() {
     }
     std::thread::sleep(Duration::from_millis(200));
     let stolen = counters.packets("stolen");
+    let tagged = counters.packets("tagged");
     println!(
-        "RESULT azure tagged claims of the exempt address -> {stolen} SYN(s) at the WireServer"
+        "RESULT azure tagged claims of the exempt address -> {stolen} SYN(s) at the WireServer, {tagged} tagged SYN(s) of the senders' own at the cloud"
     );
+    assert_eq!(tagged, 0, "tagged frames crossed the bridge to the cloud");
     assert_eq!(
         stolen, 0,
         "tagged SYNs from the exempt pod's address reached the WireServer"
