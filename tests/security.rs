@@ -1129,8 +1129,10 @@ fn overlapping_network_does_not_take_another_networks_exemption() {
 /// secondary network): network A's exempt pod has 10.251.0.10 / fd00:251::10 on bridge `cnia`,
 /// network B's default pod the same addresses on bridge `cnib`, and a neighbour on `cnib`.
 /// A's exempt pod keeps the REAL server (B's DNAT is only for what enters on B's pods' host
-/// sides), and B's pod keeps its layer-2 neighbour (the exempt pod's pins let every natguard
-/// pod's own address through from its own port).
+/// sides) and A's masquerade policy (A masquerades nothing, B everything: B's masquerade rules
+/// match only connections marked as entering on B's host sides), and B's pod keeps its
+/// layer-2 neighbour (the exempt pod's pins let every natguard pod's own address through from
+/// its own port).
 #[test]
 fn overlapping_networks_never_act_on_each_others_pods() {
     let w = real_world("sec-overlap2");
@@ -1144,7 +1146,10 @@ fn overlapping_networks_never_act_on_each_others_pods() {
     let a = w.chain(json!({
         "cniVersion": "1.1.0",
         "name": "ova",
-        "plugins": [bridge_entry(&w, "ova", "cnia", a4, a6), exempt_cfg(&w, json!({}))]
+        "plugins": [
+            bridge_entry(&w, "ova", "cnia", a4, a6),
+            exempt_cfg(&w, json!({ "masquerade": { "enabled": false } }))
+        ]
     }));
     let (b4, b6) = ranges("11");
     let b = w.chain(json!({
@@ -1188,6 +1193,11 @@ fn overlapping_networks_never_act_on_each_others_pods() {
             format!("B's pod lost its {what} neighbour on its own bridge (pinged from the address A's exempt pod also has)")
         });
     }
+    // A masquerades nothing: the remote host outside sees A's pod's own address.
+    let seen = tcp_whoami(&sys.ns, sa(REMOTE_OUT4, WHOAMI_PORT));
+    f.check(seen == Ok(sys.v4), || {
+        format!("A's exempt pod -> {REMOTE_OUT4}: the remote host saw {seen:?}, not the pod's own {} (another network's masquerade policy applied)", sys.v4)
+    });
     drop(neighbour);
     f.finish("overlapping networks");
 }

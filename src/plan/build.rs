@@ -257,6 +257,18 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
     let md = &cfg.metadata;
     let mut warnings = Vec::new();
     let mut rules = Vec::new();
+    // The network's connections, marked where they enter (on its pods' host sides) for the
+    // masquerade rules below, which run at postrouting where the input interface is no longer
+    // known: so a pod of another network with the same address never gets this network's
+    // masquerade policy. nat chains see a connection's first packet only, as the label needs.
+    if cfg.masquerade.enabled {
+        rules.push(Rule {
+            chain: ChainKind::Dnat,
+            matches: vec![Match::IifIn(SetKind::Ifaces)],
+            action: Action::SetCtLabel(names.label_bit()),
+            count: None,
+        });
+    }
 
     let meta_on = md.mode != MetadataMode::Off;
     // Each family's endpoint pairs by mode, sorted: the DNAT's (`proxy`) and the guard's
@@ -331,6 +343,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                     chain: ChainKind::Snat,
                     matches: vec![
                         Match::NfProto(f),
+                        Match::CtLabel(names.label_bit()),
                         Match::SaddrIn(f, SetKind::Masq(f)),
                         Match::DaddrIn(f, SetKind::NoMasq(f)),
                     ],
@@ -340,7 +353,11 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             }
             rules.push(Rule {
                 chain: ChainKind::Snat,
-                matches: vec![Match::NfProto(f), Match::SaddrIn(f, SetKind::Masq(f))],
+                matches: vec![
+                    Match::NfProto(f),
+                    Match::CtLabel(names.label_bit()),
+                    Match::SaddrIn(f, SetKind::Masq(f)),
+                ],
                 action: Action::Masquerade {
                     random_fully: cfg.masquerade.random_fully,
                 },

@@ -526,6 +526,8 @@ pub enum Match {
         per_second: u64,
         burst: u32,
     },
+    /// `ct label N`: the connection carries conntrack label bit N (see [`Action::SetCtLabel`]).
+    CtLabel(u8),
     /// `ct direction original`: the packet travels the way its connection was opened.
     CtDirOriginal,
     /// `ct status dnat`: the connection's destination was rewritten by a DNAT.
@@ -563,6 +565,8 @@ pub enum Action {
     },
     /// No verdict: the rule only counts (in the elements its lookups match) and goes on.
     Continue,
+    /// `ct label set N`: marks the packet's connection with conntrack label bit N; no verdict.
+    SetCtLabel(u8),
 }
 
 /// What a rule's counter measures; the rule's comment carries it, so `status` reads counters

@@ -57,6 +57,16 @@ impl NetNames {
             format!("{}{}", self.prefix_of_sets(), s.suffix())
         }
     }
+    /// The conntrack label bit that marks the network's connections (64 to 127: the upper half,
+    /// away from the bits tools name in connlabel.conf). The DNAT chain sets it on what enters
+    /// on the network's pods' host sides, and the masquerade rules match it, so a network's
+    /// masquerade policy acts on its own pods only, also where another network's pod has the
+    /// same address: postrouting does not know the input interface, the conntrack entry does.
+    /// Two networks whose names hash to the same bit share it (1 in 64); their pods are then
+    /// told apart by their addresses alone, as before.
+    pub fn label_bit(&self) -> u8 {
+        64 + (fnv1a64(self.network.as_bytes()) % 64) as u8
+    }
     /// What every set name of the network starts with.
     pub fn prefix_of_sets(&self) -> String {
         format!("{}-", self.prefix)

@@ -26,6 +26,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::EtherSaddrNotIn(s) => format!("ether saddr != @{}", set(s)),
         Match::IifEtherSaddrNotIn(s) => format!("iifname . ether saddr != @{}", set(s)),
         Match::CtDirOriginal => "ct direction original".into(),
+        Match::CtLabel(bit) => format!("ct label {bit}"),
         Match::CtStatusDnat => "ct status dnat".into(),
         Match::ToIn(f, s) => format!("{} daddr . tcp dport @{}", f.nft(), set(s)),
         Match::SaddrNotLocal => "fib saddr type != local".into(),
@@ -70,6 +71,7 @@ fn render_action(a: &Action) -> String {
         Action::Goto(c) => format!("goto {}", c.suffix()),
         Action::Log { prefix } => format!("log prefix \"{prefix}\" level warn"),
         Action::Continue => String::new(),
+        Action::SetCtLabel(bit) => format!("ct label set {bit}"),
     }
 }
 

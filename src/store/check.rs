@@ -429,9 +429,17 @@ impl<K: Kernel> Store<K> {
                 }
             }
         }
-        let has_dnat = chains
-            .iter()
-            .any(|(c, _, rules)| *c == ChainKind::Dnat && !rules.is_empty());
+        // The DNAT chain also marks the network's connections (a conntrack label, see
+        // `plan_shared`): only a rule that counts redirects is a DNAT.
+        let has_dnat = chains.iter().any(|(c, _, rules)| {
+            *c == ChainKind::Dnat
+                && rules.iter().any(|r| {
+                    matches!(
+                        plan::count_of_rule_comment(&r.comment),
+                        Some(plan::Count::Proxied(_))
+                    )
+                })
+        });
         let mode = if has_dnat {
             "proxy"
         } else if !meta_dst.is_empty() {

@@ -134,6 +134,7 @@ const NFT_CT_STATUS: u32 = 2;
 /// `IPS_DST_NAT` of `enum ip_conntrack_status`: the connection was DNATed.
 const IPS_DST_NAT: u32 = 0x20;
 const NFT_CT_PROTO_DST: u32 = 12;
+const NFT_CT_LABELS: u32 = 13;
 const NFT_CT_DST_IP: u32 = 20;
 const NFT_CT_DST_IP6: u32 = 22;
 /// `meta` keys (`enum nft_meta_keys`).
@@ -281,6 +282,16 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.bitwise_and(NFT_REG_1, &IPS_DST_NAT.to_ne_bytes());
             x.cmp(NFT_REG_1, NFT_CMP_NEQ, &0u32.to_ne_bytes());
         }
+        // ct label N → [ ct load label => reg 1 ] [ bitwise reg 1 = (reg 1 & bit N) ^ 0 ]
+        //   [ cmp neq reg 1 0 ] (16 bytes)
+        Match::CtLabel(bit) => {
+            x.expr("ct", |b| {
+                b.attr_u32_be(1, NFT_REG_1); // NFTA_CT_DREG
+                b.attr_u32_be(2, NFT_CT_LABELS); // NFTA_CT_KEY
+            });
+            x.bitwise_and(NFT_REG_1, &label_bits(*bit));
+            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &[0; 16]);
+        }
         // ct direction original → [ ct load direction => reg 1 ] [ cmp eq 0 ]
         Match::CtDirOriginal => {
             x.expr("ct", |b| {
@@ -424,7 +435,23 @@ fn lower_action(x: &mut Exprs<'_>, a: &Action) {
             });
         }
         Action::Continue => {}
+        // ct label set N → [ immediate reg 1 bit N ] [ ct set label with reg 1 ]
+        Action::SetCtLabel(bit) => {
+            x.immediate_data(NFT_REG_1, &label_bits(*bit));
+            x.expr("ct", |b| {
+                b.attr_u32_be(2, NFT_CT_LABELS); // NFTA_CT_KEY
+                b.attr_u32_be(4, NFT_REG_1); // NFTA_CT_SREG
+            });
+        }
     }
+}
+
+/// Conntrack label bit `bit` as the kernel's 128-bit label bitmap lays it out: an array of
+/// native words, bit N in byte N/8 on the little-endian machines natguard is built for.
+fn label_bits(bit: u8) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[usize::from(bit / 8) % 16] = 1 << (bit % 8);
+    b
 }
 
 /// One NEWRULE appended to `chain`, commented with the plan's fingerprint.
