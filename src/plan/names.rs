@@ -62,8 +62,8 @@ impl NetNames {
     /// on the network's pods' host sides, and the masquerade rules match it, so a network's
     /// masquerade policy acts on its own pods only, also where another network's pod has the
     /// same address: postrouting does not know the input interface, the conntrack entry does.
-    /// Two networks whose names hash to the same bit share it (1 in 64); their pods are then
-    /// told apart by their addresses alone, as before.
+    /// Two masquerading networks whose names hash to the same bit (1 in 64) are refused at the
+    /// second one's converge (the store names both), as names that map to the same objects are.
     pub fn label_bit(&self) -> u8 {
         64 + (fnv1a64(self.network.as_bytes()) % 64) as u8
     }

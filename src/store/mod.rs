@@ -304,8 +304,11 @@ impl<K: Kernel> Store<K> {
 
     /// Two networks whose names map to the same object names would overwrite each other's
     /// policy: refuse to converge over chains whose rules carry another network's name.
+    /// Likewise two networks whose names give the same conntrack label bit: their masquerade
+    /// rules could not tell their pods apart by the label, so the second is refused too.
     fn refuse_foreign_objects(&mut self, shared: &SharedPlan) -> Result<()> {
         let names = &shared.names;
+        let bit = names.label_bit();
         for t in TableFamily::ALL {
             let rules = self.k.rules(t)?;
             for c in plan::ChainKind::ALL
@@ -321,6 +324,33 @@ impl<K: Kernel> Store<K> {
                                 names.network, other
                             )));
                         }
+                    }
+                }
+            }
+            // Only networks that masquerade use their label (their snat chain has rules).
+            let labels = shared
+                .rules
+                .iter()
+                .any(|r| matches!(r.action, plan::Action::SetCtLabel(_)));
+            if !labels {
+                continue;
+            }
+            for (chain, chain_rules) in &rules {
+                if !chain.ends_with("-snat") {
+                    continue;
+                }
+                for rule in chain_rules {
+                    let Some(other) = plan::network_of_rule_comment(&rule.comment) else {
+                        continue;
+                    };
+                    if other != names.network
+                        && other != plan::NODE
+                        && NetNames::new(other).label_bit() == bit
+                    {
+                        return Err(Error::InvalidConfig(format!(
+                            "name: networks {:?} and {:?} map to the same conntrack label bit ({bit}) that tells their pods apart for masquerading; rename one of them",
+                            names.network, other
+                        )));
                     }
                 }
             }

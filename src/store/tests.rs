@@ -629,3 +629,36 @@ fn a_verified_network_is_trusted_only_while_its_whole_plan_and_the_generation_ho
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Two networks whose names give the same conntrack label bit could not be told apart by their
+/// masquerade rules: the second one's converge is refused (code 7, naming both), while a
+/// network with another bit, or one that masquerades nothing, converges.
+#[test]
+fn networks_that_share_a_label_bit_are_refused() {
+    let cfg = Config::default();
+    let bit = |n: &str| plan::NetNames::new(n).label_bit();
+    let twin = (0..10_000)
+        .map(|i| format!("net{i}"))
+        .find(|n| bit(n) == bit("first"))
+        .expect("a name with the same bit");
+    let other = (0..10_000)
+        .map(|i| format!("net{i}"))
+        .find(|n| bit(n) != bit("first"))
+        .unwrap();
+    let mut s = store();
+    let first = plan::plan_shared("first", &cfg, &facts());
+    s.apply(&[&first], &[]).unwrap();
+    let second = plan::plan_shared(&twin, &cfg, &facts());
+    let e = s.apply(&[&second], &[]).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        matches!(e, Error::InvalidConfig(_)) && text.contains("first") && text.contains(&twin),
+        "{text}"
+    );
+    s.apply(&[&plan::plan_shared(&other, &cfg, &facts())], &[])
+        .unwrap();
+    let mut plain = cfg.clone();
+    plain.masquerade.enabled = false;
+    s.apply(&[&plan::plan_shared(&twin, &plain, &facts())], &[])
+        .unwrap();
+}
