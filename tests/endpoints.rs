@@ -489,6 +489,65 @@ fn tagged_claims_never_reach_the_wireserver() {
     );
 }
 
+/// The node has a VXLAN device (flannel.1 style). A default pod wraps SYNs to the WireServer's
+/// TCP 80 in VXLAN with an inner source of its own choosing: decapsulated, they enter on the
+/// tunnel device from an address natguard never saw, and must be reset as at any endpoint. The
+/// control: the same inner SYNs to the cloud's own address arrive there.
+#[test]
+fn vxlan_decapsulated_tcp_never_reaches_the_wireserver() {
+    let w = preset_world("ep-vxlan", AZURE);
+    let chain = w.chain(w.list(
+        "vxlan",
+        "1.1.0",
+        0,
+        Some(preset_cfg(&w, "azure", json!({}))),
+    ));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let gw4 = gateway4(&pod);
+    w.node.ip(&format!(
+        "link add vxtest type vxlan id 42 dstport 4789 local {gw4} nolearning"
+    ));
+    w.node.addr("vxtest", "10.99.0.1/24");
+    w.node.ip("link set vxtest up");
+    w.node.sysctl("net.ipv4.conf.vxtest.rp_filter", "0");
+    w.node.sysctl("net.ipv4.conf.all.rp_filter", "0");
+    let vx_mac = {
+        let out = w.node.ip("-j link show vxtest");
+        let v: Value = serde_json::from_str(&out).unwrap();
+        v[0]["address"].as_str().unwrap().to_string()
+    };
+    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "inner",
+                format!("ip saddr 10.99.0.7 ip daddr {WIRESERVER} tcp dport 80"),
+            ),
+            (
+                "ctl",
+                format!("ip saddr 10.99.0.7 ip daddr {cloud4} tcp dport 80"),
+            ),
+        ],
+    );
+    let wire: IpAddr = WIRESERVER.parse().unwrap();
+    send_vxlan_syns(&w, &pod, gw4, &vx_mac, "10.99.0.7", wire, 3);
+    send_vxlan_syns(&w, &pod, gw4, &vx_mac, "10.99.0.7", cloud4, 3);
+    let start = Instant::now();
+    while counters.packets("ctl") < 3 {
+        assert!(
+            start.elapsed() < deadline(Duration::from_secs(20)),
+            "control: the decapsulated SYNs to the cloud's own address never arrived"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let n = counters.packets("inner");
+    println!("RESULT azure vxlan-decapsulated SYNs to {WIRESERVER}:80 -> {n} at the WireServer");
+    assert_eq!(n, 0, "decapsulated SYNs reached the WireServer");
+}
+
 #[test]
 fn address_theft_on_the_bridge_never_reaches_the_wireserver() {
     let w = preset_world("ep-theft", AZURE);

@@ -1516,13 +1516,6 @@ fn addresses_that_are_not_a_pods_are_refused() {
 //    dropped although no rule names the path it takes.
 // ---------------------------------------------------------------------------------------------
 
-/// Writes a helper script into the test's directory and returns its path.
-fn helper_script(w: &World, name: &str, text: &str) -> String {
-    let path = w.dir().join(name);
-    std::fs::write(&path, text).expect("write helper script");
-    path.to_str().expect("utf-8 path").to_string()
-}
-
 /// The MAC the node's neighbour table holds for `addr`, if any.
 fn node_neighbour(w: &World, addr: IpAddr) -> Option<String> {
     neighbour_mac(&w.node, addr)
@@ -1864,28 +1857,7 @@ fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
             ),
         ],
     );
-    // A VXLAN sender: a UDP socket, the VXLAN header, then an inner frame built by FRAMES_PY's
-    // builders (imported as a module from the same directory).
-    helper_script(&w, "frames.py", FRAMES_PY);
-    let vxlan_py = format!(
-        r#"
-import socket, sys
-sys.argv = ["frames.py", "lo", "02:00:00:00:00:07", "{vx_mac}", "", "none"]
-exec(open("{dir}/frames.py").read().split("frames = []")[0])
-node, src, dst, count = sys_args = __import__("os").environ["VX"].split()
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-for _ in range(int(count)):
-    u.sendto(bytes([8, 0, 0, 0, 0, 0, 42, 0]) + syn(src, dst, 80), (node, 4789))
-"#,
-        dir = w.dir().display()
-    );
-    let path = helper_script(&w, "vxlan.py", &vxlan_py);
-    let send = |src: &str, dst: IpAddr| {
-        let mut c = pod.ns.cmd("env");
-        c.arg(format!("VX={gw4} {src} {dst} 3"))
-            .args(["python3", &path]);
-        run(&mut c);
-    };
+    let send = |src: &str, dst: IpAddr| send_vxlan_syns(&w, &pod, gw4, &vx_mac, src, dst, 3);
     send("10.99.0.7", META4);
     send("fd00:99::7", META6);
     send("10.99.0.7", cloud4);

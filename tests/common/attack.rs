@@ -651,6 +651,42 @@ for f in frames:
 "#;
 
 /// Sends frames from `pod`'s eth0 (see [`FRAMES_PY`]).
+/// Sends `count` SYNs to `dst`:80 with inner source `src`, wrapped in VXLAN (id 42, port 4789)
+/// from `pod` to `node` (an address of the node's VXLAN device's `local`), with FRAMES_PY's
+/// frame builders; `inner_dmac` is the VXLAN device's MAC.
+pub fn send_vxlan_syns(
+    w: &World,
+    pod: &Pod,
+    node: IpAddr,
+    inner_dmac: &str,
+    src: &str,
+    dst: IpAddr,
+    count: u32,
+) {
+    script(&w.h, "frames.py", FRAMES_PY);
+    let vxlan_py = format!(
+        r#"
+import socket, sys
+sys.argv = ["frames.py", "lo", "02:00:00:00:00:07", "{inner_dmac}", "", "none"]
+exec(open("{dir}/frames.py").read().split("frames = []")[0])
+node, src, dst, count = __import__("os").environ["VX"].split()
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+for _ in range(int(count)):
+    u.sendto(bytes([8, 0, 0, 0, 0, 0, 42, 0]) + syn(src, dst, 80), (node, 4789))
+"#,
+        dir = w.dir().display()
+    );
+    let path = script(
+        &w.h,
+        &format!("vxlan-{}.py", pod.att.container_id),
+        &vxlan_py,
+    );
+    let mut c = pod.ns.cmd("env");
+    c.arg(format!("VX={node} {src} {dst} {count}"))
+        .args(["python3", &path]);
+    super::run(&mut c);
+}
+
 pub fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str, what: &[String]) {
     let path = script(&w.h, "frames.py", FRAMES_PY);
     let mut args: Vec<&str> = vec!["python3", &path, "eth0", srcmac, dstmac, tags];
