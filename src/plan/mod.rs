@@ -296,99 +296,193 @@ pub enum SetKind {
     GuardPortMac,
 }
 
+/// Where a set lives: one per network (named `NET-…`), or one for the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    Network,
+    Node,
+}
+
+/// What a set holds, and so who writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holds {
+    /// The network's config: a converge flushes and fills it.
+    Config,
+    /// Node-wide: the union of every network's set of this kind, derived at each converge
+    /// from the networks' own records (never kept for a network that no longer declares it).
+    Union(SetKind),
+    /// Per-pod records keyed by the pod's owner key or counted per interface: written by the
+    /// pods' verbs, never flushed by a converge, not owner lists.
+    Record,
+    /// Per-pod elements whose comments list their owners: written by the pods' verbs, never
+    /// flushed by a converge; DEL removes an owner and the element with its last one.
+    Owned,
+}
+
+/// One row of the set catalogue: everything natguard says of a set kind, in one place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetRow {
+    /// The name in the kernel (`nft list ruleset`), before the family digit of a per-family
+    /// kind (`meta` gives `NET-meta4` and `NET-meta6`).
+    pub name: &'static str,
+    pub family: Option<Family>,
+    pub table: TableFamily,
+    pub scope: Scope,
+    pub holds: Holds,
+    pub key: KeyShape,
+    /// Every element carries a counter (where the kernel supports it).
+    pub counted: bool,
+    /// An interval set (ranges of addresses).
+    pub interval: bool,
+}
+
 impl SetKind {
-    pub fn suffix(self) -> String {
+    /// The catalogue: one row per kind. Every property of a set is read from here.
+    pub const fn row(self) -> SetRow {
+        use Holds::*;
+        use Scope::*;
+        use TableFamily::{Bridge, Inet};
+        const fn r(
+            name: &'static str,
+            family: Option<Family>,
+            table: TableFamily,
+            scope: Scope,
+            holds: Holds,
+            key: KeyShape,
+        ) -> SetRow {
+            SetRow {
+                name,
+                family,
+                table,
+                scope,
+                holds,
+                key,
+                counted: false,
+                interval: false,
+            }
+        }
+        const fn counted(mut row: SetRow) -> SetRow {
+            row.counted = true;
+            row
+        }
+        const fn interval(mut row: SetRow) -> SetRow {
+            row.interval = true;
+            row
+        }
+        let n = KeyShape::Name;
         match self {
-            SetKind::Meta(f) => format!("meta{}", f.suffix()),
-            SetKind::Masq(f) => format!("masq{}", f.suffix()),
-            SetKind::NoMasq(f) => format!("nomasq{}", f.suffix()),
-            SetKind::MetaDst(f) => format!("mproxy{}", f.suffix()),
-            SetKind::MetaGuard(f) => format!("mguard{}", f.suffix()),
-            SetKind::Pods => "pods".into(),
-            SetKind::Attach => "att".into(),
-            SetKind::Ifaces => "ifs".into(),
-            SetKind::CountProxied(f) => format!("cntp{}", f.suffix()),
-            SetKind::ProxyTarget(f) => format!("pxy{}", f.suffix()),
-            SetKind::MetaDests(f) => format!("guarded{}", f.suffix()),
-            SetKind::Proxies(f) => format!("proxies{}", f.suffix()),
-            SetKind::AllowIfaces => "allowifs".into(),
-            SetKind::AllowedIfaces => "allowedifs".into(),
-            SetKind::Allow(f) => format!("exempt{}", f.suffix()),
-            SetKind::CountReset(f) => format!("resets{}", f.suffix()),
-            SetKind::Logged(f) => format!("logged{}", f.suffix()),
-            SetKind::Ports => "ports".into(),
-            SetKind::GuardAddr(f) => format!("xaddr{}", f.suffix()),
-            SetKind::GuardPort(f) => format!("xport{}", f.suffix()),
-            SetKind::GuardMac => "xmac".into(),
-            SetKind::GuardPortMac => "xportmac".into(),
+            // The network's pods: records keyed by the owner key.
+            SetKind::Pods => r("pods", None, Inet, Network, Record, n),
+            SetKind::Attach => r("att", None, Inet, Network, Record, n),
+            SetKind::Ifaces => r("ifs", None, Inet, Network, Record, n),
+            // The network's pods' addresses.
+            SetKind::Meta(f) => r("meta", Some(f), Inet, Network, Owned, KeyShape::Addr(f)),
+            SetKind::Masq(f) => r("masq", Some(f), Inet, Network, Owned, KeyShape::Addr(f)),
+            SetKind::CountProxied(f) => {
+                counted(r("cntp", Some(f), Inet, Network, Owned, KeyShape::Addr(f)))
+            }
+            // The network's config.
+            SetKind::NoMasq(f) => interval(r(
+                "nomasq",
+                Some(f),
+                Inet,
+                Network,
+                Config,
+                KeyShape::Addr(f),
+            )),
+            SetKind::MetaDst(f) => r(
+                "mproxy",
+                Some(f),
+                Inet,
+                Network,
+                Config,
+                KeyShape::AddrPort(f),
+            ),
+            SetKind::MetaGuard(f) => r(
+                "mguard",
+                Some(f),
+                Inet,
+                Network,
+                Config,
+                KeyShape::AddrPort(f),
+            ),
+            SetKind::ProxyTarget(f) => {
+                r("pxy", Some(f), Inet, Network, Config, KeyShape::AddrPort(f))
+            }
+            SetKind::AllowIfaces => r("allowifs", None, Inet, Network, Config, n),
+            // The node's unions of the networks' config.
+            SetKind::MetaDests(f) => r(
+                "guarded",
+                Some(f),
+                Inet,
+                Node,
+                Union(SetKind::MetaGuard(f)),
+                KeyShape::AddrPort(f),
+            ),
+            SetKind::Proxies(f) => r(
+                "proxies",
+                Some(f),
+                Inet,
+                Node,
+                Union(SetKind::ProxyTarget(f)),
+                KeyShape::AddrPort(f),
+            ),
+            SetKind::AllowedIfaces => r(
+                "allowedifs",
+                None,
+                Inet,
+                Node,
+                Union(SetKind::AllowIfaces),
+                n,
+            ),
+            // The node's guard: every network's pods.
+            SetKind::Allow(f) => r("exempt", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)),
+            SetKind::CountReset(f) => {
+                counted(r("resets", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)))
+            }
+            SetKind::Logged(f) => r("logged", Some(f), Inet, Node, Owned, KeyShape::Addr(f)),
+            SetKind::Ports => r("ports", None, Bridge, Node, Owned, n),
+            SetKind::GuardAddr(f) => r("xaddr", Some(f), Bridge, Node, Owned, KeyShape::Addr(f)),
+            SetKind::GuardPort(f) => r("xport", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
+            SetKind::GuardMac => r("xmac", None, Bridge, Node, Owned, KeyShape::Mac),
+            SetKind::GuardPortMac => r("xportmac", None, Bridge, Node, Owned, KeyShape::IfMac),
+        }
+    }
+    /// The set's name in the kernel without the network prefix.
+    pub fn suffix(self) -> String {
+        let row = self.row();
+        match row.family {
+            Some(f) => format!("{}{}", row.name, f.suffix()),
+            None => row.name.to_string(),
         }
     }
     /// Sets every network shares (named without a network prefix).
     pub fn is_node(self) -> bool {
-        matches!(
-            self,
-            SetKind::MetaDests(_)
-                | SetKind::Proxies(_)
-                | SetKind::AllowedIfaces
-                | SetKind::Allow(_)
-                | SetKind::CountReset(_)
-                | SetKind::Logged(_)
-                | SetKind::Ports
-                | SetKind::GuardAddr(_)
-                | SetKind::GuardPort(_)
-                | SetKind::GuardMac
-                | SetKind::GuardPortMac
-        )
+        self.row().scope == Scope::Node
     }
     /// Node-wide sets whose contents are the union of every network's config (the store
     /// derives them from the networks' own records at each converge).
     pub fn is_union(self) -> bool {
-        matches!(
-            self,
-            SetKind::MetaDests(_) | SetKind::Proxies(_) | SetKind::AllowedIfaces
-        )
+        matches!(self.row().holds, Holds::Union(_))
+    }
+    /// The network's own record a node-wide union set is derived from.
+    pub fn union_source(self) -> Option<SetKind> {
+        match self.row().holds {
+            Holds::Union(source) => Some(source),
+            _ => None,
+        }
     }
     /// Sets whose every element carries a counter (where the kernel supports it).
     pub fn is_counted(self) -> bool {
-        matches!(self, SetKind::CountProxied(_) | SetKind::CountReset(_))
+        self.row().counted
     }
     pub fn table(self) -> TableFamily {
-        match self {
-            SetKind::Ports
-            | SetKind::GuardAddr(_)
-            | SetKind::GuardPort(_)
-            | SetKind::GuardMac
-            | SetKind::GuardPortMac => TableFamily::Bridge,
-            _ => TableFamily::Inet,
-        }
+        self.row().table
     }
-    /// What a key of this set is made of: the one place the plan says it, for the lowering
-    /// (datatype ids, key lengths) and the rendering (nft type names) alike.
+    /// What a key of this set is made of: for the lowering (datatype ids, key lengths) and
+    /// the rendering (nft type names) alike.
     pub fn key_shape(self) -> KeyShape {
-        match self {
-            SetKind::Meta(f)
-            | SetKind::Masq(f)
-            | SetKind::NoMasq(f)
-            | SetKind::GuardAddr(f)
-            | SetKind::Logged(f)
-            | SetKind::CountProxied(f) => KeyShape::Addr(f),
-            SetKind::Allow(f) | SetKind::GuardPort(f) | SetKind::CountReset(f) => {
-                KeyShape::IfAddr(f)
-            }
-            SetKind::ProxyTarget(f)
-            | SetKind::Proxies(f)
-            | SetKind::MetaDst(f)
-            | SetKind::MetaGuard(f)
-            | SetKind::MetaDests(f) => KeyShape::AddrPort(f),
-            SetKind::Pods
-            | SetKind::Attach
-            | SetKind::Ifaces
-            | SetKind::Ports
-            | SetKind::AllowIfaces
-            | SetKind::AllowedIfaces => KeyShape::Name,
-            SetKind::GuardMac => KeyShape::Mac,
-            SetKind::GuardPortMac => KeyShape::IfMac,
-        }
+        self.row().key
     }
     pub fn type_name(self) -> &'static str {
         match self.key_shape() {
@@ -405,21 +499,15 @@ impl SetKind {
         }
     }
     pub fn is_interval(self) -> bool {
-        matches!(self, SetKind::NoMasq(_))
+        self.row().interval
     }
     /// Sets whose elements come from pods; the shared converge never flushes them.
     pub fn is_per_pod(self) -> bool {
-        !matches!(
-            self,
-            SetKind::NoMasq(_)
-                | SetKind::MetaDst(_)
-                | SetKind::MetaGuard(_)
-                | SetKind::ProxyTarget(_)
-        ) && !self.is_union()
+        matches!(self.row().holds, Holds::Record | Holds::Owned)
     }
     /// Per-pod sets whose elements name their owners in their comment.
     pub fn is_owned(self) -> bool {
-        self.is_per_pod() && !matches!(self, SetKind::Pods | SetKind::Attach | SetKind::Ifaces)
+        self.row().holds == Holds::Owned
     }
     pub const ALL: [SetKind; 36] = [
         SetKind::Pods,

@@ -97,18 +97,6 @@ fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
     out
 }
 
-/// The network's own record sets from which a node-wide union set is derived.
-fn union_sources(kind: SetKind) -> &'static [SetKind] {
-    match kind {
-        SetKind::MetaDests(Family::V4) => &[SetKind::MetaGuard(Family::V4)],
-        SetKind::MetaDests(Family::V6) => &[SetKind::MetaGuard(Family::V6)],
-        SetKind::Proxies(Family::V4) => &[SetKind::ProxyTarget(Family::V4)],
-        SetKind::Proxies(Family::V6) => &[SetKind::ProxyTarget(Family::V6)],
-        SetKind::AllowedIfaces => &[SetKind::AllowIfaces],
-        _ => &[],
-    }
-}
-
 fn owners_of(comment: Option<&str>) -> Vec<OwnerKey> {
     plan::owners_from_comment(comment.unwrap_or(""))
 }
@@ -278,7 +266,7 @@ impl<K: Kernel> Store<K> {
         for spec in full.sets.iter_mut().filter(|s| s.kind.is_union()) {
             let elems = spec.elements.get_or_insert_with(Vec::new);
             for prefix in &prefixes {
-                for src in union_sources(spec.kind) {
+                for src in spec.kind.union_source().iter() {
                     let name = format!("{prefix}{}", src.suffix());
                     if !existing.contains(&name) {
                         continue;

@@ -608,10 +608,10 @@ fn a_verified_network_is_trusted_only_while_its_whole_plan_and_the_generation_ho
     let mut allowing = Config::default();
     allowing.metadata.allow_interfaces = vec![ifn("dock0")];
     let sh2 = shared(&allowing);
-    assert_eq!(
-        sh2.fingerprint, sh.fingerprint,
-        "the case this test is about"
-    );
+    // allowInterfaces is in the network's own record (`NET-allowifs`) and the node-wide union:
+    // both the fingerprint and the whole plan's digest follow it.
+    assert_ne!(sh2.fingerprint, sh.fingerprint);
+    assert_ne!(verified_entry(&sh2), verified_entry(&sh));
     assert_eq!(
         s.apply_pod(&sh2, &pod(&allowing, "c", "default", &["10.1.0.4"]))
             .unwrap(),
@@ -661,4 +661,59 @@ fn networks_that_share_a_label_bit_are_refused() {
     plain.masquerade.enabled = false;
     s.apply(&[&plan::plan_shared(&twin, &plain, &facts())], &[])
         .unwrap();
+}
+
+/// The node-wide `allowedifs` is the union of every network's `allowInterfaces`: another
+/// network's converge keeps what this one allows (each network records its own part in
+/// `NET-allowifs`, from which the union is derived).
+#[test]
+fn another_networks_converge_keeps_this_networks_allowed_interfaces() {
+    let mut allowing = Config::default();
+    allowing.metadata.allow_interfaces = vec![ifn("dock0")];
+    let mut s = store();
+    let a = plan::plan_shared("alpha", &allowing, &facts());
+    s.apply(&[&a], &[]).unwrap();
+    let b = plan::plan_shared("beta", &Config::default(), &facts());
+    s.apply(&[&b], &[]).unwrap();
+    let allowed: Vec<Key> = s
+        .kernel()
+        .elems("allowedifs")
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(
+        allowed,
+        vec![Key::Iface(ifn("dock0"))],
+        "after beta's converge"
+    );
+    let own: Vec<Key> = s
+        .kernel()
+        .elems("alpha-allowifs")
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
+    assert_eq!(own, vec![Key::Iface(ifn("dock0"))], "alpha's own record");
+}
+
+/// What DEL removes of a pod (`owned_keys`) covers every set the catalogue says pods own: a
+/// new owned set missed there would leak at DEL.
+#[test]
+fn del_finds_an_element_in_every_owned_set() {
+    let host = HostSide {
+        iface: ifn("cni0"),
+        port: Some(ifn("veth-x")),
+        mac: Some([2, 0, 0, 0, 0, 1]),
+    };
+    let addrs: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap(), "fd00:1::5".parse().unwrap()];
+    let keys = owned_keys(&addrs, Some(host));
+    for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
+        assert!(
+            keys.iter().any(|(k, _)| *k == kind),
+            "DEL would leave set {} behind",
+            kind.suffix()
+        );
+    }
+    for (kind, _) in &keys {
+        assert!(kind.is_owned(), "{} is not an owned set", kind.suffix());
+    }
 }
