@@ -146,21 +146,8 @@ pub fn host_side(names: &[String], addrs: &[IpAddr], pod: Option<&PodLink>) -> H
             foreign: Vec::new(),
         };
     };
-    let side = pod_peer(&mut links, pod);
-    let mut foreign = Vec::new();
-    let ours = |n: &str| {
-        side.as_ref().is_ok_and(|(veth, bridge)| {
-            IfName::new(n) == Some(*veth) || bridge.is_some_and(|b| IfName::new(n) == Some(b))
-        })
-    };
-    // Without the pod's veth nothing is used, and a claim cannot be told from the truth.
-    for name in names.iter().filter(|_| side.is_ok()) {
-        // A name the kernel does not know names nothing natguard could use.
-        if !ours(name) && matches!(links.link(name), Ok(Some(_))) {
-            foreign.push(name.clone());
-        }
-    }
-    let side = side.map(|(veth, bridge)| match bridge {
+    let peer = pod_peer(&mut links, pod);
+    let side = peer.clone().map(|(veth, bridge)| match bridge {
         Some(bridge) => {
             let iface = addrs
                 .iter()
@@ -179,6 +166,23 @@ pub fn host_side(names: &[String], addrs: &[IpAddr], pod: Option<&PodLink>) -> H
             mac: None,
         },
     });
+    let mut foreign = Vec::new();
+    // Without the pod's veth nothing is used, and a claim cannot be told from the truth.
+    if let Ok((veth, bridge)) = peer {
+        for name in names {
+            let Some(n) = IfName::new(name) else { continue };
+            // The pod's veth, its bridge, or another IP device of that bridge (the bridge
+            // plugin's `vlan` gateway `BRIDGE.VLAN`, which its result lists) is the pod's.
+            let ours = n == veth
+                || bridge.is_some_and(|b| {
+                    n == b || bridge_ip_device(&mut links, name, b, veth).is_some()
+                });
+            // A name the kernel does not know names nothing natguard could use.
+            if !ours && matches!(links.link(name), Ok(Some(_))) {
+                foreign.push(name.clone());
+            }
+        }
+    }
     HostFinding { side, foreign }
 }
 
