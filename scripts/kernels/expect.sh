@@ -34,6 +34,13 @@ test_budget() {
 # counters, a flushed ruleset, unmanaged bridges, a link-local neighbour advertisement).
 ci_filter() {
   case $1 in
+  conntrack)
+    # Every test but the one-pass burst, whose premise (eight ADDs writing their requests
+    # within the pass's 10 s wait) is a matter of timing under emulation; it runs on the host
+    # in every CI run, and in the full kernel layer.
+    echo "auto_path_flushes entries_vanishing fallback_and_full_dump a_pass_lock_held_forever" \
+      "ipv6_filtered_deletes ip_reuse_flush the_ipv6_filter_probe undnatted_flows"
+    ;;
   security)
     echo "address_theft_on_a_bridge_never address_theft_on_ptp crafted_tcp_segments" \
       "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority" \
