@@ -45,7 +45,28 @@ pub(crate) const CACHED_SANDBOX: &str = "the cached result's sandbox";
 /// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
 /// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
 /// looked up here, before planning. Everything is refused before the kernel is touched.
-pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Result<Prepared> {
+/// The pod's own interface, inspected once from inside its network namespace
+/// ([`kernel::podside::inspect`]); a path that is no network namespace is a CNI error naming
+/// where the path came from.
+pub(crate) fn inspect(who: &Identity<'_>) -> Result<Option<kernel::podside::PodLink>> {
+    kernel::podside::inspect(who.netns, who.ifname).map_err(|e| {
+        Error::InvalidEnv(format!(
+            "{}: {:?} {}",
+            who.netns_from,
+            crate::error::truncate(who.netns, 200),
+            e.0
+        ))
+    })
+}
+
+/// `pod_link`: what [`inspect`] found (the caller decides what an uninspectable namespace
+/// means: an error at ADD, a skipped attachment for adopt).
+pub(crate) fn prepare_pod(
+    cfg: &Config,
+    who: &Identity<'_>,
+    prev: &Value,
+    pod_link: Option<kernel::podside::PodLink>,
+) -> Result<Prepared> {
     crate::policy::refuse_unenforceable(cfg, &who.annotations)?;
     let ips = cni::prev_result::check_shape(prev, who.ifname)?;
     let own = crate::node::own_among(&ips.iter().map(|ip| ip.addr).collect::<Vec<_>>());
@@ -63,14 +84,6 @@ pub(crate) fn prepare_pod(cfg: &Config, who: &Identity<'_>, prev: &Value) -> Res
     check_addr_count(&addrs, who.ifname)?;
     let node: NodeFacts = crate::node::facts(cfg);
     check_proxy_outside_pods(cfg, &node, &ips)?;
-    let pod_link = kernel::podside::inspect(who.netns, who.ifname).map_err(|e| {
-        Error::InvalidEnv(format!(
-            "{}: {:?} {}",
-            who.netns_from,
-            crate::error::truncate(who.netns, 200),
-            e.0
-        ))
-    })?;
     if let Some(link) = &pod_link {
         if !link.crosses_the_node() && !cfg.metadata.accept_unenforced {
             return Err(Error::InvalidConfig(format!(

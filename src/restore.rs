@@ -426,9 +426,10 @@ fn prepare_entry(
     // (a mount namespace the runtime's later netns mounts never reached, no right to enter
     // it), the attachment is left as it is: planned without its host side it would lose what
     // its ADD recorded.
-    if let Err(e) = crate::kernel::podside::inspect(&netns, &entry.ifname) {
-        return Err(Outcome::SkippedNetnsUnreadable { netns, reason: e.0 });
-    }
+    let pod_link = match crate::kernel::podside::inspect(&netns, &entry.ifname) {
+        Ok(link) => link,
+        Err(e) => return Err(Outcome::SkippedNetnsUnreadable { netns, reason: e.0 }),
+    };
     // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
     let annotations = crate::policy::parse(entry.cap_args.as_ref())
         .map_err(|e| fail(format!("cached capabilityArgs: {e}")))?;
@@ -444,8 +445,8 @@ fn prepare_entry(
         annotations,
     };
     // Exactly the checks and plan of a live ADD.
-    let p =
-        prepare_pod(cfg, &who, &entry.result).map_err(|e| fail(format!("cached result: {e}")))?;
+    let p = prepare_pod(cfg, &who, &entry.result, pod_link)
+        .map_err(|e| fail(format!("cached result: {e}")))?;
     if p.addrs.is_empty() {
         return Err(Outcome::SkippedNoAddress);
     }

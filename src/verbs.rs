@@ -127,7 +127,8 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
         )
     })?;
     let cfg = &conf.natguard;
-    let p = prepare_pod(cfg, &identity(env, conf), prev)?;
+    let who = identity(env, conf);
+    let p = prepare_pod(cfg, &who, prev, crate::prepare::inspect(&who)?)?;
     for w in &p.shared.warnings {
         warn!("{w}");
     }
@@ -292,7 +293,8 @@ fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
     let prev = conf.prev_result.as_ref().ok_or_else(|| {
         Error::InvalidConfig("prevResult: missing; CHECK needs the cached result of ADD".into())
     })?;
-    let p = prepare_pod(&conf.natguard, &identity(env, conf), prev)?;
+    let who = identity(env, conf);
+    let p = prepare_pod(&conf.natguard, &who, prev, crate::prepare::inspect(&who)?)?;
     let mut store = store::open()?;
     store.check_shared(&p.shared)?;
     store.check_pod(&p.shared.names, &p.pod)
