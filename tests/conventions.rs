@@ -1,7 +1,10 @@
 //! The conventions of the reference CNI plugins that a person running the binary relies on:
 //! run bare it says what it is and which CNI versions it speaks, and `--version` names the
-//! release and the git revision it was built from.
+//! release and the git revision it was built from. And the release's own history: the
+//! previous release's source that the upgrade test (`scripts/e2e/upgrade.sh`) builds in a
+//! checkout without git tags is that release's tag, file for file.
 
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
 const BIN: &str = env!("CARGO_BIN_EXE_natguard");
@@ -114,5 +117,83 @@ fn version_names_the_release_and_the_git_revision() {
         if !dirty_now {
             assert!(!dirty, "{arg}: says -dirty, but the tree is clean");
         }
+    }
+}
+
+/// `git -C <crate> ARGS`: stdout when git ran and succeeded, None otherwise.
+fn git_out(args: &[&str]) -> Option<Vec<u8>> {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(env!("CARGO_MANIFEST_DIR"))
+        .args(args)
+        .env("GIT_OPTIONAL_LOCKS", "0")
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    o.status.success().then_some(o.stdout)
+}
+
+/// `scripts/e2e/upgrade.sh` builds 0.1.0 from the tag `v0.1.0` where the checkout has it, and
+/// from `tests/fixtures/natguard-0.1.0-src.tar.gz` where it does not (CI's checkout may carry
+/// no tags): the archive must hold exactly the paths the script takes from the tag
+/// (`OLD_FILES`), with the tag's bytes, or the two ways would test different releases.
+#[test]
+fn the_previous_release_archive_is_its_tag() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let archive = dir.join("tests/fixtures/natguard-0.1.0-src.tar.gz");
+    let script = std::fs::read_to_string(dir.join("scripts/e2e/upgrade.sh")).unwrap();
+    let paths: Vec<&str> = script
+        .lines()
+        .find_map(|l| l.strip_prefix("OLD_FILES=(")?.strip_suffix(')'))
+        .expect("upgrade.sh names the paths it takes from the tag: OLD_FILES=(...)")
+        .split_whitespace()
+        .collect();
+    // tar -tzf ARCHIVE (the list) or tar -xzOf ARCHIVE PATH (one file's bytes)
+    let tar = |mode: &str, path: Option<&str>| {
+        let o = Command::new("tar")
+            .arg(mode)
+            .arg(&archive)
+            .args(path)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "tar {mode} {path:?}: {o:?}");
+        o.stdout
+    };
+    let mut in_archive: Vec<String> = String::from_utf8(tar("-tzf", None))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.ends_with('/'))
+        .map(String::from)
+        .collect();
+    in_archive.sort();
+    // Whatever git says, the archive is 0.1.0's crate.
+    let manifest = String::from_utf8(tar("-xzOf", Some("Cargo.toml"))).unwrap();
+    assert!(
+        manifest.contains("\nversion = \"0.1.0\"\n"),
+        "the archive's Cargo.toml is not 0.1.0's:\n{manifest}"
+    );
+    if git_out(&["rev-parse", "-q", "--verify", "v0.1.0^{commit}"]).is_none() {
+        eprintln!("no tag v0.1.0 in this checkout: the archive is not compared with it");
+        return;
+    }
+    let mut ls_tree = vec!["ls-tree", "-r", "--name-only", "v0.1.0", "--"];
+    ls_tree.extend(&paths);
+    let mut in_tag: Vec<String> = String::from_utf8(git_out(&ls_tree).unwrap())
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    in_tag.sort();
+    assert!(!in_tag.is_empty(), "v0.1.0 has none of {paths:?}");
+    assert_eq!(
+        in_archive, in_tag,
+        "the archive's files are not the tag's {paths:?}"
+    );
+    for path in &in_tag {
+        let from_tag = git_out(&["cat-file", "blob", &format!("v0.1.0:{path}")]).unwrap();
+        assert!(
+            tar("-xzOf", Some(path)) == from_tag,
+            "{path}: the archive's bytes differ from the tag's"
+        );
     }
 }
