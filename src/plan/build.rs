@@ -70,7 +70,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 vec![
                     Match::NfProto(f),
                     Match::IsTcp,
-                    Match::ToIn(f, SetKind::MetaDests(f)),
+                    Match::ToIn(f, SetKind::Guarded(f)),
                 ],
                 Action::Goto(ChainKind::Judge(f)),
                 None,
@@ -80,7 +80,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 // No family match: the ct key of one family breaks on a connection of the other.
                 vec![
                     Match::CtDirOriginal,
-                    Match::CtOrigToIn(f, SetKind::MetaDests(f)),
+                    Match::CtOrigToIn(f, SetKind::Guarded(f)),
                 ],
                 Action::Goto(ChainKind::Judge(f)),
                 None,
@@ -99,7 +99,7 @@ fn plan_node_rules() -> Vec<Rule> {
             vec![
                 Match::NfProto(f),
                 Match::IsTcp,
-                Match::ToIn(f, SetKind::MetaDests(f)),
+                Match::ToIn(f, SetKind::Guarded(f)),
                 Match::SaddrNotLocal,
             ],
             Action::RejectTcpReset,
@@ -109,14 +109,14 @@ fn plan_node_rules() -> Vec<Rule> {
         rules.push(rule(judge, vec![Match::IifIs("lo")], Action::Return, None));
         rules.push(rule(
             judge,
-            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Allow(f))],
+            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Exempt(f))],
             Action::Return,
             None,
         ));
         // What an operator allowed explicitly (`metadata.allowInterfaces`; empty by default).
         rules.push(rule(
             judge,
-            vec![Match::IifIn(SetKind::AllowedIfaces)],
+            vec![Match::IifIn(SetKind::AllowedIfs)],
             Action::Return,
             None,
         ));
@@ -132,7 +132,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 Match::ToIn(f, SetKind::Proxies(f)),
                 Match::CtStatusDnat,
                 Match::CtDirOriginal,
-                Match::CtOrigToIn(f, SetKind::MetaDests(f)),
+                Match::CtOrigToIn(f, SetKind::Guarded(f)),
             ],
             Action::Return,
             None,
@@ -142,10 +142,7 @@ fn plan_node_rules() -> Vec<Rule> {
         // interface is never counted against it.
         rules.push(rule(
             judge,
-            vec![
-                Match::NfProto(f),
-                Match::IifSaddrIn(f, SetKind::CountReset(f)),
-            ],
+            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Resets(f))],
             Action::Continue,
             None,
         ));
@@ -188,8 +185,8 @@ fn plan_node_rules() -> Vec<Rule> {
     for f in Family::ALL {
         let mut fast = vec![
             Match::EtherType(EtherProto::Ip(f)),
-            Match::SaddrNotIn(f, SetKind::GuardAddr(f)),
-            Match::EtherSaddrNotIn(SetKind::GuardMac),
+            Match::SaddrNotIn(f, SetKind::XAddr(f)),
+            Match::EtherSaddrNotIn(SetKind::XMac),
         ];
         if f == Family::V6 {
             fast.insert(1, Match::NotIcmpv6);
@@ -223,26 +220,26 @@ fn plan_node_rules() -> Vec<Rule> {
         rules.push(guard(vec![Match::EtherType(tag), Match::VlanIdZero]));
     }
     rules.push(guard(vec![
-        Match::EtherSaddrIn(SetKind::GuardMac),
-        Match::IifEtherSaddrNotIn(SetKind::GuardPortMac),
+        Match::EtherSaddrIn(SetKind::XMac),
+        Match::IifEtherSaddrNotIn(SetKind::XPortMac),
     ]));
     for f in Family::ALL {
         rules.push(guard(vec![
             Match::EtherType(EtherProto::Ip(f)),
-            Match::SaddrIn(f, SetKind::GuardAddr(f)),
-            Match::IifSaddrNotIn(f, SetKind::GuardPort(f)),
+            Match::SaddrIn(f, SetKind::XAddr(f)),
+            Match::IifSaddrNotIn(f, SetKind::XPort(f)),
         ]));
         match f {
             Family::V4 => rules.push(guard(vec![
                 Match::EtherType(EtherProto::Arp),
-                Match::ArpSpaIn(SetKind::GuardAddr(f)),
-                Match::IifArpSpaNotIn(SetKind::GuardPort(f)),
+                Match::ArpSpaIn(SetKind::XAddr(f)),
+                Match::IifArpSpaNotIn(SetKind::XPort(f)),
             ])),
             Family::V6 => rules.push(guard(vec![
                 Match::EtherType(EtherProto::Ip(f)),
                 Match::NeighborAdvert,
-                Match::NdTargetIn(SetKind::GuardAddr(f)),
-                Match::IifNdTargetNotIn(SetKind::GuardPort(f)),
+                Match::NdTargetIn(SetKind::XAddr(f)),
+                Match::IifNdTargetNotIn(SetKind::XPort(f)),
             ])),
         }
     }
@@ -264,7 +261,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
     if cfg.masquerade.enabled {
         rules.push(Rule {
             chain: ChainKind::Dnat,
-            matches: vec![Match::IifIn(SetKind::Ifaces)],
+            matches: vec![Match::IifIn(SetKind::Ifs)],
             action: Action::SetCtLabel(names.label_bit()),
             count: None,
         });
@@ -293,9 +290,9 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         let from = |m: Vec<Match>| {
             let mut v = vec![
                 Match::NfProto(f),
-                Match::IifIn(SetKind::Ifaces),
+                Match::IifIn(SetKind::Ifs),
                 Match::IsTcp,
-                Match::ToIn(f, SetKind::MetaDst(f)),
+                Match::ToIn(f, SetKind::MProxy(f)),
             ];
             v.extend(m);
             v
@@ -309,7 +306,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 // Per pod: the lookup in the counted set bumps the source's element.
                 rules.push(Rule {
                     chain: ChainKind::Dnat,
-                    matches: from(vec![Match::SaddrIn(f, SetKind::CountProxied(f))]),
+                    matches: from(vec![Match::SaddrIn(f, SetKind::Cntp(f))]),
                     action: Action::Continue,
                     count: None,
                 });
@@ -383,18 +380,18 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                         })
                         .collect(),
                 ),
-                SetKind::MetaDst(f) => Some(pairs(f, &[EndpointMode::Proxy])),
-                SetKind::MetaGuard(f) | SetKind::MetaDests(f) => {
+                SetKind::MProxy(f) => Some(pairs(f, &[EndpointMode::Proxy])),
+                SetKind::MGuard(f) | SetKind::Guarded(f) => {
                     Some(pairs(f, &[EndpointMode::Proxy, EndpointMode::Deny]))
                 }
-                SetKind::AllowIfaces | SetKind::AllowedIfaces => Some(
+                SetKind::AllowIfs | SetKind::AllowedIfs => Some(
                     md.allow_interfaces
                         .iter()
                         .filter(|_| meta_on)
                         .map(|i| Elem::Iface(*i))
                         .collect(),
                 ),
-                SetKind::ProxyTarget(f) | SetKind::Proxies(f) => {
+                SetKind::Pxy(f) | SetKind::Proxies(f) => {
                     let proxy = match f {
                         Family::V4 => node.proxy_v4.map(IpAddr::V4),
                         Family::V6 => node.proxy_v6.map(IpAddr::V6),
@@ -477,20 +474,20 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         let f = Family::of(a);
         want(SetKind::Meta(f), Key::Addr(*a), intercept);
         want(SetKind::Masq(f), Key::Addr(*a), cfg.masquerade.enabled);
-        want(SetKind::CountProxied(f), Key::Addr(*a), intercept);
+        want(SetKind::Cntp(f), Key::Addr(*a), intercept);
         want(
             SetKind::Logged(f),
             Key::Addr(*a),
             meta_on && cfg.metadata.log_denied && !allowed,
         );
         if let Some(h) = &pod.host {
-            want(SetKind::Allow(f), Key::IfAddr(h.iface, *a), allowed);
-            want(SetKind::CountReset(f), Key::IfAddr(h.iface, *a), !allowed);
+            want(SetKind::Exempt(f), Key::IfAddr(h.iface, *a), allowed);
+            want(SetKind::Resets(f), Key::IfAddr(h.iface, *a), !allowed);
             if let Some(port) = h.port {
-                want(SetKind::GuardAddr(f), Key::Addr(*a), allowed);
+                want(SetKind::XAddr(f), Key::Addr(*a), allowed);
                 // Every natguard pod's own address on its own port, exempt or not: what
                 // the pins let through from that port.
-                want(SetKind::GuardPort(f), Key::IfAddr(port, *a), true);
+                want(SetKind::XPort(f), Key::IfAddr(port, *a), true);
             }
         }
     }
@@ -503,12 +500,8 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
         want(SetKind::Ports, Key::Iface(port), true);
         if let Some(mac) = mac {
             let pin = allowed && !addrs.is_empty();
-            want(SetKind::GuardMac, Key::Mac(mac), pin);
-            want(
-                SetKind::GuardPortMac,
-                Key::IfMac(port, mac),
-                !addrs.is_empty(),
-            );
+            want(SetKind::XMac, Key::Mac(mac), pin);
+            want(SetKind::XPortMac, Key::IfMac(port, mac), !addrs.is_empty());
         }
     }
     PodPlan {

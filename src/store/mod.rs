@@ -68,17 +68,17 @@ fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
         for kind in [
             SetKind::Meta(f),
             SetKind::Masq(f),
-            SetKind::CountProxied(f),
+            SetKind::Cntp(f),
             SetKind::Logged(f),
         ] {
             out.push((kind, Key::Addr(*a)));
         }
         if let Some(h) = host {
-            out.push((SetKind::Allow(f), Key::IfAddr(h.iface, *a)));
-            out.push((SetKind::CountReset(f), Key::IfAddr(h.iface, *a)));
+            out.push((SetKind::Exempt(f), Key::IfAddr(h.iface, *a)));
+            out.push((SetKind::Resets(f), Key::IfAddr(h.iface, *a)));
             if let Some(port) = h.port {
-                out.push((SetKind::GuardAddr(f), Key::Addr(*a)));
-                out.push((SetKind::GuardPort(f), Key::IfAddr(port, *a)));
+                out.push((SetKind::XAddr(f), Key::Addr(*a)));
+                out.push((SetKind::XPort(f), Key::IfAddr(port, *a)));
             }
         }
     }
@@ -90,8 +90,8 @@ fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
     {
         out.push((SetKind::Ports, Key::Iface(port)));
         if let Some(m) = mac {
-            out.push((SetKind::GuardMac, Key::Mac(m)));
-            out.push((SetKind::GuardPortMac, Key::IfMac(port, m)));
+            out.push((SetKind::XMac, Key::Mac(m)));
+            out.push((SetKind::XPortMac, Key::IfMac(port, m)));
         }
     }
     out
@@ -137,8 +137,8 @@ pub(crate) struct NetworkState {
     pub counts: std::collections::BTreeMap<plan::Count, u64>,
     /// Whether the counted sets' elements carry counters on this kernel.
     pub per_pod_counters: bool,
-    pub meta_dst: Vec<IpAddr>,
-    pub meta_ports: Vec<u16>,
+    pub guarded_addrs: Vec<IpAddr>,
+    pub guarded_ports: Vec<u16>,
     /// Interfaces of the network's pods, with how many pods sit behind each.
     pub ifaces: Vec<(IfName, u32)>,
     pub pods: Vec<PodRecord>,
@@ -535,13 +535,13 @@ impl<K: Kernel> Store<K> {
     fn gc_once(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
-        let att = set_ref(names, SetKind::Attach);
+        let att = set_ref(names, SetKind::Att);
         let mut owners_seen: Vec<Key> = v.preload(&pods)?;
         owners_seen.extend(v.preload(&att)?);
         for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
             v.preload(&set_ref(names, kind))?;
         }
-        let ifs = set_ref(names, SetKind::Ifaces);
+        let ifs = set_ref(names, SetKind::Ifs);
         v.preload(&ifs)?;
         for key in owners_seen.clone() {
             if let Key::Owner(o) = key {
@@ -653,7 +653,7 @@ fn stage_pod<K: Kernel>(
 ) -> Result<()> {
     let me = pod.owner;
     let pods = set_ref(names, SetKind::Pods);
-    let att = set_ref(names, SetKind::Attach);
+    let att = set_ref(names, SetKind::Att);
     let old_rec = v.get(&pods, &Key::Owner(me))?;
     let old_att = v
         .get(&att, &Key::Owner(me))?
@@ -737,7 +737,7 @@ fn count_iface<K: Kernel>(
     i: IfName,
     delta: i64,
 ) -> Result<()> {
-    let set = set_ref(names, SetKind::Ifaces);
+    let set = set_ref(names, SetKind::Ifs);
     let key = Key::Iface(i);
     let n = v
         .get(&set, &key)?
@@ -755,7 +755,7 @@ fn attachment_gone<K: Kernel>(
     owner: OwnerKey,
     netns_exists: fn(&str) -> bool,
 ) -> Result<bool> {
-    let att = set_ref(names, SetKind::Attach);
+    let att = set_ref(names, SetKind::Att);
     let Some(c) = v.get(&att, &Key::Owner(owner))? else {
         return Ok(false);
     };
@@ -774,7 +774,7 @@ fn remove_attachment<K: Kernel>(
     extra: &[IpAddr],
 ) -> Result<Vec<IpAddr>> {
     let pods = set_ref(names, SetKind::Pods);
-    let att = set_ref(names, SetKind::Attach);
+    let att = set_ref(names, SetKind::Att);
     let rec = v.get(&pods, &Key::Owner(owner))?;
     let attach = v
         .get(&att, &Key::Owner(owner))?

@@ -90,7 +90,7 @@ fn keys(s: &mut Store<Fake>, kind: SetKind) -> Vec<Key> {
 /// The pod count of `cni0` in `NET-ifs` (0: no element).
 fn cni0_pods(s: &mut Store<Fake>) -> u32 {
     s.kernel()
-        .elems(&names().set(SetKind::Ifaces))
+        .elems(&names().set(SetKind::Ifs))
         .into_iter()
         .find(|(k, _)| *k == Key::Iface(ifn("cni0")))
         .map(|(_, c)| plan::iface_pods(&c.unwrap_or_default()))
@@ -109,9 +109,9 @@ fn assert_no_pod_state(s: &mut Store<Fake>) {
 }
 
 const META4: SetKind = SetKind::Meta(Family::V4);
-const ALLOW4: SetKind = SetKind::Allow(Family::V4);
+const ALLOW4: SetKind = SetKind::Exempt(Family::V4);
 const MASQ4: SetKind = SetKind::Masq(Family::V4);
-const XADDR4: SetKind = SetKind::GuardAddr(Family::V4);
+const XADDR4: SetKind = SetKind::XAddr(Family::V4);
 
 #[test]
 fn add_a_add_b_del_a_keeps_b_in_either_order() {
@@ -188,7 +188,7 @@ fn a_new_pods_elements_are_added_and_existing_ones_replaced() {
     for o in &last.ops {
         match o {
             Op::Add { .. } => {}
-            Op::Put { set, .. } if set.kind == SetKind::Ifaces => {}
+            Op::Put { set, .. } if set.kind == SetKind::Ifs => {}
             o => panic!("a new pod on a converged network should only add: {o:?} in {last:?}"),
         }
     }
@@ -257,7 +257,7 @@ fn exemption_is_bound_to_the_pods_interface_and_port() {
     let ip: IpAddr = "10.1.0.7".parse().unwrap();
     assert_eq!(keys(&mut s, ALLOW4), vec![Key::IfAddr(ifn("cni0"), ip)]);
     assert_eq!(
-        keys(&mut s, SetKind::GuardPort(Family::V4)),
+        keys(&mut s, SetKind::XPort(Family::V4)),
         vec![Key::IfAddr(ifn("veth-creds"), ip)]
     );
     assert_eq!(owners(&mut s, XADDR4, addr("10.1.0.7")), vec![creds.owner]);
@@ -416,7 +416,7 @@ fn check_names_what_differs() {
     assert!(e.to_string().contains("dormant"), "{e}");
     s.kernel().tables.insert(TableFamily::Inet, 0);
 
-    let mdst = names().set(SetKind::MetaDst(Family::V4));
+    let mdst = names().set(SetKind::MProxy(Family::V4));
     s.kernel().sets.get_mut(&mdst).unwrap().elems.clear();
     let e = s.check_shared(&sh).unwrap_err();
     assert_eq!(e.code(), crate::error::code::CHECK_FAILED);
