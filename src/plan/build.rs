@@ -449,6 +449,69 @@ pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
     crate::addr::u128_to_ip(f == Family::V4, v)
 }
 
+/// What a pod's policy asks of the elements it can own.
+#[derive(Debug, Clone, Copy, Default)]
+struct Wants {
+    /// Its metadata traffic is DNATed to the proxy.
+    intercept: bool,
+    /// Its egress is under the masquerade policy.
+    masquerade: bool,
+    /// Its denied attempts are logged.
+    logged: bool,
+    /// It is exempt: the guard lets its metadata traffic through.
+    allowed: bool,
+}
+
+/// Every element an attachment with these addresses and this host side can own, each with
+/// whether `w` wants it. Which elements are listed depends on the addresses and the host side
+/// alone, never on `w`, so [`owned_keys`] finds them all without knowing the policy the pod
+/// was added with.
+fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetKind, Key, bool)> {
+    let mut out = Vec::new();
+    for a in addrs {
+        let f = Family::of(a);
+        out.push((SetKind::Meta(f), Key::Addr(*a), w.intercept));
+        out.push((SetKind::Masq(f), Key::Addr(*a), w.masquerade));
+        out.push((SetKind::Cntp(f), Key::Addr(*a), w.intercept));
+        out.push((SetKind::Logged(f), Key::Addr(*a), w.logged));
+        if let Some(h) = &host {
+            out.push((SetKind::Exempt(f), Key::IfAddr(h.iface, *a), w.allowed));
+            out.push((SetKind::Resets(f), Key::IfAddr(h.iface, *a), !w.allowed));
+            if let Some(port) = h.port {
+                out.push((SetKind::XAddr(f), Key::Addr(*a), w.allowed));
+                // Every natguard pod's own address on its own port, exempt or not: what
+                // the pins let through from that port.
+                out.push((SetKind::XPort(f), Key::IfAddr(port, *a), true));
+            }
+        }
+    }
+    if let Some(HostSide {
+        port: Some(port),
+        mac,
+        ..
+    }) = host
+    {
+        out.push((SetKind::Ports, Key::Iface(port), true));
+        if let Some(mac) = mac {
+            let pin = w.allowed && !addrs.is_empty();
+            out.push((SetKind::XMac, Key::Mac(mac), pin));
+            out.push((SetKind::XPortMac, Key::IfMac(port, mac), !addrs.is_empty()));
+        }
+    }
+    out
+}
+
+/// Every (set, key) an attachment with these addresses and this host side can own, whatever
+/// its policy: what DEL releases, and what an ADD of the same attachment gives up when its
+/// addresses or host side change. Read from the same list as [`plan_pod`]'s, so a set a pod
+/// can own is never missed here.
+pub fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
+    pod_elements(addrs, host, Wants::default())
+        .into_iter()
+        .map(|(kind, key, _)| (kind, key))
+        .collect()
+}
+
 /// Plans what one attachment owns.
 pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let owner = OwnerKey::new(pod.network, pod.container_id, pod.ifname);
@@ -461,47 +524,18 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let intercept =
         cfg.metadata.has(EndpointMode::Proxy) && decision.policy == crate::policy::Policy::Proxy;
     let allowed = !meta_on || decision.is_exempt();
-    let mut present = Vec::new();
-    let mut absent = Vec::new();
-    let mut want = |kind: SetKind, key: Key, yes: bool| {
+    let wants = Wants {
+        intercept,
+        masquerade: cfg.masquerade.enabled,
+        logged: meta_on && cfg.metadata.log_denied && !allowed,
+        allowed,
+    };
+    let (mut present, mut absent) = (Vec::new(), Vec::new());
+    for (kind, key, yes) in pod_elements(addrs, pod.host, wants) {
         if yes {
             present.push((kind, key));
         } else {
             absent.push((kind, key));
-        }
-    };
-    for a in addrs {
-        let f = Family::of(a);
-        want(SetKind::Meta(f), Key::Addr(*a), intercept);
-        want(SetKind::Masq(f), Key::Addr(*a), cfg.masquerade.enabled);
-        want(SetKind::Cntp(f), Key::Addr(*a), intercept);
-        want(
-            SetKind::Logged(f),
-            Key::Addr(*a),
-            meta_on && cfg.metadata.log_denied && !allowed,
-        );
-        if let Some(h) = &pod.host {
-            want(SetKind::Exempt(f), Key::IfAddr(h.iface, *a), allowed);
-            want(SetKind::Resets(f), Key::IfAddr(h.iface, *a), !allowed);
-            if let Some(port) = h.port {
-                want(SetKind::XAddr(f), Key::Addr(*a), allowed);
-                // Every natguard pod's own address on its own port, exempt or not: what
-                // the pins let through from that port.
-                want(SetKind::XPort(f), Key::IfAddr(port, *a), true);
-            }
-        }
-    }
-    if let Some(HostSide {
-        port: Some(port),
-        mac,
-        ..
-    }) = pod.host
-    {
-        want(SetKind::Ports, Key::Iface(port), true);
-        if let Some(mac) = mac {
-            let pin = allowed && !addrs.is_empty();
-            want(SetKind::XMac, Key::Mac(mac), pin);
-            want(SetKind::XPortMac, Key::IfMac(port, mac), !addrs.is_empty());
         }
     }
     PodPlan {

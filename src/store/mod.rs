@@ -37,8 +37,7 @@ use crate::kernel::conntrack::{FlushReport, Path};
 use crate::kernel::{Batch, Kernel, Op, SetRef};
 use crate::lock::Lock;
 use crate::plan::{
-    self, Family, HostSide, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan,
-    TableFamily,
+    self, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan, TableFamily,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -61,42 +60,6 @@ fn set_ref(names: &NetNames, kind: SetKind) -> SetRef {
 }
 
 /// Every (set, key) an attachment with these addresses and this host side can own.
-fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
-    let mut out = Vec::new();
-    for a in addrs {
-        let f = Family::of(a);
-        for kind in [
-            SetKind::Meta(f),
-            SetKind::Masq(f),
-            SetKind::Cntp(f),
-            SetKind::Logged(f),
-        ] {
-            out.push((kind, Key::Addr(*a)));
-        }
-        if let Some(h) = host {
-            out.push((SetKind::Exempt(f), Key::IfAddr(h.iface, *a)));
-            out.push((SetKind::Resets(f), Key::IfAddr(h.iface, *a)));
-            if let Some(port) = h.port {
-                out.push((SetKind::XAddr(f), Key::Addr(*a)));
-                out.push((SetKind::XPort(f), Key::IfAddr(port, *a)));
-            }
-        }
-    }
-    if let Some(HostSide {
-        port: Some(port),
-        mac,
-        ..
-    }) = host
-    {
-        out.push((SetKind::Ports, Key::Iface(port)));
-        if let Some(m) = mac {
-            out.push((SetKind::XMac, Key::Mac(m)));
-            out.push((SetKind::XPortMac, Key::IfMac(port, m)));
-        }
-    }
-    out
-}
-
 fn owners_of(comment: Option<&str>) -> Vec<OwnerKey> {
     plan::owners_from_comment(comment.unwrap_or(""))
 }
@@ -662,7 +625,7 @@ fn stage_pod<K: Kernel>(
     let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
     let old_host = old_att.as_ref().and_then(|a| a.host());
     let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
-    let mut release = owned_keys(&old_addrs, old_host);
+    let mut release = plan::owned_keys(&old_addrs, old_host);
     release.extend(pod.absent.iter().copied());
     for (kind, key) in release {
         if !wanted.contains(&(kind, key)) {
@@ -787,7 +750,7 @@ fn remove_attachment<K: Kernel>(
         }
     }
     let host = attach.as_ref().and_then(|a| a.host());
-    for (kind, key) in owned_keys(&addrs, host) {
+    for (kind, key) in plan::owned_keys(&addrs, host) {
         leave(v, &set_ref(names, kind), &key, owner)?;
     }
     if let Some(i) = attach.as_ref().and_then(|a| a.iface) {

@@ -6,7 +6,7 @@ use super::check::NFT_TABLE_F_DORMANT;
 use super::*;
 use crate::config::Config;
 use crate::kernel::fake::Fake;
-use crate::plan::{HostSide, NodeFacts, PodRef};
+use crate::plan::{Family, HostSide, NodeFacts, PodRef};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 const NET: &str = "net1";
@@ -695,8 +695,9 @@ fn another_networks_converge_keeps_this_networks_allowed_interfaces() {
     assert_eq!(own, vec![Key::Iface(ifn("dock0"))], "alpha's own record");
 }
 
-/// What DEL removes of a pod (`owned_keys`) covers every set the catalogue says pods own: a
-/// new owned set missed there would leak at DEL.
+/// What DEL removes of a pod (`plan::owned_keys`) covers every set the catalogue says pods
+/// own, and every element any policy's ADD would own or give up: a new owned set missed there
+/// would leak at DEL.
 #[test]
 fn del_finds_an_element_in_every_owned_set() {
     let host = HostSide {
@@ -705,7 +706,7 @@ fn del_finds_an_element_in_every_owned_set() {
         mac: Some([2, 0, 0, 0, 0, 1]),
     };
     let addrs: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap(), "fd00:1::5".parse().unwrap()];
-    let keys = owned_keys(&addrs, Some(host));
+    let keys = plan::owned_keys(&addrs, Some(host));
     for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
         assert!(
             keys.iter().any(|(k, _)| *k == kind),
@@ -715,5 +716,42 @@ fn del_finds_an_element_in_every_owned_set() {
     }
     for (kind, _) in &keys {
         assert!(kind.is_owned(), "{} is not an owned set", kind.suffix());
+    }
+    // Whatever the policy, an ADD's elements (wanted or given up) are exactly what DEL finds.
+    let mut cfgs = vec![Config::default(), exempt_cfg()];
+    let mut c = Config::default();
+    c.metadata.mode = crate::config::MetadataMode::Off;
+    cfgs.push(c);
+    let mut c = Config::default();
+    c.metadata.mode = crate::config::MetadataMode::Deny;
+    cfgs.push(c);
+    let mut c = Config::default();
+    c.masquerade.enabled = false;
+    c.metadata.log_denied = true;
+    cfgs.push(c);
+    let mut c = exempt_cfg();
+    c.metadata.log_denied = true;
+    cfgs.push(c);
+    let want: HashSet<(SetKind, Key)> = keys.iter().copied().collect();
+    for (i, cfg) in cfgs.iter().enumerate() {
+        for ns in ["default", "kube-system"] {
+            let r = PodRef {
+                network: NET,
+                container_id: "x",
+                ifname: "eth0",
+                namespace: Some(ns),
+                pod_name: Some("x"),
+                netns: "/run/netns/live",
+                annotations: Default::default(),
+                host: Some(host),
+            };
+            let p = plan::plan_pod(cfg, &r, &addrs);
+            let got: HashSet<(SetKind, Key)> = p.present.iter().chain(&p.absent).copied().collect();
+            assert_eq!(got, want, "config {i}, namespace {ns}");
+            assert!(
+                p.present.iter().all(|e| !p.absent.contains(e)),
+                "config {i}, namespace {ns}: an element both wanted and given up"
+            );
+        }
     }
 }
