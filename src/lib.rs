@@ -30,6 +30,7 @@ pub mod cni;
 pub mod config;
 pub(crate) mod ctpass;
 pub mod error;
+pub(crate) mod fsutil;
 pub(crate) mod ifname;
 pub mod kernel;
 pub mod lock;
