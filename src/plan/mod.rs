@@ -9,9 +9,11 @@
 //! sets ([`names`]), so networks with different configs never clobber each other. What a
 //! network's pods share (chains, rules, the CIDR and metadata sets) is written when it differs
 //! from the plan; what a pod owns is only set elements, each naming its owners ([`record`]):
-//! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) or
-//!   `NET-exempt4/6` (exempt, keyed by interface and address), each element listing every attachment that owns it, so
-//!   "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone;
+//! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) and the
+//!   node-wide guard's sets (`exempt4/6` keyed by interface and address, `resets4/6`, and the
+//!   bridge table's `xaddr`, `xport` and `xmac` sets), each element listing every attachment
+//!   that owns it, so "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone; which sets those are
+//!   is read from one list ([`owned_keys`]), for ADD and DEL alike;
 //! - one element in `NET-pods`, keyed by the attachment's [`OwnerKey`], whose comment records the
 //!   pod's addresses: DEL and GC find everything a pod owns from that key alone.
 //!
@@ -760,13 +762,13 @@ impl Elem {
 pub enum Key {
     /// An address (the address sets).
     Addr(IpAddr),
-    /// A port (the metadata port set).
+    /// A port (a port set; none is in use, the metadata ports are paired with addresses).
     Port(u16),
     /// An attachment (the `NET-pods` and `NET-att` sets).
     Owner(OwnerKey),
     /// An interface (`NET-ifs`, `ports`, `allowedifs`).
     Iface(IfName),
-    /// An interface and an address (`NET-exempt4/6`, `NET-xport4/6`).
+    /// An interface and an address (`exempt4/6`, `resets4/6`, `xport4/6`).
     IfAddr(IfName, IpAddr),
     /// An address and a port (`NET-pxy4/6`, `NET-mproxy4/6`, `NET-mguard4/6`, `guarded4/6`,
     /// `proxies4/6`).

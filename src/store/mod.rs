@@ -27,9 +27,8 @@
 
 mod check;
 pub use check::Installation;
-mod verified;
-
 /// The file next to the node lock that records which networks were last found intact.
+mod verified;
 mod view;
 
 use crate::error::{Error, Result};
