@@ -36,7 +36,6 @@
 use crate::error::Result;
 use crate::kernel::conntrack::{FlushReport, Path};
 use std::fs;
-use std::io::Write as _;
 use std::net::IpAddr;
 use std::path::{Path as FsPath, PathBuf};
 use std::time::Duration;
@@ -332,14 +331,14 @@ impl Requester {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
+        // The dot-file is named for this process too, so a pass removes it if the process dies.
         let partial = dir.join(format!(".{}", self.name()));
-        let done = fs::File::create(&partial)
-            .and_then(|mut f| f.write_all(r.encode().as_bytes()))
-            .and_then(|()| fs::rename(&partial, self.file(dir)));
-        if done.is_err() {
-            let _ = fs::remove_file(&partial);
-        }
-        done
+        crate::fsutil::replace(
+            &self.file(dir),
+            &partial,
+            r.encode().as_bytes(),
+            crate::fsutil::How::mode(0o644),
+        )
     }
 
     fn file(&self, dir: &FsPath) -> PathBuf {

@@ -19,8 +19,9 @@
 //!   network, namespace and `natguard.io/` annotations;
 //! - [`config`] (natguard's own sections), `addr` (address arithmetic and the rules for a pod's
 //!   address), `ifname` (interface names as the kernel stores them), [`node`] (facts looked up
-//!   before planning), `sys` (the kernel's small procfs and sysfs files), [`lock`] (the node lock with its deadline), [`log`] (levels, rotation,
-//!   never blocking), [`error`] (one error type and its CNI codes).
+//!   before planning), `sys` (the kernel's small procfs and sysfs files), `fsutil` (the one
+//!   atomic file write), [`lock`] (the node lock with its deadline), [`log`] (levels,
+//!   rotation, never blocking), [`error`] (one error type and its CNI codes).
 //!
 //! `main.rs` only dispatches. What tests and the fuzzer need is `pub`; the rest is `pub(crate)`.
 
@@ -30,6 +31,7 @@ pub mod cni;
 pub mod config;
 pub(crate) mod ctpass;
 pub mod error;
+pub(crate) mod fsutil;
 pub(crate) mod ifname;
 pub mod kernel;
 pub mod lock;

@@ -437,9 +437,14 @@ mod tests {
         let link = d.join("link");
         std::os::unix::fs::symlink(&target, &link).unwrap();
         let fifo = d.join("fifo");
-        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
         for (p, needle) in [
             (&dir, "directory"),
             (&link, "symbolic link"),

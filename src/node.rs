@@ -5,8 +5,8 @@
 //!   `RTN_LOCAL` for an address of the node), so the cost does not grow with the node's
 //!   interfaces: a node with a hundred pods has a hundred veths. An address the kernel does not
 //!   deliver locally (on an interface that is down, or still tentative in IPv6's duplicate
-//!   address detection) is not the node's yet. Without an rtnetlink socket, every interface's
-//!   addresses are listed instead (`getifaddrs`).
+//!   address detection) is not the node's yet. Where a route lookup fails, every interface's
+//!   addresses are listed instead (one rtnetlink address dump, what `getifaddrs` sends).
 //! - Where a pod's packets enter the node: the node-side peer of the pod's veth, told by the
 //!   kernel (interface indexes over rtnetlink), and the bridge that veth is a port of. The
 //!   host-side interfaces the primary plugin reports in prevResult are only checked against
@@ -82,38 +82,12 @@ pub fn own_among(addrs: &[IpAddr]) -> Vec<IpAddr> {
     own
 }
 
-/// Every address configured on an interface of the calling thread's network namespace.
+/// Every address configured on an interface of the calling thread's network namespace (none
+/// when rtnetlink cannot list them).
 fn own_addresses() -> Vec<IpAddr> {
-    let mut out = Vec::new();
-    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we walk read-only and free once.
-    unsafe {
-        if libc::getifaddrs(&mut head) != 0 {
-            return out;
-        }
-        let mut cur = head;
-        while !cur.is_null() {
-            let sa = (*cur).ifa_addr;
-            if !sa.is_null() {
-                match (*sa).sa_family as libc::c_int {
-                    libc::AF_INET => {
-                        let sin = &*(sa as *const libc::sockaddr_in);
-                        out.push(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                            sin.sin_addr.s_addr,
-                        ))));
-                    }
-                    libc::AF_INET6 => {
-                        let sin6 = &*(sa as *const libc::sockaddr_in6);
-                        out.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
-                    }
-                    _ => {}
-                }
-            }
-            cur = (*cur).ifa_next;
-        }
-        libc::freeifaddrs(head);
-    }
-    out
+    link::Links::open()
+        .and_then(|mut l| l.addresses())
+        .unwrap_or_default()
 }
 
 /// Where a pod's packets enter the node, established from the kernel, not from the primary

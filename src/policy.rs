@@ -463,22 +463,22 @@ mod tests {
         // deny in a proxy network: neither DNATed nor exempt, recorded.
         let p = plan("default", Some(Request::Deny));
         assert!(
-            p.absent.contains(&meta) && !has(&p, SetKind::Allow),
+            p.absent.contains(&meta) && !has(&p, SetKind::Exempt),
             "{p:?}"
         );
-        assert!(!has(&p, SetKind::CountProxied));
+        assert!(!has(&p, SetKind::Cntp));
         assert_eq!(policy_from_comment(&p.comment), Some("deny"));
         assert_eq!(who_from_comment(&p.comment), "default/p");
         // proxy in an exempt namespace: intercepted, not exempt.
         let p = plan("kube-system", Some(Request::Proxy));
         assert!(
-            p.present.contains(&meta) && !has(&p, SetKind::Allow),
+            p.present.contains(&meta) && !has(&p, SetKind::Exempt),
             "{p:?}"
         );
         assert_eq!(policy_from_comment(&p.comment), Some("proxy"));
         // No annotation: as before, nothing recorded.
         let p = plan("kube-system", None);
-        assert!(has(&p, SetKind::Allow) && p.absent.contains(&meta));
+        assert!(has(&p, SetKind::Exempt) && p.absent.contains(&meta));
         assert_eq!(policy_from_comment(&p.comment), None);
         assert_eq!(p.comment, "10.1.0.5 kube-system/p cid=cid if=eth0");
     }

@@ -35,6 +35,7 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
+/// Where runtimes look for network configs unless configured otherwise.
 pub const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
 /// Cache files larger than this are not results.
 const MAX_CACHE_FILE: u64 = 1 << 20;

@@ -142,7 +142,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
         warn!(
             "no host side of {} was established: the pod's metadata traffic is judged by its addresses only{}",
             env.ifname,
-            if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Allow(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
+            if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Exempt(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
         );
     }
     let mut store = store::open()?;

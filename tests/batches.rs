@@ -152,7 +152,7 @@ fn gc_of_stale_attachments(test: &str, stale: u32) {
             "meta {fam:?}"
         );
         assert_eq!(
-            addrs_of(&ns, SetKind::Allow(fam)),
+            addrs_of(&ns, SetKind::Exempt(fam)),
             kept_addrs(&|p| p.exempt(), fam),
             "allow {fam:?}"
         );
@@ -253,7 +253,7 @@ fn long_config_lists_work_up_to_the_limit_and_are_refused_above_it() {
     let c = cfg(json!({ "metadata": { "ports": ports } }));
     add(&ns, &c, &pod("port", 1)).succeeded();
     // Each port is one pair with each address: 1024 of the IPv4 metadata address's.
-    let have: BTreeSet<u16> = elements(&ns, SetKind::MetaDst(Family::V4))
+    let have: BTreeSet<u16> = elements(&ns, SetKind::MProxy(Family::V4))
         .iter()
         .filter_map(|k| match k {
             Key::AddrPort(_, p) => Some(*p),

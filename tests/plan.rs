@@ -432,7 +432,7 @@ fn missing_ipv6_proxy_fails_closed_with_a_warning() {
         assert_eq!(last.action, Action::RejectTcpReset, "{f:?}");
         assert!(judge.iter().any(|r| r.action == Action::Return
             && r.matches
-                .contains(&plan::Match::IifSaddrIn(f, SetKind::Allow(f)))));
+                .contains(&plan::Match::IifSaddrIn(f, SetKind::Exempt(f)))));
     }
 }
 
@@ -560,7 +560,7 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
             );
             let allowed = Key::IfAddr(IfName::new("veth-c").unwrap(), *ip);
             assert_eq!(
-                p.present.contains(&(SetKind::Allow(f), allowed)),
+                p.present.contains(&(SetKind::Exempt(f), allowed)),
                 exempt,
                 "{ns:?} {ip}: exemption is bound to the pod's interface"
             );

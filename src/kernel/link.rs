@@ -2,7 +2,8 @@
 //! is a port of (`RTM_GETLINK`), the interface a route to an address leaves by
 //! (`RTM_GETROUTE`), for primary plugins that report no host-side interface, and whether an
 //! address is the node's own (the same route lookup, answered with a route of type
-//! `RTN_LOCAL`: one lookup per address, whatever the number of interfaces). Asked over netlink
+//! `RTN_LOCAL`: one lookup per address, whatever the number of interfaces), or, where that
+//! lookup fails, every address of every interface (an `RTM_GETADDR` dump). Asked over netlink
 //! rather than read from /sys, because /sys shows the namespace it was mounted in, not
 //! necessarily the caller's. One [`Links`] socket answers every lookup of an ADD, each reply
 //! awaited at most [`REPLY_DEADLINE`].
@@ -15,6 +16,13 @@ const RTM_GETLINK: u16 = 18;
 const RTM_NEWLINK: u16 = 16;
 const RTM_GETROUTE: u16 = 26;
 const RTM_NEWROUTE: u16 = 24;
+const RTM_GETADDR: u16 = 22;
+const RTM_NEWADDR: u16 = 20;
+/// `struct ifaddrmsg`: family, prefix length, flags, scope, index.
+const IFADDRMSG_LEN: usize = 8;
+const IFA_ADDRESS: u16 = 1;
+/// The interface's own address where `IFA_ADDRESS` is a point-to-point link's peer.
+const IFA_LOCAL: u16 = 2;
 const RTMSG_LEN: usize = 12;
 /// `rtm_type`'s offset in `struct rtmsg`, and the type of a route to one of the node's addresses.
 const RTM_TYPE_OFFSET: usize = 7;
@@ -90,6 +98,37 @@ fn getroute_request(b: &mut MsgBuf, addr: std::net::IpAddr) {
     b.bytes(&rtmsg);
     b.attr(RTA_DST, &bytes);
     b.end();
+}
+
+/// An `RTM_GETADDR` dump of every address of every interface, both families.
+fn getaddr_dump_request(b: &mut MsgBuf) {
+    b.begin_header(RTM_GETADDR, super::netlink::NLM_F_DUMP);
+    b.bytes(&[0u8; IFADDRMSG_LEN]); // AF_UNSPEC
+    b.end();
+}
+
+/// The addresses an `RTM_GETADDR` dump lists: each interface's own (`IFA_LOCAL` where there
+/// is one, `IFA_ADDRESS` otherwise), as `getifaddrs` reports them.
+fn addr_replies(msgs: &[Msg]) -> Vec<std::net::IpAddr> {
+    let mut out = Vec::new();
+    for m in msgs.iter().filter(|m| m.msg_type == RTM_NEWADDR) {
+        let Some(&family) = m.body.first() else {
+            continue;
+        };
+        let attrs = Attrs::new(m.body.get(IFADDRMSG_LEN..).unwrap_or(&[]));
+        let Some(a) = attrs.get(IFA_LOCAL).or_else(|| attrs.get(IFA_ADDRESS)) else {
+            continue;
+        };
+        let addr = match (family as libc::c_int, a.payload.len()) {
+            (libc::AF_INET, 4) => std::net::IpAddr::from(<[u8; 4]>::try_from(a.payload).unwrap()),
+            (libc::AF_INET6, 16) => {
+                std::net::IpAddr::from(<[u8; 16]>::try_from(a.payload).unwrap())
+            }
+            _ => continue,
+        };
+        out.push(addr);
+    }
+    out
 }
 
 /// The interface index in attribute `ty` of a reply body, by name.
@@ -180,6 +219,14 @@ impl Links {
         }
     }
 
+    /// Every address configured on an interface of this namespace, up or not.
+    pub fn addresses(&mut self) -> Result<Vec<std::net::IpAddr>> {
+        let mut b = self.sock.msgbuf();
+        getaddr_dump_request(&mut b);
+        let msgs = self.sock.request(&b, "list the interfaces' addresses")?;
+        Ok(addr_replies(&msgs))
+    }
+
     /// Looks `name` up; `None` when there is no such interface.
     pub fn link(&mut self, name: &str) -> Result<Option<Link>> {
         let mut b = self.sock.msgbuf();
@@ -212,15 +259,17 @@ impl Links {
     }
 }
 
+/// `if_indextoname`: `SIOCGIFNAME` on a socket of the calling thread's network namespace.
 fn index_to_name(index: u32) -> Option<String> {
-    let mut buf = [0u8; libc::IF_NAMESIZE];
-    // SAFETY: the buffer holds IF_NAMESIZE bytes, as if_indextoname requires.
-    let p = unsafe { libc::if_indextoname(index, buf.as_mut_ptr() as *mut libc::c_char) };
-    if p.is_null() {
-        return None;
-    }
-    let end = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
-    String::from_utf8(buf[..end].to_vec()).ok()
+    use rustix::net::{netdevice, socket_with, AddressFamily, SocketFlags, SocketType};
+    let s = socket_with(
+        AddressFamily::UNIX,
+        SocketType::DGRAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .ok()?;
+    netdevice::index_to_name(&s, index).ok()
 }
 
 #[cfg(test)]
@@ -363,5 +412,53 @@ mod tests {
         };
         assert!(l.is_local("127.0.0.1".parse().unwrap()).unwrap());
         assert!(!l.is_local("192.0.2.77".parse().unwrap()).unwrap());
+    }
+
+    #[test]
+    fn an_address_dump_gives_each_interface_s_own_address() {
+        let addr = |family: u8, attrs: &dyn Fn(&mut MsgBuf)| {
+            let mut b = MsgBuf::new(1);
+            b.begin_header(RTM_NEWADDR, 0);
+            let mut ifa = [0u8; IFADDRMSG_LEN];
+            ifa[0] = family;
+            b.bytes(&ifa);
+            attrs(&mut b);
+            b.end();
+            parse_msgs(b.as_bytes())
+        };
+        let mut msgs = addr(libc::AF_INET as u8, &|b| {
+            b.attr(IFA_ADDRESS, &[10, 0, 0, 1])
+        });
+        // Point to point: IFA_ADDRESS is the peer, IFA_LOCAL the interface's own.
+        msgs.extend(addr(libc::AF_INET as u8, &|b| {
+            b.attr(IFA_ADDRESS, &[10, 9, 9, 9]);
+            b.attr(IFA_LOCAL, &[10, 0, 0, 2]);
+        }));
+        let v6: std::net::Ipv6Addr = "fd00::1".parse().unwrap();
+        msgs.extend(addr(libc::AF_INET6 as u8, &|b| {
+            b.attr(IFA_ADDRESS, &v6.octets())
+        }));
+        // A length that does not fit the family, and a message of another type, are skipped.
+        msgs.extend(addr(libc::AF_INET as u8, &|b| {
+            b.attr(IFA_ADDRESS, &v6.octets())
+        }));
+        msgs.extend(reply(RTM_NEWROUTE, RTMSG_LEN, &|_| {}));
+        let want: Vec<std::net::IpAddr> = vec![
+            "10.0.0.1".parse().unwrap(),
+            "10.0.0.2".parse().unwrap(),
+            v6.into(),
+        ];
+        assert_eq!(addr_replies(&msgs), want);
+    }
+
+    /// The kernel's dump lists the loopback address, which every namespace's `lo` has.
+    #[test]
+    fn the_kernel_lists_the_loopback_address() {
+        let Ok(mut l) = Links::open() else {
+            panic!("no rtnetlink socket")
+        };
+        let all = l.addresses().unwrap();
+        assert!(all.contains(&"127.0.0.1".parse().unwrap()), "{all:?}");
+        assert!(!all.contains(&"192.0.2.77".parse().unwrap()), "{all:?}");
     }
 }

@@ -5,7 +5,9 @@
 //!   rules and sets, and the only place that knows the kernel's numbers for them.
 //! - `nft`: one transaction per invocation, and the reads that CHECK, DEL, GC and `status` need.
 //! - [`conntrack`]: ctnetlink deletes of a pod's flows.
-//! - `link`: rtnetlink facts about an interface (bridge, bridge port).
+//! - `link`: rtnetlink facts: an interface's bridge and ports, a veth's peer, the route to an
+//!   address, whether an address is the node's own, every address of the namespace.
+//! - `podside`: the pod's own interface, read from inside its network namespace.
 //! - [`monitor`]: nf_tables change notifications, told apart by writer (`install --watch`).
 //!
 //! `lower` and `nft` are public only so root tests can check nfnetlink's reply semantics on

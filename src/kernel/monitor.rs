@@ -189,8 +189,8 @@ impl Monitor {
     }
 
     /// The descriptor to poll for reading.
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        std::os::fd::AsRawFd::as_raw_fd(&self.sock)
+    pub fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.sock.as_fd()
     }
 
     /// Reads everything queued now (never blocks) and returns the strongest verdict. An

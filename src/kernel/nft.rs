@@ -4,9 +4,14 @@
 //! one `sendmsg` and reads the outcome from the kernel's replies (one ACK on the last message,
 //! an error for any message that fails; see `netlink`), so a transaction lands whole or not at
 //! all, and its outcome is never guessed. A set's elements may span several messages of the
-//! batch (`lower::set_elems`). Idempotency lives in the batch: "make sure element E exists with
-//! comment C" is add, delete, add; "make sure E is absent" is add, delete. Neither needs to
-//! know the current state, and neither can fail with EEXIST or ENOENT.
+//! batch (`lower::set_elems`). Element changes are built from what the store read under the
+//! node lock in this invocation: an element read as absent is added exclusively
+//! ([`Tx::add_elem`], `NLM_F_EXCL`), one read as present is deleted ([`Tx::delete_elem`]) or
+//! replaced ([`Tx::ensure_elem`]: add, delete, add, which holds whatever the state). The add
+//! and the delete are one message each and leave the kernel nothing to free after a grace
+//! period; they would fail with EEXIST or ENOENT if the read were wrong, but the batch carries
+//! the generation of that read (below), so whenever anyone committed since, the kernel refuses
+//! the batch with `ERESTART` first and the verb reads again.
 //!
 //! Generations: [`generation`] reads the namespace's nf_tables generation (`NFT_MSG_GETGEN`);
 //! a read-modify-write reads it before its first read and [`Tx::new`] sends it in the batch's

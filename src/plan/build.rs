@@ -70,7 +70,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 vec![
                     Match::NfProto(f),
                     Match::IsTcp,
-                    Match::ToIn(f, SetKind::MetaDests(f)),
+                    Match::ToIn(f, SetKind::Guarded(f)),
                 ],
                 Action::Goto(ChainKind::Judge(f)),
                 None,
@@ -80,7 +80,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 // No family match: the ct key of one family breaks on a connection of the other.
                 vec![
                     Match::CtDirOriginal,
-                    Match::CtOrigToIn(f, SetKind::MetaDests(f)),
+                    Match::CtOrigToIn(f, SetKind::Guarded(f)),
                 ],
                 Action::Goto(ChainKind::Judge(f)),
                 None,
@@ -99,7 +99,7 @@ fn plan_node_rules() -> Vec<Rule> {
             vec![
                 Match::NfProto(f),
                 Match::IsTcp,
-                Match::ToIn(f, SetKind::MetaDests(f)),
+                Match::ToIn(f, SetKind::Guarded(f)),
                 Match::SaddrNotLocal,
             ],
             Action::RejectTcpReset,
@@ -109,14 +109,14 @@ fn plan_node_rules() -> Vec<Rule> {
         rules.push(rule(judge, vec![Match::IifIs("lo")], Action::Return, None));
         rules.push(rule(
             judge,
-            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Allow(f))],
+            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Exempt(f))],
             Action::Return,
             None,
         ));
         // What an operator allowed explicitly (`metadata.allowInterfaces`; empty by default).
         rules.push(rule(
             judge,
-            vec![Match::IifIn(SetKind::AllowedIfaces)],
+            vec![Match::IifIn(SetKind::AllowedIfs)],
             Action::Return,
             None,
         ));
@@ -132,7 +132,7 @@ fn plan_node_rules() -> Vec<Rule> {
                 Match::ToIn(f, SetKind::Proxies(f)),
                 Match::CtStatusDnat,
                 Match::CtDirOriginal,
-                Match::CtOrigToIn(f, SetKind::MetaDests(f)),
+                Match::CtOrigToIn(f, SetKind::Guarded(f)),
             ],
             Action::Return,
             None,
@@ -142,10 +142,7 @@ fn plan_node_rules() -> Vec<Rule> {
         // interface is never counted against it.
         rules.push(rule(
             judge,
-            vec![
-                Match::NfProto(f),
-                Match::IifSaddrIn(f, SetKind::CountReset(f)),
-            ],
+            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Resets(f))],
             Action::Continue,
             None,
         ));
@@ -188,8 +185,8 @@ fn plan_node_rules() -> Vec<Rule> {
     for f in Family::ALL {
         let mut fast = vec![
             Match::EtherType(EtherProto::Ip(f)),
-            Match::SaddrNotIn(f, SetKind::GuardAddr(f)),
-            Match::EtherSaddrNotIn(SetKind::GuardMac),
+            Match::SaddrNotIn(f, SetKind::XAddr(f)),
+            Match::EtherSaddrNotIn(SetKind::XMac),
         ];
         if f == Family::V6 {
             fast.insert(1, Match::NotIcmpv6);
@@ -223,26 +220,26 @@ fn plan_node_rules() -> Vec<Rule> {
         rules.push(guard(vec![Match::EtherType(tag), Match::VlanIdZero]));
     }
     rules.push(guard(vec![
-        Match::EtherSaddrIn(SetKind::GuardMac),
-        Match::IifEtherSaddrNotIn(SetKind::GuardPortMac),
+        Match::EtherSaddrIn(SetKind::XMac),
+        Match::IifEtherSaddrNotIn(SetKind::XPortMac),
     ]));
     for f in Family::ALL {
         rules.push(guard(vec![
             Match::EtherType(EtherProto::Ip(f)),
-            Match::SaddrIn(f, SetKind::GuardAddr(f)),
-            Match::IifSaddrNotIn(f, SetKind::GuardPort(f)),
+            Match::SaddrIn(f, SetKind::XAddr(f)),
+            Match::IifSaddrNotIn(f, SetKind::XPort(f)),
         ]));
         match f {
             Family::V4 => rules.push(guard(vec![
                 Match::EtherType(EtherProto::Arp),
-                Match::ArpSpaIn(SetKind::GuardAddr(f)),
-                Match::IifArpSpaNotIn(SetKind::GuardPort(f)),
+                Match::ArpSpaIn(SetKind::XAddr(f)),
+                Match::IifArpSpaNotIn(SetKind::XPort(f)),
             ])),
             Family::V6 => rules.push(guard(vec![
                 Match::EtherType(EtherProto::Ip(f)),
                 Match::NeighborAdvert,
-                Match::NdTargetIn(SetKind::GuardAddr(f)),
-                Match::IifNdTargetNotIn(SetKind::GuardPort(f)),
+                Match::NdTargetIn(SetKind::XAddr(f)),
+                Match::IifNdTargetNotIn(SetKind::XPort(f)),
             ])),
         }
     }
@@ -264,7 +261,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
     if cfg.masquerade.enabled {
         rules.push(Rule {
             chain: ChainKind::Dnat,
-            matches: vec![Match::IifIn(SetKind::Ifaces)],
+            matches: vec![Match::IifIn(SetKind::Ifs)],
             action: Action::SetCtLabel(names.label_bit()),
             count: None,
         });
@@ -293,9 +290,9 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         let from = |m: Vec<Match>| {
             let mut v = vec![
                 Match::NfProto(f),
-                Match::IifIn(SetKind::Ifaces),
+                Match::IifIn(SetKind::Ifs),
                 Match::IsTcp,
-                Match::ToIn(f, SetKind::MetaDst(f)),
+                Match::ToIn(f, SetKind::MProxy(f)),
             ];
             v.extend(m);
             v
@@ -309,7 +306,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 // Per pod: the lookup in the counted set bumps the source's element.
                 rules.push(Rule {
                     chain: ChainKind::Dnat,
-                    matches: from(vec![Match::SaddrIn(f, SetKind::CountProxied(f))]),
+                    matches: from(vec![Match::SaddrIn(f, SetKind::Cntp(f))]),
                     action: Action::Continue,
                     count: None,
                 });
@@ -383,18 +380,18 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                         })
                         .collect(),
                 ),
-                SetKind::MetaDst(f) => Some(pairs(f, &[EndpointMode::Proxy])),
-                SetKind::MetaGuard(f) | SetKind::MetaDests(f) => {
+                SetKind::MProxy(f) => Some(pairs(f, &[EndpointMode::Proxy])),
+                SetKind::MGuard(f) | SetKind::Guarded(f) => {
                     Some(pairs(f, &[EndpointMode::Proxy, EndpointMode::Deny]))
                 }
-                SetKind::AllowIfaces | SetKind::AllowedIfaces => Some(
+                SetKind::AllowIfs | SetKind::AllowedIfs => Some(
                     md.allow_interfaces
                         .iter()
                         .filter(|_| meta_on)
                         .map(|i| Elem::Iface(*i))
                         .collect(),
                 ),
-                SetKind::ProxyTarget(f) | SetKind::Proxies(f) => {
+                SetKind::Pxy(f) | SetKind::Proxies(f) => {
                     let proxy = match f {
                         Family::V4 => node.proxy_v4.map(IpAddr::V4),
                         Family::V6 => node.proxy_v6.map(IpAddr::V6),
@@ -452,6 +449,69 @@ pub fn u128_to_ip(f: Family, v: u128) -> IpAddr {
     crate::addr::u128_to_ip(f == Family::V4, v)
 }
 
+/// What a pod's policy asks of the elements it can own.
+#[derive(Debug, Clone, Copy, Default)]
+struct Wants {
+    /// Its metadata traffic is DNATed to the proxy.
+    intercept: bool,
+    /// Its egress is under the masquerade policy.
+    masquerade: bool,
+    /// Its denied attempts are logged.
+    logged: bool,
+    /// It is exempt: the guard lets its metadata traffic through.
+    allowed: bool,
+}
+
+/// Every element an attachment with these addresses and this host side can own, each with
+/// whether `w` wants it. Which elements are listed depends on the addresses and the host side
+/// alone, never on `w`, so [`owned_keys`] finds them all without knowing the policy the pod
+/// was added with.
+fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetKind, Key, bool)> {
+    let mut out = Vec::new();
+    for a in addrs {
+        let f = Family::of(a);
+        out.push((SetKind::Meta(f), Key::Addr(*a), w.intercept));
+        out.push((SetKind::Masq(f), Key::Addr(*a), w.masquerade));
+        out.push((SetKind::Cntp(f), Key::Addr(*a), w.intercept));
+        out.push((SetKind::Logged(f), Key::Addr(*a), w.logged));
+        if let Some(h) = &host {
+            out.push((SetKind::Exempt(f), Key::IfAddr(h.iface, *a), w.allowed));
+            out.push((SetKind::Resets(f), Key::IfAddr(h.iface, *a), !w.allowed));
+            if let Some(port) = h.port {
+                out.push((SetKind::XAddr(f), Key::Addr(*a), w.allowed));
+                // Every natguard pod's own address on its own port, exempt or not: what
+                // the pins let through from that port.
+                out.push((SetKind::XPort(f), Key::IfAddr(port, *a), true));
+            }
+        }
+    }
+    if let Some(HostSide {
+        port: Some(port),
+        mac,
+        ..
+    }) = host
+    {
+        out.push((SetKind::Ports, Key::Iface(port), true));
+        if let Some(mac) = mac {
+            let pin = w.allowed && !addrs.is_empty();
+            out.push((SetKind::XMac, Key::Mac(mac), pin));
+            out.push((SetKind::XPortMac, Key::IfMac(port, mac), !addrs.is_empty()));
+        }
+    }
+    out
+}
+
+/// Every (set, key) an attachment with these addresses and this host side can own, whatever
+/// its policy: what DEL releases, and what an ADD of the same attachment gives up when its
+/// addresses or host side change. Read from the same list as [`plan_pod`]'s, so a set a pod
+/// can own is never missed here.
+pub fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
+    pod_elements(addrs, host, Wants::default())
+        .into_iter()
+        .map(|(kind, key, _)| (kind, key))
+        .collect()
+}
+
 /// Plans what one attachment owns.
 pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let owner = OwnerKey::new(pod.network, pod.container_id, pod.ifname);
@@ -464,51 +524,18 @@ pub fn plan_pod(cfg: &Config, pod: &PodRef<'_>, addrs: &[IpAddr]) -> PodPlan {
     let intercept =
         cfg.metadata.has(EndpointMode::Proxy) && decision.policy == crate::policy::Policy::Proxy;
     let allowed = !meta_on || decision.is_exempt();
-    let mut present = Vec::new();
-    let mut absent = Vec::new();
-    let mut want = |kind: SetKind, key: Key, yes: bool| {
+    let wants = Wants {
+        intercept,
+        masquerade: cfg.masquerade.enabled,
+        logged: meta_on && cfg.metadata.log_denied && !allowed,
+        allowed,
+    };
+    let (mut present, mut absent) = (Vec::new(), Vec::new());
+    for (kind, key, yes) in pod_elements(addrs, pod.host, wants) {
         if yes {
             present.push((kind, key));
         } else {
             absent.push((kind, key));
-        }
-    };
-    for a in addrs {
-        let f = Family::of(a);
-        want(SetKind::Meta(f), Key::Addr(*a), intercept);
-        want(SetKind::Masq(f), Key::Addr(*a), cfg.masquerade.enabled);
-        want(SetKind::CountProxied(f), Key::Addr(*a), intercept);
-        want(
-            SetKind::Logged(f),
-            Key::Addr(*a),
-            meta_on && cfg.metadata.log_denied && !allowed,
-        );
-        if let Some(h) = &pod.host {
-            want(SetKind::Allow(f), Key::IfAddr(h.iface, *a), allowed);
-            want(SetKind::CountReset(f), Key::IfAddr(h.iface, *a), !allowed);
-            if let Some(port) = h.port {
-                want(SetKind::GuardAddr(f), Key::Addr(*a), allowed);
-                // Every natguard pod's own address on its own port, exempt or not: what
-                // the pins let through from that port.
-                want(SetKind::GuardPort(f), Key::IfAddr(port, *a), true);
-            }
-        }
-    }
-    if let Some(HostSide {
-        port: Some(port),
-        mac,
-        ..
-    }) = pod.host
-    {
-        want(SetKind::Ports, Key::Iface(port), true);
-        if let Some(mac) = mac {
-            let pin = allowed && !addrs.is_empty();
-            want(SetKind::GuardMac, Key::Mac(mac), pin);
-            want(
-                SetKind::GuardPortMac,
-                Key::IfMac(port, mac),
-                !addrs.is_empty(),
-            );
         }
     }
     PodPlan {

@@ -9,9 +9,11 @@
 //! sets ([`names`]), so networks with different configs never clobber each other. What a
 //! network's pods share (chains, rules, the CIDR and metadata sets) is written when it differs
 //! from the plan; what a pod owns is only set elements, each naming its owners ([`record`]):
-//! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) or
-//!   `NET-exempt4/6` (exempt, keyed by interface and address), each element listing every attachment that owns it, so
-//!   "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone;
+//! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) and the
+//!   node-wide guard's sets (`exempt4/6` keyed by interface and address, `resets4/6`, and the
+//!   bridge table's `xaddr`, `xport` and `xmac` sets), each element listing every attachment
+//!   that owns it, so "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone; which sets those are
+//!   is read from one list ([`owned_keys`]), for ADD and DEL alike;
 //! - one element in `NET-pods`, keyed by the attachment's [`OwnerKey`], whose comment records the
 //!   pod's addresses: DEL and GC find everything a pod owns from that key alone.
 //!
@@ -232,68 +234,77 @@ pub enum KeyShape {
     IfMac,
 }
 
+/// A kind of set. Each variant is named after its set in the kernel (`nft list ruleset`), where
+/// a per-family kind ends in `4` or `6` and a network's own sets start with `NET-`; its row in
+/// [`SetKind::row`] gives the exact name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetKind {
-    /// Pod addresses whose metadata traffic is intercepted (pods not in an exempt namespace).
+    /// `NET-meta4/6`: pod addresses whose metadata traffic is intercepted (pods not in an
+    /// exempt namespace).
     Meta(Family),
-    /// Pod addresses under the masquerade policy.
+    /// `NET-masq4/6`: pod addresses under the masquerade policy.
     Masq(Family),
-    /// Destinations that keep the pod's source address (interval set).
+    /// `NET-nomasq4/6`: destinations that keep the pod's source address (interval set).
     NoMasq(Family),
-    /// The network's `proxy` endpoints (address . port): what its DNAT redirects.
-    MetaDst(Family),
-    /// The network's `proxy` and `deny` endpoints (address . port): the record from which the
-    /// node-wide [`SetKind::MetaDests`] is derived. `allow` endpoints are in neither.
-    MetaGuard(Family),
-    /// Owner keys of the pods of this network; the comment records the pod's addresses.
+    /// `NET-mproxy4/6`, metadata to proxy: the network's `proxy` endpoints (address . port),
+    /// what its DNAT redirects.
+    MProxy(Family),
+    /// `NET-mguard4/6`, metadata to guard: the network's `proxy` and `deny` endpoints
+    /// (address . port), the record from which the node-wide [`SetKind::Guarded`] is derived.
+    /// `allow` endpoints are in neither.
+    MGuard(Family),
+    /// `NET-pods`: owner keys of the pods of this network; the comment records the pod's
+    /// addresses.
     Pods,
-    /// Owner keys again; the comment records the attachment's host side (interface, bridge
-    /// port, MAC, network namespace), so DEL finds its interface elements and ADD can tell a
-    /// dead attachment from a live one.
-    Attach,
-    /// The host-side interfaces of the network's pods (a routed veth, or the bridge); each
-    /// element counts the pods behind it. The DNAT reads it: a network redirects only what
-    /// enters on its own pods' host sides.
-    Ifaces,
-    /// Intercepted pod addresses again, each element with a counter: connections DNATed to
-    /// the proxy, per pod.
-    CountProxied(Family),
-    /// The network's proxy target (address . port); the record from which the node-wide
-    /// [`SetKind::Proxies`] is derived.
-    ProxyTarget(Family),
-    /// Node-wide: every network's `proxy` and `deny` endpoints (address . port): what the guard
-    /// judges, one lookup per packet.
-    MetaDests(Family),
-    /// The network's `metadata.allowInterfaces`: the record from which the node-wide
-    /// [`SetKind::AllowedIfaces`] is derived.
-    AllowIfaces,
-    /// Node-wide: every network's `metadata.allowInterfaces`, whose metadata TCP the guard lets
-    /// through (containers on a bridge no CNI network manages; empty by default).
-    AllowedIfaces,
-    /// Node-wide: every network's proxy target, the one destination a connection first headed
-    /// for a metadata address may have been sent to.
+    /// `NET-att`, attachments: owner keys again; the comment records the attachment's host side
+    /// (interface, bridge port, MAC, network namespace), so DEL finds its interface elements
+    /// and ADD can tell a dead attachment from a live one.
+    Att,
+    /// `NET-ifs`, interfaces: the host sides of the network's pods (a routed veth, or the
+    /// bridge); each element counts the pods behind it. The DNAT reads it: a network redirects
+    /// only what enters on its own pods' host sides.
+    Ifs,
+    /// `NET-cntp4/6`, counted proxied: intercepted pod addresses again, each element with a
+    /// counter: connections DNATed to the proxy, per pod.
+    Cntp(Family),
+    /// `NET-pxy4/6`, proxy: the network's proxy target (address . port), the record from which
+    /// the node-wide [`SetKind::Proxies`] is derived.
+    Pxy(Family),
+    /// `guarded4/6`, node-wide: every network's `proxy` and `deny` endpoints (address . port):
+    /// what the guard judges, one lookup per packet.
+    Guarded(Family),
+    /// `NET-allowifs`: the network's `metadata.allowInterfaces`, the record from which the
+    /// node-wide [`SetKind::AllowedIfs`] is derived.
+    AllowIfs,
+    /// `allowedifs`, node-wide: every network's `metadata.allowInterfaces`, whose metadata TCP
+    /// the guard lets through (containers on a bridge no CNI network manages; empty by
+    /// default).
+    AllowedIfs,
+    /// `proxies4/6`, node-wide: every network's proxy target, the one destination a connection
+    /// first headed for a metadata address may have been sent to.
     Proxies(Family),
-    /// Node-wide: `iifname . saddr` of exempt pods: an address is exempt only on packets that
-    /// enter through that pod's own host-side interface.
-    Allow(Family),
-    /// Node-wide: `iifname . saddr` of every pod, each element with a counter: metadata
-    /// attempts reset, counted by the interface the packet came in on and its source.
-    CountReset(Family),
-    /// Node-wide: addresses of pods whose network logs denied attempts (`logDenied`).
+    /// `exempt4/6`, node-wide: `iifname . saddr` of exempt pods: an address is exempt only on
+    /// packets that enter through that pod's own host-side interface.
+    Exempt(Family),
+    /// `resets4/6`, node-wide: `iifname . saddr` of every pod, each element with a counter:
+    /// metadata attempts reset, counted by the interface the packet came in on and its source.
+    Resets(Family),
+    /// `logged4/6`, node-wide: addresses of pods whose network logs denied attempts
+    /// (`logDenied`).
     Logged(Family),
-    /// Node-wide, bridge table: the bridge ports of natguard's pods.
+    /// `ports`, node-wide, bridge table: the bridge ports of natguard's pods.
     Ports,
-    /// Node-wide, bridge table: exempt pods' addresses.
-    GuardAddr(Family),
-    /// Node-wide, bridge table: `iifname . saddr` of every natguard pod on a bridge, exempt or
-    /// not: the port each pod's address belongs to, which alone may claim it where it is an
-    /// exempt address.
-    GuardPort(Family),
-    /// Node-wide, bridge table: exempt pods' MACs.
-    GuardMac,
-    /// Node-wide, bridge table: `iifname . ether saddr` of every natguard pod on a bridge whose
-    /// MAC is known: the port each MAC belongs to.
-    GuardPortMac,
+    /// `xaddr4/6`, node-wide, bridge table: exempt pods' addresses (x for exempt).
+    XAddr(Family),
+    /// `xport4/6`, node-wide, bridge table: `iifname . saddr` of every natguard pod on a bridge,
+    /// exempt or not: the port each pod's address belongs to, which alone may claim it where it
+    /// is an exempt address.
+    XPort(Family),
+    /// `xmac`, node-wide, bridge table: exempt pods' MACs.
+    XMac,
+    /// `xportmac`, node-wide, bridge table: `iifname . ether saddr` of every natguard pod on a
+    /// bridge whose MAC is known: the port each MAC belongs to.
+    XPortMac,
 }
 
 /// Where a set lives: one per network (named `NET-…`), or one for the node.
@@ -373,12 +384,12 @@ impl SetKind {
         match self {
             // The network's pods: records keyed by the owner key.
             SetKind::Pods => r("pods", None, Inet, Network, Record, n),
-            SetKind::Attach => r("att", None, Inet, Network, Record, n),
-            SetKind::Ifaces => r("ifs", None, Inet, Network, Record, n),
+            SetKind::Att => r("att", None, Inet, Network, Record, n),
+            SetKind::Ifs => r("ifs", None, Inet, Network, Record, n),
             // The network's pods' addresses.
             SetKind::Meta(f) => r("meta", Some(f), Inet, Network, Owned, KeyShape::Addr(f)),
             SetKind::Masq(f) => r("masq", Some(f), Inet, Network, Owned, KeyShape::Addr(f)),
-            SetKind::CountProxied(f) => {
+            SetKind::Cntp(f) => {
                 counted(r("cntp", Some(f), Inet, Network, Owned, KeyShape::Addr(f)))
             }
             // The network's config.
@@ -390,7 +401,7 @@ impl SetKind {
                 Config,
                 KeyShape::Addr(f),
             )),
-            SetKind::MetaDst(f) => r(
+            SetKind::MProxy(f) => r(
                 "mproxy",
                 Some(f),
                 Inet,
@@ -398,7 +409,7 @@ impl SetKind {
                 Config,
                 KeyShape::AddrPort(f),
             ),
-            SetKind::MetaGuard(f) => r(
+            SetKind::MGuard(f) => r(
                 "mguard",
                 Some(f),
                 Inet,
@@ -406,17 +417,15 @@ impl SetKind {
                 Config,
                 KeyShape::AddrPort(f),
             ),
-            SetKind::ProxyTarget(f) => {
-                r("pxy", Some(f), Inet, Network, Config, KeyShape::AddrPort(f))
-            }
-            SetKind::AllowIfaces => r("allowifs", None, Inet, Network, Config, n),
+            SetKind::Pxy(f) => r("pxy", Some(f), Inet, Network, Config, KeyShape::AddrPort(f)),
+            SetKind::AllowIfs => r("allowifs", None, Inet, Network, Config, n),
             // The node's unions of the networks' config.
-            SetKind::MetaDests(f) => r(
+            SetKind::Guarded(f) => r(
                 "guarded",
                 Some(f),
                 Inet,
                 Node,
-                Union(SetKind::MetaGuard(f)),
+                Union(SetKind::MGuard(f)),
                 KeyShape::AddrPort(f),
             ),
             SetKind::Proxies(f) => r(
@@ -424,28 +433,21 @@ impl SetKind {
                 Some(f),
                 Inet,
                 Node,
-                Union(SetKind::ProxyTarget(f)),
+                Union(SetKind::Pxy(f)),
                 KeyShape::AddrPort(f),
             ),
-            SetKind::AllowedIfaces => r(
-                "allowedifs",
-                None,
-                Inet,
-                Node,
-                Union(SetKind::AllowIfaces),
-                n,
-            ),
+            SetKind::AllowedIfs => r("allowedifs", None, Inet, Node, Union(SetKind::AllowIfs), n),
             // The node's guard: every network's pods.
-            SetKind::Allow(f) => r("exempt", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)),
-            SetKind::CountReset(f) => {
+            SetKind::Exempt(f) => r("exempt", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)),
+            SetKind::Resets(f) => {
                 counted(r("resets", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)))
             }
             SetKind::Logged(f) => r("logged", Some(f), Inet, Node, Owned, KeyShape::Addr(f)),
             SetKind::Ports => r("ports", None, Bridge, Node, Owned, n),
-            SetKind::GuardAddr(f) => r("xaddr", Some(f), Bridge, Node, Owned, KeyShape::Addr(f)),
-            SetKind::GuardPort(f) => r("xport", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
-            SetKind::GuardMac => r("xmac", None, Bridge, Node, Owned, KeyShape::Mac),
-            SetKind::GuardPortMac => r("xportmac", None, Bridge, Node, Owned, KeyShape::IfMac),
+            SetKind::XAddr(f) => r("xaddr", Some(f), Bridge, Node, Owned, KeyShape::Addr(f)),
+            SetKind::XPort(f) => r("xport", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
+            SetKind::XMac => r("xmac", None, Bridge, Node, Owned, KeyShape::Mac),
+            SetKind::XPortMac => r("xportmac", None, Bridge, Node, Owned, KeyShape::IfMac),
         }
     }
     /// The set's name in the kernel without the network prefix.
@@ -511,41 +513,41 @@ impl SetKind {
     }
     pub const ALL: [SetKind; 36] = [
         SetKind::Pods,
-        SetKind::Attach,
-        SetKind::Ifaces,
+        SetKind::Att,
+        SetKind::Ifs,
         SetKind::Meta(Family::V4),
         SetKind::Meta(Family::V6),
         SetKind::Masq(Family::V4),
         SetKind::Masq(Family::V6),
-        SetKind::MetaDst(Family::V4),
-        SetKind::MetaDst(Family::V6),
-        SetKind::MetaGuard(Family::V4),
-        SetKind::MetaGuard(Family::V6),
+        SetKind::MProxy(Family::V4),
+        SetKind::MProxy(Family::V6),
+        SetKind::MGuard(Family::V4),
+        SetKind::MGuard(Family::V6),
         SetKind::NoMasq(Family::V4),
         SetKind::NoMasq(Family::V6),
-        SetKind::CountProxied(Family::V4),
-        SetKind::CountProxied(Family::V6),
-        SetKind::ProxyTarget(Family::V4),
-        SetKind::ProxyTarget(Family::V6),
-        SetKind::AllowIfaces,
-        SetKind::MetaDests(Family::V4),
-        SetKind::MetaDests(Family::V6),
+        SetKind::Cntp(Family::V4),
+        SetKind::Cntp(Family::V6),
+        SetKind::Pxy(Family::V4),
+        SetKind::Pxy(Family::V6),
+        SetKind::AllowIfs,
+        SetKind::Guarded(Family::V4),
+        SetKind::Guarded(Family::V6),
         SetKind::Proxies(Family::V4),
         SetKind::Proxies(Family::V6),
-        SetKind::AllowedIfaces,
-        SetKind::Allow(Family::V4),
-        SetKind::Allow(Family::V6),
-        SetKind::CountReset(Family::V4),
-        SetKind::CountReset(Family::V6),
+        SetKind::AllowedIfs,
+        SetKind::Exempt(Family::V4),
+        SetKind::Exempt(Family::V6),
+        SetKind::Resets(Family::V4),
+        SetKind::Resets(Family::V6),
         SetKind::Logged(Family::V4),
         SetKind::Logged(Family::V6),
         SetKind::Ports,
-        SetKind::GuardAddr(Family::V4),
-        SetKind::GuardAddr(Family::V6),
-        SetKind::GuardPort(Family::V4),
-        SetKind::GuardPort(Family::V6),
-        SetKind::GuardMac,
-        SetKind::GuardPortMac,
+        SetKind::XAddr(Family::V4),
+        SetKind::XAddr(Family::V6),
+        SetKind::XPort(Family::V4),
+        SetKind::XPort(Family::V6),
+        SetKind::XMac,
+        SetKind::XPortMac,
     ];
 }
 
@@ -760,13 +762,13 @@ impl Elem {
 pub enum Key {
     /// An address (the address sets).
     Addr(IpAddr),
-    /// A port (the metadata port set).
+    /// A port (a port set; none is in use, the metadata ports are paired with addresses).
     Port(u16),
     /// An attachment (the `NET-pods` and `NET-att` sets).
     Owner(OwnerKey),
     /// An interface (`NET-ifs`, `ports`, `allowedifs`).
     Iface(IfName),
-    /// An interface and an address (`NET-exempt4/6`, `NET-xport4/6`).
+    /// An interface and an address (`exempt4/6`, `resets4/6`, `xport4/6`).
     IfAddr(IfName, IpAddr),
     /// An address and a port (`NET-pxy4/6`, `NET-mproxy4/6`, `NET-mguard4/6`, `guarded4/6`,
     /// `proxies4/6`).

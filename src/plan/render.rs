@@ -268,7 +268,7 @@ pub fn render_mac(m: &[u8; 6]) -> String {
 pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
     let owner = p.owner.hex();
     let mut out = String::new();
-    for (kind, comment) in [(SetKind::Pods, &p.comment), (SetKind::Attach, &p.attach)] {
+    for (kind, comment) in [(SetKind::Pods, &p.comment), (SetKind::Att, &p.attach)] {
         let _ = writeln!(
             out,
             "add element inet {TABLE} {} {{ \"{owner}\" comment \"{comment}\" }}",
@@ -279,7 +279,7 @@ pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
         let _ = writeln!(
             out,
             "# counted: {} {{ \"{}\" }}",
-            names.set(SetKind::Ifaces),
+            names.set(SetKind::Ifs),
             h.iface
         );
     }

@@ -53,7 +53,7 @@ fn comments_keep_addresses_first() {
 #[test]
 fn a_digest_follows_every_element_and_rule() {
     let set = |elems: Vec<Elem>| SetSpec {
-        kind: SetKind::Allow(Family::V4),
+        kind: SetKind::Exempt(Family::V4),
         name: "n-allow4".into(),
         elements: Some(elems),
     };

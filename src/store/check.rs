@@ -154,7 +154,7 @@ impl<K: Kernel> Store<K> {
                 "pod {owner} is recorded with addresses {recorded:?}, prevResult has {want:?}"
             )));
         }
-        let att = set_ref(names, SetKind::Attach);
+        let att = set_ref(names, SetKind::Att);
         let host = self
             .k
             .get(&att, &Key::Owner(pod.owner))?
@@ -208,7 +208,7 @@ impl<K: Kernel> Store<K> {
             }
         }
         if let Some(h) = pod.host {
-            let ifs = set_ref(names, SetKind::Ifaces);
+            let ifs = set_ref(names, SetKind::Ifs);
             if self.k.get(&ifs, &Key::Iface(h.iface))?.is_none() {
                 return Err(Error::CheckFailed(format!(
                     "interface {} is missing from set {}",
@@ -325,7 +325,7 @@ impl<K: Kernel> Store<K> {
         let mut resets: HashMap<(plan::IfName, IpAddr), u64> = HashMap::new();
         let mut logged: HashSet<IpAddr> = HashSet::new();
         for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::CountProxied(f)))? {
+            for e in self.k.dump(&set_ref(&names, SetKind::Cntp(f)))? {
                 match (e.key, e.packets) {
                     (Key::Addr(a), Some(n)) => {
                         proxied.insert(a, n);
@@ -334,7 +334,7 @@ impl<K: Kernel> Store<K> {
                     _ => {}
                 }
             }
-            for e in self.k.dump(&set_ref(&names, SetKind::CountReset(f)))? {
+            for e in self.k.dump(&set_ref(&names, SetKind::Resets(f)))? {
                 match (e.key, e.packets) {
                     (Key::IfAddr(i, a), Some(n)) => {
                         resets.insert((i, a), n);
@@ -350,23 +350,23 @@ impl<K: Kernel> Store<K> {
             }
         }
         // The endpoints the guard judges for this network (`proxy` and `deny`).
-        let mut meta_dst = Vec::new();
-        let mut meta_ports = Vec::new();
+        let mut guarded_addrs = Vec::new();
+        let mut guarded_ports = Vec::new();
         for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::MetaGuard(f)))? {
+            for e in self.k.dump(&set_ref(&names, SetKind::MGuard(f)))? {
                 if let Key::AddrPort(a, p) = e.key {
-                    if !meta_dst.contains(&a) {
-                        meta_dst.push(a);
+                    if !guarded_addrs.contains(&a) {
+                        guarded_addrs.push(a);
                     }
-                    if !meta_ports.contains(&p) {
-                        meta_ports.push(p);
+                    if !guarded_ports.contains(&p) {
+                        guarded_ports.push(p);
                     }
                 }
             }
         }
         let ifaces = self
             .k
-            .dump(&set_ref(&names, SetKind::Ifaces))?
+            .dump(&set_ref(&names, SetKind::Ifs))?
             .into_iter()
             .filter_map(|e| match e.key {
                 Key::Iface(i) => Some((i, plan::iface_pods(e.comment.as_deref().unwrap_or("")))),
@@ -376,7 +376,7 @@ impl<K: Kernel> Store<K> {
         let mut allowed: HashSet<(plan::IfName, IpAddr)> = HashSet::new();
         let mut intercepted: HashSet<IpAddr> = HashSet::new();
         for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::Allow(f)))? {
+            for e in self.k.dump(&set_ref(&names, SetKind::Exempt(f)))? {
                 if let Key::IfAddr(i, a) = e.key {
                     allowed.insert((i, a));
                 }
@@ -389,7 +389,7 @@ impl<K: Kernel> Store<K> {
         }
         let atts: std::collections::HashMap<Key, String> = self
             .k
-            .dump(&set_ref(&names, SetKind::Attach))?
+            .dump(&set_ref(&names, SetKind::Att))?
             .into_iter()
             .map(|e| (e.key, e.comment.unwrap_or_default()))
             .collect();
@@ -442,7 +442,7 @@ impl<K: Kernel> Store<K> {
         });
         let mode = if has_dnat {
             "proxy"
-        } else if !meta_dst.is_empty() {
+        } else if !guarded_addrs.is_empty() {
             "deny"
         } else if chains.iter().any(|(_, _, r)| !r.is_empty()) || !pods.is_empty() {
             "off"
@@ -456,8 +456,8 @@ impl<K: Kernel> Store<K> {
             chains,
             counts,
             per_pod_counters,
-            meta_dst,
-            meta_ports,
+            guarded_addrs,
+            guarded_ports,
             ifaces,
             pods,
         })

@@ -27,9 +27,8 @@
 
 mod check;
 pub use check::Installation;
-mod verified;
-
 /// The file next to the node lock that records which networks were last found intact.
+mod verified;
 mod view;
 
 use crate::error::{Error, Result};
@@ -37,8 +36,7 @@ use crate::kernel::conntrack::{FlushReport, Path};
 use crate::kernel::{Batch, Kernel, Op, SetRef};
 use crate::lock::Lock;
 use crate::plan::{
-    self, Family, HostSide, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan,
-    TableFamily,
+    self, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan, TableFamily,
 };
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -61,42 +59,6 @@ fn set_ref(names: &NetNames, kind: SetKind) -> SetRef {
 }
 
 /// Every (set, key) an attachment with these addresses and this host side can own.
-fn owned_keys(addrs: &[IpAddr], host: Option<HostSide>) -> Vec<(SetKind, Key)> {
-    let mut out = Vec::new();
-    for a in addrs {
-        let f = Family::of(a);
-        for kind in [
-            SetKind::Meta(f),
-            SetKind::Masq(f),
-            SetKind::CountProxied(f),
-            SetKind::Logged(f),
-        ] {
-            out.push((kind, Key::Addr(*a)));
-        }
-        if let Some(h) = host {
-            out.push((SetKind::Allow(f), Key::IfAddr(h.iface, *a)));
-            out.push((SetKind::CountReset(f), Key::IfAddr(h.iface, *a)));
-            if let Some(port) = h.port {
-                out.push((SetKind::GuardAddr(f), Key::Addr(*a)));
-                out.push((SetKind::GuardPort(f), Key::IfAddr(port, *a)));
-            }
-        }
-    }
-    if let Some(HostSide {
-        port: Some(port),
-        mac,
-        ..
-    }) = host
-    {
-        out.push((SetKind::Ports, Key::Iface(port)));
-        if let Some(m) = mac {
-            out.push((SetKind::GuardMac, Key::Mac(m)));
-            out.push((SetKind::GuardPortMac, Key::IfMac(port, m)));
-        }
-    }
-    out
-}
-
 fn owners_of(comment: Option<&str>) -> Vec<OwnerKey> {
     plan::owners_from_comment(comment.unwrap_or(""))
 }
@@ -137,8 +99,8 @@ pub(crate) struct NetworkState {
     pub counts: std::collections::BTreeMap<plan::Count, u64>,
     /// Whether the counted sets' elements carry counters on this kernel.
     pub per_pod_counters: bool,
-    pub meta_dst: Vec<IpAddr>,
-    pub meta_ports: Vec<u16>,
+    pub guarded_addrs: Vec<IpAddr>,
+    pub guarded_ports: Vec<u16>,
     /// Interfaces of the network's pods, with how many pods sit behind each.
     pub ifaces: Vec<(IfName, u32)>,
     pub pods: Vec<PodRecord>,
@@ -535,13 +497,13 @@ impl<K: Kernel> Store<K> {
     fn gc_once(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
         let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
-        let att = set_ref(names, SetKind::Attach);
+        let att = set_ref(names, SetKind::Att);
         let mut owners_seen: Vec<Key> = v.preload(&pods)?;
         owners_seen.extend(v.preload(&att)?);
         for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
             v.preload(&set_ref(names, kind))?;
         }
-        let ifs = set_ref(names, SetKind::Ifaces);
+        let ifs = set_ref(names, SetKind::Ifs);
         v.preload(&ifs)?;
         for key in owners_seen.clone() {
             if let Key::Owner(o) = key {
@@ -653,7 +615,7 @@ fn stage_pod<K: Kernel>(
 ) -> Result<()> {
     let me = pod.owner;
     let pods = set_ref(names, SetKind::Pods);
-    let att = set_ref(names, SetKind::Attach);
+    let att = set_ref(names, SetKind::Att);
     let old_rec = v.get(&pods, &Key::Owner(me))?;
     let old_att = v
         .get(&att, &Key::Owner(me))?
@@ -662,7 +624,7 @@ fn stage_pod<K: Kernel>(
     let old_addrs = plan::addrs_from_comment(old_rec.as_deref().unwrap_or(""));
     let old_host = old_att.as_ref().and_then(|a| a.host());
     let wanted: HashSet<(SetKind, Key)> = pod.present.iter().copied().collect();
-    let mut release = owned_keys(&old_addrs, old_host);
+    let mut release = plan::owned_keys(&old_addrs, old_host);
     release.extend(pod.absent.iter().copied());
     for (kind, key) in release {
         if !wanted.contains(&(kind, key)) {
@@ -737,7 +699,7 @@ fn count_iface<K: Kernel>(
     i: IfName,
     delta: i64,
 ) -> Result<()> {
-    let set = set_ref(names, SetKind::Ifaces);
+    let set = set_ref(names, SetKind::Ifs);
     let key = Key::Iface(i);
     let n = v
         .get(&set, &key)?
@@ -755,7 +717,7 @@ fn attachment_gone<K: Kernel>(
     owner: OwnerKey,
     netns_exists: fn(&str) -> bool,
 ) -> Result<bool> {
-    let att = set_ref(names, SetKind::Attach);
+    let att = set_ref(names, SetKind::Att);
     let Some(c) = v.get(&att, &Key::Owner(owner))? else {
         return Ok(false);
     };
@@ -774,7 +736,7 @@ fn remove_attachment<K: Kernel>(
     extra: &[IpAddr],
 ) -> Result<Vec<IpAddr>> {
     let pods = set_ref(names, SetKind::Pods);
-    let att = set_ref(names, SetKind::Attach);
+    let att = set_ref(names, SetKind::Att);
     let rec = v.get(&pods, &Key::Owner(owner))?;
     let attach = v
         .get(&att, &Key::Owner(owner))?
@@ -787,7 +749,7 @@ fn remove_attachment<K: Kernel>(
         }
     }
     let host = attach.as_ref().and_then(|a| a.host());
-    for (kind, key) in owned_keys(&addrs, host) {
+    for (kind, key) in plan::owned_keys(&addrs, host) {
         leave(v, &set_ref(names, kind), &key, owner)?;
     }
     if let Some(i) = attach.as_ref().and_then(|a| a.iface) {

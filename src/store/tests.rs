@@ -6,7 +6,7 @@ use super::check::NFT_TABLE_F_DORMANT;
 use super::*;
 use crate::config::Config;
 use crate::kernel::fake::Fake;
-use crate::plan::{HostSide, NodeFacts, PodRef};
+use crate::plan::{Family, HostSide, NodeFacts, PodRef};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 const NET: &str = "net1";
@@ -90,7 +90,7 @@ fn keys(s: &mut Store<Fake>, kind: SetKind) -> Vec<Key> {
 /// The pod count of `cni0` in `NET-ifs` (0: no element).
 fn cni0_pods(s: &mut Store<Fake>) -> u32 {
     s.kernel()
-        .elems(&names().set(SetKind::Ifaces))
+        .elems(&names().set(SetKind::Ifs))
         .into_iter()
         .find(|(k, _)| *k == Key::Iface(ifn("cni0")))
         .map(|(_, c)| plan::iface_pods(&c.unwrap_or_default()))
@@ -109,9 +109,9 @@ fn assert_no_pod_state(s: &mut Store<Fake>) {
 }
 
 const META4: SetKind = SetKind::Meta(Family::V4);
-const ALLOW4: SetKind = SetKind::Allow(Family::V4);
+const ALLOW4: SetKind = SetKind::Exempt(Family::V4);
 const MASQ4: SetKind = SetKind::Masq(Family::V4);
-const XADDR4: SetKind = SetKind::GuardAddr(Family::V4);
+const XADDR4: SetKind = SetKind::XAddr(Family::V4);
 
 #[test]
 fn add_a_add_b_del_a_keeps_b_in_either_order() {
@@ -188,7 +188,7 @@ fn a_new_pods_elements_are_added_and_existing_ones_replaced() {
     for o in &last.ops {
         match o {
             Op::Add { .. } => {}
-            Op::Put { set, .. } if set.kind == SetKind::Ifaces => {}
+            Op::Put { set, .. } if set.kind == SetKind::Ifs => {}
             o => panic!("a new pod on a converged network should only add: {o:?} in {last:?}"),
         }
     }
@@ -257,7 +257,7 @@ fn exemption_is_bound_to_the_pods_interface_and_port() {
     let ip: IpAddr = "10.1.0.7".parse().unwrap();
     assert_eq!(keys(&mut s, ALLOW4), vec![Key::IfAddr(ifn("cni0"), ip)]);
     assert_eq!(
-        keys(&mut s, SetKind::GuardPort(Family::V4)),
+        keys(&mut s, SetKind::XPort(Family::V4)),
         vec![Key::IfAddr(ifn("veth-creds"), ip)]
     );
     assert_eq!(owners(&mut s, XADDR4, addr("10.1.0.7")), vec![creds.owner]);
@@ -416,7 +416,7 @@ fn check_names_what_differs() {
     assert!(e.to_string().contains("dormant"), "{e}");
     s.kernel().tables.insert(TableFamily::Inet, 0);
 
-    let mdst = names().set(SetKind::MetaDst(Family::V4));
+    let mdst = names().set(SetKind::MProxy(Family::V4));
     s.kernel().sets.get_mut(&mdst).unwrap().elems.clear();
     let e = s.check_shared(&sh).unwrap_err();
     assert_eq!(e.code(), crate::error::code::CHECK_FAILED);
@@ -695,8 +695,9 @@ fn another_networks_converge_keeps_this_networks_allowed_interfaces() {
     assert_eq!(own, vec![Key::Iface(ifn("dock0"))], "alpha's own record");
 }
 
-/// What DEL removes of a pod (`owned_keys`) covers every set the catalogue says pods own: a
-/// new owned set missed there would leak at DEL.
+/// What DEL removes of a pod (`plan::owned_keys`) covers every set the catalogue says pods
+/// own, and every element any policy's ADD would own or give up: a new owned set missed there
+/// would leak at DEL.
 #[test]
 fn del_finds_an_element_in_every_owned_set() {
     let host = HostSide {
@@ -705,7 +706,7 @@ fn del_finds_an_element_in_every_owned_set() {
         mac: Some([2, 0, 0, 0, 0, 1]),
     };
     let addrs: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap(), "fd00:1::5".parse().unwrap()];
-    let keys = owned_keys(&addrs, Some(host));
+    let keys = plan::owned_keys(&addrs, Some(host));
     for kind in SetKind::ALL.into_iter().filter(|k| k.is_owned()) {
         assert!(
             keys.iter().any(|(k, _)| *k == kind),
@@ -715,5 +716,42 @@ fn del_finds_an_element_in_every_owned_set() {
     }
     for (kind, _) in &keys {
         assert!(kind.is_owned(), "{} is not an owned set", kind.suffix());
+    }
+    // Whatever the policy, an ADD's elements (wanted or given up) are exactly what DEL finds.
+    let mut cfgs = vec![Config::default(), exempt_cfg()];
+    let mut c = Config::default();
+    c.metadata.mode = crate::config::MetadataMode::Off;
+    cfgs.push(c);
+    let mut c = Config::default();
+    c.metadata.mode = crate::config::MetadataMode::Deny;
+    cfgs.push(c);
+    let mut c = Config::default();
+    c.masquerade.enabled = false;
+    c.metadata.log_denied = true;
+    cfgs.push(c);
+    let mut c = exempt_cfg();
+    c.metadata.log_denied = true;
+    cfgs.push(c);
+    let want: HashSet<(SetKind, Key)> = keys.iter().copied().collect();
+    for (i, cfg) in cfgs.iter().enumerate() {
+        for ns in ["default", "kube-system"] {
+            let r = PodRef {
+                network: NET,
+                container_id: "x",
+                ifname: "eth0",
+                namespace: Some(ns),
+                pod_name: Some("x"),
+                netns: "/run/netns/live",
+                annotations: Default::default(),
+                host: Some(host),
+            };
+            let p = plan::plan_pod(cfg, &r, &addrs);
+            let got: HashSet<(SetKind, Key)> = p.present.iter().chain(&p.absent).copied().collect();
+            assert_eq!(got, want, "config {i}, namespace {ns}");
+            assert!(
+                p.present.iter().all(|e| !p.absent.contains(e)),
+                "config {i}, namespace {ns}: an element both wanted and given up"
+            );
+        }
     }
 }

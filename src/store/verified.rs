@@ -24,7 +24,6 @@
 //! never holds more than the networks that are configured on the node.
 
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::PathBuf;
 
 /// The record's file, next to the node lock.
@@ -183,11 +182,8 @@ impl Cache {
         // One name for every writer: they write only under the node lock, so a crash leaves
         // at most this one file behind, which the next write replaces.
         let tmp = dir.join(format!(".{FILE}.tmp"));
-        let ok = std::fs::File::create(&tmp)
-            .and_then(|mut f| f.write_all(r.encode().as_bytes()))
-            .and_then(|()| std::fs::rename(&tmp, dir.join(FILE)));
-        if let Err(e) = ok {
-            let _ = std::fs::remove_file(&tmp);
+        let how = crate::fsutil::How::mode(0o644);
+        if let Err(e) = crate::fsutil::replace(&dir.join(FILE), &tmp, r.encode().as_bytes(), how) {
             crate::debug!("could not record the verified generation: {e}");
         }
     }

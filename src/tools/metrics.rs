@@ -7,10 +7,10 @@
 //! it), so a collector never reads half of it. The temporary file's name starts with a dot and
 //! ends in `.tmp`, which the textfile collector (it reads `*.prom`) skips.
 
-use super::install::atomic::write_atomic;
 use super::report;
 use super::status::collect_or_unreadable;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::fsutil::{replace, temp_beside, How};
 use crate::tools::cli::{options_or_exit, parse_switches};
 use std::path::Path;
 
@@ -39,5 +39,10 @@ const USAGE: &str = "usage: natguard metrics
 /// natguard's state cannot be read, the file says so (`natguard_up 0`) rather than going stale.
 pub(crate) fn write_file(path: &Path) -> Result<()> {
     let (text, _) = exposition();
-    write_atomic(path, text.as_bytes(), 0o644, None, &|| true)
+    let how = How {
+        durable: true,
+        ..How::mode(0o644)
+    };
+    replace(path, &temp_beside(path), text.as_bytes(), how)
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
 }

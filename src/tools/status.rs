@@ -147,9 +147,9 @@ fn network_report(st: &store::NetworkState) -> NetworkReport {
             logged: count(Count::Logged(f)),
         })
         .collect();
-    let mut metadata_addresses = st.meta_dst.clone();
+    let mut metadata_addresses = st.guarded_addrs.clone();
     metadata_addresses.sort();
-    let mut metadata_ports = st.meta_ports.clone();
+    let mut metadata_ports = st.guarded_ports.clone();
     metadata_ports.sort();
     let mut interfaces: Vec<(String, u32)> =
         st.ifaces.iter().map(|(i, n)| (i.to_string(), *n)).collect();

@@ -19,7 +19,6 @@
 
 use super::wire::*;
 use crate::kernel::netlink::{NfSocket, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
-use std::io::Write;
 use std::net::{IpAddr, Ipv6Addr};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
@@ -72,7 +71,7 @@ pub fn ipv6_filter(cache_dir: &Path) -> (Ipv6Filter, Source) {
     }
     let v = probe();
     if let (Some(boot), Ipv6Filter::Correct | Ipv6Filter::Inverted) = (&boot, v) {
-        let _ = write_cache(cache_dir, &file, boot, v);
+        let _ = write_cache(&file, boot, v);
     }
     (v, Source::Probe)
 }
@@ -106,19 +105,10 @@ fn parse_cache(text: &str, boot: &str) -> Option<Ipv6Filter> {
 }
 
 /// Writes the verdict next to `file` and renames it into place, so a reader sees a whole file.
-fn write_cache(dir: &Path, file: &Path, boot: &str, v: Ipv6Filter) -> std::io::Result<()> {
-    let tmp = dir.join(format!(".{CACHE_FILE}.{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o644)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&tmp)?;
-    let r = writeln!(f, "{boot} {}", v.word()).and_then(|_| std::fs::rename(&tmp, file));
-    if r.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    r
+fn write_cache(file: &Path, boot: &str, v: Ipv6Filter) -> std::io::Result<()> {
+    let text = format!("{boot} {}\n", v.word());
+    let tmp = crate::fsutil::temp_beside(file);
+    crate::fsutil::replace(file, &tmp, text.as_bytes(), crate::fsutil::How::mode(0o644))
 }
 
 /// The probe itself, on a thread of its own in a new network namespace.

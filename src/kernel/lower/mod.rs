@@ -390,7 +390,7 @@ pub fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
     };
     let name = |b: &[u8]| crate::plan::IfName::from_bytes(b);
     let mac = |b: &[u8]| -> Option<[u8; 6]> { b.get(..6)?.try_into().ok() };
-    if matches!(kind, SetKind::Pods | SetKind::Attach) {
+    if matches!(kind, SetKind::Pods | SetKind::Att) {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         return Some(Key::Owner(crate::plan::OwnerKey::parse_hex(
             std::str::from_utf8(&b[..end]).ok()?,

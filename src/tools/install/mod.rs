@@ -41,8 +41,7 @@ use std::path::Path;
 pub(crate) const PLUGIN_TYPE: &str = "natguard";
 /// Where runtimes look for plugin binaries unless configured otherwise.
 pub(crate) const DEFAULT_CNI_BIN_DIR: &str = "/opt/cni/bin";
-/// Where runtimes look for network configs unless configured otherwise.
-pub(crate) const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
+pub(crate) use crate::restore::DEFAULT_NETCONF_DIR;
 pub(crate) use crate::tools::watcher::DEFAULT_READY_FILE;
 
 const EXIT_OK: i32 = 0;

@@ -250,17 +250,17 @@ fn write_state(path: &Path, stats: &mut RepairStats) {
 }
 
 /// poll(2) on one descriptor, at most `timeout`; whether it is readable.
-fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) -> bool {
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut pfd = [PollFd::from_borrowed_fd(fd, PollFlags::IN)];
+    // Whole milliseconds, rounded up, so a due time is never missed by a sub-millisecond early
+    // wake.
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as i64;
+    let t = Timespec {
+        tv_sec: ms / 1000,
+        tv_nsec: (ms % 1000) * 1_000_000,
     };
-    // Rounded up, so a due time is never missed by a sub-millisecond early wake.
-    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-    r > 0 && pfd.revents != 0
+    matches!(poll(&mut pfd, Some(&t)), Ok(n) if n > 0) && !pfd[0].revents().is_empty()
 }
 
 #[cfg(test)]

@@ -54,13 +54,16 @@ use super::self_repair;
 use super::uninstall::remove_entries;
 use super::InstallOpts;
 use crate::error::{Error, Result};
+use rustix::event::{poll, PollFd, PollFlags, Timespec};
+use rustix::fs::inotify;
+use rustix::pipe::PipeFlags;
 use std::ffi::OsStr;
 use std::fs::{self, File};
 use std::io::{self, Read};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Quiet period after a directory event before the list is checked again.
@@ -359,15 +362,17 @@ impl<'a> MetricsTicks<'a> {
 /// the file whole and is cheap; a half-swapped ConfigMap wakes it again).
 fn wait_for_change(
     ino: &mut Inotify,
-    sig: libc::c_int,
+    sig: BorrowedFd<'_>,
     config: Option<&mut Inotify>,
     timeout: Duration,
 ) -> Wake {
-    let mut fds = vec![ino.fd.as_raw_fd(), sig];
-    if let Some(c) = &config {
-        fds.push(c.fd.as_raw_fd());
-    }
-    let ready = poll_in(&fds, Some(timeout));
+    let ready = {
+        let mut fds = vec![ino.fd.as_fd(), sig];
+        if let Some(c) = &config {
+            fds.push(c.fd.as_fd());
+        }
+        poll_in(&fds, Some(timeout))
+    };
     if ready[1] {
         return Wake::Signal;
     }
@@ -378,7 +383,7 @@ fn wait_for_change(
     if !ready[0] {
         return Wake::Timeout;
     }
-    let fds = [fds[0], fds[1]];
+    let fds = [ino.fd.as_fd(), sig];
     let (mut relevant, mut gone) = ino.drain();
     let start = Instant::now();
     while relevant && start.elapsed() < DEBOUNCE_MAX {
@@ -490,28 +495,29 @@ fn remove_from_active(opts: &InstallOpts) -> Result<Option<PathBuf>> {
     Ok(remove_entries(&path)?.then_some(path))
 }
 
-static SIGNAL_PIPE: AtomicI32 = AtomicI32::new(-1);
+/// The signal pipe's (read, write) ends, made once per process and kept for its life.
+static SIGNAL_PIPE: OnceLock<(OwnedFd, OwnedFd)> = OnceLock::new();
 
 extern "C" fn on_signal(_: libc::c_int) {
-    let fd = SIGNAL_PIPE.load(Ordering::Relaxed);
-    if fd >= 0 {
-        // SAFETY: write(2) is async-signal-safe; the buffer is a static byte.
-        unsafe {
-            libc::write(fd, b"x".as_ptr().cast(), 1);
-        }
+    // Async-signal-safe: reading a OnceLock that is set is an atomic load, and write(2) is one
+    // syscall.
+    if let Some((_, w)) = SIGNAL_PIPE.get() {
+        let _ = rustix::io::write(w, b"x");
     }
 }
 
 /// A pipe that becomes readable when SIGTERM or SIGINT arrives.
-fn signal_pipe() -> io::Result<libc::c_int> {
-    let mut fds = [0 as libc::c_int; 2];
-    // SAFETY: fds has room for the two descriptors pipe2 writes.
-    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    SIGNAL_PIPE.store(fds[1], Ordering::Relaxed);
+fn signal_pipe() -> io::Result<BorrowedFd<'static>> {
+    let (r, _) = match SIGNAL_PIPE.get() {
+        Some(pipe) => pipe,
+        None => {
+            let pair = rustix::pipe::pipe_with(PipeFlags::NONBLOCK | PipeFlags::CLOEXEC)?;
+            SIGNAL_PIPE.get_or_init(|| pair)
+        }
+    };
     for sig in [libc::SIGTERM, libc::SIGINT] {
-        // SAFETY: a zeroed sigaction with a handler that only calls write(2).
+        // SAFETY: a zeroed sigaction with a handler that is async-signal-safe (it reads the
+        // pipe, already set, and calls write(2)); no dependency wraps sigaction.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
             sa.sa_sigaction = on_signal as *const () as usize;
@@ -522,52 +528,37 @@ fn signal_pipe() -> io::Result<libc::c_int> {
             }
         }
     }
-    Ok(fds[0])
+    Ok(r.as_fd())
 }
 
 /// An inotify instance watching one directory.
 struct Inotify {
     fd: File,
-    wd: Option<libc::c_int>,
+    wd: Option<i32>,
 }
 
 impl Inotify {
     fn new() -> io::Result<Self> {
-        // SAFETY: plain syscall; the returned descriptor is owned by the File below.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd is a fresh descriptor nobody else owns.
-        let fd = unsafe { <File as std::os::unix::io::FromRawFd>::from_raw_fd(fd) };
-        Ok(Inotify { fd, wd: None })
+        let fd = inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC)?;
+        Ok(Inotify {
+            fd: File::from(fd),
+            wd: None,
+        })
     }
 
     fn add(&mut self, dir: &Path) -> io::Result<()> {
-        let c = std::ffi::CString::new(dir.as_os_str().as_bytes())
-            .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        // SAFETY: c is a valid NUL-terminated path.
-        let wd = unsafe {
-            libc::inotify_add_watch(
-                self.fd.as_raw_fd(),
-                c.as_ptr(),
-                WATCH_MASK | libc::IN_ONLYDIR,
-            )
-        };
-        if wd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        self.wd = Some(wd);
+        let mask = inotify::WatchFlags::from_bits_retain(WATCH_MASK | libc::IN_ONLYDIR);
+        self.wd = Some(inotify::add_watch(&self.fd, dir, mask)?);
         Ok(())
     }
 
     /// Reads all pending events; returns (relevant to the configs, the watch is gone).
-    fn drain(&mut self) -> (bool, bool) {
+    fn drain(&self) -> (bool, bool) {
         let mut relevant = false;
         let mut gone = false;
         let mut buf = [0u8; 8192];
         loop {
-            let n = match self.fd.read(&mut buf) {
+            let n = match (&self.fd).read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -595,20 +586,21 @@ impl Inotify {
 }
 
 /// poll(2) on the descriptors for reading; returns which are readable.
-fn poll_in(fds: &[libc::c_int], timeout: Option<Duration>) -> Vec<bool> {
-    let mut pfds: Vec<libc::pollfd> = fds
+fn poll_in(fds: &[BorrowedFd<'_>], timeout: Option<Duration>) -> Vec<bool> {
+    let mut pfds: Vec<PollFd<'_>> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|&fd| PollFd::from_borrowed_fd(fd, PollFlags::IN))
         .collect();
-    let ms = timeout.map_or(-1, |t| t.as_millis().min(i32::MAX as u128) as libc::c_int);
-    // SAFETY: pfds is a valid array of pollfd of the given length.
-    let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
-    if r <= 0 {
-        return vec![false; fds.len()];
+    // Whole milliseconds, as poll(2) takes them.
+    let t = timeout.map(|t| {
+        let ms = t.as_millis().min(i32::MAX as u128) as i64;
+        Timespec {
+            tv_sec: ms / 1000,
+            tv_nsec: (ms % 1000) * 1_000_000,
+        }
+    });
+    match poll(&mut pfds, t.as_ref()) {
+        Ok(n) if n > 0 => pfds.iter().map(|p| !p.revents().is_empty()).collect(),
+        _ => vec![false; fds.len()],
     }
-    pfds.iter().map(|p| p.revents != 0).collect()
 }
