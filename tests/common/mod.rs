@@ -4,7 +4,7 @@
 //! the root namespace. A [`Harness`] owns every namespace, process and temporary directory it
 //! created and removes them when dropped, also when a test panics.
 //!
-//! Pieces (everything but `run`, `synthetic` and `attack` is re-exported here):
+//! Pieces (everything but `run`, `synthetic`, `attack` and `exposition` is re-exported here):
 //! - `netns`: [`Harness`] / [`Netns`]: namespaces, `ip` topology helpers, processes inside
 //!   namespaces, and the servers: an HTTP responder with a fixed body (busybox httpd) and a
 //!   TCP/UDP "who am I" echo that answers with the client's source address as it saw it (socat).
@@ -20,6 +20,8 @@
 //! - [`synthetic`]: pods that exist only as a CNI environment and a prevResult, and a model of
 //!   the kernel state they must leave.
 //! - [`attack`]: pieces of the attack tests (`tests/security.rs`).
+//! - [`exposition`]: the tests' one Prometheus text parser (strict), also included by the
+//!   report's unit tests in `src/`.
 //! - [`watcher`]: a running `natguard install --watch` in the node namespace.
 //! - here: running commands, requiring root and tools, reading nft and conntrack state.
 #![allow(dead_code)]
@@ -27,6 +29,7 @@
 pub mod attack;
 mod chain;
 mod clients;
+pub mod exposition;
 mod netns;
 pub mod run;
 pub mod synthetic;
