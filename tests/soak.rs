@@ -3,8 +3,9 @@
 //! and /64 behind one bridge), 16 invocations at a time, while one pod stays alive throughout.
 //! The cycles vary as a runtime's do: DELs with and without prevResult (0.3.x lists, a lost
 //! cache) and without a netns (CRI's second DEL), an ADD repeated before its DEL, a DEL that
-//! comes twice (CRI retries, kubelet GC). Nothing natguard keeps may grow with that history,
-//! only with what is alive, and no call may hang.
+//! comes twice (CRI retries, kubelet GC), and some attachments are a pod's second interface.
+//! Nothing natguard keeps may grow with that history, only with what is alive, and no call may
+//! hang.
 //!
 //! Checked: every ADD and DEL exits 0 within its deadline and every ADD passes the prevResult
 //! on; while the churn runs, the per-pod elements never exceed what the live pods need;
@@ -48,7 +49,8 @@ fn cycles() -> usize {
 }
 
 /// Pod `i`: even ones Calico-style (/32, own routed interface), odd ones bridge-style (/24
-/// behind `cni0`); every seventh in an exempt namespace. Addresses are distinct for every `i`.
+/// behind `cni0`); every seventh in an exempt namespace, and another seventh attached as a
+/// second interface. Addresses are distinct for every `i`.
 struct SoakPod {
     i: usize,
     netns: String,
@@ -60,6 +62,14 @@ impl SoakPod {
     }
     fn cid(&self) -> String {
         format!("soak{:08x}", self.i)
+    }
+    /// Some pods' attachment is a second interface (Multus).
+    fn ifname(&self) -> &'static str {
+        if self.i % 7 == 3 {
+            "net1"
+        } else {
+            "eth0"
+        }
     }
     fn namespace(&self) -> &'static str {
         if self.i.is_multiple_of(7) {
@@ -87,7 +97,7 @@ impl SoakPod {
             )
         };
         let mut interfaces = host;
-        interfaces.push(json!({ "name": "eth0", "sandbox": self.netns }));
+        interfaces.push(json!({ "name": self.ifname(), "sandbox": self.netns }));
         let idx = interfaces.len() - 1;
         json!({
             "cniVersion": "1.1.0",
@@ -149,7 +159,7 @@ fn call(
     let env = [
         ("CNI_COMMAND", verb.to_string()),
         ("CNI_CONTAINERID", pod.cid()),
-        ("CNI_IFNAME", "eth0".into()),
+        ("CNI_IFNAME", pod.ifname().into()),
         ("CNI_NETNS", netns),
         ("CNI_PATH", "/opt/cni/bin".into()),
         (
