@@ -217,6 +217,18 @@ pub fn nft_ruleset(ns: &Netns) -> String {
     ns.run(&["nft", "-s", "list", "ruleset"])
 }
 
+/// `conntrack -I -t 3600 <args...>` in `ns`: an entry that outlives the test, as the CLI
+/// builds it.
+pub fn conntrack_insert(ns: &Netns, args: &[&str]) {
+    let out = output(ns.cmd("conntrack").args(["-I", "-t", "3600"]).args(args));
+    assert!(
+        out.status.success(),
+        "conntrack -I {args:?} in {}: {}",
+        ns.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `conntrack -L <filter...>` in `ns`: the entry lines.
 pub fn conntrack_list(ns: &Netns, filter: &[&str]) -> Vec<String> {
     let out = output(ns.cmd("conntrack").arg("-L").args(filter));
