@@ -17,6 +17,7 @@
 
 mod common;
 
+use common::exposition::{self, labels, Metric, Sample};
 use common::*;
 use serde_json::{json, Value};
 use std::collections::HashSet;
@@ -272,25 +273,10 @@ fn nft_count(table: &str, network: &str, tag: &str) -> u64 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reading `natguard metrics` with an independent parser: the Prometheus project's own Python
-// client (`prometheus_client.parser`, Debian's python3-prometheus-client), not natguard's code
+// Reading `natguard metrics`: with the tests' strict parser (tests/common/exposition.rs), and
+// with an independent one that must read the same, the Prometheus project's own Python client
+// (`prometheus_client.parser`, Debian's python3-prometheus-client), not natguard's code
 // ---------------------------------------------------------------------------------------------
-
-type Labels = Vec<(String, String)>;
-
-#[derive(Debug, Clone, PartialEq)]
-struct Sample {
-    labels: Labels,
-    value: f64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct Metric {
-    name: String,
-    help: Option<String>,
-    kind: Option<String>,
-    samples: Vec<Sample>,
-}
 
 /// The exposition as `prometheus_client.parser.text_string_to_metric_families` reads it, one
 /// metric per family, named as written (a counter family's name gets its `_total` back).
@@ -306,7 +292,7 @@ for fam in text_string_to_metric_families(sys.stdin.read()):
 print(json.dumps(out))
 "#;
 
-fn parse_exposition(text: &str) -> Result<Vec<Metric>, String> {
+fn prometheus_client_reading(text: &str) -> Result<Vec<Metric>, String> {
     use std::io::Write as _;
     let mut child = std::process::Command::new("/usr/bin/python3")
         .args(["-c", PROM_PARSER])
@@ -359,10 +345,48 @@ fn parse_exposition(text: &str) -> Result<Vec<Metric>, String> {
         .collect())
 }
 
+/// `natguard metrics` output as the strict parser reads it, once the Prometheus project's parser
+/// has read the same families, HELP texts, types, series and values (labels compared as sets;
+/// it reads a missing HELP as an empty one).
+fn parse_exposition(text: &str) -> Result<Vec<Metric>, String> {
+    let strict = exposition::parse_exposition(text)?;
+    let reference = prometheus_client_reading(text)?;
+    let comparable = |metrics: &[Metric]| -> Vec<String> {
+        metrics
+            .iter()
+            .map(|m| {
+                let mut samples: Vec<String> = m
+                    .samples
+                    .iter()
+                    .map(|s| {
+                        let mut labels = s.labels.clone();
+                        labels.sort();
+                        format!("{labels:?} {:?}", s.value)
+                    })
+                    .collect();
+                samples.sort();
+                format!(
+                    "{} {:?} {:?} {samples:?}",
+                    m.name,
+                    m.help.as_deref().unwrap_or(""),
+                    m.kind
+                )
+            })
+            .collect()
+    };
+    let (ours, theirs) = (comparable(&strict), comparable(&reference));
+    if ours != theirs {
+        return Err(format!(
+            "the strict parser and prometheus_client read different metrics:\n{ours:#?}\n{theirs:#?}"
+        ));
+    }
+    Ok(strict)
+}
+
 #[test]
 fn the_independent_parser_reads_and_rejects_what_it_should() {
     let ok = "# HELP a_total A.\n# TYPE a_total counter\na_total{network=\"n\",family=\"ipv4\"} 3\n# HELP g G.\n# TYPE g gauge\n";
-    let m = parse_exposition(ok).unwrap();
+    let m = prometheus_client_reading(ok).unwrap();
     assert_eq!(m.len(), 2, "{m:?}");
     assert_eq!(m[0].name, "a_total");
     assert_eq!(m[0].kind.as_deref(), Some("counter"));
@@ -375,7 +399,96 @@ fn the_independent_parser_reads_and_rejects_what_it_should() {
         ]
     );
     assert!(m[1].samples.is_empty());
-    assert!(parse_exposition("a_total{network=\"n\" 3\n").is_err());
+    assert!(prometheus_client_reading("a_total{network=\"n\" 3\n").is_err());
+}
+
+#[test]
+fn the_strict_parser_reads_the_format() {
+    let text = "# HELP a_total Something \\\\ with\\nlines.\n\
+                # TYPE a_total counter\n\
+                a_total{x=\"1\",y=\"q\\\"\\\\\\n\u{e9}\"} 3\n\
+                a_total{x=\"2\"} 1.5e3\n\
+                # TYPE b gauge\n\
+                b +Inf\n\
+                b{} NaN\n";
+    // `b` and `b{}` are the same series.
+    assert!(exposition::parse_exposition(text)
+        .unwrap_err()
+        .contains("duplicate series"));
+    let text = text.replace("b{} NaN\n", "b{k=\"\"} -0.5\n");
+    let m = exposition::parse_exposition(&text).unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[0].help.as_deref(), Some("Something \\ with\nlines."));
+    assert_eq!(m[0].kind.as_deref(), Some("counter"));
+    assert_eq!(
+        m[0].samples[0].labels,
+        labels(&[("x", "1"), ("y", "q\"\\\n\u{e9}")])
+    );
+    assert_eq!(m[0].samples[1].value, 1500.0);
+    assert_eq!(m[1].help, None);
+    assert_eq!(m[1].samples[0].value, f64::INFINITY);
+    assert_eq!(m[1].samples[1].value, -0.5);
+}
+
+#[test]
+fn the_strict_parser_rejects_what_natguard_must_never_write() {
+    let head = "# HELP m_total Help.\n# TYPE m_total counter\n";
+    let bad: &[(&str, &str)] = &[
+        ("m_total 1", "newline"),
+        ("m_total 1\n\n", "blank"),
+        ("m_total 1\r\n", "carriage"),
+        (
+            "m_total{a=\"1\"} 1\nm_total{a=\"1\"} 2\n",
+            "duplicate series",
+        ),
+        (
+            "m_total{a=\"1\",b=\"2\"} 1\nm_total{b=\"2\",a=\"1\"} 2\n",
+            "duplicate series",
+        ),
+        ("m_total{a=\"1\",a=\"2\"} 1\n", "twice"),
+        ("m_total{a=1} 1\n", "not quoted"),
+        ("m_total{a=\"1} 1\n", "unterminated"),
+        ("m_total{a=\"x\"y\"} 1\n", "after a label value"),
+        ("m_total{a=\"\\t\"} 1\n", "bad escape"),
+        ("m_total{a=\"1\",} 1\n", "bad label name"),
+        ("m_total{1a=\"1\"} 1\n", "bad label name"),
+        ("m_total{__name__=\"x\"} 1\n", "bad label name"),
+        ("m_total{a-b=\"1\"} 1\n", "bad label name"),
+        ("m_total{a=\"1\"\n", "unterminated"),
+        ("m_total one\n", "bad value"),
+        ("m_total 0x10\n", "bad value"),
+        ("m_total inf\n", "bad value"),
+        ("m_total 1..2\n", "bad value"),
+        ("m_total\n", "without a value"),
+        ("m_total  1\n", "trailing fields"),
+        ("m_total 1 1700000000000\n", "timestamp"),
+        ("m_total{a=\"1\"}1\n", "single space"),
+        ("0m 1\n", "bad metric name"),
+        ("m-x 1\n", "bad metric name"),
+        ("other 1\n", "before its TYPE"),
+        ("m_total 1\n# TYPE m_total counter\n", "after its samples"),
+        ("m_total 1\n# HELP m_total Again.\n", "after its samples"),
+        ("# HELP m_total Again.\nm_total 1\n", "second HELP"),
+        ("# TYPE m_total gauge\nm_total 1\n", "second TYPE"),
+        ("# TYPE h histogram\nh 1\n", "type"),
+        ("# TYPE g\n", "without text"),
+        ("# TYPE 9g gauge\n", "bad metric name"),
+        ("# HELP g bad \\t escape\n", "bad escape"),
+        ("# just a comment\n", "not a HELP or TYPE"),
+        ("#HELP m_total x\n", "not a HELP or TYPE"),
+        (
+            "m_total{a=\"1\"} 1\n# TYPE g gauge\ng 1\nm_total{a=\"2\"} 1\n",
+            "not together",
+        ),
+    ];
+    for (tail, why) in bad {
+        let text = format!("{head}{tail}");
+        match exposition::parse_exposition(&text) {
+            Ok(m) => panic!("accepted {text:?}: {m:?}"),
+            Err(e) => assert!(e.contains(why), "{text:?}: {e} (wanted {why:?})"),
+        }
+    }
+    assert!(exposition::parse_exposition(&format!("{head}m_total 1\n")).is_ok());
 }
 
 /// The metric `name`'s sample with exactly these labels.
@@ -384,10 +497,7 @@ fn sample(metrics: &[Metric], name: &str, pairs: &[(&str, &str)]) -> f64 {
         .iter()
         .find(|m| m.name == name)
         .unwrap_or_else(|| panic!("no metric {name}"));
-    let mut want: Labels = pairs
-        .iter()
-        .map(|(l, v)| (l.to_string(), v.to_string()))
-        .collect();
+    let mut want = labels(pairs);
     want.sort();
     m.samples
         .iter()

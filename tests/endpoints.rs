@@ -22,7 +22,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-const EXEMPT_NS: &str = "kube-system";
 const WIRESERVER: &str = "168.63.129.16";
 
 /// What a default pod must get from an endpoint.
@@ -351,43 +350,6 @@ fn wire_targets() -> [SocketAddr; 2] {
     [sa(a, 80), sa(a, 32526)]
 }
 
-/// The MAC address `ns` holds for `addr`.
-fn neighbour_mac(ns: &Netns, addr: IpAddr) -> String {
-    let out = ns.ip(&format!("-j neigh show {addr}"));
-    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    v.as_array()
-        .and_then(|a| {
-            a.iter()
-                .find_map(|n| n["lladdr"].as_str().map(str::to_string))
-        })
-        .unwrap_or_else(|| panic!("control: no neighbour entry for {addr}"))
-}
-
-fn gateway4(p: &Pod) -> IpAddr {
-    p.result["ips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|ip| ip["gateway"].as_str()?.parse::<IpAddr>().ok())
-        .find(IpAddr::is_ipv4)
-        .unwrap_or_else(|| panic!("no IPv4 gateway in {}", p.result))
-}
-
-/// A pod natguard never saw on the exempt pod's bridge (another list on `cni0` without
-/// natguard) takes the exempt pod's IPv4 address and opens TCP to the WireServer from it: it
-/// never reaches the WireServer, and the exempt pod still does.
-/// A list without natguard on the azure node's bridge `cni0`, from a range of its own: its pods
-/// are pods natguard never saw.
-fn unguarded_on_cni0(w: &World) -> Chain {
-    let mut bridge = w.bridge("unguarded", 0);
-    bridge["ipam"]["dataDir"] = json!(w.dir().join("ipam-unguarded"));
-    bridge["ipam"]["ranges"] = json!([
-        [{ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }],
-        [{ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" }]
-    ]);
-    w.chain(json!({ "cniVersion": "1.1.0", "name": "unguarded", "plugins": [bridge] }))
-}
-
 /// Priority-tagged SYNs (one 802.1Q tag of VLAN 0, or 802.1ad outside it) from the exempt pod's
 /// address to the WireServer's TCP ports, sent by a default natguard pod and by a pod natguard
 /// never saw on the same bridge: the kernel would strip the tags before the IP layer, and not
@@ -400,7 +362,7 @@ fn tagged_claims_never_reach_the_wireserver() {
     let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
     let natpod = w.add_pod(&chain, "web", "default");
     let unseen = w.add_pod(&unguarded_on_cni0(&w), "unseen", "default");
-    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
+    let cloud4 = CLOUD4;
     const SYN: &str = "tcp flags & (syn | ack | rst) == syn";
     let counters = Counters::install(
         &w.h,
@@ -503,7 +465,7 @@ fn vxlan_decapsulated_tcp_never_reaches_the_wireserver() {
         Some(preset_cfg(&w, "azure", json!({}))),
     ));
     let pod = w.add_pod(&chain, "pod", "default");
-    let gw4 = gateway4(&pod);
+    let (gw4, _) = gateways(&pod);
     w.node.ip(&format!(
         "link add vxtest type vxlan id 42 dstport 4789 local {gw4} nolearning"
     ));
@@ -516,7 +478,7 @@ fn vxlan_decapsulated_tcp_never_reaches_the_wireserver() {
         let v: Value = serde_json::from_str(&out).unwrap();
         v[0]["address"].as_str().unwrap().to_string()
     };
-    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
+    let cloud4 = CLOUD4;
     let counters = Counters::install(
         &w.h,
         &w.cloud,
@@ -548,6 +510,9 @@ fn vxlan_decapsulated_tcp_never_reaches_the_wireserver() {
     assert_eq!(n, 0, "decapsulated SYNs reached the WireServer");
 }
 
+/// A pod natguard never saw on the exempt pod's bridge (another list on `cni0` without
+/// natguard) takes the exempt pod's IPv4 address and opens TCP to the WireServer from it: it
+/// never reaches the WireServer, and the exempt pod still does.
 #[test]
 fn address_theft_on_the_bridge_never_reaches_the_wireserver() {
     let w = preset_world("ep-theft", AZURE);
@@ -574,8 +539,9 @@ fn address_theft_on_the_bridge_never_reaches_the_wireserver() {
         });
         println!("RESULT azure never-seen {t} -> {}", describe(&got));
     }
-    let gw4 = gateway4(&thief);
-    let gw_mac = neighbour_mac(&thief.ns, gw4);
+    let (gw4, _) = gateways(&thief);
+    let gw_mac = neighbour_mac(&thief.ns, gw4)
+        .unwrap_or_else(|| panic!("control: no neighbour entry for {gw4}"));
     thief.ns.addr("eth0", &format!("{}/32", exempt.v4));
     thief.ns.addr("eth0", &format!("{}/128", exempt.v6));
     thief.ns.ip(&format!(
@@ -618,17 +584,7 @@ fn a_pod_natguard_never_saw_never_reaches_the_wireserver() {
         Some(preset_cfg(&w, "azure", json!({}))),
     ));
     let sys = w.add_pod(&guarded, "sys", EXEMPT_NS);
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join("ipam-unseen"),
-            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
-    let plain = w.chain(json!({ "cniVersion": "1.0.0", "name": "unseen", "plugins": [ptp] }));
+    let plain = ptp_without_natguard(&w, "unseen");
     let unseen = w.add_pod(&plain, "unseen", "default");
     let mut f = Findings::new();
     for t in wire_targets().into_iter().chain([sa(META4, 80)]) {

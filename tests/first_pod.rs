@@ -23,7 +23,7 @@
 
 mod common;
 
-use common::attack::{is_real, real_world, Counters};
+use common::attack::{is_real, real_world, Counters, SYN};
 use common::watcher::Watcher;
 use common::*;
 use serde_json::{json, Value};
@@ -37,7 +37,6 @@ const DEADLINE: Duration = Duration::from_secs(40);
 
 /// SYNs to the real metadata server, counted where they arrive.
 fn syn_counters(w: &World) -> Counters {
-    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
     Counters::install(
         &w.h,
         &w.cloud,

@@ -366,14 +366,7 @@ fn forged_prev_result_at_del_flushes_only_the_pods_flows() {
     let inv = add(&ns, &cfg, &p);
     assert_eq!(inv.exit, Some(0), "{inv}");
     let pod4 = p.v4.to_string();
-    let insert = |args: &[&str]| {
-        let out = output(ns.cmd("conntrack").args(["-I", "-t", "3600"]).args(args));
-        assert!(
-            out.status.success(),
-            "conntrack -I {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
+    let insert = |args: &[&str]| conntrack_insert(&ns, args);
     let udp = |s: &str, d: &str, sport: &str| {
         insert(&[
             "-p", "udp", "-s", s, "-d", d, "--sport", sport, "--dport", "53",

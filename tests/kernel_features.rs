@@ -25,18 +25,9 @@ use natguard::kernel::netlink::{MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_A
 use natguard::kernel::netlink::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
-use std::time::{Duration, Instant};
-
-const EXEMPT_NS: &str = "kube-system";
-/// Upper bound for waiting on packet counters (a bound for failure reports, not a speed check).
-const COUNTER_WAIT: Duration = Duration::from_secs(20);
-const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
-
-fn metas() -> [SocketAddr; 2] {
-    [sa(META4, HTTP_PORT), sa(META6, HTTP_PORT)]
-}
+use std::time::Duration;
 
 /// What the kernel test layer promises for `key` on this kernel; fails outside that layer.
 fn expect(key: &str) -> String {
@@ -46,29 +37,6 @@ fn expect(key: &str) -> String {
              (scripts/kernels.sh), which says what each kernel must do"
         )
     })
-}
-
-fn exempt_cfg(w: &World) -> Value {
-    w.natguard(json!({ "metadata": { "exemptNamespaces": [EXEMPT_NS] }, "logLevel": "info" }))
-}
-
-/// The gateways of the pod's result (IPv4, IPv6).
-fn gateways(pod: &Pod) -> (IpAddr, IpAddr) {
-    let mut g = (None, None);
-    for ip in pod.result["ips"].as_array().cloned().unwrap_or_default() {
-        if let Some(s) = ip["gateway"].as_str() {
-            let a: IpAddr = s.parse().expect("gateway");
-            if a.is_ipv4() {
-                g.0.get_or_insert(a);
-            } else {
-                g.1.get_or_insert(a);
-            }
-        }
-    }
-    match g {
-        (Some(a), Some(b)) => (a, b),
-        _ => panic!("no gateways in {}", pod.result),
-    }
 }
 
 /// An address of the pod's own subnets that nobody has (host ID 0x200 / .200): what an attacker
@@ -89,30 +57,6 @@ fn unused_in_subnet(pod: &Pod) -> (IpAddr, IpAddr) {
     )
 }
 
-/// Hard control: the pod gets `want` from both metadata addresses.
-fn control_metadata(pod: &Pod, want: &str, what: &str) {
-    for t in metas() {
-        assert_eq!(
-            http_get(&pod.ns, t),
-            body(want),
-            "control ({what}): pod {} -> http://{t}/ should be answered by {want}",
-            pod.att.container_id
-        );
-    }
-}
-
-/// Hard control: the pod reaches the remote host inside nonMasqueradeCIDRs on both families.
-fn control_network(pod: &Pod, what: &str) {
-    for (remote, me) in [(REMOTE_IN4, pod.v4), (REMOTE_IN6, pod.v6)] {
-        assert_eq!(
-            tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
-            Ok(me),
-            "control ({what}): pod {} should reach {remote} with its own address",
-            pod.att.container_id
-        );
-    }
-}
-
 /// Runs `ip ARGS` in `ns`; a failure says which kernel feature is missing.
 fn need(ns: &Netns, args: &str, feature: &str) {
     if let Err(e) = ns.try_ip(args) {
@@ -120,19 +64,6 @@ fn need(ns: &Netns, args: &str, feature: &str) {
             "this kernel lacks {feature}, which the kernel test layer promised ({}): {e}",
             std::env::var("NGK_KVER").unwrap_or_else(|_| "unknown kernel".into())
         );
-    }
-}
-
-/// Waits until every named counter has at least `n` packets.
-fn wait_counted(c: &Counters, names: &[&str], n: u64, what: &str) {
-    let start = Instant::now();
-    while names.iter().any(|x| c.packets(x) < n) {
-        assert!(
-            start.elapsed() < deadline(COUNTER_WAIT),
-            "control: {what} never all arrived ({:?} of {n})",
-            names.iter().map(|x| c.packets(x)).collect::<Vec<_>>()
-        );
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 
@@ -354,7 +285,12 @@ fn add_deletes_the_pods_entries_and_set_counters_are_the_ones_promised() {
     let counters = expect("set_counters");
     let ct = expect("ct_delete");
     let w = World::new("kf-add");
-    let chain = w.chain(w.list("kfadd", "1.0.0", 0, Some(exempt_cfg(&w))));
+    let chain = w.chain(w.list(
+        "kfadd",
+        "1.0.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "logLevel": "info" }))),
+    ));
     // host-local hands out .2 / ::2 first: entries of a previous owner of those addresses.
     let old = [
         ("10.244.0.2".parse().unwrap(), REMOTE_IN4),
@@ -434,7 +370,12 @@ fn the_socket_release_has_what_it_needs_on_this_kernel() {
     assert_eq!(io_uring_available(), Ok(()), "io_uring_setup refused");
     // And a verb still answers: natguard's release runs at the end of every ADD and DEL.
     let w = World::new("kf-rel");
-    let chain = w.chain(w.list("kfrel", "1.0.0", 0, Some(exempt_cfg(&w))));
+    let chain = w.chain(w.list(
+        "kfrel",
+        "1.0.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "logLevel": "info" }))),
+    ));
     let pod = w.add_pod(&chain, "web", "default");
     chain.del(&pod.att).expect("DEL");
 }
@@ -453,7 +394,12 @@ fn ipvs_service_with_the_metadata_address_as_real_server_never_answers_a_default
     require_root();
     require_tools(&["ipvsadm"]);
     let w = real_world("kf-ipvs");
-    let chain = w.chain(w.list("kfipvs", "1.0.0", 0, Some(exempt_cfg(&w))));
+    let chain = w.chain(w.list(
+        "kfipvs",
+        "1.0.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "logLevel": "info" }))),
+    ));
     let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
     let pod = w.add_pod(&chain, "web", "default");
     control_metadata(&exempt, REAL, "exempt pod");
@@ -600,7 +546,12 @@ const TUNNELS: [Tunnel; 5] = [
 fn metadata_tcp_tunnelled_to_the_node_never_reaches_real_metadata() {
     require_root();
     let w = real_world("kf-tun");
-    let chain = w.chain(w.list("kftun", "1.0.0", 0, Some(exempt_cfg(&w))));
+    let chain = w.chain(w.list(
+        "kftun",
+        "1.0.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "logLevel": "info" }))),
+    ));
     let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
     let pod = w.add_pod(&chain, "web", "default");
     control_metadata(&exempt, REAL, "exempt pod");
@@ -689,19 +640,15 @@ const VLAN: u16 = 100;
 /// The world with one bridge network whose bridge filters VLANs (the bridge plugin's `vlan`).
 fn vlan_world(test: &str) -> (World, Chain) {
     let w = real_world(test);
-    let mut list = w.list("kfvlan", "1.0.0", 0, Some(exempt_cfg(&w)));
+    let mut list = w.list(
+        "kfvlan",
+        "1.0.0",
+        0,
+        Some(exempt_cfg(&w, json!({ "logLevel": "info" }))),
+    );
     list["plugins"][0]["vlan"] = json!(VLAN);
     let chain = w.chain(list);
     (w, chain)
-}
-
-fn mac_of(ns: &Netns, ifname: &str) -> String {
-    let out = ns.ip(&format!("-j link show {ifname}"));
-    let v: Value = serde_json::from_str(&out).expect("ip -j link");
-    v[0]["address"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no MAC address for {ifname}: {out}"))
-        .to_string()
 }
 
 /// The node's device the route to `pod` leaves by, its MAC and its IPv6 link-local address.
@@ -780,26 +727,12 @@ fn tagged_claims_of_the_exempt_address_on_a_vlan_bridge_never_reach_the_metadata
     let counters = Counters::install(
         &w.h,
         &w.cloud,
-        &[
-            (
-                "stolen4",
-                format!("ip saddr {} ip daddr {META4} {SYN}", exempt.v4),
-            ),
-            (
-                "stolen6",
-                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", exempt.v6),
-            ),
-        ],
+        &syns_to_metadata(("stolen4", "stolen6"), (exempt.v4, exempt.v6)),
     );
     // Control: the exempt pod's own SYNs are counted.
     send_segments(&w.h, &exempt.ns, exempt.v4, META4, 80, 3, &[0x02]);
     send_segments(&w.h, &exempt.ns, exempt.v6, META6, 80, 3, &[0x02]);
-    wait_counted(
-        &counters,
-        &["stolen4", "stolen6"],
-        3,
-        "the exempt pod's own SYNs",
-    );
+    counters.wait(&["stolen4", "stolen6"], 3, "the exempt pod's own SYNs");
     std::thread::sleep(Duration::from_millis(200));
 
     let mut f = Findings::new();

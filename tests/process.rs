@@ -243,15 +243,6 @@ impl Drop for PidsCgroup {
     }
 }
 
-fn ct_insert(ns: &Netns, args: &[&str]) {
-    let out = output(ns.cmd("conntrack").args(["-I", "-t", "3600"]).args(args));
-    assert!(
-        out.status.success(),
-        "conntrack -I {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// With the pids limit reached natguard can start no thread, so the IPv6 conntrack walk, which
 /// normally runs on a thread of its own, runs inline: ADD succeeds (conntrack failures never
 /// fail a verb, and here nothing fails) and the pod's entries of both families are gone.
@@ -327,7 +318,7 @@ fn at_the_pids_limit_a_dual_stack_add_still_deletes_the_ipv6_entries() {
         ],
     ];
     for f in pod_flows.iter().chain(others.iter()) {
-        ct_insert(&ns, f);
+        conntrack_insert(&ns, f);
     }
     assert_eq!(conntrack_count(&ns, &[]), 6);
 

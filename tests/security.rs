@@ -18,86 +18,6 @@ use serde_json::{json, Value};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-/// Upper bound for waiting on packet counters, stretched by [`deadline`] in the kernel layer's
-/// VMs (a bound for failure reports, not an assertion on speed).
-const COUNTER_WAIT: Duration = Duration::from_secs(20);
-
-const EXEMPT_NS: &str = "kube-system";
-
-fn metas() -> [SocketAddr; 2] {
-    [sa(META4, HTTP_PORT), sa(META6, HTTP_PORT)]
-}
-
-/// natguard with `kube-system` exempt and `patch` merged in.
-fn exempt_cfg(w: &World, patch: Value) -> Value {
-    let mut c = w.natguard(json!({ "metadata": { "exemptNamespaces": [EXEMPT_NS] } }));
-    merge(&mut c, &patch);
-    c
-}
-
-/// The gateways of the pod's result (IPv4, IPv6).
-fn gateways(pod: &Pod) -> (IpAddr, IpAddr) {
-    let mut g4 = None;
-    let mut g6 = None;
-    for ip in pod.result["ips"].as_array().cloned().unwrap_or_default() {
-        if let Some(g) = ip["gateway"].as_str() {
-            let g: IpAddr = g.parse().expect("gateway");
-            if g.is_ipv4() {
-                g4.get_or_insert(g);
-            } else {
-                g6.get_or_insert(g);
-            }
-        }
-    }
-    (
-        g4.unwrap_or_else(|| panic!("no IPv4 gateway in {}", pod.result)),
-        g6.unwrap_or_else(|| panic!("no IPv6 gateway in {}", pod.result)),
-    )
-}
-
-/// Hard control: the pod gets `want` from both metadata addresses.
-fn control_metadata(pod: &Pod, want: &str, what: &str) {
-    for t in metas() {
-        assert_eq!(
-            http_get(&pod.ns, t),
-            body(want),
-            "control ({what}): pod {} -> http://{t}/ should be answered by {want}",
-            pod.att.container_id
-        );
-    }
-}
-
-/// Hard control: the pod reaches the remote host inside nonMasqueradeCIDRs on both families.
-fn control_network(pod: &Pod, what: &str) {
-    for (remote, me) in [(REMOTE_IN4, pod.v4), (REMOTE_IN6, pod.v6)] {
-        assert_eq!(
-            tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
-            Ok(me),
-            "control ({what}): pod {} should reach {remote} with its own address",
-            pod.att.container_id
-        );
-    }
-}
-
-/// A MAC address of interface `ifname` in `ns`.
-fn mac_of(ns: &Netns, ifname: &str) -> String {
-    let out = ns.ip(&format!("-j link show {ifname}"));
-    let v: Value = serde_json::from_str(&out).expect("ip -j link");
-    v[0]["address"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no MAC address for {ifname}: {out}"))
-        .to_string()
-}
-
-/// The MAC address `ns`'s neighbour table holds for `addr`, if any.
-fn neighbour_mac(ns: &Netns, addr: IpAddr) -> Option<String> {
-    let out = ns.ip(&format!("-j neigh show {addr}"));
-    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    v.as_array()?
-        .iter()
-        .find_map(|n| n["lladdr"].as_str().map(str::to_string))
-}
-
 /// The MAC addresses `ns` has learnt for its gateways (by its earlier traffic), to pin later.
 fn gateway_macs(ns: &Netns, gws: [IpAddr; 2]) -> Vec<(IpAddr, String)> {
     gws.into_iter()
@@ -235,44 +155,27 @@ fn stolen_segments_never_arrive(
     f: &mut Findings,
 ) {
     // SYNs only: the exempt pod answers the replies to the thief's SYNs with RSTs of its own.
-    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
-    let (cloud4, cloud6): (IpAddr, IpAddr) =
-        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
     let counters = Counters::install(
         &w.h,
         &w.cloud,
         &[
-            (
-                "stolen4",
-                format!("ip saddr {} ip daddr {META4} {SYN}", exempt.v4),
-            ),
-            (
-                "stolen6",
-                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", exempt.v6),
-            ),
-            (
-                "ctl4",
-                format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4),
-            ),
-            (
-                "ctl6",
-                format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6),
-            ),
-        ],
+            syns_to_metadata(("stolen4", "stolen6"), (exempt.v4, exempt.v6)).as_slice(),
+            &[
+                (
+                    "ctl4",
+                    format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4),
+                ),
+                (
+                    "ctl6",
+                    format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6),
+                ),
+            ],
+        ]
+        .concat(),
     );
     const EACH: u32 = 3;
-    let wait_for = |names: [&str; 2], what: &str| {
-        let start = Instant::now();
-        while names.iter().any(|n| counters.packets(n) < u64::from(EACH)) {
-            assert!(
-                start.elapsed() < deadline(COUNTER_WAIT),
-                "control: {what} never all arrived at the cloud ({} / {} of {EACH})",
-                counters.packets(names[0]),
-                counters.packets(names[1])
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
+    let wait_for = |names: [&str; 2], what: &str| counters.wait(&names, u64::from(EACH), what);
     send_segments(&w.h, &exempt.ns, exempt.v4, META4, 80, EACH, &[0x02]);
     send_segments(&w.h, &exempt.ns, exempt.v6, META6, 80, EACH, &[0x02]);
     wait_for(
@@ -323,19 +226,7 @@ fn address_and_mac_theft_on_a_bridge_never_reaches_real_metadata() {
 #[test]
 fn address_theft_on_ptp_never_reaches_real_metadata() {
     let w = real_world("sec-theft-ptp");
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join("ipam-ptp"),
-            "ranges": [
-                [{ "subnet": "10.244.7.0/24" }],
-                [{ "subnet": "fd00:10:244:7::/64" }]
-            ],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
+    let ptp = w.ptp("ptp", 7);
     let list = json!({
         "cniVersion": "1.0.0",
         "name": "theftptp",
@@ -351,19 +242,7 @@ fn address_theft_on_ptp_never_reaches_real_metadata() {
 #[test]
 fn address_theft_on_routed_veths_reported_without_host_side_never_reaches_real_metadata() {
     let w = real_world("sec-theft-rt");
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join("ipam-rt"),
-            "ranges": [
-                [{ "subnet": "10.244.8.0/24" }],
-                [{ "subnet": "fd00:10:244:8::/64" }]
-            ],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
+    let ptp = w.ptp("rt", 8);
     let list = json!({
         "cniVersion": "1.0.0",
         "name": "theftrt",
@@ -695,8 +574,7 @@ fn crafted_tcp_segments_never_reach_the_metadata_host() {
     let chain = w.chain(w.list("segs", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let pod = w.add_pod(&chain, "pod", "default");
     control_metadata(&pod, "proxy", "default pod");
-    let cloud4 = "10.20.0.2";
-    let cloud6 = "fd00:c1::2";
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
     let combos: [(&str, u8); 6] = [
         ("synfin", 0x03),
         ("fin", 0x01),
@@ -738,34 +616,13 @@ fn crafted_tcp_segments_never_reach_the_metadata_host() {
     send_segments(&w.h, &pod.ns, pod.v4, META4, 80, EACH, &flags);
     send_segments(&w.h, &pod.ns, pod.v6, META6, 80, EACH, &flags);
     // The control goes last: once it has arrived, so has everything sent before it.
-    send_segments(
-        &w.h,
-        &pod.ns,
-        pod.v4,
-        cloud4.parse().unwrap(),
-        80,
-        EACH,
-        &[0x02],
+    send_segments(&w.h, &pod.ns, pod.v4, cloud4, 80, EACH, &[0x02]);
+    send_segments(&w.h, &pod.ns, pod.v6, cloud6, 80, EACH, &[0x02]);
+    counters.wait(
+        &["ctl4", "ctl6"],
+        u64::from(EACH),
+        &format!("the SYNs from the pod to {cloud4}:80 / [{cloud6}]:80"),
     );
-    send_segments(
-        &w.h,
-        &pod.ns,
-        pod.v6,
-        cloud6.parse().unwrap(),
-        80,
-        EACH,
-        &[0x02],
-    );
-    let start = Instant::now();
-    while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
-        assert!(
-            start.elapsed() < deadline(COUNTER_WAIT),
-            "control: the SYNs from the pod to {cloud4}:80 / [{cloud6}]:80 never all arrived at the cloud ({} / {} of {EACH})",
-            counters.packets("ctl4"),
-            counters.packets("ctl6")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
     std::thread::sleep(Duration::from_millis(200));
     let mut f = Findings::new();
     for (name, flags) in combos {
@@ -793,8 +650,7 @@ fn fragmented_tcp_segments_never_reach_the_metadata_host() {
     let chain = w.chain(w.list("frags", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let pod = w.add_pod(&chain, "pod", "default");
     control_metadata(&pod, "proxy", "default pod");
-    let cloud4: IpAddr = "10.20.0.2".parse().unwrap();
-    let cloud6: IpAddr = "fd00:c1::2".parse().unwrap();
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
     let counters = Counters::install(
         &w.h,
         &w.cloud,
@@ -812,16 +668,11 @@ fn fragmented_tcp_segments_never_reach_the_metadata_host() {
     send_fragmented_segments(&w.h, &pod.ns, pod.v6, META6, 80, EACH, &flags);
     send_fragmented_segments(&w.h, &pod.ns, pod.v4, cloud4, 80, EACH, &[0x02]);
     send_fragmented_segments(&w.h, &pod.ns, pod.v6, cloud6, 80, EACH, &[0x02]);
-    let start = Instant::now();
-    while counters.packets("ctl4") < u64::from(EACH) || counters.packets("ctl6") < u64::from(EACH) {
-        assert!(
-            start.elapsed() < deadline(COUNTER_WAIT),
-            "control: the fragmented SYNs from the pod to {cloud4} / {cloud6} never arrived at the cloud ({} / {} packets)",
-            counters.packets("ctl4"),
-            counters.packets("ctl6")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    counters.wait(
+        &["ctl4", "ctl6"],
+        u64::from(EACH),
+        &format!("the fragmented SYNs from the pod to {cloud4} / {cloud6}"),
+    );
     std::thread::sleep(Duration::from_millis(200));
     let mut f = Findings::new();
     for (name, meta) in [("meta4", META4), ("meta6", META6)] {
@@ -1002,22 +853,6 @@ fn stale_exemption_of_a_vanished_pod_is_not_usable_by_a_neighbour() {
 // ---------------------------------------------------------------------------------------------
 
 /// A bridge + host-local entry with explicit ranges.
-/// A list on the exempt pod's bridge (`cni0`) without natguard: its pods are attached by the
-/// bridge plugin alone, from a range of their own in the same subnet.
-fn never_seen_on_cni0(w: &World) -> Chain {
-    w.chain(json!({
-        "cniVersion": "1.1.0",
-        "name": "unguarded",
-        "plugins": [bridge_entry(
-            w,
-            "unguarded",
-            "cni0",
-            json!({ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }),
-            json!({ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" })
-        )]
-    }))
-}
-
 /// Issue of a shared bridge: a pod natguard never saw (another conflist on the exempt pod's
 /// bridge) claims the exempt pod's addresses (ARP, neighbour advertisement, source) and opens
 /// metadata TCP from them: it never reaches the REAL server, and the exempt pod keeps its own.
@@ -1035,7 +870,7 @@ fn address_and_mac_theft_by_a_pod_natguard_never_saw_never_reaches_real_metadata
 fn theft_by_a_never_seen_pod(test: &str, steal_mac: bool) {
     let w = real_world(test);
     let chain = w.chain(w.list("theftns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
-    let unguarded = never_seen_on_cni0(&w);
+    let unguarded = unguarded_on_cni0(&w);
     address_theft_by(&w, &chain, &unguarded, steal_mac).finish(&format!(
         "{test}: theft by a pod natguard never saw on the same bridge"
     ));
@@ -1521,20 +1356,6 @@ fn node_neighbour(w: &World, addr: IpAddr) -> Option<String> {
     neighbour_mac(&w.node, addr)
 }
 
-/// Waits until counter `name` has counted at least `n` packets (a bound for the failure
-/// report, not an assertion about speed).
-fn wait_counter(c: &Counters, name: &str, n: u64, what: &str) {
-    let start = Instant::now();
-    while c.packets(name) < n {
-        assert!(
-            start.elapsed() < deadline(COUNTER_WAIT),
-            "control: {what} never arrived ({} of {n})",
-            c.packets(name)
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// A bridge network with natguard exempting [`EXEMPT_NS`]: an exempt pod and a default pod
 /// (the thief) on it, the exempt pod's metadata answered by the real server (the control).
 fn exempt_and_thief(test: &str, list: &str) -> (World, Pod, Pod) {
@@ -1572,7 +1393,7 @@ fn vlan_tagged_claims_from_a_pod_natguard_never_saw_never_reach_real_metadata() 
     let chain = w.chain(w.list("vlanns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
     let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
     control_metadata(&exempt, REAL, "exempt pod before the attack");
-    let thief = w.add_pod(&never_seen_on_cni0(&w), "thief", "default");
+    let thief = w.add_pod(&unguarded_on_cni0(&w), "thief", "default");
     vlan_tagged_claims(&w, &exempt, &thief)
         .finish("VLAN-tagged claims from a pod natguard never saw");
 }
@@ -1584,8 +1405,7 @@ fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {
     let (gw4, _) = gateways(thief);
     // The node learns the exempt pod's neighbour entries from real traffic first.
     control_network(exempt, "exempt pod");
-    let (cloud4, cloud6): (IpAddr, IpAddr) =
-        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
     let counters = Counters::install(
         &w.h,
         &w.cloud,
@@ -1662,15 +1482,13 @@ fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {
     for (src, dst) in [(thief.v4, cloud4), (thief.v6, cloud6)] {
         send_segments(&w.h, &thief.ns, src, dst, 80, EACH as u32, &[0x02]);
     }
-    wait_counter(
-        &counters,
-        "own4",
+    counters.wait(
+        &["own4"],
         EACH,
         "the thief's untagged IPv4 SYNs to the cloud",
     );
-    wait_counter(
-        &counters,
-        "own6",
+    counters.wait(
+        &["own6"],
         EACH,
         "the thief's untagged IPv6 SYNs to the cloud",
     );
@@ -1795,15 +1613,13 @@ fn mac_theft_on_a_bridge_overhears_nothing_sent_to_the_exempt_pod() {
     );
     send_segments(&w.h, &w.node, gw4, exempt.v4, 9, 3, &[0x02]);
     send_segments(&w.h, &w.node, gw6, exempt.v6, 9, 3, &[0x02]);
-    wait_counter(
-        &received,
-        "from_node4",
+    received.wait(
+        &["from_node4"],
         3,
         "the node's IPv4 segments at the exempt pod",
     );
-    wait_counter(
-        &received,
-        "from_node6",
+    received.wait(
+        &["from_node6"],
         3,
         "the node's IPv6 segments at the exempt pod",
     );
@@ -1833,8 +1649,7 @@ fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
     w.node.sysctl("net.ipv4.conf.vxtest.rp_filter", "0");
     w.node.sysctl("net.ipv4.conf.all.rp_filter", "0");
     let vx_mac = mac_of(&w.node, "vxtest");
-    let (cloud4, cloud6): (IpAddr, IpAddr) =
-        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
     let counters = Counters::install(
         &w.h,
         &w.cloud,
@@ -1862,15 +1677,13 @@ fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
     send("fd00:99::7", META6);
     send("10.99.0.7", cloud4);
     send("fd00:99::7", cloud6);
-    wait_counter(
-        &counters,
-        "ctl4",
+    counters.wait(
+        &["ctl4"],
         3,
         "decapsulated IPv4 SYNs to the cloud's own address",
     );
-    wait_counter(
-        &counters,
-        "ctl6",
+    counters.wait(
+        &["ctl6"],
         3,
         "decapsulated IPv6 SYNs to the cloud's own address",
     );
@@ -1883,22 +1696,6 @@ fn vxlan_decapsulated_metadata_tcp_never_reaches_the_metadata_host() {
         });
     }
     f.finish("VXLAN decapsulation");
-}
-
-/// A routed (ptp) network `name` whose conflist has no natguard (pods in 10.244.9.0/24 and
-/// fd00:10:244:9::/64): its pods are pods natguard never saw.
-fn ptp_without_natguard(w: &World, name: &str) -> Chain {
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join(format!("ipam-{name}")),
-            "ranges": [[{ "subnet": "10.244.9.0/24" }], [{ "subnet": "fd00:10:244:9::/64" }]],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
-    w.chain(json!({ "cniVersion": "1.0.0", "name": name, "plugins": [ptp] }))
 }
 
 /// A routed (ptp) network whose conflist has no natguard (a network added later, a runtime that
@@ -2002,16 +1799,7 @@ fn a_primary_that_bypasses_the_node_is_refused_unless_accepted() {
 #[test]
 fn reset_counters_name_the_pod_that_sent_the_packet() {
     let w = real_world("sec-count-sender");
-    let ptp = json!({
-        "type": "ptp",
-        "ipMasq": false,
-        "ipam": {
-            "type": "host-local",
-            "dataDir": w.dir().join("ipam-cnt"),
-            "ranges": [[{ "subnet": "10.244.10.0/24" }], [{ "subnet": "fd00:10:244:10::/64" }]],
-            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
-        }
-    });
+    let ptp = w.ptp("cnt", 10);
     let chain = w.chain(json!({
         "cniVersion": "1.0.0",
         "name": "cntsend",
@@ -2189,20 +1977,10 @@ fn a_host_side_that_is_not_the_pods_veth_is_never_used() {
         .to_string();
     // The exempt pod's interface and addresses come from the bridge plugin alone.
     let sys = w.add_pod(&plain, "sys", EXEMPT_NS);
-    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
     let counters = Counters::install(
         &w.h,
         &w.cloud,
-        &[
-            (
-                "syn4",
-                format!("ip saddr {} ip daddr {META4} {SYN}", sys.v4),
-            ),
-            (
-                "syn6",
-                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", sys.v6),
-            ),
-        ],
+        &syns_to_metadata(("syn4", "syn6"), (sys.v4, sys.v6)),
     );
     let claimed = |host: &str| {
         let mut prev = sys.result.clone();
@@ -2326,32 +2104,22 @@ fn a_proxy_target_admits_only_what_natguard_redirected() {
     );
     pod.ns.addr("eth0", &format!("{self4}/32"));
     pod.ns.ip(&format!("addr add {self6}/128 dev eth0 nodad"));
-    const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
-    let (cloud4, cloud6): (IpAddr, IpAddr) =
-        ("10.20.0.2".parse().unwrap(), "fd00:c1::2".parse().unwrap());
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
     let counters = Counters::install(
         &w.h,
         &w.cloud,
         &[
-            ("self4", format!("ip saddr {self4} ip daddr {META4} {SYN}")),
-            (
-                "self6",
-                format!("ip6 saddr {self6} ip6 daddr {META6} {SYN}"),
-            ),
-            (
-                "unseen4",
-                format!("ip saddr {} ip daddr {META4} {SYN}", unseen.v4),
-            ),
-            (
-                "unseen6",
-                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", unseen.v6),
-            ),
-            ("ctl4", format!("ip saddr {self4} ip daddr {cloud4} {SYN}")),
-            (
-                "ctl6",
-                format!("ip6 saddr {self6} ip6 daddr {cloud6} {SYN}"),
-            ),
-        ],
+            syns_to_metadata(("self4", "self6"), (self4, self6)).as_slice(),
+            &syns_to_metadata(("unseen4", "unseen6"), (unseen.v4, unseen.v6)),
+            &[
+                ("ctl4", format!("ip saddr {self4} ip daddr {cloud4} {SYN}")),
+                (
+                    "ctl6",
+                    format!("ip6 saddr {self6} ip6 daddr {cloud6} {SYN}"),
+                ),
+            ],
+        ]
+        .concat(),
     );
     w.on_node(&format!(
         "nft add element inet natguard proxies4 {{ {META4} . 80 }}"
@@ -2371,15 +2139,13 @@ fn a_proxy_target_admits_only_what_natguard_redirected() {
     // The controls go last: once they have arrived, so has everything sent before them.
     send_segments(&w.h, &pod.ns, self4, cloud4, 80, 1, &[0x02]);
     send_segments(&w.h, &pod.ns, self6, cloud6, 80, 1, &[0x02]);
-    wait_counter(
-        &counters,
-        "ctl4",
+    counters.wait(
+        &["ctl4"],
         1,
         "the self-given IPv4 address's SYN to the cloud",
     );
-    wait_counter(
-        &counters,
-        "ctl6",
+    counters.wait(
+        &["ctl6"],
         1,
         "the self-given IPv6 address's SYN to the cloud",
     );

@@ -1,25 +1,35 @@
 //! A node that lives for months: tens of thousands of distinct pod addresses pass through it,
 //! Calico/AWS-VPC-style (/32 and /128, a routed host interface per pod) and bridge-style (/24
-//! and /64 behind one bridge), 16 invocations at a time. Nothing natguard keeps may grow with
-//! that history, only with what is alive, and no call may hang.
+//! and /64 behind one bridge), 16 invocations at a time, while one pod stays alive throughout.
+//! The cycles vary as a runtime's do: DELs with and without prevResult (0.3.x lists, a lost
+//! cache) and without a netns (CRI's second DEL), an ADD repeated before its DEL, a DEL that
+//! comes twice (CRI retries, kubelet GC), and some attachments are a pod's second interface.
+//! Nothing natguard keeps may grow with that history, only with what is alive, and no call may
+//! hang.
 //!
-//! Checked: every ADD and DEL exits 0 within its deadline; while the churn runs, the per-pod
-//! elements never exceed what the live pods need; afterwards natguard's tables hold only the
-//! network's shared objects; no process natguard started is left (no zombie of ours); nothing
-//! but the lock and the conntrack IPv6 filter probe's per-boot verdict is left in natguard's
-//! runtime directory; and a GC of thousands of stale attachments returns and removes them all.
+//! Checked: every ADD and DEL exits 0 within its deadline and every ADD passes the prevResult
+//! on; while the churn runs, the per-pod elements never exceed what the live pods need;
+//! afterwards natguard's table is byte-identical to what it was with the long-lived pod alone,
+//! conntrack is unchanged, and the per-pod sets hold exactly that pod's entries (the model of
+//! `common::synthetic`); once it is deleted too, only the network's shared objects are left;
+//! no process natguard started is left (no zombie of ours); nothing but the lock and fixed-name
+//! records is left in natguard's runtime directory; and a GC of thousands of stale attachments
+//! returns and removes them all.
 //!
-//! natguard's runtime directory is the test's own: every invocation runs in a private mount
-//! namespace with a directory of the test mounted over /run/natguard, so the machine's
-//! /run/natguard is never read, and a readiness file that `natguard install` left there on
-//! this machine changes nothing.
+//! natguard's runtime directory is the test's own: every invocation runs in the private node
+//! state `common::run` gives the test's network namespace, so the machine's /run/natguard is
+//! never read or written, and a readiness file that `natguard install` left there on this
+//! machine changes nothing.
 //!
 //! CI runs 2,000 ADD/DEL cycles; `NATGUARD_SOAK_CYCLES=20000 cargo test --release --test soak`
 //! is the full run (scripts/bench.sh documents it). Needs root; never skips.
 
 mod common;
 
-use common::run::Natguard;
+use common::run::{node_dir, Natguard};
+use common::synthetic::{
+    add, assert_pods_exactly, cfg_a, del, gc_invocation, must_state, stdin_of, SynPod, NET,
+};
 use common::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -27,7 +37,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-const NET: &str = "soak";
 const PARALLEL: usize = 16;
 /// A bound for one call to return: far above what a call takes, only there to catch a hang.
 const CALL_DEADLINE: Duration = Duration::from_secs(60);
@@ -39,21 +48,9 @@ fn cycles() -> usize {
         .unwrap_or(2000)
 }
 
-fn cfg() -> Value {
-    json!({
-        "cniVersion": "1.1.0",
-        "name": NET,
-        "type": "natguard",
-        "metadata": {
-            "proxyIPv4": "192.0.2.10",
-            "proxyIPv6": "2001:db8::10",
-            "exemptNamespaces": ["kube-system"]
-        }
-    })
-}
-
 /// Pod `i`: even ones Calico-style (/32, own routed interface), odd ones bridge-style (/24
-/// behind `cni0`); every seventh in an exempt namespace. Addresses are distinct for every `i`.
+/// behind `cni0`); every seventh in an exempt namespace, and another seventh attached as a
+/// second interface. Addresses are distinct for every `i`.
 struct SoakPod {
     i: usize,
     netns: String,
@@ -65,6 +62,14 @@ impl SoakPod {
     }
     fn cid(&self) -> String {
         format!("soak{:08x}", self.i)
+    }
+    /// Some pods' attachment is a second interface (Multus).
+    fn ifname(&self) -> &'static str {
+        if self.i % 7 == 3 {
+            "net1"
+        } else {
+            "eth0"
+        }
     }
     fn namespace(&self) -> &'static str {
         if self.i.is_multiple_of(7) {
@@ -92,7 +97,7 @@ impl SoakPod {
             )
         };
         let mut interfaces = host;
-        interfaces.push(json!({ "name": "eth0", "sandbox": self.netns }));
+        interfaces.push(json!({ "name": self.ifname(), "sandbox": self.netns }));
         let idx = interfaces.len() - 1;
         json!({
             "cniVersion": "1.1.0",
@@ -105,28 +110,57 @@ impl SoakPod {
     }
 }
 
-/// natguard's runtime directory as invocations see it.
-const RUN_DIR: &str = "/run/natguard";
+/// What a DEL is sent with.
+#[derive(Clone, Copy, PartialEq)]
+enum Del {
+    /// The pod's prevResult, as a runtime with a result cache sends it.
+    Cached,
+    /// No prevResult (a 0.3.x list, a lost cache).
+    NoPrev,
+    /// No prevResult and no netns (CRI's second DEL).
+    Bare,
+}
 
-/// Runs natguard `verb` for `pod` in `ns`, with `run` as its runtime directory; panics unless
-/// it exits 0 within [`CALL_DEADLINE`].
+/// Pod `i`'s calls after its ADD: one DEL each, of every kind, and now and then a second ADD
+/// before the DEL or a second DEL after it.
+fn cycle(i: usize) -> Vec<(&'static str, Del)> {
+    // Now and then a DEL without prevResult.
+    let del = if i.is_multiple_of(5) {
+        Del::NoPrev
+    } else {
+        Del::Cached
+    };
+    match i % 4 {
+        0 => vec![("DEL", del)],
+        1 => vec![("DEL", Del::Bare)],
+        2 => vec![("ADD", Del::Cached), ("DEL", del)],
+        _ if i % 8 == 3 => vec![("DEL", del), ("DEL", Del::Cached)],
+        _ => vec![("DEL", del)],
+    }
+}
+
+/// Runs natguard `verb` for `pod` in `ns` under `cfg` (an ADD always with the prevResult);
+/// panics unless it exits 0 within [`CALL_DEADLINE`], and unless an ADD's reply passes the
+/// prevResult on.
 fn call(
     ns: &Netns,
-    run: &std::path::Path,
+    cfg: &Value,
     verb: &str,
     pod: &SoakPod,
-    with_prev: bool,
+    shape: Del,
     durations: &Mutex<Vec<u128>>,
 ) {
-    let mut conf = cfg();
-    if with_prev {
-        conf["prevResult"] = pod.prev();
-    }
+    let prev = (verb == "ADD" || shape == Del::Cached).then(|| pod.prev());
+    let netns = if verb == "DEL" && shape == Del::Bare {
+        String::new()
+    } else {
+        pod.netns.clone()
+    };
     let env = [
         ("CNI_COMMAND", verb.to_string()),
         ("CNI_CONTAINERID", pod.cid()),
-        ("CNI_IFNAME", "eth0".into()),
-        ("CNI_NETNS", pod.netns.clone()),
+        ("CNI_IFNAME", pod.ifname().into()),
+        ("CNI_NETNS", netns),
         ("CNI_PATH", "/opt/cni/bin".into()),
         (
             "CNI_ARGS",
@@ -138,8 +172,7 @@ fn call(
         ),
     ];
     let started = Instant::now();
-    Natguard::cni(&env, &serde_json::to_vec(&conf).unwrap())
-        .bind_mount(run, RUN_DIR, common::run::Access::ReadWrite)
+    let inv = Natguard::cni(&env, &stdin_of(cfg, NET, prev.clone()))
         .bound(CALL_DEADLINE)
         .run_in(ns)
         .succeeded();
@@ -147,6 +180,14 @@ fn call(
         .lock()
         .unwrap()
         .push(started.elapsed().as_micros());
+    if verb == "ADD" {
+        let (reply, prev) = (inv.reply(), prev.unwrap());
+        assert_eq!(
+            reply["ips"], prev["ips"],
+            "ADD must pass the result on: {inv}"
+        );
+        assert_eq!(reply["interfaces"], prev["interfaces"], "{inv}");
+    }
 }
 
 /// The number of elements of each natguard set in `ns`, both tables.
@@ -217,14 +258,20 @@ fn our_zombies() -> Vec<String> {
 #[test]
 fn months_of_churn_leave_only_what_is_alive() {
     let h = Harness::new("soak");
-    require_tools(&["nft"]);
+    require_tools(&["nft", "conntrack"]);
     let ns = h.netns("node");
+    let cfg = cfg_a();
     let netns_dir = h.dir().join("netns");
     std::fs::create_dir_all(&netns_dir).unwrap();
-    let run = h.dir().join("run-natguard");
-    std::fs::create_dir_all(&run).unwrap();
-    std::fs::create_dir_all(RUN_DIR).unwrap();
+    // natguard's /run/natguard in the node state of `ns`.
+    let run = node_dir(&ns).join("run").join("natguard");
     let run = run.as_path();
+    // The long-lived pod: its ADD also creates the network's shared objects.
+    let anchor = SynPod::numbered("anchor", 0, 9);
+    add(&ns, &cfg, &anchor).succeeded();
+    let table_before = nft_table(&ns).expect("table after the first ADD");
+    let counts_before = element_counts(&ns);
+    let ct_before = conntrack_list(&ns, &[]);
     let total = cycles();
     let next = AtomicUsize::new(0);
     let durations = Mutex::new(Vec::new());
@@ -241,8 +288,9 @@ fn months_of_churn_leave_only_what_is_alive() {
         }
     };
     // Per live pod: its record, attachment and interface, and up to 6 address elements per
-    // family; PARALLEL pods are alive at most at once, plus the shared bridge's element.
-    let bound = PARALLEL * (3 + 2 * 6) + 1;
+    // family; PARALLEL pods and the long-lived one are alive at most at once, plus the shared
+    // bridge's element.
+    let bound = (PARALLEL + 1) * (3 + 2 * 6) + 1;
     // Workers still running: the sampler stops when they are all gone, panicked ones included,
     // so a failing worker fails the test instead of hanging it.
     let working = AtomicUsize::new(PARALLEL);
@@ -262,9 +310,10 @@ fn months_of_churn_leave_only_what_is_alive() {
                         return;
                     }
                     let p = pod(i);
-                    call(&ns, run, "ADD", &p, true, &durations);
-                    // Now and then a DEL without prevResult (0.3.x lists, a lost cache).
-                    call(&ns, run, "DEL", &p, !i.is_multiple_of(5), &durations);
+                    call(&ns, &cfg, "ADD", &p, Del::Cached, &durations);
+                    for (verb, shape) in cycle(i) {
+                        call(&ns, &cfg, verb, &p, shape, &durations);
+                    }
                     let _ = std::fs::remove_file(&p.netns);
                 }
             });
@@ -278,12 +327,35 @@ fn months_of_churn_leave_only_what_is_alive() {
         });
     });
     let calls = durations.lock().unwrap().len();
-    assert_eq!(calls, 2 * total, "every ADD and DEL returned");
+    let want_calls: usize = (0..total).map(|i| 1 + cycle(i).len()).sum();
+    assert_eq!(calls, want_calls, "every ADD and DEL returned");
     let peak = peak.load(Ordering::SeqCst);
     assert!(
         peak <= bound,
-        "per-pod elements peaked at {peak} with at most {PARALLEL} pods alive (bound {bound})"
+        "per-pod elements peaked at {peak} with at most {PARALLEL} pods and the long-lived one \
+         alive (bound {bound})"
     );
+    assert_eq!(
+        nft_table(&ns).expect("table after churn"),
+        table_before,
+        "{total} ADD/DEL cycles changed natguard's table"
+    );
+    assert_eq!(
+        element_counts(&ns),
+        counts_before,
+        "{total} ADD/DEL cycles changed the number of elements of natguard's sets"
+    );
+    assert_eq!(
+        conntrack_list(&ns, &[]),
+        ct_before,
+        "churn changed conntrack"
+    );
+    assert_pods_exactly(
+        &must_state(&ns),
+        std::slice::from_ref(&anchor),
+        "after churn",
+    );
+    del(&ns, &cfg, &anchor).succeeded();
     let counts = element_counts(&ns);
     assert_eq!(
         per_pod_elements(&counts),
@@ -292,7 +364,7 @@ fn months_of_churn_leave_only_what_is_alive() {
     );
     assert!(our_zombies().is_empty(), "zombies: {:?}", our_zombies());
     let run_dir: Vec<String> = std::fs::read_dir(run)
-        .unwrap()
+        .unwrap_or_else(|e| panic!("natguard's runtime directory {}: {e}", run.display()))
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         // The lock, the per-boot verdict of the conntrack IPv6 filter probe, and the one
@@ -309,7 +381,7 @@ fn months_of_churn_leave_only_what_is_alive() {
         .collect();
     assert!(
         run.join("lock").exists(),
-        "natguard never used its runtime directory {}: the mount did not take",
+        "natguard never used its runtime directory {}",
         run.display()
     );
     assert!(
@@ -336,22 +408,16 @@ fn months_of_churn_leave_only_what_is_alive() {
                 if k >= stale {
                     return;
                 }
-                call(&ns, run, "ADD", &pod(base + k), true, &durations);
+                call(&ns, &cfg, "ADD", &pod(base + k), Del::Cached, &durations);
             });
         }
     });
     assert!(per_pod_elements(&element_counts(&ns)) >= stale);
-    let mut gc = cfg();
-    gc["cni.dev/valid-attachments"] = json!([]);
     let started = Instant::now();
-    Natguard::cni(
-        &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")],
-        &serde_json::to_vec(&gc).unwrap(),
-    )
-    .bind_mount(run, RUN_DIR, common::run::Access::ReadWrite)
-    .bound(CALL_DEADLINE)
-    .run_in(&ns)
-    .succeeded();
+    gc_invocation(NET, &cfg, &[])
+        .bound(CALL_DEADLINE)
+        .run_in(&ns)
+        .succeeded();
     let counts = element_counts(&ns);
     assert_eq!(
         per_pod_elements(&counts),

@@ -1,5 +1,7 @@
-//! Pieces for the attack tests (`tests/security.rs`): a "real" metadata server bound only to the
-//! metadata addresses, a keep-alive client, hand-made TCP segments and neighbour announcements
+//! Pieces for the attack tests (`tests/security.rs`, `tests/endpoints.rs`,
+//! `tests/kernel_features.rs`): the exempt namespace, the positive controls and the networks
+//! natguard never saw that they share, a "real" metadata server bound only to the metadata
+//! addresses, a keep-alive client, hand-made TCP segments and neighbour announcements
 //! sent from inside a pod, packet counters in another namespace, and a collector for several
 //! findings of one test.
 //!
@@ -10,6 +12,135 @@ use super::*;
 
 /// The body the real metadata server answers with.
 pub const REAL: &str = "REAL";
+
+// ---------------------------------------------------------------------------------------------
+// What every attack test shares: the exempt namespace, the controls, the pods' gateways and
+// MACs, the networks natguard never saw, SYN counters at the metadata host
+// ---------------------------------------------------------------------------------------------
+
+/// The Kubernetes namespace the attack tests' natguard exempts.
+pub const EXEMPT_NS: &str = "kube-system";
+
+/// Upper bound for waiting on packet counters, stretched by [`deadline`] in the kernel layer's
+/// VMs (a bound for failure reports, not an assertion on speed).
+pub const COUNTER_WAIT: Duration = Duration::from_secs(20);
+
+/// A SYN to port 80 as nft matches it: what a connect sends first, never an answer's RST or ACK.
+pub const SYN: &str = "tcp dport 80 tcp flags & (syn | ack | rst) == syn";
+
+/// The cloud namespace's own addresses, which are not metadata addresses: where controls go.
+pub const CLOUD4: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 20, 0, 2));
+pub const CLOUD6: IpAddr = IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xc1, 0, 0, 0, 0, 0, 2));
+
+/// Both metadata addresses' HTTP endpoints.
+pub fn metas() -> [SocketAddr; 2] {
+    [sa(META4, HTTP_PORT), sa(META6, HTTP_PORT)]
+}
+
+/// natguard with [`EXEMPT_NS`] exempt and `patch` merged in.
+pub fn exempt_cfg(w: &World, patch: Value) -> Value {
+    let mut c = w.natguard(json!({ "metadata": { "exemptNamespaces": [EXEMPT_NS] } }));
+    merge(&mut c, &patch);
+    c
+}
+
+/// Hard control: the pod gets `want` from both metadata addresses.
+pub fn control_metadata(pod: &Pod, want: &str, what: &str) {
+    for t in metas() {
+        assert_eq!(
+            http_get(&pod.ns, t),
+            body(want),
+            "control ({what}): pod {} -> http://{t}/ should be answered by {want}",
+            pod.att.container_id
+        );
+    }
+}
+
+/// Hard control: the pod reaches the remote host inside nonMasqueradeCIDRs on both families.
+pub fn control_network(pod: &Pod, what: &str) {
+    for (remote, me) in [(REMOTE_IN4, pod.v4), (REMOTE_IN6, pod.v6)] {
+        assert_eq!(
+            tcp_whoami(&pod.ns, sa(remote, WHOAMI_PORT)),
+            Ok(me),
+            "control ({what}): pod {} should reach {remote} with its own address",
+            pod.att.container_id
+        );
+    }
+}
+
+/// The gateways of the pod's result (IPv4, IPv6).
+pub fn gateways(pod: &Pod) -> (IpAddr, IpAddr) {
+    let mut g4 = None;
+    let mut g6 = None;
+    for ip in pod.result["ips"].as_array().cloned().unwrap_or_default() {
+        if let Some(g) = ip["gateway"].as_str() {
+            let g: IpAddr = g.parse().expect("gateway");
+            if g.is_ipv4() {
+                g4.get_or_insert(g);
+            } else {
+                g6.get_or_insert(g);
+            }
+        }
+    }
+    (
+        g4.unwrap_or_else(|| panic!("no IPv4 gateway in {}", pod.result)),
+        g6.unwrap_or_else(|| panic!("no IPv6 gateway in {}", pod.result)),
+    )
+}
+
+/// A MAC address of interface `ifname` in `ns`.
+pub fn mac_of(ns: &Netns, ifname: &str) -> String {
+    let out = ns.ip(&format!("-j link show {ifname}"));
+    let v: Value = serde_json::from_str(&out).expect("ip -j link");
+    v[0]["address"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no MAC address for {ifname}: {out}"))
+        .to_string()
+}
+
+/// The MAC address `ns`'s neighbour table holds for `addr`, if any.
+pub fn neighbour_mac(ns: &Netns, addr: IpAddr) -> Option<String> {
+    let out = ns.ip(&format!("-j neigh show {addr}"));
+    let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+    v.as_array()?
+        .iter()
+        .find_map(|n| n["lladdr"].as_str().map(str::to_string))
+}
+
+/// A routed (ptp) network `name` whose conflist has no natguard (pods in network 9's subnets,
+/// 10.244.9.0/24 and fd00:10:244:9::/64): its pods are pods natguard never saw.
+pub fn ptp_without_natguard(w: &World, name: &str) -> Chain {
+    w.chain(json!({ "cniVersion": "1.0.0", "name": name, "plugins": [w.ptp(name, 9)] }))
+}
+
+/// A list without natguard on network 0's bridge `cni0`, from a range of its own (.200 to
+/// .250): its pods are pods natguard never saw, on the same bridge as natguard's.
+pub fn unguarded_on_cni0(w: &World) -> Chain {
+    let mut bridge = w.bridge("unguarded", 0);
+    bridge["ipam"]["ranges"] = json!([
+        [{ "subnet": pod_subnet4(0), "rangeStart": "10.244.0.200", "rangeEnd": "10.244.0.250" }],
+        [{ "subnet": pod_subnet6(0), "rangeStart": "fd00:10:244::200", "rangeEnd": "fd00:10:244::250" }]
+    ]);
+    w.chain(json!({ "cniVersion": "1.1.0", "name": "unguarded", "plugins": [bridge] }))
+}
+
+/// Counter rules (for [`Counters::install`] at the metadata host) of [`SYN`]s from `src`
+/// (IPv4, IPv6) to the metadata addresses, named `names` (IPv4, IPv6).
+pub fn syns_to_metadata(
+    names: (&'static str, &'static str),
+    src: (IpAddr, IpAddr),
+) -> [(&'static str, String); 2] {
+    [
+        (
+            names.0,
+            format!("ip saddr {} ip daddr {META4} {SYN}", src.0),
+        ),
+        (
+            names.1,
+            format!("ip6 saddr {} ip6 daddr {META6} {SYN}", src.1),
+        ),
+    ]
+}
 
 /// Sends hand-made TCP segments: `segments.py SRC DST DPORT COUNT FLAGS...` (FLAGS as integers).
 /// Each flag combination is sent COUNT times from a fresh random source port and sequence
@@ -446,6 +577,20 @@ impl Counters {
         fs::write(&path, &text).expect("write counters");
         ns.run(&["nft", "-f", path.to_str().expect("utf-8 path")]);
         Counters { ns: ns.clone() }
+    }
+
+    /// Waits until every counter of `names` has counted at least `n` packets (a bound for the
+    /// failure report, [`COUNTER_WAIT`], not an assertion about speed).
+    pub fn wait(&self, names: &[&str], n: u64, what: &str) {
+        let start = Instant::now();
+        while names.iter().any(|x| self.packets(x) < n) {
+            assert!(
+                start.elapsed() < deadline(COUNTER_WAIT),
+                "control: {what} never all arrived ({:?} of {n})",
+                names.iter().map(|x| self.packets(x)).collect::<Vec<_>>()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// Packets counted so far by counter `name`.

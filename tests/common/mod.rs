@@ -4,7 +4,7 @@
 //! the root namespace. A [`Harness`] owns every namespace, process and temporary directory it
 //! created and removes them when dropped, also when a test panics.
 //!
-//! Pieces (everything but `run`, `synthetic` and `attack` is re-exported here):
+//! Pieces (everything but `run`, `synthetic`, `attack` and `exposition` is re-exported here):
 //! - `netns`: [`Harness`] / [`Netns`]: namespaces, `ip` topology helpers, processes inside
 //!   namespaces, and the servers: an HTTP responder with a fixed body (busybox httpd) and a
 //!   TCP/UDP "who am I" echo that answers with the client's source address as it saw it (socat).
@@ -20,6 +20,8 @@
 //! - [`synthetic`]: pods that exist only as a CNI environment and a prevResult, and a model of
 //!   the kernel state they must leave.
 //! - [`attack`]: pieces of the attack tests (`tests/security.rs`).
+//! - [`exposition`]: the tests' one Prometheus text parser (strict), also included by the
+//!   report's unit tests in `src/`.
 //! - [`watcher`]: a running `natguard install --watch` in the node namespace.
 //! - here: running commands, requiring root and tools, reading nft and conntrack state.
 #![allow(dead_code)]
@@ -27,6 +29,7 @@
 pub mod attack;
 mod chain;
 mod clients;
+pub mod exposition;
 mod netns;
 pub mod run;
 pub mod synthetic;
@@ -212,6 +215,18 @@ pub fn nft_table(ns: &Netns) -> Option<String> {
 /// `nft -s list ruleset` in `ns` (without counter values).
 pub fn nft_ruleset(ns: &Netns) -> String {
     ns.run(&["nft", "-s", "list", "ruleset"])
+}
+
+/// `conntrack -I -t 3600 <args...>` in `ns`: an entry that outlives the test, as the CLI
+/// builds it.
+pub fn conntrack_insert(ns: &Netns, args: &[&str]) {
+    let out = output(ns.cmd("conntrack").args(["-I", "-t", "3600"]).args(args));
+    assert!(
+        out.status.success(),
+        "conntrack -I {args:?} in {}: {}",
+        ns.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `conntrack -L <filter...>` in `ns`: the entry lines.

@@ -179,6 +179,23 @@ impl World {
         })
     }
 
+    /// The `ptp` entry (a routed veth per pod, no bridge) of network `index`'s subnets.
+    pub fn ptp(&self, name: &str, index: u8) -> Value {
+        json!({
+            "type": "ptp",
+            "ipMasq": false,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": self.dir().join(format!("ipam-{name}")),
+                "ranges": [
+                    [{ "subnet": pod_subnet4(index) }],
+                    [{ "subnet": pod_subnet6(index) }]
+                ],
+                "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+            }
+        })
+    }
+
     /// A conflist: the bridge entry of network `index`, then natguard (if given).
     pub fn list(&self, name: &str, version: &str, index: u8, natguard: Option<Value>) -> Value {
         let mut plugins = vec![self.bridge(name, index)];

@@ -1,4 +1,5 @@
-//! Unit tests of `natguard metrics`: the Prometheus text read back with the strict parser.
+//! Unit tests of `natguard metrics`: the Prometheus text read back with the tests' strict parser
+//! (tests/common/exposition.rs, whose own tests are in tests/counters.rs).
 
 use super::exposition::*;
 use super::tests::{fam, node, without_per_pod_counters};
@@ -12,13 +13,6 @@ pub(super) fn family<'a>(metrics: &'a [Metric], name: &str) -> &'a Metric {
         .unwrap_or_else(|| panic!("no metric {name}"))
 }
 
-pub(super) fn labels(pairs: &[(&str, &str)]) -> Labels {
-    pairs
-        .iter()
-        .map(|(l, v)| (l.to_string(), v.to_string()))
-        .collect()
-}
-
 pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
     let want = labels(pairs);
     m.samples
@@ -26,95 +20,6 @@ pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
         .find(|s| s.labels == want)
         .unwrap_or_else(|| panic!("{}: no series {pairs:?}", m.name))
         .value
-}
-
-#[test]
-fn parser_accepts_the_format() {
-    let text = "# HELP a_total Something \\\\ with\\nlines.\n\
-                # TYPE a_total counter\n\
-                a_total{x=\"1\",y=\"q\\\"\\\\\\n\u{e9}\"} 3\n\
-                a_total{x=\"2\"} 1.5e3\n\
-                # TYPE b gauge\n\
-                b +Inf\n\
-                b{} NaN\n";
-    // `b` and `b{}` are the same series.
-    assert!(parse_exposition(text)
-        .unwrap_err()
-        .contains("duplicate series"));
-    let text = text.replace("b{} NaN\n", "b{k=\"\"} -0.5\n");
-    let m = parse_exposition(&text).unwrap();
-    assert_eq!(m.len(), 2);
-    assert_eq!(m[0].help.as_deref(), Some("Something \\ with\nlines."));
-    assert_eq!(m[0].kind.as_deref(), Some("counter"));
-    assert_eq!(
-        m[0].samples[0].labels,
-        labels(&[("x", "1"), ("y", "q\"\\\n\u{e9}")])
-    );
-    assert_eq!(m[0].samples[1].value, 1500.0);
-    assert_eq!(m[1].help, None);
-    assert_eq!(m[1].samples[0].value, f64::INFINITY);
-    assert_eq!(m[1].samples[1].value, -0.5);
-}
-
-#[test]
-fn parser_rejects_malformed_input() {
-    let head = "# HELP m_total Help.\n# TYPE m_total counter\n";
-    let bad: &[(&str, &str)] = &[
-        ("m_total 1", "newline"),
-        ("m_total 1\n\n", "blank"),
-        ("m_total 1\r\n", "carriage"),
-        (
-            "m_total{a=\"1\"} 1\nm_total{a=\"1\"} 2\n",
-            "duplicate series",
-        ),
-        (
-            "m_total{a=\"1\",b=\"2\"} 1\nm_total{b=\"2\",a=\"1\"} 2\n",
-            "duplicate series",
-        ),
-        ("m_total{a=\"1\",a=\"2\"} 1\n", "twice"),
-        ("m_total{a=1} 1\n", "not quoted"),
-        ("m_total{a=\"1} 1\n", "unterminated"),
-        ("m_total{a=\"x\"y\"} 1\n", "after a label value"),
-        ("m_total{a=\"\\t\"} 1\n", "bad escape"),
-        ("m_total{a=\"1\",} 1\n", "bad label name"),
-        ("m_total{1a=\"1\"} 1\n", "bad label name"),
-        ("m_total{__name__=\"x\"} 1\n", "bad label name"),
-        ("m_total{a-b=\"1\"} 1\n", "bad label name"),
-        ("m_total{a=\"1\"\n", "unterminated"),
-        ("m_total one\n", "bad value"),
-        ("m_total 0x10\n", "bad value"),
-        ("m_total inf\n", "bad value"),
-        ("m_total 1..2\n", "bad value"),
-        ("m_total\n", "without a value"),
-        ("m_total  1\n", "trailing fields"),
-        ("m_total 1 1700000000000\n", "timestamp"),
-        ("m_total{a=\"1\"}1\n", "single space"),
-        ("0m 1\n", "bad metric name"),
-        ("m-x 1\n", "bad metric name"),
-        ("other 1\n", "before its TYPE"),
-        ("m_total 1\n# TYPE m_total counter\n", "after its samples"),
-        ("m_total 1\n# HELP m_total Again.\n", "after its samples"),
-        ("# HELP m_total Again.\nm_total 1\n", "second HELP"),
-        ("# TYPE m_total gauge\nm_total 1\n", "second TYPE"),
-        ("# TYPE h histogram\nh 1\n", "type"),
-        ("# TYPE g\n", "without text"),
-        ("# TYPE 9g gauge\n", "bad metric name"),
-        ("# HELP g bad \\t escape\n", "bad escape"),
-        ("# just a comment\n", "not a HELP or TYPE"),
-        ("#HELP m_total x\n", "not a HELP or TYPE"),
-        (
-            "m_total{a=\"1\"} 1\n# TYPE g gauge\ng 1\nm_total{a=\"2\"} 1\n",
-            "not together",
-        ),
-    ];
-    for (tail, why) in bad {
-        let text = format!("{head}{tail}");
-        match parse_exposition(&text) {
-            Ok(m) => panic!("accepted {text:?}: {m:?}"),
-            Err(e) => assert!(e.contains(why), "{text:?}: {e} (wanted {why:?})"),
-        }
-    }
-    assert!(parse_exposition(&format!("{head}m_total 1\n")).is_ok());
 }
 
 // -----------------------------------------------------------------------------------------

@@ -897,7 +897,9 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     out
 }
 
+// The Rust tests' one Prometheus text parser lives with the other test fixtures.
 #[cfg(test)]
+#[path = "../../../tests/common/exposition.rs"]
 mod exposition;
 #[cfg(test)]
 mod metrics_tests;

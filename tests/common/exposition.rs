@@ -1,12 +1,24 @@
-//! A strict parser for the subset of the Prometheus text exposition format 0.0.4 that
-//! `natguard metrics` writes: `# HELP`, `# TYPE` (counter or gauge) and samples without
-//! timestamps. It checks the output in the report's unit tests and the real node's output in
-//! tests/counters.rs (which includes this file), so both hold the format to one reading.
+//! The one Prometheus text parser of the Rust tests: strict, for the subset of the text
+//! exposition format 0.0.4 that `natguard metrics` writes (`# HELP`, `# TYPE` counter or gauge,
+//! samples without timestamps). It is stricter than the Prometheus project's own parser, which
+//! accepts a missing final newline, blank lines, timestamps, a sample without a TYPE, a family's
+//! samples apart and a repeated series: output a scraper would merely tolerate fails a test.
+//! The report's unit tests (`src/tools/report`, which include this file) read the rendered text
+//! with it; tests/counters.rs reads a real node's output with it and checks that the Prometheus project's
+//! own parser (`prometheus_client`) reads the same families, samples and values.
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
 
 pub type Labels = Vec<(String, String)>;
+
+/// Label pairs as the parser returns them, in the order given.
+pub fn labels(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(l, v)| (l.to_string(), v.to_string()))
+        .collect()
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
