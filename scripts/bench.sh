@@ -127,10 +127,10 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 # the benchmark's tools (benches/tools/build.sh), compiled here or, when NG_BENCH_TOOLS names a
-# directory holding both, taken from there (scripts/kernels.sh --bench builds them on the host:
+# directory holding them, taken from there (scripts/kernels.sh --bench builds them on the host:
 # its VMs have no compiler on their PATH).
 if [ -n "${NG_BENCH_TOOLS:-}" ]; then
-  cp "$NG_BENCH_TOOLS/timeit" "$NG_BENCH_TOOLS/netload" "$W/"
+  cp "$NG_BENCH_TOOLS/timeit" "$NG_BENCH_TOOLS/netload" "$NG_BENCH_TOOLS/nfbench" "$W/"
 else
   "$REPO/benches/tools/build.sh" "$W"
 fi
@@ -160,7 +160,7 @@ ip netns exec "$NODE" /usr/bin/python3 "$REPO/benches/bench.py" \
   --burst-runs "$BURST_RUNS" --burst-ct "$BURST_CT" --burst-stacks "$BURST_STACKS" \
   --bin-nft "$W/bin-nft" --bin-legacy "$W/bin-legacy" --root-netns-ino "$ROOT_INO" \
   --out "$OUT" --pods "$PODS" --ct "$CT" --stacks "$STACKS" --runs "$RUNS" --commit "$COMMIT" \
-  --timeit "$W/timeit" $PROFILE
+  --timeit "$W/timeit" --nfbench "$W/nfbench" $PROFILE
 case ",$ONLY," in
   *,datapath,*)
     log "datapath: networks $DP_NETS, pods $DP_PODS, $DP_RUNS rounds of $DP_SECS s (load: $(cut -d' ' -f1-3 /proc/loadavg))"
