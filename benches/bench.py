@@ -27,11 +27,12 @@ in the root namespace (it refuses to). What it measures, and how:
   and comments are the ones portmap itself writes. portmap runs only up to PORTMAP_MAX pods:
   each of its ADDs dumps the whole nat table four times, so 10,000 pods would cost seconds
   per sample and blow the run's time budget (the table says so where it is absent).
-* Unrelated conntrack entries are created in bulk over ctnetlink from this process (batched
-  IPCTNL_MSG_CT_NEW, about 1 s per 100,000), in the node namespace.
+* Unrelated conntrack entries are created in bulk over ctnetlink by tools/nfbench.rs, a helper
+  built from natguard's own kernel layer (batched IPCTNL_MSG_CT_NEW, about 1 s per 100,000; the
+  `conntrack -I` CLI takes about 190 s), in the node namespace.
 * Kernel floor: one ctnetlink IPCTNL_MSG_CT_DELETE with CTA_FILTER on an address that has no
-  entry, timed around send+ACK from an already open socket: the cost of one filtered walk of the
-  conntrack table, the least any cleanup of a pod's flows can cost.
+  entry, timed by nfbench around send+ACK from an already open socket: the cost of one filtered
+  walk of the conntrack table, the least any cleanup of a pod's flows can cost.
 * ADD minus its conntrack kernel calls, paired: extra natguard ADDs with a logFile, back to back,
   their DELs after the last; natguard's log line gives the time its conntrack kernel calls took,
   so each ADD's wall time less that is what the ADD costs besides them, from one process (see
@@ -54,12 +55,10 @@ import os
 import platform
 import re
 import shutil
-import socket
 import statistics
 import struct
 import subprocess
 import sys
-import threading
 import time
 
 NETWORK = "benchnet"
@@ -228,151 +227,67 @@ def which(name, path=None):
 
 
 # --------------------------------------------------------------------------------------------
-# ctnetlink: bulk conntrack entries and the kernel's floor
+# Conntrack entries and the kernel's floor, through tools/nfbench.rs (natguard's own kernel layer)
 # --------------------------------------------------------------------------------------------
 
-NETLINK_NETFILTER = 12
-IPCTNL_MSG_CT_NEW = (1 << 8) | 0
-IPCTNL_MSG_CT_DELETE = (1 << 8) | 2
-NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
-CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, CTA_PROTOINFO, CTA_TIMEOUT, CTA_FILTER = 1, 2, 4, 7, 25
-CTA_TUPLE_IP, CTA_TUPLE_PROTO = 1, 2
-CTA_PROTO_NUM, CTA_PROTO_SRC_PORT, CTA_PROTO_DST_PORT = 1, 2, 3
-CTA_PROTOINFO_TCP, CTA_PROTOINFO_TCP_STATE = 1, 1
-CTA_FILTER_ORIG_FLAGS, CTA_FILTER_REPLY_FLAGS = 1, 2
-CTA_FILTER_FLAG_IP_SRC = 1 << 0
-TCP_CONNTRACK_ESTABLISHED = 3
+NFBENCH = None  # path of the tools/nfbench.rs binary, set in main()
+ROOT_INO = None  # the root namespace's inode: nfbench refuses to change its conntrack table
 
 
-def _nla(t, payload):
-    n = 4 + len(payload)
-    return struct.pack("=HH", n, t) + payload + b"\0" * ((-n) % 4)
+def nfbench(args, stdin="", netns=False):
+    """Runs nfbench with args in the current namespace (netns=True: in a new, empty one, for
+    the nf_tables experiments, which create a scratch table); returns its stdout."""
+    argv = (["unshare", "--net"] if netns else []) + [NFBENCH] + args
+    env = dict(os.environ, NFBENCH_ROOT_NETNS_INO=str(ROOT_INO))
+    p = subprocess.run(argv, input=stdin, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        die(f"nfbench {' '.join(args)}: {p.stderr.strip()[:2000]}")
+    return p.stdout
 
 
-def _nest(t, *parts):
-    return _nla(t | 0x8000, b"".join(parts))
-
-
-def _msg(mtype, flags, seq, family, attrs):
-    body = struct.pack("=BBH", family, 0, 0) + attrs
-    return struct.pack("=IHHII", 16 + len(body), mtype, flags, seq, 0) + body
-
-
-def _fam(ip):
-    return socket.AF_INET6 if ":" in ip else socket.AF_INET
-
-
-def _ip_nest(src, dst):
-    fam = _fam(src)
-    s, d = (1, 2) if fam == socket.AF_INET else (3, 4)
-    parts = [_nla(s, socket.inet_pton(fam, src))]
-    if dst is not None:
-        parts.append(_nla(d, socket.inet_pton(fam, dst)))
-    return _nest(CTA_TUPLE_IP, *parts)
-
-
-def _tuple(t, src, dst, sport, dport):
-    return _nest(
-        t,
-        _ip_nest(src, dst),
-        _nest(
-            CTA_TUPLE_PROTO,
-            _nla(CTA_PROTO_NUM, bytes([socket.IPPROTO_TCP])),
-            _nla(CTA_PROTO_SRC_PORT, struct.pack(">H", sport)),
-            _nla(CTA_PROTO_DST_PORT, struct.pack(">H", dport)),
-        ),
-    )
-
-
-def read_acks(sock, n):
-    """Reads n ACK/error messages from a netlink socket; returns the errnos that are not 0."""
-    errs = []
-    while n > 0:
-        data = sock.recv(1 << 20)
-        off = 0
-        while off + 16 <= len(data):
-            ln, typ = struct.unpack_from("=IH", data, off)
-            if typ == 2:  # NLMSG_ERROR
-                code = struct.unpack_from("=i", data, off + 16)[0]
-                if code:
-                    errs.append(-code)
-                n -= 1
-            off += (ln + 3) & ~3
-    return errs
+def _flows(entries):
+    return "".join(f"{s} {d} {sp} {dp}\n" for s, d, sp, dp in entries)
 
 
 class Ctnl:
-    """A ctnetlink socket in the namespace that was current when it was opened."""
+    """The conntrack table of the namespace that was current when this was made: every call
+    runs nfbench there, whichever namespace the driver is in at the time."""
 
     def __init__(self):
-        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-        self.sock.bind((0, 0))
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.seq = 1
+        self.fd = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        self.ino = os.fstat(self.fd).st_ino
 
-    def _next(self):
-        self.seq += 1
-        return self.seq
+    def _run(self, args, stdin=""):
+        if netns_id() == self.ino:
+            return nfbench(args, stdin)
+        back = os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        if _libc.setns(self.fd, CLONE_NEWNET) != 0:
+            die(f"setns: {os.strerror(ctypes.get_errno())}")
+        try:
+            return nfbench(args, stdin)
+        finally:
+            if _libc.setns(back, CLONE_NEWNET) != 0:
+                die(f"setns back: {os.strerror(ctypes.get_errno())}")
+            os.close(back)
 
-    def new_msg(self, src, dst, sport, dport, ack=False):
-        """An ESTABLISHED TCP entry src:sport -> dst:dport, timeout one hour."""
-        attrs = (
-            _tuple(CTA_TUPLE_ORIG, src, dst, sport, dport)
-            + _tuple(CTA_TUPLE_REPLY, dst, src, dport, sport)
-            + _nla(CTA_TIMEOUT, struct.pack(">I", 3600))
-            + _nest(
-                CTA_PROTOINFO,
-                _nest(CTA_PROTOINFO_TCP, _nla(CTA_PROTOINFO_TCP_STATE, bytes([TCP_CONNTRACK_ESTABLISHED]))),
-            )
-        )
-        flags = NLM_F_REQUEST | NLM_F_CREATE | NLM_F_EXCL | (NLM_F_ACK if ack else 0)
-        return _msg(IPCTNL_MSG_CT_NEW, flags, self._next(), _fam(src), attrs)
+    def create(self, entries):
+        """Creates (src, dst, sport, dport) ESTABLISHED TCP entries; any failure is fatal."""
+        self._run(["ct-create"], _flows(entries))
 
-    def create(self, entries, chunk=400):
-        """Creates (src, dst, sport, dport) entries in batches of `chunk` messages per write."""
-        errs = []
-        for i in range(0, len(entries), chunk):
-            part = entries[i : i + chunk]
-            self.sock.send(b"".join(self.new_msg(*e, ack=True) for e in part))
-            errs += read_acks(self.sock, len(part))
-        if errs:
-            die(f"ctnetlink: {len(errs)} of {len(entries)} creates failed, first errno {errs[0]} ({os.strerror(errs[0])})")
-
-    def delete_by_src(self, ip):
-        """One filtered delete: every entry whose original source is ip. Returns seconds, or
-        None where the kernel refuses CTA_FILTER on a delete (EINVAL: 5.10 and 6.1)."""
-        attrs = _nest(CTA_TUPLE_ORIG, _ip_nest(ip, None)) + _nest(
-            CTA_FILTER,
-            _nla(CTA_FILTER_ORIG_FLAGS, struct.pack("=I", CTA_FILTER_FLAG_IP_SRC)),
-            _nla(CTA_FILTER_REPLY_FLAGS, struct.pack("=I", 0)),
-        )
-        m = _msg(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, self._next(), _fam(ip), attrs)
-        t0 = time.perf_counter()
-        self.sock.send(m)
-        errs = read_acks(self.sock, 1)
-        dt = time.perf_counter() - t0
-        if errs and errs[0] == 22:
-            return None
-        if errs and errs[0] != 2:  # ENOENT: nothing matched, still a full walk
-            die(f"ctnetlink filtered delete: errno {errs[0]} ({os.strerror(errs[0])})")
-        return dt
+    def walks(self, ip, reps):
+        """`reps` filtered deletes of every entry whose original source is ip, each timed around
+        send+ACK from an open socket. Returns ms each, or None where the kernel refuses
+        CTA_FILTER on a delete (EINVAL: 5.10 and 6.1)."""
+        out = self._run(["ct-walk", ip, str(reps)]).split()
+        return None if out == ["refused"] else [float(x) for x in out]
 
     def delete_tuples(self, entries):
         """Deletes entries by exact original tuple (a hash lookup, no walk); gone ones are fine."""
-        msgs = [
-            _msg(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, self._next(), _fam(e[0]),
-                 _tuple(CTA_TUPLE_ORIG, *e))
-            for e in entries
-        ]
-        self.sock.send(b"".join(msgs))
-        errs = [e for e in read_acks(self.sock, len(msgs)) if e != 2]
-        if errs:
-            die(f"ctnetlink delete by tuple: errno {errs[0]} ({os.strerror(errs[0])})")
+        self._run(["ct-delete"], _flows(entries))
 
     def flush(self):
-        """Deletes every entry of this namespace (a delete without tuple nor filter)."""
-        self.sock.send(_msg(IPCTNL_MSG_CT_DELETE, NLM_F_REQUEST | NLM_F_ACK, self._next(), 0, b""))
-        read_acks(self.sock, 1)
+        """Deletes every entry of this namespace."""
+        self._run(["ct-flush"])
 
 
 def ct_count():
@@ -743,10 +658,10 @@ class Bench:
         namespace holding at least one entry (an empty table is skipped without a walk)."""
         marker = [("10.98.0.1", "10.98.0.2", 1, 1)]
         self.ct.create(marker)
-        xs = [self.ct.delete_by_src("10.97.0.1") for _ in range(reps)]
+        xs = self.ct.walks("10.97.0.1", reps)
         self.ct.delete_tuples(marker)
         # A kernel that refuses filtered deletes has no such floor: reported as not measured.
-        return [x * 1e3 for x in xs if x is not None]
+        return xs or []
 
     def cli_walk(self, reps):
         env = {"PATH": self.node_path}
@@ -1091,83 +1006,23 @@ def report_extra(b):
 # --------------------------------------------------------------------------------------------
 
 
-NFT_MSG_NEWTABLE, NFT_MSG_DELTABLE, NFT_MSG_NEWSET = (10 << 8) | 0, (10 << 8) | 2, (10 << 8) | 9
-NFT_MSG_NEWSETELEM, NFT_MSG_DELSETELEM = (10 << 8) | 12, (10 << 8) | 14
-INET4 = socket.AF_INET  # the nf_tables family of the scratch tables (NFPROTO_IPV4)
-
-
-def _nft_batch(sock, msgs):
-    """Sends `msgs` (each asking for an ACK) in one nf_tables batch and returns the ms until
-    their ACKs were read."""
-    def ctl(mtype, seq):  # batch begin/end: the nftables subsystem as res_id
-        return struct.pack("=IHHIIBBH", 20, mtype, NLM_F_REQUEST, seq, 0, 0, 0, socket.htons(10))
-    batch = ctl(0x10, 1) + b"".join(msgs) + ctl(0x11, 0xffff)
-    t0 = time.perf_counter()
-    sock.send(batch)
-    errs = read_acks(sock, len(msgs))
-    ms = (time.perf_counter() - t0) * 1e3
-    if errs:
-        die(f"nf_tables test batch failed: errno {errs[0]} ({os.strerror(errs[0])})")
-    return ms
-
-
-def _nft_socket():
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_NETFILTER)
-    s.bind((0, 0))
-    return s
-
-
-def nft_commit_then_close(delay_s):
-    """Commits a tiny nf_tables batch (add and delete a scratch table) on a fresh socket, waits
-    delay_s, and returns how long close() of that socket takes (ms). On kernels whose netlink
-    release notifier flushes nf_tables' deferred destroy work (which runs synchronize_rcu), a
-    close soon after a commit waits for the rest of an RCU grace period."""
-    name = _nla(1, b"ngbenchrcu\0")
-    s = _nft_socket()
-    _nft_batch(s, [_msg(NFT_MSG_NEWTABLE, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE, 2, INET4, name),
-                   _msg(NFT_MSG_DELTABLE, NLM_F_REQUEST | NLM_F_ACK, 3, INET4, name)])
-    time.sleep(delay_s)
-    t0 = time.perf_counter()
-    s.close()
-    return (time.perf_counter() - t0) * 1e3
+def nft_commit_then_close(delay_ms, reps):
+    """`reps` times: a tiny nf_tables batch (add and delete a scratch table) committed on a
+    fresh socket, a pause of delay_ms, then how long close() of that socket takes (ms). On
+    kernels whose netlink release notifier flushes nf_tables' deferred destroy work (which runs
+    synchronize_rcu), a close soon after a commit waits for the rest of an RCU grace period.
+    nfbench, in a namespace of its own."""
+    return [float(x) for x in nfbench(["nft-close", str(delay_ms), str(reps)], netns=True).split()]
 
 
 def commit_after_release(delete, n):
     """`n` commits, each on a fresh netfilter socket that is then released on another thread
     (as the kernel worker releases natguard's handed-over sockets), 2 ms apart, as invocations
     run one after another. Each commit adds one element to a scratch set, or deletes one.
-    Returns each commit's ms: how long the commit waited behind the previous socket's release."""
-    table = _nla(1, b"ngbenchrel\0")
-    # NFTA_SET_TABLE, NAME, FLAGS, KEY_TYPE (ipv4_addr), KEY_LEN, ID
-    set_attrs = (table + _nla(2, b"s\0") + _nla(3, struct.pack(">I", 0)) + _nla(4, struct.pack(">I", 7))
-                 + _nla(5, struct.pack(">I", 4)) + _nla(10, struct.pack(">I", 1)))
-    ack = NLM_F_REQUEST | NLM_F_ACK
-
-    def elem(i, seq, mtype, flags):
-        # NFTA_SET_ELEM_LIST_TABLE, SET, ELEMENTS > element > NFTA_SET_ELEM_KEY > NFTA_DATA_VALUE
-        e = _nest(1, _nest(1, _nla(1, struct.pack(">I", 0x0a000000 + i))))
-        return _msg(mtype, flags, seq, INET4, table + _nla(2, b"s\0") + _nest(3, e))
-
-    def add(i, seq):
-        return elem(i, seq, NFT_MSG_NEWSETELEM, ack | NLM_F_CREATE)
-    keep = _nft_socket()
-    _nft_batch(keep, [_msg(NFT_MSG_NEWTABLE, ack | NLM_F_CREATE, 2, INET4, table),
-                      _msg(NFT_MSG_NEWSET, ack | NLM_F_CREATE, 3, INET4, set_attrs)]
-               + ([add(i, 4 + i) for i in range(n)] if delete else []))
-    time.sleep(0.05)
-    out, threads = [], []
-    for i in range(n):
-        s = _nft_socket()
-        out.append(_nft_batch(s, [elem(i, 2, NFT_MSG_DELSETELEM, ack) if delete else add(i, 2)]))
-        th = threading.Thread(target=s.close)
-        th.start()
-        threads.append(th)
-        time.sleep(0.002)
-    for th in threads:
-        th.join()
-    _nft_batch(keep, [_msg(NFT_MSG_DELTABLE, ack, 2, INET4, table)])
-    keep.close()
-    return out
+    Returns each commit's ms: how long the commit waited behind the previous socket's release.
+    nfbench, in a namespace of its own."""
+    how = "delete" if delete else "add"
+    return [float(x) for x in nfbench(["nft-release", how, str(n)], netns=True).split()]
 
 
 def profile(b, runs):
@@ -1234,17 +1089,19 @@ def profile(b, runs):
         p("")
     xs = {}
     for delay in (0, 2, 5, 10, 20):
-        xs[delay] = [nft_commit_then_close(delay / 1e3) for _ in range(max(5, runs // 2))]
+        xs[delay] = nft_commit_then_close(delay, max(5, runs // 2))
         time.sleep(0.05)
-    p("close() of a netfilter netlink socket after an nf_tables commit, from this driver (no natguard "
-      "involved), by the pause between the commit's ACK and the close:")
+    p("close() of a netfilter netlink socket after an nf_tables commit, from benches/tools/nfbench in a "
+      "network namespace of its own (no natguard process involved), by the pause between the commit's "
+      "ACK and the close:")
     p("")
     p("| pause after commit ms | close() median ms | p90 ms |")
     p("|---|---|---|")
     for d, v in xs.items():
         p(f"| {d} | {med(v):.2f} | {q(v, 0.9):.2f} |")
     p("")
-    p("A commit right after another netfilter socket's release, from this driver (no natguard involved): "
+    p("A commit right after another netfilter socket's release, from benches/tools/nfbench in a network "
+      "namespace of its own (no natguard process involved): "
       "40 commits 2 ms apart, each on a fresh socket released on another thread, as the kernel worker "
       "releases natguard's handed-over sockets. The release waits, holding the commit mutex, for the "
       "destroy work that deleted objects leave pending (an RCU grace period); added elements leave none:")
@@ -1544,6 +1401,7 @@ def main():
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--commit", default="?")
     ap.add_argument("--timeit", required=True)
+    ap.add_argument("--nfbench", required=True)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--ns-ifaces", default="")
     ap.add_argument("--only", default="per-pod,burst,ifaces")
@@ -1552,8 +1410,10 @@ def main():
     ap.add_argument("--burst-stacks", default="v4,dual")
     a = ap.parse_args()
     only = set(a.only.split(","))
-    global TIMEIT
+    global TIMEIT, NFBENCH, ROOT_INO
     TIMEIT = os.path.abspath(a.timeit)
+    NFBENCH = os.path.abspath(a.nfbench)
+    ROOT_INO = int(a.root_netns_ino)
     started = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
     t_start = time.time()
     pods = [int(x) for x in a.pods.split(",")]

@@ -74,8 +74,9 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-log() { printf '[bench] %s\n' "$*" >&2; }
-[ "$(id -u)" = 0 ] || { log "must run as root (it creates network namespaces)"; exit 1; }
+# shellcheck source=scripts/lib.sh
+. "$REPO/scripts/lib.sh"
+lib_begin bench
 
 # --- what it needs
 need=()
@@ -90,13 +91,11 @@ if [ -n "$PROFILE" ]; then
   command -v strace >/dev/null || need+=(strace)
   command -v valgrind >/dev/null || need+=(valgrind)
 fi
-# shellcheck source=scripts/packages.sh
-. "$REPO/scripts/packages.sh"
 [ ${#need[@]} -eq 0 ] || ensure_packages "${need[@]}" >/dev/null
 modprobe -a nf_conntrack nf_conntrack_netlink nf_tables ip_tables ip6_tables iptable_nat ip6table_nat 2>/dev/null || true
 
 BUILT=${NG_BENCH_BUILT:-}
-if [ -n "${NG_BENCH_PRIVATE:-}" ]; then
+if in_private_mounts; then
   BIN=$NG_BENCH_BIN # built (or given) before entering the private mount namespace
 elif [ -z "$BIN" ]; then
   BUILT=1
@@ -104,33 +103,23 @@ elif [ -z "$BIN" ]; then
   log "building the release binary"
   (cd "$REPO" && cargo build --release --quiet)
 fi
-[ -x "$BIN" ] || { log "no natguard binary at $BIN"; exit 1; }
+[ -x "$BIN" ] || fail "no natguard binary at $BIN"
 
 # --- a private mount namespace with /run of its own (see the header), entered once
-if [ -z "${NG_BENCH_PRIVATE:-}" ]; then
-  NG_BENCH_PRIVATE=1 NG_BENCH_BIN=$BIN NG_BENCH_BUILT=$BUILT \
-    exec unshare --mount --propagation private "$0" "${ARGS[@]}"
-fi
-mount -t tmpfs -o mode=0755 ng-bench-run /run
+export NG_BENCH_BIN=$BIN NG_BENCH_BUILT=$BUILT
+private_mounts /run "${ARGS[@]}"
 
 # --- throwaway namespaces and PATH directories that pick the iptables backend
 TAG=ng-bench-$$
 NODE=$TAG-node PMNFT=$TAG-pmnft PMLEG=$TAG-pmleg REFNS=$TAG-ref
-W=$(mktemp -d /tmp/ng-bench.XXXXXX)
-cleanup() {
-  local ns
-  for ns in $(ip netns list | awk -v t="$TAG-" 'index($1, t) == 1 {print $1}'); do
-    ip netns del "$ns" 2>/dev/null || true
-  done
-  rm -rf "$W"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+work_dir ng-bench
+# the datapath cell's namespaces are benches/datapath.py's; whatever of them is left goes too
+defer "for ns in \$(ip netns list | awk -v t='$TAG-' 'index(\$1, t) == 1 {print \$1}'); do ip netns del \$ns; done"
 # the benchmark's tools (benches/tools/build.sh), compiled here or, when NG_BENCH_TOOLS names a
-# directory holding both, taken from there (scripts/kernels.sh --bench builds them on the host:
+# directory holding them, taken from there (scripts/kernels.sh --bench builds them on the host:
 # its VMs have no compiler on their PATH).
 if [ -n "${NG_BENCH_TOOLS:-}" ]; then
-  cp "$NG_BENCH_TOOLS/timeit" "$NG_BENCH_TOOLS/netload" "$W/"
+  cp "$NG_BENCH_TOOLS/timeit" "$NG_BENCH_TOOLS/netload" "$NG_BENCH_TOOLS/nfbench" "$W/"
 else
   "$REPO/benches/tools/build.sh" "$W"
 fi
@@ -141,7 +130,7 @@ for b in nft legacy; do
   done
 done
 ROOT_INO=$(stat -L -c %i /proc/self/ns/net) # the namespace we were started in: never measured in
-for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS" "$TAG-if12" "$TAG-if122" "$TAG-if512"; do ip netns add "$ns"; done
+for ns in "$NODE" "$PMNFT" "$PMLEG" "$REFNS" "$TAG-if12" "$TAG-if122" "$TAG-if512"; do mk_ns "$ns"; done
 mkdir -p "$OUT"
 
 if [ -n "$BUILT" ]; then
@@ -160,7 +149,7 @@ ip netns exec "$NODE" /usr/bin/python3 "$REPO/benches/bench.py" \
   --burst-runs "$BURST_RUNS" --burst-ct "$BURST_CT" --burst-stacks "$BURST_STACKS" \
   --bin-nft "$W/bin-nft" --bin-legacy "$W/bin-legacy" --root-netns-ino "$ROOT_INO" \
   --out "$OUT" --pods "$PODS" --ct "$CT" --stacks "$STACKS" --runs "$RUNS" --commit "$COMMIT" \
-  --timeit "$W/timeit" $PROFILE
+  --timeit "$W/timeit" --nfbench "$W/nfbench" $PROFILE
 case ",$ONLY," in
   *,datapath,*)
     log "datapath: networks $DP_NETS, pods $DP_PODS, $DP_RUNS rounds of $DP_SECS s (load: $(cut -d' ' -f1-3 /proc/loadavg))"

@@ -21,125 +21,60 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-REPO=$PWD
+# shellcheck source=scripts/lib.sh
+. scripts/lib.sh
 
 if [ -t 1 ]; then
   bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 else
   bold() { printf '\n== %s\n' "$*"; }
 fi
-die() {
-  printf 'scripts/demo.sh: %s\n' "$*" >&2
-  exit 1
-}
-[ "$(id -u)" -eq 0 ] || die "must run as root: it creates network namespaces (try: sudo $0)"
+lib_begin demo
 
 # ---- what it needs -----------------------------------------------------------------------------
-PACKAGES=(containernetworking-plugins nftables conntrack iproute2 util-linux jq socat busybox-static python3)
-# shellcheck source=scripts/packages.sh
-. "$REPO/scripts/packages.sh"
-ensure_packages "${PACKAGES[@]}"
-ensure_cargo || die "cargo is needed to build natguard"
+ensure_packages containernetworking-plugins nftables conntrack iproute2 util-linux jq socat busybox-static python3
+ensure_cargo || fail "cargo is needed to build natguard"
 
-if [ "${NG_DEMO_INSIDE:-}" != 1 ]; then
+if ! in_private_mounts; then
   bold "building natguard (cargo build --release)"
   cargo build --release
-  # The rest in a mount namespace of its own, with a /run of its own: the node lock, the
-  # readiness file and the network namespaces' mounts live there, none on the machine.
-  exec unshare --mount --propagation private -- env NG_DEMO_INSIDE=1 "$0" "$@"
 fi
-mount -t tmpfs -o mode=0755 natguard-demo /run
+# The rest in a mount namespace of its own, with a /run of its own: the node lock, the
+# readiness file and the network namespaces' mounts live there, none on the machine.
+private_mounts /run "$@"
 BIN=$REPO/target/x86_64-unknown-linux-gnu/release/natguard
 [ -x "$BIN" ] || BIN=$REPO/target/release/natguard
-[ -x "$BIN" ] || die "release binary not found under target/"
+[ -x "$BIN" ] || fail "release binary not found under target/"
 ls -l "$BIN"
 
 # ---- throwaway namespaces ----------------------------------------------------------------------
 P=ng-demo-$$
 NODE=$P-node POD=$P-pod EXEMPT=$P-exempt CLOUD=$P-cloud RIN=$P-rin ROUT=$P-rout
 LEGACY=$P-legacy
-ALL_NS=("$NODE" "$CLOUD" "$RIN" "$ROUT" "$POD" "$EXEMPT" "$LEGACY")
-W=$(mktemp -d /tmp/ng-demo.XXXXXX)
-# The node's CNI directories, as a runtime and natguard's installer see them.
-NETCONF=$W/net.d CNI_BIN=$W/bin CACHE=$W/cni-results
-LIST=$NETCONF/10-demo.conflist
-mkdir -p "$NETCONF" "$CNI_BIN" "$CACHE"
-PIDS=()
-ATTACHED=()
-
-in_ns() {
-  local ns=$1
-  shift
-  nsenter --net="/run/netns/$ns" -- "$@"
-}
-
-cleanup() {
-  set +e
-  local a
-  for a in "${ATTACHED[@]}"; do
-    # shellcheck disable=SC2086
-    cni_del $a >/dev/null 2>&1
-  done
-  for a in "${PIDS[@]}"; do
-    kill -- "-$a" 2>/dev/null
-  done
-  for a in "${ALL_NS[@]}"; do
-    [ -e "/run/netns/$a" ] && ip netns del "$a"
-  done
-  rm -rf "$W"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+work_dir ng-demo
+# The node's CNI directories, as a runtime and natguard's installer see them; the CNI driver
+# (scripts/lib.sh) runs the node's conflist from them.
+NETCONF=$W/net.d CNI_BIN_DIR=$W/bin CNI_CACHE=$W/cni-results CNI_NODE=$NODE
+CNI_LIST=$NETCONF/10-demo.conflist
+mkdir -p "$NETCONF" "$CNI_BIN_DIR" "$CNI_CACHE"
 
 netns() {
-  ip netns add "$1"
-  ip -n "$1" link set lo up
+  mk_ns "$1"
   in_ns "$1" sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
-}
-
-# veth NS_A IF_A NS_B IF_B
-veth() {
-  ip -n "$1" link add "$2" type veth peer name "$4" netns "$3"
-  ip -n "$1" link set "$2" up
-  ip -n "$3" link set "$4" up
-}
-
-# start NS CMD...: a server in its own process group (killed as a group on exit)
-start() {
-  local ns=$1
-  shift
-  setsid nsenter --net="/run/netns/$ns" -- "$@" </dev/null >>"$W/servers.log" 2>&1 &
-  PIDS+=($!)
-}
-
-# wait_port NS tcp|udp PORT COUNT
-wait_port() {
-  local flag=-Hltn i
-  [ "$2" = udp ] && flag=-Hlun
-  for ((i = 0; i < 200; i++)); do
-    [ "$(in_ns "$1" ss $flag "sport = :$3" | grep -c .)" -ge "$4" ] && return 0
-    sleep 0.05
-  done
-  die "no listener on $2 port $3 in $1"
-}
-
-http_server() { # NS PORT BODY: HTTP/1.1 with keep-alive, like a cloud metadata API
-  start "$1" python3 -u "$REPO/tests/common/http_keepalive.py" "$2" "$3"
-  wait_port "$1" tcp "$2" 1
 }
 
 whoami_server() { # NS: answers on TCP/UDP 7777 with the client's source address as it sees it
   local reply='SYSTEM:read -r request; echo $SOCAT_PEERADDR'
-  start "$1" socat TCP4-LISTEN:7777,reuseaddr,fork "$reply"
-  start "$1" socat TCP6-LISTEN:7777,reuseaddr,fork,ipv6only=1 "$reply"
-  start "$1" socat UDP4-RECVFROM:7777,reuseaddr,fork "$reply"
-  start "$1" socat UDP6-RECVFROM:7777,reuseaddr,fork,ipv6only=1 "$reply"
+  serve "$1" socat TCP4-LISTEN:7777,reuseaddr,fork "$reply"
+  serve "$1" socat TCP6-LISTEN:7777,reuseaddr,fork,ipv6only=1 "$reply"
+  serve "$1" socat UDP4-RECVFROM:7777,reuseaddr,fork "$reply"
+  serve "$1" socat UDP6-RECVFROM:7777,reuseaddr,fork,ipv6only=1 "$reply"
   wait_port "$1" tcp 7777 2
   wait_port "$1" udp 7777 2
 }
 
 bold "creating namespaces $P-{node,pod,exempt,cloud,rin,rout}"
-for ns in "${ALL_NS[@]}"; do netns "$ns"; done
+for ns in "$NODE" "$CLOUD" "$RIN" "$ROUT" "$POD" "$EXEMPT" "$LEGACY"; do netns "$ns"; done
 in_ns "$NODE" sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1
 
 veth "$NODE" to-cloud "$CLOUD" eth0
@@ -182,8 +117,8 @@ table inet node-agent {
 }
 NFT
 
-http_server "$CLOUD" 80 cloud
-http_server "$NODE" 8181 proxy
+keepalive_server "$CLOUD" 80 cloud
+keepalive_server "$NODE" 8181 proxy
 whoami_server "$RIN"
 whoami_server "$ROUT"
 
@@ -198,69 +133,7 @@ jq -n --arg dir "$W/ipam" '{
               ranges: [[{ subnet: "10.244.0.0/24" }], [{ subnet: "fd00:10:244::/64" }]],
               routes: [{ dst: "0.0.0.0/0" }, { dst: "::/0" }] } }
   ]
-}' >"$LIST"
-
-# plugin TYPE VERB CID NETNS CNI_ARGS CONF: runs one plugin in the node namespace, from the
-# node's CNI bin dir (natguard is there once installed) or Debian's plugins
-plugin() {
-  local bin=/usr/lib/cni/$1
-  [ -x "$CNI_BIN/$1" ] && bin=$CNI_BIN/$1
-  printf '%s' "$6" | CNI_COMMAND=$2 CNI_CONTAINERID=$3 CNI_NETNS=$4 CNI_IFNAME=eth0 CNI_ARGS=$5 \
-    CNI_PATH=$CNI_BIN:/usr/lib/cni nsenter --net="/run/netns/$NODE" -- "$bin"
-}
-
-# plugin_conf LIST INDEX PREV: plugin INDEX of the list with name, cniVersion and prevResult
-plugin_conf() {
-  jq -c --argjson i "$2" --argjson prev "$3" \
-    '.plugins[$i] + {name: .name, cniVersion: .cniVersion}
-     + (if $prev == null then {} else {prevResult: $prev} end)' "$1"
-}
-
-# cni_add CID POD_NS K8S_NAMESPACE K8S_POD: ADD through the list as it is now, in order; the
-# result is cached as libcni caches it (runtimes' /var/lib/cni/results), which is where
-# `natguard adopt` and the watcher's self-repair find pods
-cni_add() {
-  local prev=null n i conf type out list
-  local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
-  list=$W/list-$1
-  cp "$LIST" "$list"
-  n=$(jq '.plugins | length' "$list")
-  for ((i = 0; i < n; i++)); do
-    conf=$(plugin_conf "$list" "$i" "$prev")
-    type=$(jq -r .type <<<"$conf")
-    out=$(plugin "$type" ADD "$1" "/run/netns/$2" "$args" "$conf") ||
-      die "ADD of $4 failed in $type: $out"
-    prev=$out
-  done
-  printf '%s\n' "$prev" >"$W/result-$1"
-  ATTACHED+=("$1 $2 $3 $4")
-  jq -n --arg cid "$1" --arg ns "/run/netns/$2" --rawfile conf "$list" --arg pns "$3" --arg pod "$4" \
-    --slurpfile result "$W/result-$1" '{
-      kind: "cniCacheV1", containerId: $cid, config: ($conf | @base64), ifName: "eth0",
-      networkName: "demo", netns: $ns, result: $result[0],
-      cniArgs: [["IgnoreUnknown", "1"], ["K8S_POD_NAMESPACE", $pns], ["K8S_POD_NAME", $pod]]
-    }' >"$CACHE/demo-$1-eth0"
-}
-
-# cni_del CID POD_NS K8S_NAMESPACE K8S_POD: DEL in reverse order through the list as it is now,
-# with the cached result
-cni_del() {
-  local prev n i conf type
-  local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
-  prev=$(cat "$W/result-$1" 2>/dev/null || echo null)
-  n=$(jq '.plugins | length' "$LIST")
-  for ((i = n - 1; i >= 0; i--)); do
-    conf=$(plugin_conf "$LIST" "$i" "$prev")
-    type=$(jq -r .type <<<"$conf")
-    plugin "$type" DEL "$1" "/run/netns/$2" "$args" "$conf" || return 1
-  done
-  rm -f "$W/result-$1" "$CACHE/demo-$1-eth0"
-}
-
-pod_ip() { # CID FAMILY(4|6)
-  jq -r --arg f "$2" '.ips[].address | select(if $f == "4" then contains(".") else contains(":") end)
-    | split("/")[0]' "$W/result-$1" | head -n1
-}
+}' >"$CNI_LIST"
 
 # ---- what it shows -----------------------------------------------------------------------------
 get() { # NS URL: the body, or what went wrong
@@ -351,20 +224,21 @@ wait_answers() {
     sleep 0.1
   done
   cat "$1" >&2
-  die "the pod's client got fewer than $3 answers by $4"
+  fail "the pod's client got fewer than $3 answers by $4"
 }
 
 bold "1. the startup race: a pod that was running before natguard came to the node"
-echo "the node's conflist $(basename "$LIST") (bridge + host-local; natguard is not on this node yet):"
-jq -c '.plugins[] | {type, bridge}' "$LIST" | sed 's/^/  /'
+echo "the node's conflist $(basename "$CNI_LIST") (bridge + host-local; natguard is not on this node yet):"
+jq -c '.plugins[] | {type, bridge}' "$CNI_LIST" | sed 's/^/  /'
 echo "natguard's tables on the node: $(in_ns "$NODE" nft list tables | grep -c natguard || true)"
 cni_add cid-legacy "$LEGACY" default legacy
-LEGACY4=$(pod_ip cid-legacy 4)
+LEGACY4=$(cni_pod_ip cid-legacy 4)
 echo "pod default/legacy $LEGACY4; its client keeps ONE keep-alive connection to http://169.254.169.254/:"
 CLIENT_LOG=$W/client.log
 setsid nsenter --net="/run/netns/$LEGACY" -- python3 -u -c "$KEEPALIVE_CLIENT" 169.254.169.254 \
   </dev/null >"$CLIENT_LOG" 2>&1 &
-PIDS+=($!)
+SERVED+=($!)
+defer "kill -- -$!"
 wait_answers "$CLIENT_LOG" 0 3 cloud
 head -n 4 "$CLIENT_LOG"
 echo "the node's conntrack entry of that connection (not DNATed: the reply comes from 169.254.169.254):"
@@ -372,10 +246,10 @@ in_ns "$NODE" conntrack -L -p tcp -s "$LEGACY4" --orig-dst 169.254.169.254 2>/de
 
 bold "2. natguard install: the guard, natguard in the conflist, the running pods adopted"
 MARK=$(wc -l <"$CLIENT_LOG")
-in_ns "$NODE" "$BIN" install --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN" --cache-dir "$CACHE" \
+in_ns "$NODE" "$BIN" install --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN_DIR" --cache-dir "$CNI_CACHE" \
   --ready-file "$W/ready" --exempt-namespace kube-system 2>&1 | sed 's/^/  /'
 echo "the conflist now ends with natguard's entry:"
-jq -c '.plugins[] | {type} + (if .type == "natguard" then . else {} end)' "$LIST" | sed 's/^/  /'
+jq -c '.plugins[] | {type} + (if .type == "natguard" then . else {} end)' "$CNI_LIST" | sed 's/^/  /'
 wait_answers "$CLIENT_LOG" "$MARK" 3 proxy
 echo "the same client, from the moment install started (the guard resets the old connection, adopt"
 echo "DNATs the pod's metadata traffic to the node-local proxy, the client reconnects):"
@@ -387,10 +261,10 @@ in_ns "$NODE" conntrack -L -p tcp -s "$LEGACY4" --orig-dst 169.254.169.254 2>/de
 bold "3. new pods start through the conflist with natguard: who answers http://169.254.169.254/ ?"
 cni_add cid-web "$POD" default web
 cni_add cid-creds "$EXEMPT" kube-system creds
-POD4=$(pod_ip cid-web 4) POD6=$(pod_ip cid-web 6)
-EX4=$(pod_ip cid-creds 4)
+POD4=$(cni_pod_ip cid-web 4) POD6=$(cni_pod_ip cid-web 6)
+EX4=$(cni_pod_ip cid-creds 4)
 echo "pod default/web      $POD4  $POD6"
-echo "pod kube-system/creds $EX4  $(pod_ip cid-creds 6)   (kube-system is in exemptNamespaces)"
+echo "pod kube-system/creds $EX4  $(cni_pod_ip cid-creds 6)   (kube-system is in exemptNamespaces)"
 printf '  %-28s -> %-26s answered by: %s\n' \
   "default/web ($POD4)" "http://169.254.169.254/" "$(get "$POD" http://169.254.169.254/)" \
   "default/web ($POD6)" "http://[fd00:ec2::254]/" "$(get "$POD" 'http://[fd00:ec2::254]/')" \
@@ -421,12 +295,6 @@ bold "   natguard metrics (Prometheus text; install --watch --metrics-file keeps
 in_ns "$NODE" "$BIN" metrics
 
 bold "cleaning up (DEL in reverse order, namespaces removed)"
-for a in "${PIDS[@]}"; do
-  kill -- "-$a" 2>/dev/null || true
-done
-for a in "${ATTACHED[@]}"; do
-  # shellcheck disable=SC2086
-  cni_del $a || die "DEL failed: $a"
-done
-ATTACHED=()
+stop_servers
+cni_del_attached || fail "DEL failed"
 echo "after DEL: $(in_ns "$NODE" nft list table inet natguard | grep -cwF -e "$POD4" -e "$EX4" -e "$LEGACY4" || true) lines of the table mention the pods"

@@ -140,7 +140,7 @@ awk '
 # ---- 4. further layers --------------------------------------------------------------------------
 # >>> Other test layers are called here. <<<
 # An end-to-end layer is an executable scripts/e2e/*.sh that calls `e2e_init` (helpers such as
-# lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
+# scripts/lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
 # Add other kinds of layers (benchmarks with assertions, ...) below in the same way.
 say "fuzz: scripts/fuzz.sh (bounded)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60} scripts/fuzz.sh </dev/null || FAILED+=("fuzz (scripts/fuzz.sh)")

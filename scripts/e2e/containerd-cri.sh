@@ -14,7 +14,7 @@
 # natguard.io/metadata=deny in the ordinary namespace (metadata -> reset) and
 # natguard.io/metadata=proxy in the exempt one (metadata -> proxy, not the cloud); and a
 # misspelt natguard annotation makes RunPodSandbox fail with natguard's code-7 message.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 e2e_init cri
 need ctr flock /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap
 NET=ng-e2e-cri

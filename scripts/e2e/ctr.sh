@@ -5,9 +5,9 @@
 # name in /etc/cni/net.d and plugins from [/opt/cni/bin /usr/lib/cni]. It passes no CNI_ARGS
 # and, on DEL (after the task exited), an empty CNI_NETNS. The conflist is bridge +
 # host-local + natguard (ctr has no port mappings, so no portmap).
-# A container probes the world (see lib.sh) while it runs; after `ctr run --rm` returns,
+# A container probes the world (see scripts/lib.sh) while it runs; after `ctr run --rm` returns,
 # nothing of the pod may remain.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 e2e_init ctr
 need ctr flock /usr/lib/cni/bridge /usr/lib/cni/host-local
 NET=ng-e2e-ctr

@@ -7,7 +7,7 @@
 # Checks: VERSION lists 1.1.0; STATUS succeeds, and fails with code 50 where nf_tables cannot
 # be used (no CAP_NET_ADMIN); GC of another network touches nothing of this one; GC keeps the
 # valid attachment (its traffic still proxied) and removes every entry of the stale one.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 e2e_init gc
 need flock setpriv /usr/lib/cni/bridge /usr/lib/cni/host-local
 NET=ng-e2e-gc

@@ -23,7 +23,7 @@
 #    rewritten from its template the entry must come back; SIGTERM must end the container
 #    with status 0.
 # 4. `natguard uninstall` in the node netns takes everything off again.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 e2e_init image
 need ctr podman tar gzip readelf sha256sum jq flock /usr/bin/python3 curl
 NS=ng-e2e-image # containerd namespace

@@ -35,7 +35,7 @@
 #    and removes pods with the list (address, egress, metadata -> cloud, no IPAM or cache left).
 # A conntrack leftover (adopt's or DEL's) does not change what the later steps test: it is
 # recorded, the test goes on, and it fails at the end naming every such failure.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 set -euo pipefail
 e2e_init live
 need ctr flock python3 socat /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap

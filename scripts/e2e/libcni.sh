@@ -13,7 +13,7 @@
 # (CAP_ARGS, filtered by natguard's declared io.kubernetes.cri.pod-annotations capability):
 # natguard.io/metadata=deny resets an ordinary pod's metadata, natguard.io/metadata=proxy
 # intercepts a pod of the exempt namespace, and CHECK passes for both.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 e2e_init libcni
 need flock /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/tuning
 NET=ng-e2e-libcni

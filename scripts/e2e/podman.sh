@@ -9,7 +9,7 @@
 # CNI_ARGS with only K8S_POD_NAME=<container name> (no namespace: a container named like an
 # exempt namespace is still intercepted). The bridge's own iptables MASQUERADE must not
 # override natguard's non-masquerade CIDRs.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 e2e_init podman
 need podman runc conmon flock /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap \
   /usr/lib/cni/firewall /usr/lib/cni/tuning

@@ -5,7 +5,7 @@
 # Prints one line per test, "e2e NAME: PASS (Ns)" or "e2e NAME: FAIL (Ns)" followed by the
 # end of its log, then "N passed, M failed". Exit status 0 only if every test passed.
 # Needs root. Builds natguard (cargo build --release) and tests/cri-client first.
-# Env: NATGUARD_BIN (see lib.sh), NG_E2E_LOG_DIR (default: a temp dir; logs of every test).
+# Env: NATGUARD_BIN (see scripts/lib.sh), NG_E2E_LOG_DIR (default: a temp dir; logs of every test).
 set -u -o pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)

@@ -816,7 +816,7 @@ fn delete_exact(sock: &mut NfSocket, e: &Entry) -> Result<bool> {
 }
 
 pub mod ipv6_probe;
-mod wire;
+pub mod wire;
 use wire::*;
 
 #[cfg(test)]

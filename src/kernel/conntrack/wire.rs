@@ -1,56 +1,60 @@
 //! ctnetlink's wire format: message types, attribute numbers, and the entries and tuples of a
 //! dump as natguard reads them.
+//!
+//! The numbers are public so that the benchmark's helper (benches/tools/nfbench.rs), which
+//! plants and counts entries, speaks ctnetlink with the same ones rather than a copy of its
+//! own; the entry and tuple parsers stay inside the conntrack module.
 
 use super::super::netlink::{Attrs, Msg, NFNL_SUBSYS_CTNETLINK};
 use crate::error::{Error, Result};
 use std::net::IpAddr;
 
 // ctnetlink message types (linux/netfilter/nfnetlink_conntrack.h).
-pub(super) const IPCTNL_MSG_CT_NEW: u16 = 0;
-pub(super) const IPCTNL_MSG_CT_GET: u16 = 1;
-pub(super) const IPCTNL_MSG_CT_DELETE: u16 = 2;
-pub(super) const IPCTNL_MSG_CT_GET_STATS: u16 = 5;
+pub const IPCTNL_MSG_CT_NEW: u16 = 0;
+pub const IPCTNL_MSG_CT_GET: u16 = 1;
+pub const IPCTNL_MSG_CT_DELETE: u16 = 2;
+pub const IPCTNL_MSG_CT_GET_STATS: u16 = 5;
 
 // enum ctattr_type
-pub(super) const CTA_TUPLE_ORIG: u16 = 1;
-pub(super) const CTA_TUPLE_REPLY: u16 = 2;
-pub(super) const CTA_STATUS: u16 = 3;
-pub(super) const CTA_TIMEOUT: u16 = 7;
-pub(super) const CTA_ID: u16 = 12;
-pub(super) const CTA_ZONE: u16 = 18;
-pub(super) const CTA_FILTER: u16 = 25;
-pub(super) const CTA_STATUS_MASK: u16 = 26;
+pub const CTA_TUPLE_ORIG: u16 = 1;
+pub const CTA_TUPLE_REPLY: u16 = 2;
+pub const CTA_STATUS: u16 = 3;
+pub const CTA_TIMEOUT: u16 = 7;
+pub const CTA_ID: u16 = 12;
+pub const CTA_ZONE: u16 = 18;
+pub const CTA_FILTER: u16 = 25;
+pub const CTA_STATUS_MASK: u16 = 26;
 // enum ctattr_tuple
-pub(super) const CTA_TUPLE_IP: u16 = 1;
-pub(super) const CTA_TUPLE_PROTO: u16 = 2;
+pub const CTA_TUPLE_IP: u16 = 1;
+pub const CTA_TUPLE_PROTO: u16 = 2;
 // enum ctattr_ip
-pub(super) const CTA_IP_V4_SRC: u16 = 1;
-pub(super) const CTA_IP_V4_DST: u16 = 2;
-pub(super) const CTA_IP_V6_SRC: u16 = 3;
-pub(super) const CTA_IP_V6_DST: u16 = 4;
+pub const CTA_IP_V4_SRC: u16 = 1;
+pub const CTA_IP_V4_DST: u16 = 2;
+pub const CTA_IP_V6_SRC: u16 = 3;
+pub const CTA_IP_V6_DST: u16 = 4;
 // enum ctattr_l4proto
-pub(super) const CTA_PROTO_NUM: u16 = 1;
-pub(super) const CTA_PROTO_SRC_PORT: u16 = 2;
-pub(super) const CTA_PROTO_DST_PORT: u16 = 3;
+pub const CTA_PROTO_NUM: u16 = 1;
+pub const CTA_PROTO_SRC_PORT: u16 = 2;
+pub const CTA_PROTO_DST_PORT: u16 = 3;
 // enum ctattr_filter
-pub(super) const CTA_FILTER_ORIG_FLAGS: u16 = 1;
-pub(super) const CTA_FILTER_REPLY_FLAGS: u16 = 2;
+pub const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+pub const CTA_FILTER_REPLY_FLAGS: u16 = 2;
 // CTA_FILTER_F_* (net/netfilter/nf_internals.h; not in the uapi headers)
-pub(super) const CTA_FILTER_F_CTA_IP_SRC: u32 = 1 << 0;
-pub(super) const CTA_FILTER_F_CTA_IP_DST: u32 = 1 << 1;
-pub(super) const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
-pub(super) const CTA_FILTER_F_CTA_PROTO_DST_PORT: u32 = 1 << 5;
+pub const CTA_FILTER_F_CTA_IP_SRC: u32 = 1 << 0;
+pub const CTA_FILTER_F_CTA_IP_DST: u32 = 1 << 1;
+pub const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
+pub const CTA_FILTER_F_CTA_PROTO_DST_PORT: u32 = 1 << 5;
 // enum ctattr_stats_global
-pub(super) const CTA_STATS_GLOBAL_ENTRIES: u16 = 1;
+pub const CTA_STATS_GLOBAL_ENTRIES: u16 = 1;
 // enum ip_conntrack_status
-pub(super) const IPS_DST_NAT: u32 = 1 << 5;
+pub const IPS_DST_NAT: u32 = 1 << 5;
 
-pub(super) const AF_INET: u8 = libc::AF_INET as u8;
-pub(super) const AF_INET6: u8 = libc::AF_INET6 as u8;
-pub(super) const IPPROTO_TCP: u8 = libc::IPPROTO_TCP as u8;
-pub(super) const IPPROTO_UDP: u8 = libc::IPPROTO_UDP as u8;
+pub const AF_INET: u8 = libc::AF_INET as u8;
+pub const AF_INET6: u8 = libc::AF_INET6 as u8;
+pub const IPPROTO_TCP: u8 = libc::IPPROTO_TCP as u8;
+pub const IPPROTO_UDP: u8 = libc::IPPROTO_UDP as u8;
 
-pub(super) const fn ct_msg(msg: u16) -> u16 {
+pub const fn ct_msg(msg: u16) -> u16 {
     ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | msg
 }
 

@@ -1,7 +1,24 @@
 # shellcheck shell=bash
-# scripts/e2e/lib.sh: shared functions of natguard's end-to-end tests (sourced, not run).
+# scripts/lib.sh: the one shell library of natguard's scripts (sourced, not run): every
+# end-to-end layer (scripts/e2e/*.sh), scripts/demo.sh and scripts/bench.sh build their worlds
+# and drive CNI with these functions, so each piece exists once.
 #
-# Every test builds the same small world out of network namespaces and never touches the
+#   basics          log, fail, defer (cleanup at exit, in reverse order), a work dir
+#   prerequisites   need (a missing one fails, never skips); ensure_packages and ensure_cargo
+#                   come from scripts/packages.sh, which test.sh and kernels.sh source alone
+#   private mounts  private_mounts: the script again in a mount namespace of its own, with a
+#                   tmpfs on each directory that must not be the machine's (/run for the demo
+#                   and the benchmark; the CNI directories and /run/natguard for e2e layers)
+#   namespaces      mk_ns (deleted at exit), in_ns, veth
+#   servers         serve (a process in a namespace, stopped at exit), wait_port,
+#                   keepalive_server (tests/common/http_keepalive.py: the metadata server and
+#                   the node-local proxy)
+#   the CNI driver  cni_add / cni_del: a conflist's plugins run as a runtime (libcni) runs
+#                   them, CNI_* environment, prevResult threaded through, the result cached
+#   e2e             the e2e world (world_up), probes, natguard's kernel state, files on the
+#                   node, containerd, runtimes' clients
+#
+# The e2e world builds the same small world out of network namespaces and never touches the
 # root netns's firewall, routes or conntrack:
 #
 #   ng-<t>-node    the node: runs the container runtime (nsenter --net), the CNI plugins
@@ -15,7 +32,9 @@
 #
 # A pod's request to 169.254.169.254 must reach the proxy (natguard's DNAT), an exempt
 # namespace's pod must reach the cloud, 10.200.0.2 must see the pod's address and 11.0.0.2
-# the node's (masquerade).
+# the node's (masquerade). Each e2e layer runs in a mount namespace of its own whose
+# /etc/cni, /opt/cni, /var/lib/cni and /run/natguard are empty tmpfs: runtimes find their
+# stock paths, and the machine's own CNI state is never read or changed.
 #
 # Environment:
 #   NATGUARD_BIN  plugin binary (default: target/x86_64-unknown-linux-gnu/release/natguard,
@@ -23,8 +42,11 @@
 #   NG_E2E_KEEP=1 on failure, keep everything for inspection until $W/.keep is removed
 set -u -o pipefail
 
-E2E_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$E2E_DIR/../.." && pwd)
+SCRIPTS_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+E2E_DIR=$SCRIPTS_DIR/e2e
+REPO=$(cd "$SCRIPTS_DIR/.." && pwd)
+# shellcheck source=scripts/packages.sh
+. "$SCRIPTS_DIR/packages.sh"
 NODE_IP=172.31.250.1
 REMOTE_GW=172.31.250.2
 CLOUD_LINK_NODE=172.31.251.1
@@ -37,13 +59,17 @@ EXEMPT_NS=ng-e2e-exempt
 IMAGE_REF=docker.io/library/ng-e2e-busybox:1
 PAUSE_REF=docker.io/library/ng-e2e-pause:1
 
-T=""          # test name, set by e2e_init
+LOG_TAG=""    # what log lines start with: "e2e <t>", "demo", "bench"
+T=""          # e2e test name, set by e2e_init
 NODE="" CLOUD="" REMOTE=""
-W=""          # work dir of this test
+W=""          # work dir of this run
 CLEANUP=()    # commands run in reverse order on exit
+SERVED=()     # pids of serve's processes (process group leaders)
 T0=0
 
-log() { printf '[e2e %s] %s\n' "$T" "$*" >&2; }
+# --- basics ---------------------------------------------------------------------------------
+
+log() { printf '[%s] %s\n' "$LOG_TAG" "$*" >&2; }
 fail() {
   log "FAIL: $*"
   exit 1
@@ -55,7 +81,7 @@ _run_cleanup() {
   local rc=$? i
   trap - EXIT
   trap '' INT TERM # a second Ctrl-C must not cut the cleanup short
-  if [ "$rc" -ne 0 ] && [ "${NG_E2E_KEEP:-0}" = 1 ]; then
+  if [ "$rc" -ne 0 ] && [ "${NG_E2E_KEEP:-0}" = 1 ] && [ -n "$W" ]; then
     touch "$W/.keep"
     log "NG_E2E_KEEP=1: everything is left in place for inspection; rm $W/.keep to clean up"
     while [ -e "$W/.keep" ]; do sleep 1; done
@@ -63,7 +89,9 @@ _run_cleanup() {
   for ((i = ${#CLEANUP[@]} - 1; i >= 0; i--)); do
     eval "${CLEANUP[i]}" >/dev/null 2>&1 || true
   done
-  if [ "$rc" -eq 0 ]; then
+  if [ -z "$T" ]; then
+    :
+  elif [ "$rc" -eq 0 ]; then
     log "PASS ($(elapsed)s)"
   else
     log "FAILED (exit $rc, $(elapsed)s)"
@@ -73,21 +101,31 @@ _run_cleanup() {
 
 elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
-# e2e_init NAME: names, work dir, one-at-a-time lock, exit trap.
-e2e_init() {
-  T=$1
+# lib_begin TAG: log lines tagged TAG, root required, the exit trap that runs what was deferred.
+lib_begin() {
+  LOG_TAG=$1
   T0=$(date +%s.%N)
-  [ "$(id -u)" = 0 ] || fail "must run as root"
-  NODE=ng-$T-node CLOUD=ng-$T-cloud REMOTE=ng-$T-remote
-  # The e2e tests share /etc/cni/net.d, /opt/cni/bin and /var/lib/cni: one at a time.
-  exec 9>/run/ng-e2e.lock
-  flock -w 600 9 || fail "another e2e test holds /run/ng-e2e.lock"
-  W=$(mktemp -d "/tmp/ng-e2e-$T.XXXXXX")
+  [ "$(id -u)" = 0 ] || fail "must run as root: it creates network namespaces (try: sudo $0)"
   trap _run_cleanup EXIT
   trap 'exit 130' INT TERM
+}
+
+# work_dir PREFIX: a fresh directory /tmp/PREFIX.XXXXXX in W, removed at exit.
+work_dir() {
+  W=$(mktemp -d "/tmp/$1.XXXXXX")
   defer "rm -rf '$W'"
-  # natguard keeps its lock (and the installer its ready file) in /run/natguard
-  [ -e /run/natguard ] || defer "rm -f /run/natguard/lock /run/natguard/ready; rmdir /run/natguard"
+}
+
+# e2e_init NAME: names, a mount namespace of its own, work dir, one-at-a-time lock, exit trap.
+e2e_init() {
+  T=$1
+  NODE=ng-$T-node CLOUD=ng-$T-cloud REMOTE=ng-$T-remote
+  lib_begin "e2e $T"
+  private_mounts "/etc/cni /opt/cni /var/lib/cni /run/natguard"
+  # The e2e tests share the cgroup tree and the runtimes' fixed paths: one at a time.
+  exec 9>/run/ng-e2e.lock
+  flock -w 600 9 || fail "another e2e test holds /run/ng-e2e.lock"
+  work_dir "ng-e2e-$T"
 }
 
 # need CMD...: every prerequisite must be there; a missing one is a failure, never a skip.
@@ -98,15 +136,188 @@ need() {
   done
 }
 
-# in_node CMD...: run CMD in the node's netns only (not `ip netns exec`: that remounts /sys,
-# hiding the cgroup mounts that runc and podman need).
+# --- a mount namespace of its own ---------------------------------------------------------------
+
+# in_private_mounts: true in the process private_mounts re-ran.
+in_private_mounts() { [ "${NG_PRIVATE_MOUNTS:-}" = "$$" ]; }
+
+# private_mounts "DIR..." [ARG...]: unless already there, runs the calling script again ($0,
+# with ARGs) in a mount namespace of its own (the exec keeps the pid, which marks it); there,
+# mounts an empty tmpfs on each DIR (created if missing, and removed again at exit), so what
+# is written there stays in this run and the machine's own is neither read nor changed.
+# Network namespaces created afterwards are mounted under /run/netns in this namespace only.
+private_mounts() {
+  local dirs=$1 d
+  shift
+  if ! in_private_mounts; then
+    exec unshare --mount --propagation private -- env NG_PRIVATE_MOUNTS=$$ "$0" "$@"
+  fi
+  for d in $dirs; do
+    mkdir_tracked "$d"
+    mount -t tmpfs -o mode=0755 "ng-private-$(basename "$d")" "$d" || fail "mount a tmpfs on $d"
+    defer "umount -l '$d'"
+  done
+}
+
+# --- network namespaces -------------------------------------------------------------------------
+
+# mk_ns NAME: a network namespace with lo up, deleted at exit (a leftover of an interrupted
+# run of the same name goes first).
+mk_ns() {
+  if [ -e "/run/netns/$1" ]; then ip netns del "$1"; fi
+  ip netns add "$1" || fail "ip netns add $1"
+  defer "ip netns del '$1'"
+  ip -n "$1" link set lo up
+}
+
+# in_ns NS CMD...: run CMD in the netns only (not `ip netns exec`: that remounts /sys, hiding
+# the cgroup mounts that runc and podman need).
 # (fd 9 holds the e2e lock: daemons started from here must not inherit it)
-in_node() { nsenter --net="/run/netns/$NODE" "$@" 9>&-; }
 in_ns() {
   local ns=$1
   shift
-  nsenter --net="/run/netns/$ns" "$@" 9>&-
+  nsenter --net="/run/netns/$ns" -- "$@" 9>&-
 }
+in_node() { in_ns "$NODE" "$@"; }
+
+# veth NS_A IF_A NS_B IF_B: a veth pair between two namespaces, both ends up
+veth() {
+  ip -n "$1" link add "$2" type veth peer name "$4" netns "$3" || fail "veth $1/$2 - $3/$4"
+  ip -n "$1" link set "$2" up
+  ip -n "$3" link set "$4" up
+}
+
+# --- servers --------------------------------------------------------------------------------------
+
+# serve NS CMD...: CMD in namespace NS, in a process group of its own (a forking server's
+# children go with it), its output appended to $W/servers.log; stopped at exit or by
+# stop_servers. Its pid goes to SERVED_PID.
+SERVED_PID=""
+serve() {
+  local ns=$1
+  shift
+  setsid nsenter --net="/run/netns/$ns" -- "$@" </dev/null >>"$W/servers.log" 2>&1 9>&- &
+  SERVED_PID=$!
+  SERVED+=("$SERVED_PID")
+  defer "kill -- -$SERVED_PID"
+}
+
+# stop_servers: stops every process serve started.
+stop_servers() {
+  local p
+  for p in "${SERVED[@]}"; do kill -- "-$p" 2>/dev/null || true; done
+  SERVED=()
+}
+
+# wait_port NS tcp|udp PORT COUNT: until COUNT sockets listen on PORT in NS (bounded: 10 s)
+wait_port() {
+  local flag=-Hltn i
+  [ "$2" = udp ] && flag=-Hlun
+  for ((i = 0; i < 200; i++)); do
+    [ "$(in_ns "$1" ss $flag "sport = :$3" | grep -c .)" -ge "$4" ] && return 0
+    sleep 0.05
+  done
+  fail "no listener on $2 port $3 in $1"
+}
+
+# keepalive_server NS PORT WORD: an HTTP/1.1 keep-alive server answering WORD on PORT in NS,
+# as cloud metadata APIs and node-local proxies do (tests/common/http_keepalive.py, shared with
+# the root tests); returns once it listens.
+keepalive_server() {
+  need python3
+  serve "$1" python3 -u "$REPO/tests/common/http_keepalive.py" "$2" "$3"
+  wait_port "$1" tcp "$2" 1
+}
+
+# --- the CNI driver -------------------------------------------------------------------------------
+# A conflist's plugins run the way a runtime (libcni) runs them: in order at ADD, each result
+# passed on as the next plugin's prevResult, the result cached as libcni caches it (where
+# `natguard adopt` and the watcher's self-repair find pods), in reverse order at DEL with the
+# cached result. Set before use: CNI_NODE (the node's netns), CNI_LIST (the conflist, read at
+# each ADD and DEL as it is then), CNI_BIN_DIR (the node's plugin dir, searched before
+# Debian's /usr/lib/cni), CNI_CACHE (the result cache dir).
+CNI_NODE="" CNI_LIST="" CNI_BIN_DIR="" CNI_CACHE=""
+CNI_ATTACHED=() # "CID NETNS K8S_NAMESPACE K8S_POD" of each attachment not yet deleted
+
+# cni_plugin TYPE VERB CID NETNS CNI_ARGS CONF: one plugin, in the node namespace
+cni_plugin() {
+  local bin=/usr/lib/cni/$1
+  [ -x "$CNI_BIN_DIR/$1" ] && bin=$CNI_BIN_DIR/$1
+  printf '%s' "$6" | CNI_COMMAND=$2 CNI_CONTAINERID=$3 CNI_NETNS=$4 CNI_IFNAME=eth0 CNI_ARGS=$5 \
+    CNI_PATH=$CNI_BIN_DIR:/usr/lib/cni in_ns "$CNI_NODE" "$bin"
+}
+
+# cni_plugin_conf LIST INDEX PREV: plugin INDEX of the list with name, cniVersion and prevResult
+cni_plugin_conf() {
+  jq -c --argjson i "$2" --argjson prev "$3" \
+    '.plugins[$i] + {name: .name, cniVersion: .cniVersion}
+     + (if $prev == null then {} else {prevResult: $prev} end)' "$1"
+}
+
+# cni_add CID POD_NS K8S_NAMESPACE K8S_POD: ADD through the list; the result goes to
+# $W/result-CID and to the cache. Attachments still there at exit are deleted then.
+cni_add() {
+  local prev=null n i conf type out list net
+  local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
+  list=$W/list-$1
+  cp "$CNI_LIST" "$list"
+  net=$(jq -r .name "$list")
+  n=$(jq '.plugins | length' "$list")
+  ((${#CNI_ATTACHED[@]})) || defer "cni_del_attached"
+  for ((i = 0; i < n; i++)); do
+    conf=$(cni_plugin_conf "$list" "$i" "$prev")
+    type=$(jq -r .type <<<"$conf")
+    out=$(cni_plugin "$type" ADD "$1" "/run/netns/$2" "$args" "$conf") ||
+      fail "ADD of $4 failed in $type: $out"
+    prev=$out
+  done
+  printf '%s\n' "$prev" >"$W/result-$1"
+  CNI_ATTACHED+=("$1 $2 $3 $4")
+  jq -n --arg cid "$1" --arg ns "/run/netns/$2" --rawfile conf "$list" --arg pns "$3" --arg pod "$4" \
+    --arg net "$net" --slurpfile result "$W/result-$1" '{
+      kind: "cniCacheV1", containerId: $cid, config: ($conf | @base64), ifName: "eth0",
+      networkName: $net, netns: $ns, result: $result[0],
+      cniArgs: [["IgnoreUnknown", "1"], ["K8S_POD_NAMESPACE", $pns], ["K8S_POD_NAME", $pod]]
+    }' >"$CNI_CACHE/$net-$1-eth0"
+}
+
+# cni_del CID POD_NS K8S_NAMESPACE K8S_POD: DEL in reverse order through the list as it is
+# now, with the cached result
+cni_del() {
+  local prev n i conf type net a
+  local args="IgnoreUnknown=1;K8S_POD_NAMESPACE=$3;K8S_POD_NAME=$4"
+  prev=$(cat "$W/result-$1" 2>/dev/null || echo null)
+  net=$(jq -r .name "$CNI_LIST")
+  n=$(jq '.plugins | length' "$CNI_LIST")
+  for ((i = n - 1; i >= 0; i--)); do
+    conf=$(cni_plugin_conf "$CNI_LIST" "$i" "$prev")
+    type=$(jq -r .type <<<"$conf")
+    cni_plugin "$type" DEL "$1" "/run/netns/$2" "$args" "$conf" || return 1
+  done
+  rm -f "$W/result-$1" "$CNI_CACHE/$net-$1-eth0"
+  for i in "${!CNI_ATTACHED[@]}"; do
+    a=${CNI_ATTACHED[i]}
+    if [ "${a%% *}" = "$1" ]; then unset 'CNI_ATTACHED[i]'; fi
+  done
+  CNI_ATTACHED=("${CNI_ATTACHED[@]}")
+}
+
+# cni_del_attached: DEL of every attachment not deleted yet, in the order they were added.
+cni_del_attached() {
+  local a
+  for a in "${CNI_ATTACHED[@]}"; do
+    # shellcheck disable=SC2086
+    cni_del $a || return 1
+  done
+}
+
+# cni_pod_ip CID FAMILY(4|6): the pod's first address of that family in its ADD result
+cni_pod_ip() {
+  jq -r --arg f "$2" '.ips[].address | select(if $f == "4" then contains(".") else contains(":") end)
+    | split("/")[0]' "$W/result-$1" | head -n1
+}
+
+# --- e2e: natguard under test -----------------------------------------------------------------
 
 # natguard_bin: path of the plugin binary under test: $NATGUARD_BIN, or the release build
 # (cargo build --release first: a no-op when up to date, and never a stale binary)
@@ -138,22 +349,12 @@ bridge_conf() {
 
 # --- the world ------------------------------------------------------------------------------
 
-_mk_ns() {
-  ip netns add "$1" || fail "ip netns add $1"
-  defer "ip netns del '$1'"
-  ip -n "$1" link set lo up
-}
-
 # world_up: node, cloud and remote netns, their links, routes and HTTP servers.
 world_up() {
   need ip nsenter busybox jq nft conntrack
-  local ns
-  for ns in "$NODE" "$CLOUD" "$REMOTE"; do
-    [ -e "/run/netns/$ns" ] && ip netns del "$ns" # leftover of an interrupted run
-  done
-  _mk_ns "$NODE"
-  _mk_ns "$CLOUD"
-  _mk_ns "$REMOTE"
+  mk_ns "$NODE"
+  mk_ns "$CLOUD"
+  mk_ns "$REMOTE"
   # node <-> remote
   ip -n "$NODE" link add up0 type veth peer name eth0 netns "$REMOTE" || fail "veth node-remote"
   ip -n "$NODE" addr add "$NODE_IP/24" dev up0
@@ -175,7 +376,7 @@ world_up() {
   ip -n "$CLOUD" route add default via "$CLOUD_LINK_NODE"
   in_node sysctl -qw net.ipv4.ip_forward=1 || fail "ip_forward in $NODE"
 
-  # HTTP servers (busybox httpd; started with nsenter, which execs, so $! is the server)
+  # HTTP servers (busybox httpd)
   mkdir -p "$W/www-proxy" "$W/www-cloud" "$W/www-remote/cgi-bin"
   echo proxy >"$W/www-proxy/index.html"
   echo cloud >"$W/www-cloud/index.html"
@@ -198,10 +399,7 @@ world_up() {
   log "world up: $NODE (proxy $NODE_IP:$PROXY_PORT), $CLOUD ($METADATA_IP), $REMOTE ($REMOTE_IN, $REMOTE_OUT)"
 }
 
-_serve() {
-  nsenter --net="/run/netns/$1" busybox httpd -f -p "$2" -h "$3" >/dev/null 2>&1 9>&- &
-  defer "kill $!"
-}
+_serve() { serve "$1" busybox httpd -f -p "$2" -h "$3"; }
 
 # The shell snippet a container runs to probe the world; prints four lines:
 #   ip=<its eth0 IPv4>  meta=<who answered 169.254.169.254>  in=<source seen by 10.200.0.2>
@@ -501,10 +699,7 @@ cnitool_bin() {
 # (not printed: a defer inside $(...) would be lost with the subshell)
 bare_pod() {
   local ns=ng-$T-$1
-  [ -e "/run/netns/$ns" ] && ip netns del "$ns"
-  ip netns add "$ns" || fail "ip netns add $ns"
-  defer "ip netns del '$ns'"
-  ip -n "$ns" link set lo up
+  mk_ns "$ns"
   printf -v "$2" '%s' "/run/netns/$ns"
 }
 
@@ -523,9 +718,8 @@ probe_in() {
 
 # keepalive_servers: replace the world's proxy (node :8181) and cloud (:80) servers, busybox
 # httpd that closes every connection after one answer, by keep-alive HTTP/1.1 servers that
-# answer the same words (tests/common/http_keepalive.py, shared with the root tests and the
-# demo), for clients that keep one connection open
-# across a change of policy. Call after world_up.
+# answer the same words (keepalive_server), for clients that keep one connection open across
+# a change of policy. Call after world_up.
 keepalive_servers() {
   need python3 socat
   _keepalive_server "$NODE" "0.0.0.0:$PROXY_PORT" proxy "$NODE_IP:$PROXY_PORT"
@@ -544,9 +738,7 @@ _keepalive_server() {
       kill -0 "$p" 2>/dev/null && fail "busybox httpd $p ($ns $spec) did not stop"
     fi
   done
-  nsenter --net="/run/netns/$ns" python3 "$REPO/tests/common/http_keepalive.py" "${spec##*:}" "$word" \
-    >>"$W/keepalive-$ns.log" 2>&1 9>&- &
-  defer "kill $!"
+  keepalive_server "$ns" "${spec##*:}" "$word"
   # two requests on one connection, two answers (bounded)
   for i in $(seq 50); do
     n=$(printf 'GET / HTTP/1.1\r\nHost: x\r\n\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n' |
@@ -554,7 +746,7 @@ _keepalive_server() {
     [ "$n" = 2 ] && return 0
     sleep 0.1
   done
-  fail "keep-alive server $ns $spec: no two answers '$word' on one connection from the node ($(cat "$W/keepalive-$ns.log"))"
+  fail "keep-alive server $ns $spec: no two answers '$word' on one connection from the node ($(cat "$W/servers.log"))"
 }
 
 # keepalive_client NETNS_PATH LOG: scripts/e2e/keepalive.py's client in a pod's netns, keeping
