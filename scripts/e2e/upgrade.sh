@@ -6,7 +6,7 @@
 # v0.1.0, or, in a checkout without the tag, from tests/fixtures/natguard-0.1.0-src.tar.gz (the
 # tag's files: tests/conventions.rs checks they are the same); the log says which.
 # NG_E2E_OLD_BIN=PATH uses a 0.1.0 binary built before instead. The node runs in a mount
-# namespace of its own with a tmpfs /run, /etc/cni/net.d, /opt/cni/bin and /var/lib/cni, so
+# namespace of its own with empty tmpfs mounts on /etc/cni, /opt/cni, /var/lib/cni and /run/natguard, so
 # natguard's default paths are the node's, as on a real node, and nothing of the machine's is
 # read or changed. Pods are started and removed by libcni (tests/cnitool) through the active
 # list, with whatever natguard binary the bin dir holds at that moment, on a bridge network.
@@ -30,7 +30,7 @@
 #    passes under 0.1.0, new pods are ADDed by it, its DEL removes this release's pods whole.
 # 4. Upgraded again: the tables equal the reference's again; DEL of 0.1.0's last pods.
 # 5. Every probe of every pod is counted: all must be as the pod's policy says.
-. "$(dirname "$0")/lib.sh"
+. "$(dirname "$0")/../lib.sh"
 set -euo pipefail
 OLD_TAG=v0.1.0
 OLD_VERSION=0.1.0
@@ -46,7 +46,7 @@ if [ "${NG_UPGRADE_INSIDE:-}" != 1 ]; then
     v=$("$NG_E2E_OLD_BIN" version) || fail "$NG_E2E_OLD_BIN version"
     [[ $v == "natguard $OLD_VERSION "* ]] || fail "NG_E2E_OLD_BIN=$NG_E2E_OLD_BIN says: $v"
     log "$OLD_VERSION: NG_E2E_OLD_BIN=$NG_E2E_OLD_BIN ($v)"
-    NG_UPGRADE_INSIDE=1 NATGUARD_BIN=$new_bin OLD_BIN=$NG_E2E_OLD_BIN unshare --mount --propagation private -- "$0"
+    NG_UPGRADE_INSIDE=1 NATGUARD_BIN=$new_bin OLD_BIN=$NG_E2E_OLD_BIN "$0"
     exit $?
   fi
   BUILD=$(mktemp -d /tmp/ng-e2e-upgrade-build.XXXXXX)
@@ -68,31 +68,14 @@ if [ "${NG_UPGRADE_INSIDE:-}" != 1 ]; then
   v=$("$old_bin" version) || fail "$old_bin version"
   [[ $v == "natguard $OLD_VERSION "* ]] || fail "the binary built from $OLD_VERSION's source says: $v"
   log "built $v in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')s; this release: $("$new_bin" version)"
-  NG_UPGRADE_INSIDE=1 NATGUARD_BIN=$new_bin OLD_BIN=$old_bin unshare --mount --propagation private -- "$0"
+  NG_UPGRADE_INSIDE=1 NATGUARD_BIN=$new_bin OLD_BIN=$old_bin "$0"
   exit $?
 fi
 
-# ---- inside a mount namespace of its own ------------------------------------------------------
-mount -t tmpfs -o mode=0755 ng-e2e-upgrade /run || { echo "tmpfs on /run" >&2; exit 1; }
-# private_dir DIR: a tmpfs at DIR. Where DIR does not exist, its nearest existing parent first
-# gets an overlay whose upper layer is in this namespace's /run, so DIR is made there and never
-# on the machine's file system.
-private_dir() {
-  local d=$1 up=$1 o
-  while [ ! -d "$up" ]; do up=$(dirname "$up"); done
-  if [ "$up" != "$d" ]; then
-    o=$(mktemp -d /run/ng-overlay.XXXXXX)
-    mkdir "$o/upper" "$o/work"
-    mount -t overlay ng-e2e-upgrade -o "lowerdir=$up,upperdir=$o/upper,workdir=$o/work" "$up" || return 1
-    mkdir -p "$d"
-  fi
-  mount -t tmpfs -o mode=0755 ng-e2e-upgrade "$d"
-}
-for d in /etc/cni/net.d /opt/cni/bin /var/lib/cni; do
-  private_dir "$d" || { echo "a private $d" >&2; exit 1; }
-done
-
+# ---- inside: e2e_init gives the run a mount namespace of its own, with empty tmpfs mounts on
+# /etc/cni, /opt/cni, /var/lib/cni and /run/natguard, so natguard's default paths are the node's
 e2e_init upgrade
+mkdir -p /etc/cni/net.d /opt/cni/bin /var/lib/cni
 need python3 /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/loopback
 NET=ng-e2e-upgrade
 NETCONF=/etc/cni/net.d
