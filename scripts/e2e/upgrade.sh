@@ -101,6 +101,27 @@ jq --arg ex "$EXEMPT_NS" '.metadata.exemptNamespaces = [$ex]' "$REPO/deploy/base
 lib() { in_node env CNI_PATH="$CNIBIN" "$cnitool" "$@"; }
 cni_args() { echo "IgnoreUnknown=1;K8S_POD_UID=uid-$2;K8S_POD_NAME=$2;K8S_POD_NAMESPACE=$1"; }
 
+# turn_over FROM TO OLD NEW: the pods OLD-web and OLD-creds, ADDed by release FROM, pass CHECK
+# under release TO (now installed); NEW-web and NEW-creds are ADDed by TO beside them and probed
+# from their first probe on; then TO's DEL of the OLD pods (their containers stop first) leaves
+# nothing of them
+turn_over() {
+  local from=$1 to=$2 old=$3 new=$4 p t
+  for p in "$old-web" "$old-creds"; do check_pod "$p" "ADDed by $from, checked by $to"; done
+  t=$(now)
+  add_pod "$new-web" "$APPS_NS" proxy
+  add_pod "$new-creds" "$EXEMPT_NS" cloud
+  start_prober "$new-web"
+  start_prober "$new-creds"
+  wait_probes "$t" "$new-web" "$new-creds"
+  for p in "$old-web" "$old-creds"; do
+    stop_prober "$p"
+    del_pod "$p"
+    assert_pod_gone "$NET" "${POD_IP[$p]}" "cid-$p"
+  done
+  log "CHECK of $from's pods passed under $to, and its DEL left nothing of them"
+}
+
 declare -A POD_NETNS POD_K8S POD_IP POD_WANT POD_PROBER
 PODS=()
 # add_pod NAME K8S_NAMESPACE proxy|cloud: ADD through the list (by whichever natguard is
@@ -247,23 +268,9 @@ diff "$W/files-new" "$W/files-up" >"$W/files.diff" ||
   fail "after the upgrade natguard's files differ from this release's own: $(cat "$W/files.diff")"
 log "files: $(grep -c . "$W/files-up") paths in /run/natguard, $CNIBIN and $NETCONF, the same as this release's own; $CNIBIN/natguard and the entry replaced"
 # the old pods under this release: CHECK passes, new pods beside them
-check_pod old-web "ADDed by $OLD_VERSION, checked by this release"
-check_pod old-creds "ADDed by $OLD_VERSION, checked by this release"
 assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
 assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
-t_new=$(now)
-add_pod new-web "$APPS_NS" proxy
-add_pod new-creds "$EXEMPT_NS" cloud
-start_prober new-web
-start_prober new-creds
-wait_probes "$t_new" new-web new-creds
-# DEL by this release removes what 0.1.0's ADD created (the pods' containers stop first)
-for p in old-web old-creds; do
-  stop_prober "$p"
-  del_pod "$p"
-  assert_pod_gone "$NET" "${POD_IP[$p]}" "cid-$p"
-done
-log "CHECK of $OLD_VERSION's pods passed under this release, and its DEL left nothing of them"
+turn_over "$OLD_VERSION" "this release" old new
 
 # ==============================================================================================
 # 3. The downgrade, as docs/upgrade.md documents it: the previous release's DaemonSet comes
@@ -296,20 +303,7 @@ while IFS= read -r o; do
 done <<<"$left"
 leftover=$(printf '%s\n' "$left" | jq -r 'select(.set) | .set.name' 2>/dev/null | paste -sd, -)
 log "downgraded in $(secs "$t_dn0" "$t_dn1")s (probes in flight during it: new-web $(in_flight new-web "$t_dn0" "$t_dn1"), new-creds $(in_flight new-creds "$t_dn0" "$t_dn1")): $OLD_VERSION's binary, entry (the list is byte for byte $OLD_VERSION's) and every one of its rules and sets are back; this release's sets that $OLD_VERSION does not know stay, used by no rule: ${leftover:-none}"
-check_pod new-web "ADDed by this release, checked by $OLD_VERSION"
-check_pod new-creds "ADDed by this release, checked by $OLD_VERSION"
-t_down=$(now)
-add_pod down-web "$APPS_NS" proxy
-add_pod down-creds "$EXEMPT_NS" cloud
-start_prober down-web
-start_prober down-creds
-wait_probes "$t_down" down-web down-creds
-for p in new-web new-creds; do
-  stop_prober "$p"
-  del_pod "$p"
-  assert_pod_gone "$NET" "${POD_IP[$p]}" "cid-$p"
-done
-log "CHECK of this release's pods passed under $OLD_VERSION, and its DEL left nothing of them"
+turn_over "this release" "$OLD_VERSION" new down
 
 # ==============================================================================================
 # 4. Upgraded again: this release takes its leftover sets back and the node is its own again.
