@@ -8,9 +8,10 @@
 mod common;
 
 use common::{in_netns, Harness, Netns};
+use natguard::kernel::conntrack::wire::put_tuple;
 use natguard::kernel::conntrack::{self, FlushReport, Path};
 use natguard::kernel::netlink::{
-    Attrs, MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
+    Attrs, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL,
 };
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -99,44 +100,6 @@ fn ping(src: &str, dst: &str, id: u16) -> Flow {
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-fn put_tuple(b: &mut MsgBuf, ty: u16, proto: u8, src: IpAddr, dst: IpAddr, sp: u16, dp: u16) {
-    let t = b.nest_begin(ty);
-    let n = b.nest_begin(1); // CTA_TUPLE_IP
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            b.attr(1, &s.octets());
-            b.attr(2, &d.octets());
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            b.attr(3, &s.octets());
-            b.attr(4, &d.octets());
-        }
-        _ => panic!("mixed families in a tuple"),
-    }
-    b.nest_end(n);
-    let p = b.nest_begin(2); // CTA_TUPLE_PROTO
-    b.attr_u8(1, proto);
-    match proto {
-        // ICMP: "sport" is the echo id, "dport" the type.
-        ICMP => {
-            b.attr_u16_be(4, sp);
-            b.attr_u8(5, dp as u8);
-            b.attr_u8(6, 0);
-        }
-        ICMPV6 => {
-            b.attr_u16_be(7, sp);
-            b.attr_u8(8, dp as u8);
-            b.attr_u8(9, 0);
-        }
-        _ => {
-            b.attr_u16_be(2, sp);
-            b.attr_u16_be(3, dp);
-        }
-    }
-    b.nest_end(p);
-    b.nest_end(t);
 }
 
 /// Inserts `flows` with IPCTNL_MSG_CT_NEW, many per write (in the calling thread's namespace).

@@ -20,8 +20,9 @@ mod common;
 
 use common::attack::*;
 use common::*;
+use natguard::kernel::conntrack::wire::{put_tuple, CTA_TUPLE_ORIG, CTA_TUPLE_REPLY, IPPROTO_TCP};
 use natguard::kernel::conntrack::{self, Path as CtPath};
-use natguard::kernel::netlink::{MsgBuf, NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK};
+use natguard::kernel::netlink::{NfSocket, NFNL_SUBSYS_CTNETLINK, NLM_F_ACK};
 use natguard::kernel::netlink::{NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -143,30 +144,6 @@ fn the_kernel_has_ipvs_vlan_filtering_and_tunnels() {
 const CT_NEW: u16 = (NFNL_SUBSYS_CTNETLINK as u16) << 8;
 const CT_GET: u16 = ((NFNL_SUBSYS_CTNETLINK as u16) << 8) | 1;
 
-/// A TCP conntrack tuple attribute (`ty` 1 = orig, 2 = reply).
-fn put_tuple(b: &mut MsgBuf, ty: u16, src: IpAddr, dst: IpAddr, sp: u16, dp: u16) {
-    let t = b.nest_begin(ty);
-    let n = b.nest_begin(1);
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            b.attr(1, &s.octets());
-            b.attr(2, &d.octets());
-        }
-        (IpAddr::V6(s), IpAddr::V6(d)) => {
-            b.attr(3, &s.octets());
-            b.attr(4, &d.octets());
-        }
-        _ => panic!("mixed families"),
-    }
-    b.nest_end(n);
-    let p = b.nest_begin(2);
-    b.attr_u8(1, 6);
-    b.attr_u16_be(2, sp);
-    b.attr_u16_be(3, dp);
-    b.nest_end(p);
-    b.nest_end(t);
-}
-
 /// Creates established TCP entries `src:40000+i -> dst:443` (calling thread's namespace).
 fn create_flows(flows: &[(IpAddr, IpAddr)]) {
     let mut sock = NfSocket::open().unwrap();
@@ -175,8 +152,8 @@ fn create_flows(flows: &[(IpAddr, IpAddr)]) {
         let family = if s.is_ipv4() { 2 } else { 10 };
         let sp = 40000 + i as u16;
         b.begin(CT_NEW, NLM_F_CREATE | NLM_F_EXCL | NLM_F_ACK, family, 0);
-        put_tuple(&mut b, 1, *s, *d, sp, 443);
-        put_tuple(&mut b, 2, *d, *s, 443, sp);
+        put_tuple(&mut b, CTA_TUPLE_ORIG, IPPROTO_TCP, *s, *d, sp, 443);
+        put_tuple(&mut b, CTA_TUPLE_REPLY, IPPROTO_TCP, *d, *s, 443, sp);
         b.attr_u32_be(7, 3600);
         b.end();
     }

@@ -175,17 +175,6 @@ fn put_addrs(b: &mut MsgBuf, src: IpAddr, dst: Option<IpAddr>) {
     b.nest_end(ip);
 }
 
-fn put_tuple(b: &mut MsgBuf, ty: u16, src: IpAddr, dst: IpAddr, sport: u16, dport: u16) {
-    let t = b.nest_begin(ty);
-    put_addrs(b, src, Some(dst));
-    let p = b.nest_begin(CTA_TUPLE_PROTO);
-    b.attr_u8(CTA_PROTO_NUM, IPPROTO_TCP);
-    b.attr_u16_be(CTA_PROTO_SRC_PORT, sport);
-    b.attr_u16_be(CTA_PROTO_DST_PORT, dport);
-    b.nest_end(p);
-    b.nest_end(t);
-}
-
 fn ct_create(flows: &[Flow]) -> Res<()> {
     let mut sock = NfSocket::open().map_err(e2s)?;
     for chunk in flows.chunks(CREATE_CHUNK) {
@@ -197,8 +186,24 @@ fn ct_create(flows: &[Flow]) -> Res<()> {
                 family(f.src),
                 0,
             );
-            put_tuple(&mut b, CTA_TUPLE_ORIG, f.src, f.dst, f.sport, f.dport);
-            put_tuple(&mut b, CTA_TUPLE_REPLY, f.dst, f.src, f.dport, f.sport);
+            put_tuple(
+                &mut b,
+                CTA_TUPLE_ORIG,
+                IPPROTO_TCP,
+                f.src,
+                f.dst,
+                f.sport,
+                f.dport,
+            );
+            put_tuple(
+                &mut b,
+                CTA_TUPLE_REPLY,
+                IPPROTO_TCP,
+                f.dst,
+                f.src,
+                f.dport,
+                f.sport,
+            );
             b.attr_u32_be(CTA_TIMEOUT, 3600);
             let pi = b.nest_begin(CTA_PROTOINFO);
             let tcp = b.nest_begin(CTA_PROTOINFO_TCP);
@@ -219,7 +224,15 @@ fn ct_delete(flows: &[Flow]) -> Res<()> {
     for f in flows {
         let mut b = sock.msgbuf();
         b.begin(ct_msg(IPCTNL_MSG_CT_DELETE), NLM_F_ACK, family(f.src), 0);
-        put_tuple(&mut b, CTA_TUPLE_ORIG, f.src, f.dst, f.sport, f.dport);
+        put_tuple(
+            &mut b,
+            CTA_TUPLE_ORIG,
+            IPPROTO_TCP,
+            f.src,
+            f.dst,
+            f.sport,
+            f.dport,
+        );
         b.end();
         match sock.transact(&b, &|_| "delete a conntrack entry".into()) {
             Ok(()) => {}

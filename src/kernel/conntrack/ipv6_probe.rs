@@ -142,8 +142,24 @@ fn probe_here() -> crate::error::Result<Ipv6Filter> {
             AF_INET6,
             0,
         );
-        tuple(&mut b, CTA_TUPLE_ORIG, src, PEER, 40000, 53);
-        tuple(&mut b, CTA_TUPLE_REPLY, PEER, src, 53, 40000);
+        put_tuple(
+            &mut b,
+            CTA_TUPLE_ORIG,
+            IPPROTO_UDP,
+            src.into(),
+            PEER.into(),
+            40000,
+            53,
+        );
+        put_tuple(
+            &mut b,
+            CTA_TUPLE_REPLY,
+            IPPROTO_UDP,
+            PEER.into(),
+            src.into(),
+            53,
+            40000,
+        );
         b.attr_u32_be(CTA_TIMEOUT, 60);
         b.end();
         sock.transact(&b, &|_| "conntrack: create an IPv6 probe entry".into())?;
@@ -183,27 +199,6 @@ fn verdict(srcs: &[IpAddr]) -> Ipv6Filter {
         [s] if *s == IpAddr::V6(B) => Ipv6Filter::Inverted,
         _ => Ipv6Filter::Unknown,
     }
-}
-
-fn tuple(
-    b: &mut crate::kernel::netlink::MsgBuf,
-    ty: u16,
-    src: Ipv6Addr,
-    dst: Ipv6Addr,
-    sp: u16,
-    dp: u16,
-) {
-    let t = b.nest_begin(ty);
-    let ip = b.nest_begin(CTA_TUPLE_IP);
-    b.attr(CTA_IP_V6_SRC, &src.octets());
-    b.attr(CTA_IP_V6_DST, &dst.octets());
-    b.nest_end(ip);
-    let p = b.nest_begin(CTA_TUPLE_PROTO);
-    b.attr_u8(CTA_PROTO_NUM, IPPROTO_UDP);
-    b.attr_u16_be(CTA_PROTO_SRC_PORT, sp);
-    b.attr_u16_be(CTA_PROTO_DST_PORT, dp);
-    b.nest_end(p);
-    b.nest_end(t);
 }
 
 #[cfg(test)]

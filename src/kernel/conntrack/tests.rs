@@ -37,33 +37,6 @@ fn normalize_maps_v4_in_v6_and_dedups() {
     );
 }
 
-fn put_addr(b: &mut MsgBuf, a: IpAddr, src: bool) {
-    match a {
-        IpAddr::V4(v4) => b.attr(
-            if src { CTA_IP_V4_SRC } else { CTA_IP_V4_DST },
-            &v4.octets(),
-        ),
-        IpAddr::V6(v6) => b.attr(
-            if src { CTA_IP_V6_SRC } else { CTA_IP_V6_DST },
-            &v6.octets(),
-        ),
-    }
-}
-
-fn tuple_attr(b: &mut MsgBuf, ty: u16, src: IpAddr, dst: IpAddr, sport: u16, dport: u16) {
-    let t = b.nest_begin(ty);
-    let ip = b.nest_begin(CTA_TUPLE_IP);
-    put_addr(b, src, true);
-    put_addr(b, dst, false);
-    b.nest_end(ip);
-    let p = b.nest_begin(CTA_TUPLE_PROTO);
-    b.attr_u8(CTA_PROTO_NUM, IPPROTO_TCP);
-    b.attr_u16_be(CTA_PROTO_SRC_PORT, sport);
-    b.attr_u16_be(CTA_PROTO_DST_PORT, dport);
-    b.nest_end(p);
-    b.nest_end(t);
-}
-
 #[test]
 fn parses_and_matches_entries() {
     let pod: IpAddr = "10.1.0.5".parse().unwrap();
@@ -72,14 +45,22 @@ fn parses_and_matches_entries() {
     let mut b = MsgBuf::new(1);
     // Not DNATed: the reply comes from the metadata address itself.
     b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
-    tuple_attr(&mut b, CTA_TUPLE_ORIG, pod, meta, 40000, 80);
-    tuple_attr(&mut b, CTA_TUPLE_REPLY, meta, pod, 80, 40000);
+    put_tuple(&mut b, CTA_TUPLE_ORIG, IPPROTO_TCP, pod, meta, 40000, 80);
+    put_tuple(&mut b, CTA_TUPLE_REPLY, IPPROTO_TCP, meta, pod, 80, 40000);
     b.attr_u32_be(CTA_ID, 7);
     b.end();
     // DNATed to the proxy.
     b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
-    tuple_attr(&mut b, CTA_TUPLE_ORIG, pod, meta, 40001, 80);
-    tuple_attr(&mut b, CTA_TUPLE_REPLY, proxy, pod, 8181, 40001);
+    put_tuple(&mut b, CTA_TUPLE_ORIG, IPPROTO_TCP, pod, meta, 40001, 80);
+    put_tuple(
+        &mut b,
+        CTA_TUPLE_REPLY,
+        IPPROTO_TCP,
+        proxy,
+        pod,
+        8181,
+        40001,
+    );
     b.end();
     let msgs = parse_msgs(b.as_bytes());
     let plain = Entry::parse(&msgs[0]).unwrap();
