@@ -175,6 +175,33 @@ fn put_addrs(b: &mut MsgBuf, src: IpAddr, dst: Option<IpAddr>) {
     b.nest_end(ip);
 }
 
+impl Flow {
+    /// The entry's original tuple, or (`CTA_TUPLE_REPLY`) its reply: the same flow reversed.
+    fn put(&self, b: &mut MsgBuf, ty: u16) {
+        if ty == CTA_TUPLE_ORIG {
+            put_tuple(
+                b,
+                ty,
+                IPPROTO_TCP,
+                self.src,
+                self.dst,
+                self.sport,
+                self.dport,
+            );
+        } else {
+            put_tuple(
+                b,
+                ty,
+                IPPROTO_TCP,
+                self.dst,
+                self.src,
+                self.dport,
+                self.sport,
+            );
+        }
+    }
+}
+
 fn ct_create(flows: &[Flow]) -> Res<()> {
     let mut sock = NfSocket::open().map_err(e2s)?;
     for chunk in flows.chunks(CREATE_CHUNK) {
@@ -186,24 +213,8 @@ fn ct_create(flows: &[Flow]) -> Res<()> {
                 family(f.src),
                 0,
             );
-            put_tuple(
-                &mut b,
-                CTA_TUPLE_ORIG,
-                IPPROTO_TCP,
-                f.src,
-                f.dst,
-                f.sport,
-                f.dport,
-            );
-            put_tuple(
-                &mut b,
-                CTA_TUPLE_REPLY,
-                IPPROTO_TCP,
-                f.dst,
-                f.src,
-                f.dport,
-                f.sport,
-            );
+            f.put(&mut b, CTA_TUPLE_ORIG);
+            f.put(&mut b, CTA_TUPLE_REPLY);
             b.attr_u32_be(CTA_TIMEOUT, 3600);
             let pi = b.nest_begin(CTA_PROTOINFO);
             let tcp = b.nest_begin(CTA_PROTOINFO_TCP);
@@ -224,15 +235,7 @@ fn ct_delete(flows: &[Flow]) -> Res<()> {
     for f in flows {
         let mut b = sock.msgbuf();
         b.begin(ct_msg(IPCTNL_MSG_CT_DELETE), NLM_F_ACK, family(f.src), 0);
-        put_tuple(
-            &mut b,
-            CTA_TUPLE_ORIG,
-            IPPROTO_TCP,
-            f.src,
-            f.dst,
-            f.sport,
-            f.dport,
-        );
+        f.put(&mut b, CTA_TUPLE_ORIG);
         b.end();
         match sock.transact(&b, &|_| "delete a conntrack entry".into()) {
             Ok(()) => {}
