@@ -393,10 +393,9 @@ fn a_missing_reply_ends_with_try_again_instead_of_blocking() {
 fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again() {
     let (h, ns) = synthetic_node("genid");
     // natguard's lock directory is private: a directory of the test mounted over
-    // /run/natguard (created empty as the mount point, as natguard itself would).
+    // /run/natguard inside the invocation's own /run (the harness makes the mount point there).
     let run_dir = h.dir().join("run-natguard");
     std::fs::create_dir_all(&run_dir).unwrap();
-    std::fs::create_dir_all("/run/natguard").unwrap();
     let log = h.dir().join("natguard.log");
     let cfg = cfg(json!({ "logFile": log.to_str().unwrap(), "logLevel": "info" }));
     let a = pod("gen", 1);

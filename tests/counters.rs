@@ -989,6 +989,8 @@ fn watch_keeps_the_metrics_file() {
     let log = dir.join("watch.log");
     let bin = natguard_bin();
     let mut cmd = w.node.cmd(bin.to_str().unwrap());
+    // In the node's own /run: the watcher's lock and record are never the host's.
+    common::run::in_node_state(&mut cmd, &w.node);
     cmd.args(["install", "--watch", "--no-adopt"])
         .arg("--netconf-dir")
         .arg(dir.join("net.d"))
@@ -1150,6 +1152,8 @@ fn watch_serves_metrics_over_http() {
     let port = 19118;
     let bin = natguard_bin();
     let mut cmd = w.node.cmd(bin.to_str().unwrap());
+    // In the node's own /run: the watcher's lock and record are never the host's.
+    common::run::in_node_state(&mut cmd, &w.node);
     cmd.args(["install", "--watch", "--no-adopt"])
         .arg("--netconf-dir")
         .arg(dir.join("net.d"))
@@ -1260,7 +1264,7 @@ fn unreadable_state_is_reported_not_guessed() {
     fs::set_permissions(h.dir(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let as_nobody = |args: &[&str]| {
         let out = output(
-            ns.cmd("setpriv")
+            common::run::in_node_state(&mut ns.cmd("setpriv"), &ns)
                 .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
                 .arg(&bin)
                 .args(args),
@@ -1306,7 +1310,8 @@ fn unreadable_state_is_reported_not_guessed() {
         &["status", "--json", "x"],
         &["metrics", "--json"],
     ] {
-        let out = output(ns.cmd(bin.to_str().unwrap()).args(args));
+        let out =
+            output(common::run::in_node_state(&mut ns.cmd(bin.to_str().unwrap()), &ns).args(args));
         assert_eq!(out.status.code(), Some(2), "natguard {args:?}");
         assert!(out.stdout.is_empty(), "natguard {args:?} printed a report");
         let err = String::from_utf8_lossy(&out.stderr);

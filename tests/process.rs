@@ -87,7 +87,7 @@ fn under_a_subreaper_that_reaps_only_its_children_nothing_is_left() {
         }
     }
     let out = output(
-        Command::new("python3")
+        run::in_node_state(&mut Command::new("python3"), &ns)
             .arg("-c")
             .arg(SUBREAPER)
             .arg(natguard_bin())
@@ -162,7 +162,7 @@ fn an_inherited_descriptor_reaches_eof_when_natguard_exits() {
     let ns = h.netns("node");
     let p = pod("fds", "10.64.0.9", "fd00:7::9");
     let out = output(
-        Command::new("python3")
+        run::in_node_state(&mut Command::new("python3"), &ns)
             .arg("-c")
             .arg(FD_HELPER)
             .arg(natguard_bin())
@@ -398,7 +398,6 @@ fn add_del_logged(
 ) -> (run::Invocation, run::Invocation, String) {
     let run_dir = h.dir().join(format!("run-{tag}"));
     fs::create_dir_all(&run_dir).unwrap();
-    fs::create_dir_all("/run/natguard").unwrap();
     let log = h.dir().join(format!("{tag}.log"));
     let mut cfg = cfg();
     cfg["logFile"] = json!(log.to_str().unwrap());

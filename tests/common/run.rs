@@ -417,6 +417,59 @@ impl NodeState {
                 .collect(),
         }
     }
+
+    /// Enters a mount namespace of the calling process's own in which `/run` (with the host's
+    /// `/run/netns` still visible), `/var/lib` and `/etc/cni` are this node's. Between fork and
+    /// exec, or in a helper process before it execs.
+    fn enter(&self) -> io::Result<()> {
+        // SAFETY: plain syscalls on C strings owned by `self`.
+        unsafe {
+            check(libc::unshare(libc::CLONE_NEWNS))?;
+            // Slave propagation first: the bind mounts below must not reach the host, and the
+            // host's later mounts (the network namespaces of pods started after this process,
+            // under /run/netns) reach this process, as a DaemonSet's `HostToContainer` mount
+            // of /run/netns gives its container.
+            check(libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_SLAVE,
+                std::ptr::null(),
+            ))?;
+            let bind = |source: &CString, target: &CStr| {
+                check(libc::mount(
+                    source.as_ptr(),
+                    target.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND | libc::MS_REC,
+                    std::ptr::null(),
+                ))
+            };
+            let n = self;
+            bind(&n.netns_dir, &n.keep)?;
+            bind(&n.run, c"/run")?;
+            let rc = libc::mkdir(c"/run/netns".as_ptr(), 0o755);
+            if rc != 0 && *libc::__errno_location() != libc::EEXIST {
+                return Err(io::Error::last_os_error());
+            }
+            bind(&n.keep, c"/run/netns")?;
+            for (mine, host) in &n.covers {
+                bind(mine, host)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes `cmd` run in the node state of `ns` (its `/run`, `/var/lib` and `/etc/cni`, in a
+/// mount namespace of its own), as every natguard invocation of that node does: for helpers
+/// that start natguard themselves (a subreaper, an inherited descriptor), so that they never
+/// use the host's `/run/natguard`. The network namespace stays the helper's to enter.
+pub fn in_node_state<'a>(cmd: &'a mut Command, ns: &Netns) -> &'a mut Command {
+    let node = NodeState::for_netns(ns);
+    // SAFETY: only async-signal-safe syscalls (unshare, mount, mkdir) run between fork and
+    // exec, on data prepared before the fork.
+    unsafe { cmd.pre_exec(move || node.enter()) }
 }
 
 /// What the child does between fork and exec, prepared before the fork.
@@ -463,38 +516,7 @@ impl ChildSetup {
         // SAFETY: plain syscalls on descriptors and C strings owned by `self`.
         unsafe {
             check(libc::setns(self.netns_fd, libc::CLONE_NEWNET))?;
-            check(libc::unshare(libc::CLONE_NEWNS))?;
-            // Slave propagation first: the bind mounts below must not reach the host, and the
-            // host's later mounts (the network namespaces of pods started after this process,
-            // under /run/netns) reach this process, as a DaemonSet's `HostToContainer` mount
-            // of /run/netns gives its container.
-            check(libc::mount(
-                std::ptr::null(),
-                c"/".as_ptr(),
-                std::ptr::null(),
-                libc::MS_REC | libc::MS_SLAVE,
-                std::ptr::null(),
-            ))?;
-            let bind = |source: &CString, target: &CStr| {
-                check(libc::mount(
-                    source.as_ptr(),
-                    target.as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_BIND | libc::MS_REC,
-                    std::ptr::null(),
-                ))
-            };
-            let n = &self.node;
-            bind(&n.netns_dir, &n.keep)?;
-            bind(&n.run, c"/run")?;
-            let rc = libc::mkdir(c"/run/netns".as_ptr(), 0o755);
-            if rc != 0 && *libc::__errno_location() != libc::EEXIST {
-                return Err(io::Error::last_os_error());
-            }
-            bind(&n.keep, c"/run/netns")?;
-            for (mine, host) in &n.covers {
-                bind(mine, host)?;
-            }
+            self.node.enter()?;
             if let Some((source, target, read_only)) = &self.mount {
                 let rc = libc::mkdir(target.as_ptr(), 0o755);
                 if rc != 0 && *libc::__errno_location() != libc::EEXIST {
