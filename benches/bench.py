@@ -331,6 +331,20 @@ def pod_entries(addrs):
 # --------------------------------------------------------------------------------------------
 
 
+def cni_env(command, cid, netns, pod, path, more_args="", cni_path=CNI_PATH):
+    """The environment a runtime gives a CNI plugin (the benchmarks' one CNI driver: bench.py's
+    pods and datapath.py's): pod `pod` of namespace default, interface eth0."""
+    return {
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": cid,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": "eth0",
+        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}{more_args}",
+        "CNI_PATH": cni_path,
+        "PATH": path,
+    }
+
+
 class Pod:
     """Pod i of a range: state pods (range 244) stay, bench pods (range 245) come and go."""
 
@@ -361,16 +375,9 @@ class Pod:
         }
 
     def env(self, command, path):
-        return {
-            "CNI_COMMAND": command,
-            "CNI_CONTAINERID": self.cid,
-            "CNI_NETNS": f"/var/run/netns/cni-{self.cid[:8]}",
-            "CNI_IFNAME": "eth0",
-            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={self.name};"
-            f"K8S_POD_INFRA_CONTAINER_ID={self.cid};K8S_POD_UID=00000000-0000-0000-0000-{self.cid[-12:]}",
-            "CNI_PATH": CNI_PATH,
-            "PATH": path,
-        }
+        return cni_env(command, self.cid, f"/var/run/netns/cni-{self.cid[:8]}", self.name, path,
+                       f";K8S_POD_INFRA_CONTAINER_ID={self.cid};"
+                       f"K8S_POD_UID=00000000-0000-0000-0000-{self.cid[-12:]}")
 
 
 def natguard_conf(pod, flush, log_file=None):

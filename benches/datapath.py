@@ -52,7 +52,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import Netns, die, log  # noqa: E402
+from bench import Netns, cni_env, die, log  # noqa: E402
 
 ALTS = ["none", "natguard", "anchor", "conntrack"]
 NETS = [
@@ -129,9 +129,7 @@ class Topo:
                 "conntrack": {"flushOnAdd": False}, "prevResult": prev}
 
     def _env(self, cid, netns):
-        return {"CNI_COMMAND": "ADD", "CNI_CONTAINERID": cid, "CNI_NETNS": netns, "CNI_IFNAME": "eth0",
-                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={cid}",
-                "CNI_PATH": "/usr/lib/cni", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+        return cni_env("ADD", cid, netns, cid, "/usr/sbin:/usr/bin:/sbin:/bin", cni_path="/usr/lib/cni")
 
     def _plugin(self, binary, conf, env):
         with self.node:
