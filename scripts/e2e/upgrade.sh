@@ -101,6 +101,17 @@ jq --arg ex "$EXEMPT_NS" '.metadata.exemptNamespaces = [$ex]' "$REPO/deploy/base
 lib() { in_node env CNI_PATH="$CNIBIN" "$cnitool" "$@"; }
 cni_args() { echo "IgnoreUnknown=1;K8S_POD_UID=uid-$2;K8S_POD_NAME=$2;K8S_POD_NAMESPACE=$1"; }
 
+# assert_adopted WHAT OUTPUT POD...: install's adopt (OUTPUT) names each POD with its address
+assert_adopted() {
+  local what=$1 out=$2 p c
+  shift 2
+  for p in "$@"; do
+    c=cid-$p
+    grep -Eq "^adopted +$NET ${c:0:12}(\.\.\.)? eth0 \(${POD_K8S[$p]}/$p\): ${POD_IP[$p]}( |\$)" <<<"$out" ||
+      fail "$what's adopt does not name pod $p"
+  done
+}
+
 # turn_over FROM TO OLD NEW: the pods OLD-web and OLD-creds, ADDed by release FROM, pass CHECK
 # under release TO (now installed); NEW-web and NEW-creds are ADDed by TO beside them and probed
 # from their first probe on; then TO's DEL of the OLD pods (their containers stop first) leaves
@@ -245,11 +256,7 @@ cmp -s "$new_bin" "$CNIBIN/natguard" || fail "the upgrade did not replace $CNIBI
 # (install adds the capabilities natguard declares to the runtime)
 [ "$(entry | jq -cS 'del(.capabilities)')" = "$(jq -cS . "$W/natguard.json")" ] ||
   fail "the list's entry after the upgrade is not the ConfigMap's: $(entry)"
-for p in old-web old-creds; do
-  c=cid-$p
-  grep -Eq "^adopted +$NET ${c:0:12}(\.\.\.)? eth0 \(${POD_K8S[$p]}/$p\): ${POD_IP[$p]}( |\$)" <<<"$out" ||
-    fail "the upgrade's adopt does not name pod $p"
-done
+assert_adopted "the upgrade" "$out" old-web old-creds
 wait_probes "$t_up1" old-web old-creds
 skeleton >"$W/skeleton-up"
 node_files >"$W/files-up"
@@ -282,11 +289,7 @@ t_dn1=$(now)
 printf '%s\n' "$out" | sed 's/^/    /' >&2
 cmp -s "$old_bin" "$CNIBIN/natguard" || fail "the downgrade did not put $OLD_VERSION's binary back"
 cmp -s "$LIST" "$W/list-old" || fail "the list after the downgrade is not $OLD_VERSION's: $(diff "$W/list-old" "$LIST")"
-for p in new-web new-creds; do
-  c=cid-$p
-  grep -Eq "^adopted +$NET ${c:0:12}(\.\.\.)? eth0 \(${POD_K8S[$p]}/$p\): ${POD_IP[$p]}( |\$)" <<<"$out" ||
-    fail "the downgrade's adopt does not name pod $p"
-done
+assert_adopted "the downgrade" "$out" new-web new-creds
 wait_probes "$t_dn1" new-web new-creds
 skeleton >"$W/skeleton-down"
 # what this release has and 0.1.0 does not know: its sets that 0.1.0 leaves behind
