@@ -63,31 +63,28 @@ pub fn facts(cfg: &Config) -> NodeFacts {
     }
 }
 
-/// Those of `addrs` that are the node's own (see the module doc).
+/// Those of `addrs` that are the node's own (see the module doc). Where a route lookup fails,
+/// the same socket lists every interface's addresses once (one `RTM_GETADDR` dump) and those
+/// of `addrs` among them are the node's; none when rtnetlink answers neither.
 pub fn own_among(addrs: &[IpAddr]) -> Vec<IpAddr> {
     if addrs.is_empty() {
         return Vec::new();
     }
     let Ok(mut links) = link::Links::open() else {
-        return own_addresses();
+        return Vec::new();
     };
     let mut own = Vec::new();
     for &a in addrs {
         match links.is_local(a) {
             Ok(true) => own.push(a),
             Ok(false) => {}
-            Err(_) => return own_addresses(),
+            Err(_) => {
+                let all = links.addresses().unwrap_or_default();
+                return addrs.iter().copied().filter(|a| all.contains(a)).collect();
+            }
         }
     }
     own
-}
-
-/// Every address configured on an interface of the calling thread's network namespace (none
-/// when rtnetlink cannot list them).
-fn own_addresses() -> Vec<IpAddr> {
-    link::Links::open()
-        .and_then(|mut l| l.addresses())
-        .unwrap_or_default()
 }
 
 /// Where a pod's packets enter the node, established from the kernel, not from the primary
