@@ -899,6 +899,74 @@ fn an_exempt_pod_without_interfaces_in_its_result_is_pinned_to_its_port() {
     f.finish("address theft of an exempt pod whose result lists no interfaces");
 }
 
+/// Whether natguard's bridge table is asleep (dormant: its guard hooked nowhere).
+fn bridge_guard_asleep(w: &World) -> bool {
+    let t = w.node.run(&["nft", "list", "table", "bridge", "natguard"]);
+    t.lines().any(|l| l.trim() == "flags dormant")
+}
+
+/// The bridge guard sleeps while no exempt pod lives on a bridge (nothing to pin, nothing per
+/// frame to pay), and each exempt pod's ADD wakes it in the batch that pins the pod. So a
+/// thief on the bridge of an exempt pod that comes after the guard slept never reaches the
+/// REAL server with its identity. Made dormant by someone else while it pins a pod, it is a
+/// failed CHECK, and the next ADD wakes it.
+#[test]
+fn the_bridge_guard_wakes_with_each_exempt_pod_and_sleeps_after_the_last() {
+    let w = real_world("sec-sleep");
+    let chain = w.chain(w.list("sleepns", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let _web = w.add_pod(&chain, "web", "default");
+    assert!(
+        bridge_guard_asleep(&w),
+        "no exempt pod on a bridge, yet the bridge guard is hooked"
+    );
+    let first = w.add_pod(&chain, "sys1", EXEMPT_NS);
+    assert!(
+        !bridge_guard_asleep(&w),
+        "an exempt pod's pins without their guard"
+    );
+    // Put to sleep by someone else while it pins the exempt pod: CHECK fails naming it, and
+    // the next ADD wakes it.
+    w.on_node("nft add table bridge natguard { flags dormant ; }");
+    assert!(bridge_guard_asleep(&w));
+    let e = chain
+        .check(&first.att)
+        .expect_err("CHECK passes although the exempt pod's bridge guard is dormant");
+    assert!(
+        e.to_string().contains("dormant") && e.to_string().contains(&first.v4.to_string()),
+        "{e}"
+    );
+    let _web2 = w.add_pod(&chain, "web2", "default");
+    assert!(
+        !bridge_guard_asleep(&w),
+        "the next ADD left the exempt pod's bridge guard dormant"
+    );
+    chain
+        .check(&first.att)
+        .expect("CHECK after the ADD that woke the guard");
+    // The same with its chain deleted too: the ADD creates the chain, then wakes the table.
+    w.on_node("nft delete chain bridge natguard guard");
+    w.on_node("nft add table bridge natguard { flags dormant ; }");
+    let _web3 = w.add_pod(&chain, "web3", "default");
+    assert!(
+        !bridge_guard_asleep(&w),
+        "the guard's chain restored asleep"
+    );
+    chain
+        .check(&first.att)
+        .expect("CHECK after the ADD that restored the chain");
+    chain.del(&first.att).expect("DEL of the first exempt pod");
+    assert!(
+        bridge_guard_asleep(&w),
+        "the last exempt pod left, yet the bridge guard is still hooked"
+    );
+    let f = address_theft(&w, &chain, false);
+    assert!(
+        !bridge_guard_asleep(&w),
+        "an exempt pod's pins without their guard"
+    );
+    f.finish("address theft of an exempt pod added after the bridge guard slept");
+}
+
 fn bridge_entry(w: &World, name: &str, bridge: &str, v4: Value, v6: Value) -> Value {
     json!({
         "type": "bridge",

@@ -62,9 +62,9 @@ impl Fake {
     pub(crate) fn apply(&mut self, op: &Op) -> Result<()> {
         match op {
             Op::Converge(plan) => {
-                for t in TableFamily::ALL {
-                    self.tables.entry(t).or_insert(0);
-                }
+                // As the lowering: the inet table is woken, the bridge table keeps its flags.
+                self.tables.insert(TableFamily::Inet, 0);
+                self.tables.entry(TableFamily::Bridge).or_insert(0);
                 for spec in &plan.sets {
                     let set = self.sets.entry(spec.name.clone()).or_default();
                     set.kind = Some(spec.kind);
@@ -134,6 +134,9 @@ impl Fake {
                 self.sets
                     .retain(|_, s| s.kind.is_some_and(|k| k.table() != *t));
                 self.chains.retain(|_, (ct, _)| ct != t);
+            }
+            Op::TableFlags(t, f) => {
+                self.tables.insert(*t, *f);
             }
         }
         Ok(())

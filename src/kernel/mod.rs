@@ -49,7 +49,7 @@ pub(crate) struct Stored {
     pub packets: Option<u64>,
 }
 
-pub(crate) use nft::RuleRead;
+pub(crate) use nft::{RuleRead, NFT_TABLE_F_DORMANT};
 
 /// One change of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +78,9 @@ pub(crate) enum Op {
     DeleteSet(TableFamily, String),
     /// Delete one of natguard's tables.
     DeleteTable(TableFamily),
+    /// Set the flags of one of natguard's tables (creating it with them if missing): how the
+    /// bridge table is put to sleep and woken ([`NFT_TABLE_F_DORMANT`]).
+    TableFlags(TableFamily, u32),
 }
 
 /// The operations of one transaction, committed whole or not at all.
@@ -185,6 +188,7 @@ impl Netfilter {
                 Op::DeleteChain(t, name) => tx.delete_chain(*t, name),
                 Op::DeleteSet(t, name) => tx.delete_set(*t, name),
                 Op::DeleteTable(t) => tx.delete_table(*t),
+                Op::TableFlags(t, f) => tx.table_flags(*t, *f),
             }
         }
         tx.commit_checked(&mut self.sock)

@@ -178,7 +178,11 @@ impl Tx {
     /// rule and every shared set's contents. Per-pod sets are created but never flushed.
     pub fn converge_shared(&mut self, plan: &SharedPlan, set_counters: bool) {
         for t in TableFamily::ALL {
-            let s = new_table(&mut self.buf, t);
+            // The inet table is woken if someone made it dormant; the bridge table keeps its
+            // flags, which the store sets in the same batch where they must change
+            // ([`Tx::table_flags`]): a batch may update a table's flags once.
+            let flags = (t == TableFamily::Inet).then_some(0);
+            let s = new_table(&mut self.buf, t, flags);
             self.note(
                 s,
                 format!("create table {} {}", t.nft(), crate::plan::TABLE),
@@ -314,6 +318,21 @@ impl Tx {
         self.note(
             s,
             format!("delete chain {} {} {name}", t.nft(), crate::plan::TABLE),
+        );
+    }
+
+    /// Sets the flags of natguard's table of family `t`, creating the table with them if it
+    /// does not exist yet.
+    pub fn table_flags(&mut self, t: TableFamily, flags: u32) {
+        let s = new_table(&mut self.buf, t, Some(flags));
+        let state = if flags & NFT_TABLE_F_DORMANT != 0 {
+            "dormant"
+        } else {
+            "awake"
+        };
+        self.note(
+            s,
+            format!("make table {} {} {state}", t.nft(), crate::plan::TABLE),
         );
     }
 
@@ -603,6 +622,10 @@ pub fn probe(sock: &mut NfSocket) -> Result<()> {
     )
     .map(|_| ())
 }
+
+/// nf_tables' table flag for a dormant table: its base chains are not hooked, so none of its
+/// rules apply.
+pub const NFT_TABLE_F_DORMANT: u32 = 0x1;
 
 /// natguard's table flags (`None`: no table). A dormant table (flag 0x1) enforces nothing.
 pub fn table_flags(sock: &mut NfSocket, t: TableFamily) -> Result<Option<u32>> {

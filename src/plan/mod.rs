@@ -508,6 +508,14 @@ impl SetKind {
         matches!(self.row().holds, Holds::Record | Holds::Owned)
     }
     /// Per-pod sets whose elements name their owners in their comment.
+    /// The bridge guard's pins: the exempt identities' addresses and MACs. While none of
+    /// them holds an element, no exempt pod lives on a bridge, the guard's rules can drop
+    /// nothing, and the bridge table sleeps (dormant: no hook, no cost per frame).
+    pub const PINS: [SetKind; 3] = [
+        SetKind::XAddr(Family::V4),
+        SetKind::XAddr(Family::V6),
+        SetKind::XMac,
+    ];
     pub fn is_owned(self) -> bool {
         self.row().holds == Holds::Owned
     }

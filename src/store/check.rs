@@ -20,10 +20,27 @@ pub enum Installation {
     Guarding,
 }
 
-/// nf_tables' table flag for a dormant table: none of its rules apply.
-pub(super) const NFT_TABLE_F_DORMANT: u32 = 0x1;
+pub(super) use crate::kernel::NFT_TABLE_F_DORMANT;
 
 impl<K: Kernel> Store<K> {
+    /// One element of the bridge guard's pin sets, rendered (`None`: they are empty).
+    fn pinned(&mut self) -> Result<Option<String>> {
+        for kind in SetKind::PINS {
+            let set = SetRef {
+                name: kind.suffix(),
+                kind,
+            };
+            if let Some(e) = self.k.dump(&set)?.first() {
+                return Ok(Some(format!(
+                    "{} in {}",
+                    plan::render_key(&e.key),
+                    set.name
+                )));
+            }
+        }
+        Ok(None)
+    }
+
     /// Compares the kernel's shared objects of a network (both tables) with the plan.
     pub fn check_shared(&mut self, shared: &SharedPlan) -> Result<()> {
         let names = &shared.names;
@@ -42,12 +59,24 @@ impl<K: Kernel> Store<K> {
                         names.network
                     )));
                 }
+                // The bridge table sleeps while no exempt identity lives on a bridge (no pin
+                // to keep): dormant is then how natguard leaves it.
                 Some(f) if f & NFT_TABLE_F_DORMANT != 0 => {
-                    return Err(Error::CheckFailed(format!(
-                        "table {} {} is dormant: none of its rules apply",
-                        t.nft(),
-                        plan::TABLE
-                    )))
+                    let pinned = if t == TableFamily::Bridge {
+                        self.pinned()?
+                    } else {
+                        None
+                    };
+                    if t == TableFamily::Inet || pinned.is_some() {
+                        let why = pinned
+                            .map(|p| format!(", and it pins {p}"))
+                            .unwrap_or_default();
+                        return Err(Error::CheckFailed(format!(
+                            "table {} {} is dormant: none of its rules apply{why}",
+                            t.nft(),
+                            plan::TABLE
+                        )));
+                    }
                 }
                 Some(_) => {}
             }

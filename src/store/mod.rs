@@ -33,7 +33,7 @@ mod view;
 
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::{FlushReport, Path};
-use crate::kernel::{Batch, Kernel, Op, SetRef};
+use crate::kernel::{Batch, Kernel, Op, SetRef, NFT_TABLE_F_DORMANT};
 use crate::lock::Lock;
 use crate::plan::{
     self, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan, TableFamily,
@@ -323,6 +323,7 @@ impl<K: Kernel> Store<K> {
         let mut v = view::View::new(&mut self.k);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
         v.emit(&mut batch);
+        settle_bridge(&mut self.k, &mut batch)?;
         self.k.commit(&batch)?;
         Ok(batch.len())
     }
@@ -444,6 +445,7 @@ impl<K: Kernel> Store<K> {
             stage_pod(&mut v, &s.names, p, netns_exists)?;
         }
         v.emit(&mut batch);
+        settle_bridge(&mut self.k, &mut batch)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -473,6 +475,7 @@ impl<K: Kernel> Store<K> {
             }
             let mut batch = Batch::default();
             v.emit(&mut batch);
+            settle_bridge(&mut s.k, &mut batch)?;
             let n = batch.len();
             let read = s.k.read_generation();
             s.k.commit(&batch)?;
@@ -555,6 +558,7 @@ impl<K: Kernel> Store<K> {
         }
         let mut batch = Batch::default();
         v.emit(&mut batch);
+        settle_bridge(&mut self.k, &mut batch)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -603,6 +607,83 @@ impl<K: Kernel> Store<K> {
     ) -> Result<FlushReport> {
         self.k.flush_undnatted(srcs, dsts, dports, path)
     }
+}
+
+/// Whether `op` adds, replaces or deletes an element of a pin set ([`SetKind::PINS`]).
+fn is_pin_op(op: &Op) -> bool {
+    match op {
+        Op::Add { set, .. } | Op::Put { set, .. } | Op::Del { set, .. } => {
+            SetKind::PINS.contains(&set.kind)
+        }
+        _ => false,
+    }
+}
+
+/// Whether the bridge guard has anything to pin after `batch`: an element in one of the pin
+/// sets, as the kernel holds them (`exists`: the bridge table does) changed by the batch's
+/// own operations.
+fn pinned_after<K: Kernel>(k: &mut K, batch: &Batch, exists: bool) -> Result<bool> {
+    let mut pins: HashSet<(SetKind, Key)> = HashSet::new();
+    if exists {
+        for kind in SetKind::PINS {
+            let set = SetRef {
+                name: kind.suffix(),
+                kind,
+            };
+            pins.extend(k.dump(&set)?.into_iter().map(|e| (kind, e.key)));
+        }
+    }
+    for op in batch.ops.iter().filter(|o| is_pin_op(o)) {
+        match op {
+            Op::Add { set, key, .. } | Op::Put { set, key, .. } => {
+                pins.insert((set.kind, *key));
+            }
+            Op::Del { set, key } => {
+                pins.remove(&(set.kind, *key));
+            }
+            _ => {}
+        }
+    }
+    Ok(!pins.is_empty())
+}
+
+/// Puts the bridge table to sleep, or wakes it, in the same batch that empties the pins or
+/// adds the first ([`SetKind::PINS`]): the bridge guard is hooked exactly while an exempt
+/// identity lives on a bridge, so a node without one pays nothing per bridged frame, and no
+/// commit ever leaves a pin without its guard. Only a batch that converges or changes a pin
+/// reads anything: the common ADD and DEL of a pod that is not exempt on a bridge do not.
+///
+/// Where the flags go in the batch is nf_tables' rule: a table's flags change at most once per
+/// batch and not after an update of one of its chains (a converge's NEWCHAIN of the existing
+/// bridge guard is one), and no new base chain may follow the change. So the change goes
+/// first, and a table this batch creates is created with its flags; only when the table exists
+/// without its chain (someone deleted it) does it go last, after the chain is created.
+fn settle_bridge<K: Kernel>(k: &mut K, batch: &mut Batch) -> Result<()> {
+    let converges = batch.ops.iter().any(|o| matches!(o, Op::Converge(_)));
+    if !converges && !batch.ops.iter().any(is_pin_op) {
+        return Ok(());
+    }
+    let t = TableFamily::Bridge;
+    let now = k.table_flags(t)?;
+    let dormant = if pinned_after(k, batch, now.is_some())? {
+        0
+    } else {
+        NFT_TABLE_F_DORMANT
+    };
+    let op = match now {
+        // Created awake without one: the converge's NEWTABLE carries no flags.
+        None if converges && dormant != 0 => Op::TableFlags(t, dormant),
+        Some(f) if f & NFT_TABLE_F_DORMANT != dormant => {
+            Op::TableFlags(t, (f & !NFT_TABLE_F_DORMANT) | dormant)
+        }
+        _ => return Ok(()),
+    };
+    if now.is_some() && converges && k.chain_names(t)?.is_empty() {
+        batch.push(op);
+    } else {
+        batch.ops.insert(0, op);
+    }
+    Ok(())
 }
 
 /// Stages one attachment in a view: releases what an earlier ADD of the same attachment

@@ -150,7 +150,12 @@ fn a_second_add_writes_nothing_and_shared_objects_are_written_once() {
     let mut s = store();
     let a = pod(&cfg, "a", "default", &["10.1.0.5"]);
     s.apply_pod(&sh, &a).unwrap();
-    assert!(matches!(s.kernel().commits[0].ops[0], Op::Converge(_)));
+    // The bridge table is created asleep (no exempt pod), then the shared objects.
+    assert_eq!(
+        s.kernel().commits[0].ops[0],
+        Op::TableFlags(TableFamily::Bridge, NFT_TABLE_F_DORMANT)
+    );
+    assert!(matches!(s.kernel().commits[0].ops[1], Op::Converge(_)));
     let commits = s.kernel().commits.len();
     s.apply_pod(&sh, &a).unwrap();
     assert_eq!(
@@ -429,6 +434,100 @@ fn check_names_what_differs() {
     s.kernel().tables.remove(&TableFamily::Bridge);
     let e = s.check_shared(&sh).unwrap_err();
     assert!(e.to_string().contains("bridge"), "{e}");
+}
+
+fn bridge_flags(s: &mut Store<Fake>) -> u32 {
+    s.kernel().tables[&TableFamily::Bridge]
+}
+
+fn flag_ops(b: &Batch) -> Vec<&Op> {
+    b.ops
+        .iter()
+        .filter(|o| matches!(o, Op::TableFlags(..)))
+        .collect()
+}
+
+/// The bridge guard is hooked exactly while an exempt identity lives on a bridge: the batch
+/// that adds the first pin wakes the bridge table, the one that removes the last (DEL or GC)
+/// puts it to sleep, and the batches of pods that pin nothing leave its flags alone.
+#[test]
+fn the_bridge_table_sleeps_without_exempt_pods_on_a_bridge() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let web = pod(&cfg, "web", "default", &["10.1.0.5", "fd00:1::5"]);
+    s.apply_pod(&sh, &web).unwrap();
+    assert_eq!(bridge_flags(&mut s), NFT_TABLE_F_DORMANT);
+    s.check_shared(&sh).unwrap();
+
+    let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.6"]);
+    s.apply_pod(&sh, &creds).unwrap();
+    assert_eq!(
+        bridge_flags(&mut s),
+        0,
+        "an exempt pod's pins without their guard"
+    );
+    let last = s.kernel().commits.last().unwrap().clone();
+    assert_eq!(
+        flag_ops(&last),
+        vec![&Op::TableFlags(TableFamily::Bridge, 0)],
+        "woken once, in the batch that adds the pins: {last:?}"
+    );
+    let more = pod(&cfg, "more", "kube-system", &["fd00:1::7"]);
+    s.apply_pod(&sh, &more).unwrap();
+    assert!(flag_ops(s.kernel().commits.last().unwrap()).is_empty());
+
+    // A pod that pins nothing never touches the table's flags.
+    let other = pod(&cfg, "other", "default", &["10.1.0.8"]);
+    s.apply_pod(&sh, &other).unwrap();
+    s.remove_pod(&names(), other.owner, &mut Vec::new())
+        .unwrap();
+    let commits = &s.kernel().commits;
+    for b in &commits[commits.len() - 2..] {
+        assert!(flag_ops(b).is_empty(), "{b:?}");
+    }
+
+    s.remove_pod(&names(), creds.owner, &mut Vec::new())
+        .unwrap();
+    assert_eq!(
+        bridge_flags(&mut s),
+        0,
+        "asleep while an exempt pod is left"
+    );
+    s.remove_pod(&names(), more.owner, &mut Vec::new()).unwrap();
+    assert_eq!(bridge_flags(&mut s), NFT_TABLE_F_DORMANT);
+    s.check_shared(&sh).unwrap();
+
+    // GC of the last exempt pod puts it to sleep too.
+    s.apply_pod(&sh, &creds).unwrap();
+    assert_eq!(bridge_flags(&mut s), 0);
+    let valid: HashSet<OwnerKey> = [web.owner].into_iter().collect();
+    s.gc(&names(), &valid).unwrap();
+    assert_eq!(bridge_flags(&mut s), NFT_TABLE_F_DORMANT);
+}
+
+/// A bridge table put to sleep by someone else while it pins an exempt pod is a failed
+/// CHECK naming a pin, and the next ADD wakes it.
+#[test]
+fn a_dormant_bridge_table_with_pins_fails_check_and_is_woken() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.6"]);
+    s.apply_pod(&sh, &creds).unwrap();
+    s.kernel()
+        .tables
+        .insert(TableFamily::Bridge, NFT_TABLE_F_DORMANT);
+    let e = s.check_shared(&sh).unwrap_err();
+    assert_eq!(e.code(), crate::error::code::CHECK_FAILED);
+    assert!(
+        e.to_string().contains("dormant") && e.to_string().contains("10.1.0.6"),
+        "{e}"
+    );
+    s.apply_pod(&sh, &pod(&cfg, "web", "default", &["10.1.0.5"]))
+        .unwrap();
+    assert_eq!(bridge_flags(&mut s), 0);
+    s.check_shared(&sh).unwrap();
 }
 
 #[test]

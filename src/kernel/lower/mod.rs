@@ -212,10 +212,14 @@ pub fn begin(b: &mut MsgBuf, t: TableFamily, msg: u16, flags: u16) -> u32 {
     b.begin(nft_type(msg), flags, nfproto_of(t), 0)
 }
 
-pub fn new_table(b: &mut MsgBuf, t: TableFamily) -> u32 {
+/// A NEWTABLE: creates the table if missing. With `flags`, they are the table's flags after
+/// the commit (on an existing table, an update); without, an existing table keeps its own.
+pub fn new_table(b: &mut MsgBuf, t: TableFamily, flags: Option<u32>) -> u32 {
     let s = begin(b, t, NFT_MSG_NEWTABLE, NLM_F_CREATE);
     b.attr_str(NFTA_TABLE_NAME, TABLE);
-    b.attr_u32_be(NFTA_TABLE_FLAGS, 0);
+    if let Some(f) = flags {
+        b.attr_u32_be(NFTA_TABLE_FLAGS, f);
+    }
     b.end();
     s
 }

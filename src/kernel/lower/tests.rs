@@ -57,7 +57,7 @@ fn long_element_lists_are_split_and_keep_interval_pairs() {
 #[test]
 fn batch_messages_ask_for_no_ack() {
     let mut b = MsgBuf::new(1);
-    new_table(&mut b, TableFamily::Inet);
+    new_table(&mut b, TableFamily::Inet, Some(0));
     flush_set(&mut b, TableFamily::Inet, "s");
     set_elems(
         &mut b,
