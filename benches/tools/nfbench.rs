@@ -323,7 +323,7 @@ fn nft_close(delay_ms: u64, reps: usize) -> Res<()> {
     for _ in 0..reps {
         let mut s = NfSocket::open().map_err(e2s)?;
         commit_batch(&mut s, |b| {
-            new_table(b, TableFamily::Inet);
+            new_table(b, TableFamily::Inet, Some(0));
             del_table(b, TableFamily::Inet);
         })?;
         std::thread::sleep(Duration::from_millis(delay_ms));
@@ -344,7 +344,7 @@ fn nft_release(delete: bool, n: u32) -> Res<()> {
     let t = TableFamily::Inet;
     let mut keep = NfSocket::open().map_err(e2s)?;
     commit_batch(&mut keep, |b| {
-        new_table(b, t);
+        new_table(b, t, Some(0));
         new_set(b, t, SCRATCH_SET, SetKind::Masq(Family::V4), 1, false);
     })?;
     if delete {
