@@ -279,7 +279,7 @@ fn nfnetlink_reports_errors_without_ack_and_aborts_the_whole_batch() {
         // A batch whose middle message fails: reported without asking, nothing applied.
         let mut b = sock.msgbuf();
         encode::begin_batch(&mut b);
-        encode::new_table(&mut b, TableFamily::Inet);
+        encode::new_table(&mut b, TableFamily::Inet, Some(0));
         let bad = encode::flush_set(&mut b, TableFamily::Inet, "no-such-set");
         encode::new_set(
             &mut b,
@@ -315,7 +315,7 @@ fn nfnetlink_reports_errors_without_ack_and_aborts_the_whole_batch() {
         // The same batch without the failing message: one ACK, committed.
         let mut b = sock.msgbuf();
         encode::begin_batch(&mut b);
-        encode::new_table(&mut b, TableFamily::Inet);
+        encode::new_table(&mut b, TableFamily::Inet, Some(0));
         encode::new_set(
             &mut b,
             TableFamily::Inet,
@@ -348,7 +348,7 @@ fn a_missing_reply_ends_with_try_again_instead_of_blocking() {
         let mut b = sock.msgbuf();
         encode::begin_batch(&mut b);
         encode::begin_batch(&mut b);
-        encode::new_table(&mut b, TableFamily::Inet);
+        encode::new_table(&mut b, TableFamily::Inet, Some(0));
         b.ack_last();
         encode::end_batch(&mut b);
         match sock.transact_batch(&b, &|s| format!("message {s}")) {
