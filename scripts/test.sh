@@ -96,6 +96,7 @@ outside, TCP is masqueraded to the node|remote-out 11\.0\.0\.2 .*TCP +sees: 11\.
 outside, UDP is masqueraded to the node|remote-out 11\.0\.0\.2 .*UDP +sees: 11\.0\.0\.1$
 outside, IPv6 TCP is masqueraded to the node|remote-out 2001:db8:bb::2 .*TCP +sees: 2001:db8:bb::1$
 status says the node is guarded|^natguard: guarding \(the node-wide metadata guard is in place
+status says the bridge guard pins the exempt pod|^bridge guard: awake \(it pins the exempt pods on bridges
 status reports the network|^network demo: mode proxy
 DEL leaves nothing of the pods behind|^after DEL: 0 lines of the table mention the pods$
 CLAIMS

@@ -788,6 +788,12 @@ fn counts_every_connection_per_network_family_and_pod() {
         "{text}"
     );
     assert!(text.contains(" metadata-exempt: 0 attempt(s)"), "{text}");
+    // An exempt pod on the bridge: the bridge guard is hooked.
+    assert!(
+        text.lines().nth(1)
+            == Some("bridge guard: awake (it pins the exempt pods on bridges to their ports)"),
+        "{text}"
+    );
     assert!(
         text.contains("  pods: 1 (1 with reset attempts)\n"),
         "{text}"

@@ -294,6 +294,14 @@ impl<K: Kernel> Store<K> {
         })
     }
 
+    /// Whether the bridge guard is hooked (the bridge table awake); `None` without the table.
+    pub fn bridge_guard_awake(&mut self) -> Result<Option<bool>> {
+        Ok(self
+            .k
+            .table_flags(TableFamily::Bridge)?
+            .map(|f| f & NFT_TABLE_F_DORMANT == 0))
+    }
+
     /// The node-wide guard's rule counters, summed by what they measure.
     pub fn node_counts(&mut self) -> Result<std::collections::BTreeMap<plan::Count, u64>> {
         let mut out = std::collections::BTreeMap::new();

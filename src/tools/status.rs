@@ -77,6 +77,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 unreadable: true,
                 self_repair: read_self_repair(),
                 installation: None,
+                bridge_guard: None,
             },
             1,
         ),
@@ -108,6 +109,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         unreadable: false,
         self_repair: read_self_repair(),
         installation: Some(store.installation()?),
+        bridge_guard: store.bridge_guard_awake()?,
     };
     let node = store.node_counts()?;
     r.guard = Family::ALL

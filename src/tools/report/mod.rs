@@ -55,6 +55,9 @@ pub(crate) struct NodeReport {
     /// Whether natguard's table and its node-wide guard are there; `None` when unreadable.
     /// Kernel APIs that answer (`ready`) say nothing about it.
     pub installation: Option<Installation>,
+    /// Whether the bridge guard is hooked: `Some(false)` while the bridge table sleeps (no
+    /// exempt pod on a bridge, nothing to pin), `None` without a bridge table.
+    pub bridge_guard: Option<bool>,
 }
 
 /// The node-wide guard is in place.
@@ -429,6 +432,22 @@ its rules and counters could not be read"
             );
         }
     }
+    match r.bridge_guard {
+        Some(true) => {
+            let _ = writeln!(
+                out,
+                "bridge guard: awake (it pins the exempt pods on bridges to their ports)"
+            );
+        }
+        Some(false) => {
+            let _ = writeln!(
+                out,
+                "bridge guard: asleep (no exempt pod on a bridge, nothing to pin; the first one's \
+                 ADD wakes it)"
+            );
+        }
+        None => {}
+    }
     // Without networks there is nothing the kernel could have counted per pod.
     if !r.per_pod_counters && !r.networks.is_empty() {
         let _ = writeln!(
@@ -609,7 +628,10 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
         "perPodCounters": r.per_pod_counters,
         "installed": r.installation.as_ref().map(|i| *i != Installation::NoTable),
         "guarding": r.installation.as_ref().map(|_| guarding(r)),
-        "guard": { "families": guard },
+        "guard": {
+            "families": guard,
+            "bridge": r.bridge_guard.map(|awake| if awake { "awake" } else { "asleep" }),
+        },
         "networks": networks,
     });
     // Only where a watcher repairs: without --watch the document is unchanged.

@@ -65,6 +65,7 @@ pub(super) fn node() -> NodeReport {
         guard: vec![(Family::V4, 9, 2), (Family::V6, 1, 0)],
         self_repair: None,
         installation: Some(Installation::Guarding),
+        bridge_guard: Some(true),
         networks: vec![
             NetworkReport {
                 name: "pods".to_string(),
@@ -291,10 +292,37 @@ fn text_counts_resets_of_no_pod() {
 }
 
 #[test]
+fn text_says_whether_the_bridge_guard_is_hooked() {
+    let line = |r: &NodeReport| render_text(r).lines().nth(1).unwrap_or("").to_string();
+    assert!(
+        line(&node()).starts_with("bridge guard: awake"),
+        "{}",
+        line(&node())
+    );
+    let asleep = NodeReport {
+        bridge_guard: Some(false),
+        ..node()
+    };
+    assert!(
+        line(&asleep).starts_with("bridge guard: asleep"),
+        "{}",
+        line(&asleep)
+    );
+    assert_eq!(render_json(&asleep)["guard"]["bridge"], "asleep");
+    let none = NodeReport {
+        bridge_guard: None,
+        ..node()
+    };
+    assert!(!render_text(&none).contains("bridge guard"));
+    assert_eq!(render_json(&none)["guard"]["bridge"], Value::Null);
+}
+
+#[test]
 fn text_says_once_when_per_pod_counters_are_unavailable() {
     let text = render_text(&without_per_pod_counters(node()));
     assert_eq!(text.matches(UNAVAILABLE).count(), 1, "{text}");
-    assert_eq!(text.lines().nth(1), Some(UNAVAILABLE));
+    // After the first line and the bridge guard's.
+    assert_eq!(text.lines().nth(2), Some(UNAVAILABLE));
     let pods = pod_lines(section(&text, "pods:"));
     assert!(pods.iter().all(|l| !l.contains("attempt(s)")), "{pods:#?}");
     let order: Vec<&str> = pods
@@ -365,6 +393,7 @@ fn text_not_ready_and_empty() {
         unreadable: false,
         self_repair: None,
         installation: None,
+        bridge_guard: None,
     };
     assert_eq!(
         render_text(&r),
@@ -410,6 +439,7 @@ fn json_golden() {
         guard: Vec::new(),
         self_repair: None,
         installation: Some(Installation::Guarding),
+        bridge_guard: Some(true),
         networks: vec![NetworkReport {
             name: "demo".to_string(),
             mode: "proxy".to_string(),
@@ -453,7 +483,8 @@ fn json_golden() {
   "installed": true,
   "guarding": true,
   "guard": {
-    "families": []
+    "families": [],
+    "bridge": "awake"
   },
   "networks": [
     {
@@ -575,7 +606,8 @@ fn check_shape(doc: &Value) {
         ],
         "$",
     );
-    object(&top["guard"], &["families"], "$.guard");
+    object(&top["guard"], &["families", "bridge"], "$.guard");
+    check(&top["guard"]["bridge"], Kind::StrOrNull, "$.guard.bridge");
     assert_eq!(top["version"], 1);
     check(&top["ready"], Kind::Bool, "$.ready");
     check(&top["notReadyReason"], Kind::StrOrNull, "$.notReadyReason");
