@@ -924,36 +924,34 @@ fn the_bridge_guard_wakes_with_each_exempt_pod_and_sleeps_after_the_last() {
         !bridge_guard_asleep(&w),
         "an exempt pod's pins without their guard"
     );
-    // Put to sleep by someone else while it pins the exempt pod: CHECK fails naming it, and
-    // the next ADD wakes it.
-    w.on_node("nft add table bridge natguard { flags dormant ; }");
-    assert!(bridge_guard_asleep(&w));
-    let e = chain
-        .check(&first.att)
-        .expect_err("CHECK passes although the exempt pod's bridge guard is dormant");
-    assert!(
-        e.to_string().contains("dormant") && e.to_string().contains(&first.v4.to_string()),
-        "{e}"
-    );
-    let _web2 = w.add_pod(&chain, "web2", "default");
-    assert!(
-        !bridge_guard_asleep(&w),
-        "the next ADD left the exempt pod's bridge guard dormant"
-    );
-    chain
-        .check(&first.att)
-        .expect("CHECK after the ADD that woke the guard");
-    // The same with its chain deleted too: the ADD creates the chain, then wakes the table.
-    w.on_node("nft delete chain bridge natguard guard");
-    w.on_node("nft add table bridge natguard { flags dormant ; }");
-    let _web3 = w.add_pod(&chain, "web3", "default");
-    assert!(
-        !bridge_guard_asleep(&w),
-        "the guard's chain restored asleep"
-    );
-    chain
-        .check(&first.att)
-        .expect("CHECK after the ADD that restored the chain");
+    // Put to sleep by someone else while it pins the exempt pod, also with its chain deleted:
+    // CHECK fails naming the pin, and the next ADD restores the chain and wakes the table.
+    let dormant = "nft add table bridge natguard { flags dormant ; }";
+    let tampers: [&[&str]; 2] = [
+        &[dormant],
+        &["nft delete chain bridge natguard guard", dormant],
+    ];
+    for (i, tamper) in tampers.iter().enumerate() {
+        for cmd in *tamper {
+            w.on_node(cmd);
+        }
+        assert!(bridge_guard_asleep(&w));
+        let e = chain
+            .check(&first.att)
+            .expect_err("CHECK passes although the exempt pod's bridge guard is dormant");
+        assert!(
+            e.to_string().contains("dormant") && e.to_string().contains(&first.v4.to_string()),
+            "{tamper:?}: {e}"
+        );
+        let _web = w.add_pod(&chain, &format!("web{}", i + 2), "default");
+        assert!(
+            !bridge_guard_asleep(&w),
+            "{tamper:?}: the next ADD left the exempt pod's bridge guard dormant"
+        );
+        chain
+            .check(&first.att)
+            .unwrap_or_else(|e| panic!("{tamper:?}: CHECK after the ADD that woke the guard: {e}"));
+    }
     chain.del(&first.att).expect("DEL of the first exempt pod");
     assert!(
         bridge_guard_asleep(&w),
