@@ -346,6 +346,49 @@ fn a_storm_of_flushes_of_natguards_table_costs_one_repair_per_burst() {
     }
 }
 
+/// The bridge guard's sleep is natguard's own state only while it pins nothing: natguard's
+/// own wake-up (an exempt pod's ADD) costs no repair, and someone else putting the bridge table
+/// to sleep while it pins the exempt pod is repaired: the table is awake again.
+#[test]
+fn a_bridge_guard_put_to_sleep_by_someone_else_is_woken() {
+    let w = World::new("repair-brsleep");
+    let cfg = attack::exempt_cfg(&w, json!({}));
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(cfg)));
+    let _web = w.add_pod(&chain, "web", "default");
+    let watcher = Watcher::start(&w, &chain);
+    let asleep = || {
+        w.node
+            .run(&["nft", "list", "table", "bridge", "natguard"])
+            .lines()
+            .any(|l| l.trim() == "flags dormant")
+    };
+    assert!(
+        asleep(),
+        "no exempt pod on a bridge: the bridge guard sleeps"
+    );
+    let before = watcher.repairs();
+    let _creds = w.add_pod(&chain, "creds", attack::EXEMPT_NS);
+    assert!(!asleep(), "the exempt pod's ADD wakes the bridge guard");
+    std::thread::sleep(BURST_MAX * 2);
+    assert_eq!(
+        watcher.repairs(),
+        before,
+        "natguard's own wake-up was repaired; log:\n{}",
+        watcher.log_text()
+    );
+    w.node.run(&[
+        "nft",
+        "add",
+        "table",
+        "bridge",
+        "natguard",
+        "{ flags dormant ; }",
+    ]);
+    watcher.wait_until("the bridge guard woken again", || {
+        !asleep() && watcher.repairs() > before
+    });
+}
+
 /// A receive buffer too small for a flush's notifications: the kernel drops them and the next
 /// read fails with ENOBUFS. The watcher cannot know what it missed, so it checks everything:
 /// the flush is repaired, the watcher lives on, and someone else's storm (which overflows the
