@@ -965,6 +965,80 @@ fn the_bridge_guard_wakes_with_each_exempt_pod_and_sleeps_after_the_last() {
     f.finish("address theft of an exempt pod added after the bridge guard slept");
 }
 
+/// While the bridge guard sleeps nothing that enters the node on a bridge is exempt: an
+/// exempt pod on ptp pins nothing, so the bridge table sleeps, and a pod on the bridge
+/// (natguard's, and one natguard never saw) that claims the ptp pod's addresses in untagged,
+/// priority-tagged and 802.1ad frames never reaches the REAL server: whatever the kernel does
+/// with the tags, the claim enters the IP layer on the bridge, where no exemption is keyed.
+#[test]
+fn while_the_bridge_guard_sleeps_no_claim_from_a_bridge_reaches_real_metadata() {
+    let w = real_world("sec-asleep");
+    let routed = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "asleeprt",
+        "plugins": [w.ptp("asleeprt", 8), exempt_cfg(&w, json!({}))]
+    }));
+    let exempt = w.add_pod(&routed, "sys", EXEMPT_NS);
+    let bridged = w.chain(w.list("asleep", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let thieves = [
+        w.add_pod(&bridged, "thief", "default"),
+        w.add_pod(&unguarded_on_cni0(&w), "unseen", "default"),
+    ];
+    assert!(
+        bridge_guard_asleep(&w),
+        "an exempt pod on ptp only, yet the bridge guard is hooked"
+    );
+    control_metadata(&exempt, REAL, "the exempt pod on ptp");
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "stolen4",
+                format!("ip saddr {} ip daddr {META4} {SYN}", exempt.v4),
+            ),
+            (
+                "stolen6",
+                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", exempt.v6),
+            ),
+        ],
+    );
+    const EACH: u64 = 3;
+    let bridge_mac = mac_of(&w.node, "cni0");
+    for thief in &thieves {
+        let mac = mac_of(&thief.ns, "eth0");
+        for tags in ["", "q", "adq"] {
+            for (src, dst) in [(exempt.v4, META4), (exempt.v6, META6)] {
+                let args = [
+                    "syn".to_string(),
+                    src.to_string(),
+                    dst.to_string(),
+                    "80".to_string(),
+                    EACH.to_string(),
+                ];
+                send_frames(&w, thief, &mac, &bridge_mac, tags, &args);
+            }
+        }
+    }
+    // The control: the exempt pod's own SYNs arrive, so the counters count.
+    for (src, dst) in [(exempt.v4, META4), (exempt.v6, META6)] {
+        send_segments(&w.h, &exempt.ns, src, dst, 80, EACH as u32, &[0x02]);
+    }
+    counters.wait(&["stolen4"], EACH, "the exempt pod's own IPv4 SYNs");
+    counters.wait(&["stolen6"], EACH, "the exempt pod's own IPv6 SYNs");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut f = Findings::new();
+    for name in ["stolen4", "stolen6"] {
+        let n = counters.packets(name);
+        f.check(n == EACH, || {
+            format!("{name}: {n} SYNs from the exempt pod's address reached the metadata host, expected only its own {EACH}: a claim from the bridge got through while the bridge guard slept")
+        });
+    }
+    control_metadata(&exempt, REAL, "the exempt pod after the claims");
+    assert!(bridge_guard_asleep(&w), "the claims woke the bridge guard");
+    f.finish("claims from the bridge while its guard sleeps");
+}
+
 fn bridge_entry(w: &World, name: &str, bridge: &str, v4: Value, v6: Value) -> Value {
     json!({
         "type": "bridge",

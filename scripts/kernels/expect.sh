@@ -50,7 +50,8 @@ ci_filter() {
       "address_theft_by_a_pod_natguard_never_saw address_and_mac_theft_by_a_pod_natguard_never_saw" \
       "an_exempt_pod_without_interfaces overlapping_networks_never_act" \
       "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only" \
-      "vlan_tagged_claims_from_a_pod_natguard_never_saw the_bridge_guard_wakes_with_each_exempt_pod"
+      "vlan_tagged_claims_from_a_pod_natguard_never_saw the_bridge_guard_wakes_with_each_exempt_pod" \
+      "while_the_bridge_guard_sleeps"
     ;;
   esac
 }

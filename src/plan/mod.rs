@@ -507,7 +507,6 @@ impl SetKind {
     pub fn is_per_pod(self) -> bool {
         matches!(self.row().holds, Holds::Record | Holds::Owned)
     }
-    /// Per-pod sets whose elements name their owners in their comment.
     /// The bridge guard's pins: the exempt identities' addresses and MACs. While none of
     /// them holds an element, no exempt pod lives on a bridge, the guard's rules can drop
     /// nothing, and the bridge table sleeps (dormant: no hook, no cost per frame).
@@ -516,6 +515,7 @@ impl SetKind {
         SetKind::XAddr(Family::V6),
         SetKind::XMac,
     ];
+    /// Per-pod sets whose elements name their owners in their comment.
     pub fn is_owned(self) -> bool {
         self.row().holds == Holds::Owned
     }

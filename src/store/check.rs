@@ -25,11 +25,7 @@ pub(super) use crate::kernel::NFT_TABLE_F_DORMANT;
 impl<K: Kernel> Store<K> {
     /// One element of the bridge guard's pin sets, rendered (`None`: they are empty).
     fn pinned(&mut self) -> Result<Option<String>> {
-        for kind in SetKind::PINS {
-            let set = SetRef {
-                name: kind.suffix(),
-                kind,
-            };
+        for set in super::pin_sets() {
             if let Some(e) = self.k.dump(&set)?.first() {
                 return Ok(Some(format!(
                     "{} in {}",

@@ -322,23 +322,24 @@ impl<K: Kernel> Store<K> {
         let netns_exists = self.netns_exists;
         let mut v = view::View::new(&mut self.k);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
-        v.emit(&mut batch);
-        settle_bridge(&mut self.k, &mut batch)?;
+        emit_settled(v, &mut batch)?;
         self.k.commit(&batch)?;
         Ok(batch.len())
     }
 
-    /// The converge of a network's shared objects, and the deletion of the sets earlier
-    /// versions created and this one no longer uses.
     /// The converge of a network's shared objects, then what an earlier version left: its
-    /// per-network guard chains first (their rules refer to the sets), then the sets.
+    /// per-network guard chains first (their rules refer to the sets), then the sets. Each
+    /// table's existence is read once.
     fn push_converge(&mut self, batch: &mut Batch, shared: &SharedPlan) -> Result<()> {
         batch.push(Op::Converge(Box::new(shared.clone())));
         let prefix = shared.names.prefix_of_sets();
+        let mut tables = Vec::new();
         for t in TableFamily::ALL {
-            if self.k.table_flags(t)?.is_none() {
-                continue;
+            if self.k.table_flags(t)?.is_some() {
+                tables.push(t);
             }
+        }
+        for &t in &tables {
             let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
             for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
                 .iter()
@@ -350,10 +351,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
         }
-        for t in TableFamily::ALL {
-            if self.k.table_flags(t)?.is_none() {
-                continue;
-            }
+        for &t in &tables {
             let sets: HashSet<String> = self.k.set_names(t)?.into_iter().collect();
             for (_, suffix) in plan::LEGACY_SET_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
                 let name = format!("{prefix}{suffix}");
@@ -444,8 +442,7 @@ impl<K: Kernel> Store<K> {
         for (s, p) in pods {
             stage_pod(&mut v, &s.names, p, netns_exists)?;
         }
-        v.emit(&mut batch);
-        settle_bridge(&mut self.k, &mut batch)?;
+        emit_settled(v, &mut batch)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -474,8 +471,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let mut batch = Batch::default();
-            v.emit(&mut batch);
-            settle_bridge(&mut s.k, &mut batch)?;
+            emit_settled(v, &mut batch)?;
             let n = batch.len();
             let read = s.k.read_generation();
             s.k.commit(&batch)?;
@@ -557,8 +553,7 @@ impl<K: Kernel> Store<K> {
             v.set(&ifs, &Key::Iface(i), Some(plan::iface_comment(n)))?;
         }
         let mut batch = Batch::default();
-        v.emit(&mut batch);
-        settle_bridge(&mut self.k, &mut batch)?;
+        emit_settled(v, &mut batch)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -609,79 +604,58 @@ impl<K: Kernel> Store<K> {
     }
 }
 
-/// Whether `op` adds, replaces or deletes an element of a pin set ([`SetKind::PINS`]).
-fn is_pin_op(op: &Op) -> bool {
-    match op {
-        Op::Add { set, .. } | Op::Put { set, .. } | Op::Del { set, .. } => {
-            SetKind::PINS.contains(&set.kind)
-        }
-        _ => false,
-    }
+/// The bridge guard's pin sets ([`SetKind::PINS`]), node-wide.
+pub(super) fn pin_sets() -> [SetRef; 3] {
+    SetKind::PINS.map(|kind| SetRef {
+        name: kind.suffix(),
+        kind,
+    })
 }
 
-/// Whether the bridge guard has anything to pin after `batch`: an element in one of the pin
-/// sets, as the kernel holds them (`exists`: the bridge table does) changed by the batch's
-/// own operations.
-fn pinned_after<K: Kernel>(k: &mut K, batch: &Batch, exists: bool) -> Result<bool> {
-    let mut pins: HashSet<(SetKind, Key)> = HashSet::new();
-    if exists {
-        for kind in SetKind::PINS {
-            let set = SetRef {
-                name: kind.suffix(),
-                kind,
-            };
-            pins.extend(k.dump(&set)?.into_iter().map(|e| (kind, e.key)));
-        }
-    }
-    for op in batch.ops.iter().filter(|o| is_pin_op(o)) {
-        match op {
-            Op::Add { set, key, .. } | Op::Put { set, key, .. } => {
-                pins.insert((set.kind, *key));
-            }
-            Op::Del { set, key } => {
-                pins.remove(&(set.kind, *key));
-            }
-            _ => {}
-        }
-    }
-    Ok(!pins.is_empty())
-}
-
-/// Puts the bridge table to sleep, or wakes it, in the same batch that empties the pins or
-/// adds the first ([`SetKind::PINS`]): the bridge guard is hooked exactly while an exempt
-/// identity lives on a bridge, so a node without one pays nothing per bridged frame, and no
-/// commit ever leaves a pin without its guard. Only a batch that converges or changes a pin
-/// reads anything: the common ADD and DEL of a pod that is not exempt on a bridge do not.
+/// Appends the view's changes to `batch`, with the bridge table put to sleep, or woken, where
+/// they empty the pins or add the first ([`SetKind::PINS`]): the bridge guard is hooked exactly
+/// while an exempt identity lives on a bridge, so a node without one pays nothing per bridged
+/// frame, and no commit ever leaves a pin without its guard. Whether anything is pinned after
+/// the batch is the view's own state (the pin sets loaded into it, its changes applied); only a
+/// batch that converges or changes a pin reads them, not the common ADD and DEL of a pod that
+/// is not exempt on a bridge.
 ///
 /// Where the flags go in the batch is nf_tables' rule: a table's flags change at most once per
 /// batch and not after an update of one of its chains (a converge's NEWCHAIN of the existing
 /// bridge guard is one), and no new base chain may follow the change. So the change goes
 /// first, and a table this batch creates is created with its flags; only when the table exists
 /// without its chain (someone deleted it) does it go last, after the chain is created.
-fn settle_bridge<K: Kernel>(k: &mut K, batch: &mut Batch) -> Result<()> {
+fn emit_settled<K: Kernel>(mut v: view::View<'_, K>, batch: &mut Batch) -> Result<()> {
+    let pins = pin_sets();
     let converges = batch.ops.iter().any(|o| matches!(o, Op::Converge(_)));
-    if !converges && !batch.ops.iter().any(is_pin_op) {
+    if !converges && !pins.iter().any(|s| v.changes(s)) {
+        v.emit(batch);
         return Ok(());
     }
     let t = TableFamily::Bridge;
-    let now = k.table_flags(t)?;
-    let dormant = if pinned_after(k, batch, now.is_some())? {
-        0
-    } else {
-        NFT_TABLE_F_DORMANT
-    };
+    let now = v.k.table_flags(t)?;
+    let mut pinned = false;
+    for set in &pins {
+        if now.is_some() {
+            v.preload(set)?;
+        }
+        pinned |= !v.keys_in(set).is_empty();
+    }
+    let dormant = if pinned { 0 } else { NFT_TABLE_F_DORMANT };
     let op = match now {
         // Created awake without one: the converge's NEWTABLE carries no flags.
-        None if converges && dormant != 0 => Op::TableFlags(t, dormant),
+        None if converges && dormant != 0 => Some(Op::TableFlags(t, dormant)),
         Some(f) if f & NFT_TABLE_F_DORMANT != dormant => {
-            Op::TableFlags(t, (f & !NFT_TABLE_F_DORMANT) | dormant)
+            Some(Op::TableFlags(t, (f & !NFT_TABLE_F_DORMANT) | dormant))
         }
-        _ => return Ok(()),
+        _ => None,
     };
-    if now.is_some() && converges && k.chain_names(t)?.is_empty() {
-        batch.push(op);
-    } else {
-        batch.ops.insert(0, op);
+    let last = op.is_some() && now.is_some() && converges && v.k.chain_names(t)?.is_empty();
+    v.emit(batch);
+    match op {
+        Some(op) if last => batch.push(op),
+        Some(op) => batch.ops.insert(0, op),
+        None => {}
     }
     Ok(())
 }

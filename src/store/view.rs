@@ -130,6 +130,13 @@ impl<'k, K: Kernel> View<'k, K> {
         Ok(())
     }
 
+    /// Whether this view changes an element of `set`.
+    pub fn changes(&self, set: &SetRef) -> bool {
+        self.slots
+            .iter()
+            .any(|((s, _), slot)| s == set && slot.before != slot.after)
+    }
+
     /// The keys of `set` this view holds an element for.
     pub fn keys_in(&self, set: &SetRef) -> Vec<Key> {
         self.order
