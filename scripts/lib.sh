@@ -470,6 +470,19 @@ assert_pod_installed() {
     fail "no owner entry for $ip / container $cid in $net-pods: $(in_node nft list set inet natguard "$net-pods" 2>&1)"
 }
 
+# quiet_flows IP: wait (bounded: 5 s) until none of the pod's TCP flows is still open (closed on
+# both sides: TIME_WAIT or CLOSE), so no peer's late FIN brings a flow back into conntrack after
+# a DEL deleted the pod's flows
+quiet_flows() {
+  local i flows
+  for i in $(seq 50); do
+    flows=$(in_node conntrack -L -p tcp -s "$1" 2>/dev/null) || true
+    [ -n "$(grep -Ev 'TIME_WAIT|CLOSE|^$' <<<"$flows")" ] || return 0
+    sleep 0.1
+  done
+  fail "pod $1: TCP flows still open: $(in_node conntrack -L -p tcp -s "$1" 2>/dev/null)"
+}
+
 # assert_pod_gone NET IP CID: nothing of the pod remains in natguard's table, in conntrack,
 # in host-local's IPAM store or in libcni's result cache.
 assert_pod_gone() {

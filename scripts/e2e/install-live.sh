@@ -373,16 +373,6 @@ log "pod $ipA: $(ka_count "$kaA" answer=proxy "$t_installed") proxy answers sinc
 
 # ============================================================================================
 # 4. remove the ordinary pods while natguard is listed: nothing of them left
-# quiet_flows IP: wait (bounded) until none of the pod's TCP flows is still open
-quiet_flows() {
-  local i flows
-  for i in $(seq 50); do
-    flows=$(in_node conntrack -L -p tcp -s "$1" 2>/dev/null) || true
-    [ -n "$(grep -Ev 'TIME_WAIT|CLOSE|^$' <<<"$flows")" ] || return 0
-    sleep 0.1
-  done
-  fail "pod $1: TCP flows still open: $(in_node conntrack -L -p tcp -s "$1" 2>/dev/null)"
-}
 kill "$kaA_pid"
 quiet_flows "$ipA"
 for p in "$podA $ipA" "$podC $ipC" "$podE $ipE"; do

@@ -161,8 +161,11 @@ start_prober() {
   PODS+=("$1")
   defer "kill ${POD_PROBER[$1]}"
 }
+# stop_prober NAME: stops the pod's prober and waits until its last flows are closed
+# (quiet_flows), before the DEL whose deletion of them assert_pod_gone checks
 stop_prober() {
   kill "${POD_PROBER[$1]}" && wait "${POD_PROBER[$1]}" || true
+  quiet_flows "${POD_IP[$1]}"
 }
 # probes NAME [FROM [TO]]: the pod's probes that started at FROM or later (and before TO)
 probes() { awk -v a="${2:-0}" -v b="${3:-9999999999}" '{ t = substr($3, 7) } t + 0 >= a + 0 && t + 0 < b + 0' "$W/probe-$1.log" 2>/dev/null; }
