@@ -992,16 +992,7 @@ fn while_the_bridge_guard_sleeps_no_claim_from_a_bridge_reaches_real_metadata() 
     let counters = Counters::install(
         &w.h,
         &w.cloud,
-        &[
-            (
-                "stolen4",
-                format!("ip saddr {} ip daddr {META4} {SYN}", exempt.v4),
-            ),
-            (
-                "stolen6",
-                format!("ip6 saddr {} ip6 daddr {META6} {SYN}", exempt.v6),
-            ),
-        ],
+        &syns_to_metadata(("stolen4", "stolen6"), (exempt.v4, exempt.v6)),
     );
     const EACH: u64 = 3;
     let bridge_mac = mac_of(&w.node, "cni0");
