@@ -331,15 +331,15 @@ def pod_entries(addrs):
 # --------------------------------------------------------------------------------------------
 
 
-def cni_env(command, cid, netns, pod, path, more_args="", cni_path=CNI_PATH):
+def cni_env(command, cid, netns, pod, path, more_args="", cni_path=CNI_PATH, namespace="default"):
     """The environment a runtime gives a CNI plugin (the benchmarks' one CNI driver: bench.py's
-    pods and datapath.py's): pod `pod` of namespace default, interface eth0."""
+    pods and datapath.py's): pod `pod` of `namespace`, interface eth0."""
     return {
         "CNI_COMMAND": command,
         "CNI_CONTAINERID": cid,
         "CNI_NETNS": netns,
         "CNI_IFNAME": "eth0",
-        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod}{more_args}",
+        "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod}{more_args}",
         "CNI_PATH": cni_path,
         "PATH": path,
     }

@@ -7,11 +7,14 @@ namespace it uses under the prefix given with --tag and bench.sh deletes them on
 runs in the root namespace: every command is `ip -n`, `ip netns exec` or a setns(2) into a
 namespace whose inode is checked against the root one.
 
-Topology, built four times (one copy per alternative, identical addresses):
+Topology, built five times (one copy per alternative, identical addresses):
 
-    remote ── up1 10.250.0.2 │ up0 10.250.0.1 ── node ── dpbr0 (bridge, 10.60.0.0/24) ── 2 pods
+    remote ── up1 10.250.0.2 │ up0 10.250.0.1 ── node ── dpbr0 (bridge, 10.60.0.0/24) ── 3 pods
                                                       ├─ ptp veths   (10.61.0.0/24)   ── 2 pods
-                                                      └─ dpbr2 (bridge, 10.62.0.0/24) ── 2 pods
+                                                      └─ dpbr2 (bridge, 10.62.0.0/24) ── 3 pods
+
+The third pod of a bridge is of namespace kube-system and never sends: it exists in every copy
+(its port is on the bridge) and only the `awake` copy's natguard ADDs it, as an exempt pod.
 
 Pods are real network namespaces attached by Debian's bridge or ptp plugin with host-local IPAM
 (ipMasq off), then, in the natguard copy, by natguard with the prevResult the primary plugin
@@ -19,10 +22,14 @@ returned, as a runtime chains them. With 1 network only the bridge network exist
 three. The alternatives:
 
     none      the primary plugins only
-    natguard  the same, then natguard ADD of every pod (proxy mode, masquerade off, so the
-              only difference is the metadata guard); the 1,000-pod cells add 998 synthetic
-              attachments (natguard ADD with a prevResult of addresses no interface holds and
-              a netns path that does not exist: what matters is the size of the ruleset)
+    natguard  the same, then natguard ADD of every pod but the bridges' third (proxy mode,
+              masquerade off, kube-system exempt, so the only difference is the metadata
+              guard); with no exempt pod on a bridge its bridge guard sleeps. The 1,000-pod
+              cells add synthetic attachments up to 1,000 (natguard ADD with a prevResult of
+              addresses no interface holds and a netns path that does not exist: what matters
+              is the size of the ruleset)
+    awake     natguard too, and natguard ADD of each bridge's exempt third pod: its bridge
+              guard is hooked and every bridged frame passes its first rule
     anchor    the primary plugins, then one rule in the node namespace:
               iptables-nft -t nat -A PREROUTING -d 169.254.169.254 -p tcp --dport 80 -j DNAT
               (what kube2iam installs): the cost of conntrack plus a nat hook
@@ -39,7 +46,10 @@ to the remote namespace (forwarded by the node):
 
 Each measurement runs the four alternatives in a rotated order, for --runs rounds; the report
 gives medians and natguard/none, anchor/none and natguard/conntrack as rates (for
-latency, none's p50 over the alternative's p50), so below 1 is slower. Target: natguard
+latency, none's p50 over the alternative's p50), so below 1 is slower. A ratio is the median
+of the rounds' ratios, not the ratio of two medians: the alternatives of one round run within
+seconds of each other, so what slows the machine for a while (a neighbour on the host, a
+frequency step) slows both sides of a round's ratio. Target: natguard
 ≥ 0.98× for every path, test, network count and pod count.
 """
 
@@ -54,7 +64,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import Netns, cni_env, die, log  # noqa: E402
 
-ALTS = ["none", "natguard", "anchor", "conntrack"]
+ALTS = ["none", "natguard", "awake", "anchor", "conntrack"]
+NATGUARD = ("natguard", "awake")
+EXEMPT_NS = "kube-system"
 NETS = [
     ("dpbr", "bridge", "dpbr0", "10.60.0.0/24"),
     ("dpptp", "ptp", None, "10.61.0.0/24"),
@@ -79,7 +91,7 @@ class Topo:
         self.d, self.alt, self.nets = d, alt, nets
         p = f"{d.tag}-{alt[:2]}{nets}"
         self.node_name, self.remote_name = f"{p}-node", f"{p}-rem"
-        self.pods = {}  # network name -> [(netns name, ip)]
+        self.pods = {}  # network name -> [(netns name, ip)]: the two that send and receive
         self.servers = []
         self.synthetic = 0
         for n in (self.node_name, self.remote_name):
@@ -90,6 +102,11 @@ class Topo:
         self._wire()
         for net in NETS[:nets]:
             self.pods[net[0]] = [self._pod(net, i) for i in range(2)]
+            if net[2]:
+                self._pod(net, 2, exempt=True)
+        self.real = sum(len(p) for p in self.pods.values()) + (self.bridges() if alt == "awake" else 0)
+        if alt in NATGUARD:
+            d.guards[alt] = self._bridge_guard()
         if alt == "conntrack":
             with self.node:
                 sh(["nft", "add table inet ngbench; add chain inet ngbench pre "
@@ -123,13 +140,24 @@ class Topo:
             c.update({"bridge": bridge, "isGateway": True})
         return c
 
+    def _bridge_guard(self):
+        """What the copy measured, for the report: whether natguard's bridge guard is hooked
+        (`awake`) or dormant (`asleep`; 0.2.0 and earlier never sleep)."""
+        out = sh(["ip", "netns", "exec", self.node_name, "nft", "list", "table", "bridge", "natguard"])
+        return "asleep" if "flags dormant" in out else "awake"
+
+    def bridges(self):
+        return sum(1 for net in NETS[: self.nets] if net[2])
+
     def ng_conf(self, net_name, prev):
         return {"cniVersion": "1.0.0", "name": net_name, "type": "natguard",
-                "metadata": {"mode": "proxy", "proxyPort": 8181}, "masquerade": {"enabled": False},
+                "metadata": {"mode": "proxy", "proxyPort": 8181, "exemptNamespaces": [EXEMPT_NS]},
+                "masquerade": {"enabled": False},
                 "conntrack": {"flushOnAdd": False}, "prevResult": prev}
 
-    def _env(self, cid, netns):
-        return cni_env("ADD", cid, netns, cid, "/usr/sbin:/usr/bin:/sbin:/bin", cni_path="/usr/lib/cni")
+    def _env(self, cid, netns, namespace="default"):
+        return cni_env("ADD", cid, netns, cid, "/usr/sbin:/usr/bin:/sbin:/bin", cni_path="/usr/lib/cni",
+                       namespace=namespace)
 
     def _plugin(self, binary, conf, env):
         with self.node:
@@ -138,24 +166,24 @@ class Topo:
             die(f"{binary} ADD exited {p.returncode}: {p.stdout[:1000]} {p.stderr[:1000]}")
         return json.loads(p.stdout)
 
-    def _pod(self, net, i):
+    def _pod(self, net, i, exempt=False):
         ns = f"{self.node_name[:-5]}-{net[0]}{i}"
         sh(["ip", "netns", "add", ns])
         self.d.created.append(ns)
         Netns(ns, self.d.root_ino)  # refuses the root namespace
         cid = f"dp{ns}"
-        env = self._env(cid, f"/run/netns/{ns}")
+        env = self._env(cid, f"/run/netns/{ns}", EXEMPT_NS if exempt else "default")
         res = self._plugin(f"/usr/lib/cni/{net[1]}", self._conf(net), env)
-        if self.alt == "natguard":
+        if self.alt == "awake" or (self.alt == "natguard" and not exempt):
             res = self._plugin(self.d.natguard, self.ng_conf(net[0], res), env)
         ip = res["ips"][0]["address"].split("/")[0]
         return ns, ip
 
     def grow(self, total):
-        """natguard only: synthetic attachments until the node holds `total` pods."""
-        if self.alt != "natguard":
+        """natguard's copies only: synthetic attachments until natguard holds `total` pods."""
+        if self.alt not in NATGUARD:
             return
-        real = 2 * self.nets
+        real = self.real
         if total <= real + self.synthetic:
             return
         t0 = time.time()
@@ -229,6 +257,7 @@ class Driver:
         self.created = []
         self.out = a.out
         self.results = []  # (nets, pods, path, test, {alt: [values]}, load)
+        self.guards = {}  # natguard's copies: their bridge guard, "awake" or "asleep"
 
 
 def run_cell(d, topos, pods, runs, secs):
@@ -253,8 +282,12 @@ def run_cell(d, topos, pods, runs, secs):
             log(f"datapath {ref.nets} nets {pods} pods {label} {test}: " + ", ".join(f"{a} {m[a]:.1f}" for a in ALTS))
 
 
-def ratio(test, m, alt, ref="none"):
-    return m[alt] / m[ref] if test == "udp" else m[ref] / m[alt]
+def ratio(test, vals, alt, ref="none"):
+    """The median of the rounds' ratios: each round measures every alternative back to back, so
+    a slow second of the machine (another VM on the host, a frequency step) is on both sides of
+    the round's ratio instead of on one median. For tcp, ref's p50 over alt's."""
+    per = [(a / r if test == "udp" else r / a) for a, r in zip(vals[alt], vals[ref])]
+    return statistics.median(per)
 
 
 def report(d, runs, secs):
@@ -263,23 +296,32 @@ def report(d, runs, secs):
     p(f"Pods' traffic through the node, side by side (see benches/datapath.py): {runs} rounds of "
       f"{secs:g} s per alternative and measurement, alternated. udp: 64-byte datagrams per second "
       "delivered (median); tcp: 1-byte request/response p50 in µs (median of the rounds' p50). "
-      "Ratio: as a rate against `none` (for tcp, none's p50 / the alternative's), below 1 is slower; "
-      "the last ratio is natguard against `conntrack only` (conntrack on, nothing else), the same way. "
+      "Ratio: as a rate against `none` (for tcp, none's p50 / the alternative's), below 1 is slower, "
+      "the median of the rounds' ratios (a round measures the alternatives back to back); "
+      "the last two ratios are natguard, asleep and awake, against `conntrack only` (conntrack on, "
+      "nothing else), the same way. `natguard`: no exempt pod on a bridge, its bridge guard sleeps; "
+      "`awake`: an exempt pod on each bridge (it never sends), the bridge guard is hooked. "
       "The target is against `none`.")
     p("")
-    p("| networks | pods | path | test | none | natguard | anchor (1 DNAT rule) | conntrack only | natguard ratio | anchor ratio | natguard / conntrack only | load1 |")
-    p("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    if d.guards:
+        p("Bridge guard, as measured: " + "; ".join(f"`{a}` copy {g}" for a, g in sorted(d.guards.items())) + ".")
+        p("")
+    p("| networks | pods | path | test | none | natguard | awake | anchor (1 DNAT rule) | conntrack only "
+      "| natguard ratio | anchor ratio | natguard / conntrack only | awake / conntrack only | load1 |")
+    p("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     oks, worst = [], None
     for nets, pods, label, test, vals, load in d.results:
         m = {a: statistics.median(v) for a, v in vals.items()}
-        rn, ra = ratio(test, m, "natguard"), ratio(test, m, "anchor")
-        rc = ratio(test, m, "natguard", "conntrack")
+        rn, ra = ratio(test, vals, "natguard"), ratio(test, vals, "anchor")
+        rc = ratio(test, vals, "natguard", "conntrack")
+        rw = ratio(test, vals, "awake", "conntrack")
         oks.append(rn >= TARGET)
         if worst is None or rn < worst[0]:
             worst = (rn, f"{nets} nets/{pods} pods/{label}/{test}")
         unit = "" if test == "udp" else " µs"
         p(f"| {nets} | {pods:,} | {label} | {test} | {m['none']:,.0f}{unit} | {m['natguard']:,.0f}{unit} | "
-          f"{m['anchor']:,.0f}{unit} | {m['conntrack']:,.0f}{unit} | {rn:.3f} | {ra:.3f} | {rc:.3f} | {load:.2f} |")
+          f"{m['awake']:,.0f}{unit} | {m['anchor']:,.0f}{unit} | {m['conntrack']:,.0f}{unit} | "
+          f"{rn:.3f} | {ra:.3f} | {rc:.3f} | {rw:.3f} | {load:.2f} |")
     p("")
     verdict = "**met**" if oks and all(oks) else "**missed**"
     p(f"Target: natguard ≥ {TARGET}× of none everywhere: {verdict} "
