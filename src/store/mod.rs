@@ -316,58 +316,19 @@ impl<K: Kernel> Store<K> {
         converge: bool,
     ) -> Result<usize> {
         let mut batch = Batch::default();
-        if converge {
-            self.push_converge(&mut batch, shared)?;
-        }
+        let found = if converge {
+            let found = Found::read(&mut self.k)?;
+            push_converge(&mut batch, shared, &found);
+            Some(found)
+        } else {
+            None
+        };
         let netns_exists = self.netns_exists;
         let mut v = view::View::new(&mut self.k);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
-        emit_settled(v, &mut batch)?;
+        emit_settled(v, &mut batch, found.as_ref())?;
         self.k.commit(&batch)?;
         Ok(batch.len())
-    }
-
-    /// The converge of a network's shared objects, then what an earlier version left: its
-    /// per-network guard chains first (their rules refer to the sets), then the sets. Each
-    /// table's existence is read once.
-    fn push_converge(&mut self, batch: &mut Batch, shared: &SharedPlan) -> Result<()> {
-        batch.push(Op::Converge(Box::new(shared.clone())));
-        let prefix = shared.names.prefix_of_sets();
-        let mut tables = Vec::new();
-        for t in TableFamily::ALL {
-            if self.k.table_flags(t)?.is_some() {
-                tables.push(t);
-            }
-        }
-        for &t in &tables {
-            let chains: HashSet<String> = self.k.chain_names(t)?.into_iter().collect();
-            for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
-                .iter()
-                .filter(|(lt, _)| *lt == t)
-            {
-                let name = format!("{prefix}{suffix}");
-                if chains.contains(&name) {
-                    batch.push(Op::DeleteChain(t, name));
-                }
-            }
-        }
-        for &t in &tables {
-            let sets: HashSet<String> = self.k.set_names(t)?.into_iter().collect();
-            for (_, suffix) in plan::LEGACY_SET_SUFFIXES.iter().filter(|(lt, _)| *lt == t) {
-                let name = format!("{prefix}{suffix}");
-                if sets.contains(&name) {
-                    batch.push(Op::DeleteSet(t, name));
-                }
-            }
-            // Node-wide: once per batch, however many networks converge in it.
-            for (_, name) in plan::LEGACY_NODE_SETS.iter().filter(|(lt, _)| *lt == t) {
-                let op = Op::DeleteSet(t, name.to_string());
-                if sets.contains(*name) && !batch.ops.contains(&op) {
-                    batch.push(op);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Installs many attachments at once (the watcher's repair after someone else's flush,
@@ -434,15 +395,22 @@ impl<K: Kernel> Store<K> {
                 spec.elements = Some(elems);
             }
         }
-        for s in &full {
-            self.push_converge(&mut batch, s)?;
+        let found = if full.is_empty() {
+            None
+        } else {
+            Some(Found::read(&mut self.k)?)
+        };
+        if let Some(found) = &found {
+            for s in &full {
+                push_converge(&mut batch, s, found);
+            }
         }
         let netns_exists = self.netns_exists;
         let mut v = view::View::new(&mut self.k);
         for (s, p) in pods {
             stage_pod(&mut v, &s.names, p, netns_exists)?;
         }
-        emit_settled(v, &mut batch)?;
+        emit_settled(v, &mut batch, found.as_ref())?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -471,7 +439,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let mut batch = Batch::default();
-            emit_settled(v, &mut batch)?;
+            emit_settled(v, &mut batch, None)?;
             let n = batch.len();
             let read = s.k.read_generation();
             s.k.commit(&batch)?;
@@ -553,7 +521,7 @@ impl<K: Kernel> Store<K> {
             v.set(&ifs, &Key::Iface(i), Some(plan::iface_comment(n)))?;
         }
         let mut batch = Batch::default();
-        emit_settled(v, &mut batch)?;
+        emit_settled(v, &mut batch, None)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -604,6 +572,77 @@ impl<K: Kernel> Store<K> {
     }
 }
 
+/// natguard's tables as a converging batch finds them, read once per batch however many
+/// networks it converges: each existing table's flags, chains and sets.
+struct Found(Vec<FoundTable>);
+
+struct FoundTable {
+    family: TableFamily,
+    flags: u32,
+    chains: HashSet<String>,
+    sets: HashSet<String>,
+}
+
+impl Found {
+    fn read<K: Kernel>(k: &mut K) -> Result<Found> {
+        let mut tables = Vec::new();
+        for family in TableFamily::ALL {
+            if let Some(flags) = k.table_flags(family)? {
+                tables.push(FoundTable {
+                    family,
+                    flags,
+                    chains: k.chain_names(family)?.into_iter().collect(),
+                    sets: k.set_names(family)?.into_iter().collect(),
+                });
+            }
+        }
+        Ok(Found(tables))
+    }
+
+    fn table(&self, t: TableFamily) -> Option<&FoundTable> {
+        self.0.iter().find(|f| f.family == t)
+    }
+}
+
+/// The converge of a network's shared objects, then what an earlier version left: its
+/// per-network guard chains first (their rules refer to the sets), then the sets.
+fn push_converge(batch: &mut Batch, shared: &SharedPlan, found: &Found) {
+    batch.push(Op::Converge(Box::new(shared.clone())));
+    let prefix = shared.names.prefix_of_sets();
+    for f in &found.0 {
+        for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
+            .iter()
+            .filter(|(lt, _)| *lt == f.family)
+        {
+            let name = format!("{prefix}{suffix}");
+            if f.chains.contains(&name) {
+                batch.push(Op::DeleteChain(f.family, name));
+            }
+        }
+    }
+    for f in &found.0 {
+        for (_, suffix) in plan::LEGACY_SET_SUFFIXES
+            .iter()
+            .filter(|(lt, _)| *lt == f.family)
+        {
+            let name = format!("{prefix}{suffix}");
+            if f.sets.contains(&name) {
+                batch.push(Op::DeleteSet(f.family, name));
+            }
+        }
+        // Node-wide: once per batch, however many networks converge in it.
+        for (_, name) in plan::LEGACY_NODE_SETS
+            .iter()
+            .filter(|(lt, _)| *lt == f.family)
+        {
+            let op = Op::DeleteSet(f.family, name.to_string());
+            if f.sets.contains(*name) && !batch.ops.contains(&op) {
+                batch.push(op);
+            }
+        }
+    }
+}
+
 /// The bridge guard's pin sets ([`SetKind::PINS`]), node-wide.
 pub(super) fn pin_sets() -> [SetRef; 3] {
     SetKind::PINS.map(|kind| SetRef {
@@ -617,23 +656,30 @@ pub(super) fn pin_sets() -> [SetRef; 3] {
 /// while an exempt identity lives on a bridge, so a node without one pays nothing per bridged
 /// frame, and no commit ever leaves a pin without its guard. Whether anything is pinned after
 /// the batch is the view's own state (the pin sets loaded into it, its changes applied); only a
-/// batch that converges or changes a pin reads them, not the common ADD and DEL of a pod that
-/// is not exempt on a bridge.
+/// batch that converges (`found`: what its converge read of the tables) or changes a pin reads
+/// them, not the common ADD and DEL of a pod that is not exempt on a bridge.
 ///
 /// Where the flags go in the batch is nf_tables' rule: a table's flags change at most once per
 /// batch and not after an update of one of its chains (a converge's NEWCHAIN of the existing
 /// bridge guard is one), and no new base chain may follow the change. So the change goes
 /// first, and a table this batch creates is created with its flags; only when the table exists
 /// without its chain (someone deleted it) does it go last, after the chain is created.
-fn emit_settled<K: Kernel>(mut v: view::View<'_, K>, batch: &mut Batch) -> Result<()> {
+fn emit_settled<K: Kernel>(
+    mut v: view::View<'_, K>,
+    batch: &mut Batch,
+    found: Option<&Found>,
+) -> Result<()> {
     let pins = pin_sets();
-    let converges = batch.ops.iter().any(|o| matches!(o, Op::Converge(_)));
+    let converges = found.is_some();
     if !converges && !pins.iter().any(|s| v.changes(s)) {
         v.emit(batch);
         return Ok(());
     }
     let t = TableFamily::Bridge;
-    let now = v.k.table_flags(t)?;
+    let now = match found {
+        Some(f) => f.table(t).map(|b| b.flags),
+        None => v.k.table_flags(t)?,
+    };
     let mut pinned = false;
     for set in &pins {
         if now.is_some() {
@@ -650,7 +696,11 @@ fn emit_settled<K: Kernel>(mut v: view::View<'_, K>, batch: &mut Batch) -> Resul
         }
         _ => None,
     };
-    let last = op.is_some() && now.is_some() && converges && v.k.chain_names(t)?.is_empty();
+    // The table exists without its chain: only a converge recreates it (`found` has read it).
+    let last = op.is_some()
+        && found
+            .and_then(|f| f.table(t))
+            .is_some_and(|b| b.chains.is_empty());
     v.emit(batch);
     match op {
         Some(op) if last => batch.push(op),
