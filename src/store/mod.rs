@@ -567,8 +567,9 @@ impl<K: Kernel> Store<K> {
 
     /// The conntrack label bits of the other labelling networks (those whose DNAT chain marks
     /// their connections, see [`NetNames::label_bit`]) that hold one of `addrs` in their
-    /// masquerade sets: networks with a live attachment that has the address, whose flows an
-    /// ADD of `names`' network keeps. Read without the lock: a pod that comes or goes meanwhile
+    /// masquerade sets, owned by an attachment whose network namespace exists: networks with a
+    /// live attachment that has the address, whose flows an ADD of `names`' network keeps.
+    /// Read without the lock: a pod that comes or goes meanwhile
     /// is one whose flows this ADD keeps or deletes a moment early, as with any timing.
     pub fn label_holders(&mut self, names: &NetNames, addrs: &[IpAddr]) -> Result<Vec<u8>> {
         let mut bits = Vec::new();
@@ -595,14 +596,26 @@ impl<K: Kernel> Store<K> {
                 }
             }
         }
+        let netns_exists = self.netns_exists;
+        let mut v = view::View::new(&mut self.k);
         for other in others {
             let on = NetNames::new(other);
-            for a in addrs {
+            'addrs: for a in addrs {
                 let a = a.to_canonical();
                 let set = set_ref(&on, SetKind::Masq(plan::Family::of(&a)));
-                if self.k.get(&set, &Key::Addr(a))?.is_some() {
+                let Some(comment) = v.get(&set, &Key::Addr(a))? else {
+                    continue;
+                };
+                // A holder whose network namespace is gone (a sandbox that vanished without a
+                // DEL) has no connections to keep: its flows go, as an earlier owner's.
+                let owners = owners_of(Some(&comment));
+                let mut live = owners.is_empty();
+                for o in owners {
+                    live |= !attachment_gone(&mut v, &on, o, netns_exists)?;
+                }
+                if live {
                     bits.push(on.label_bit());
-                    break;
+                    break 'addrs;
                 }
             }
         }
