@@ -44,7 +44,7 @@ fn overlapping(w: &World) -> (Chain, Chain) {
         w.chain(json!({
             "cniVersion": "1.1.0",
             "name": name,
-            "plugins": [bridge_entry(w, name, bridge, v4, v6), w.natguard(json!({}))]
+            "plugins": [bridge_entry(w, name, bridge, v4, v6), w.natguard(json!({ "logLevel": "info" }))]
         }))
     };
     (net("cta", "ctbra"), net("ctb", "ctbrb"))
