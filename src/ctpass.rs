@@ -10,7 +10,8 @@
 //!
 //! The protocol, in natguard's runtime directory (`/run/natguard`):
 //!
-//! 1. After its commit an invocation writes its request, its addresses and its [`Path`], to
+//! 1. After its commit an invocation writes its request, its addresses, its [`Path`] and its
+//!    [`Scope`] (which of the addresses' entries: a DEL's network's own, say), to
 //!    `ct/<pid>-<start time>`, through a dot-file and a rename, so a reader never sees half a
 //!    request.
 //! 2. It takes `ct.lock` (an exclusive flock, waited for at most [`WAIT`]).
@@ -18,7 +19,7 @@
 //!    served it: it removes the marker and is done.
 //! 4. Otherwise it runs the pass: it reads every request, removes those of processes that are
 //!    gone (pid and start time), flushes the union of the addresses of the requests made in its
-//!    own network namespace (one flush per kind of path, normally one), and renames each
+//!    own network namespace (one flush per kind of path and scope, normally one), and renames each
 //!    request it served to `.done`. Another namespace's requests wait for a pass of their own.
 //! 5. If the lock stays busy past the deadline, or the directory cannot be used, it flushes
 //!    its own addresses alone. A flush is never skipped.

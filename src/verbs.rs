@@ -225,6 +225,7 @@ fn describe_scope(scope: &Scope) -> String {
     match scope {
         Scope::All => String::new(),
         Scope::Own(b) => format!("; only flows labelled {b}"),
+        Scope::Unlabelled => "; only unlabelled flows".into(),
         Scope::Except { keep, .. } => format!(
             "; kept the flows labelled {} (other networks' pods with these addresses)",
             keep.iter().map(u8::to_string).collect::<Vec<_>>().join(",")
@@ -336,8 +337,8 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
     if !addrs.is_empty() {
         // Only the flows of this network's pods: another network's pod with the same address
         // (overlapping ranges) keeps its connections. A network that labels nothing cannot
-        // tell them apart.
-        let scope = own_label(&names, &conf.natguard).map_or(Scope::All, Scope::Own);
+        // tell its flows from unlabelled ones, but never deletes a labelling network's.
+        let scope = own_label(&names, &conf.natguard).map_or(Scope::Unlabelled, Scope::Own);
         flush_conntrack(&mut store, &addrs, ct_path, &scope, "DEL");
     }
     Ok(())

@@ -9,6 +9,12 @@
 //! * [`flush_undnatted_flows`]: TCP flows from the pods to the metadata addresses that did not go
 //!   through the DNAT (reply source == original destination), for `adopt`.
 //!
+//! A flush of addresses can be scoped ([`Scope`], [`flush_scoped_on`]) by the conntrack label
+//! bit each network sets on the connections entering on its pods' host sides, so that a network
+//! whose pods share addresses with another's (overlapping pools) deletes only its own flows at
+//! DEL and keeps the other's live pods' flows at ADD. No kernel filter matches labels: a scoped
+//! flush takes the dump paths (2, or 3) and checks `CTA_LABELS` here.
+//!
 //! # Paths
 //!
 //! 1. **filtered** (`IPCTNL_MSG_CT_DELETE` + `CTA_FILTER`): the kernel walks its table once and
@@ -145,6 +151,10 @@ pub enum Scope {
     All,
     /// Only the entries that carry this bit: a DEL's, the deleted attachment's network's own.
     Own(u8),
+    /// Only the entries that carry no network's bit (none of bits 64 to 127): the DEL of a
+    /// network that labels nothing, which cannot tell its flows from others' but never deletes
+    /// a labelling network's.
+    Unlabelled,
     /// Every entry except those that carry one of `keep` and not `own`: an ADD's, where
     /// other networks' live attachments hold the addresses (`keep`: their bits). An entry that
     /// carries `own` (this network's earlier flows, or an ambiguous one that carries both) and
@@ -175,16 +185,18 @@ impl Scope {
         match self {
             Scope::All => true,
             Scope::Own(b) => has(*b),
+            Scope::Unlabelled => labels >> 64 == 0,
             Scope::Except { own, keep } => own.is_some_and(has) || !keep.iter().any(|b| has(*b)),
         }
     }
 
-    /// The scope as natguard's runtime records write it: `all`, `own:N`, `except:N:K,K` (`-`
-    /// for no own bit).
+    /// The scope as natguard's runtime records write it: `all`, `own:N`, `unlabelled`,
+    /// `except:N:K,K` (`-` for no own bit).
     pub fn name(&self) -> String {
         match self {
             Scope::All => "all".into(),
             Scope::Own(b) => format!("own:{b}"),
+            Scope::Unlabelled => "unlabelled".into(),
             Scope::Except { own, keep } => format!(
                 "except:{}:{}",
                 own.map_or("-".into(), |b| b.to_string()),
@@ -196,8 +208,10 @@ impl Scope {
     /// The scope named `s` ([`Scope::name`]).
     pub fn from_name(s: &str) -> Option<Scope> {
         let bit = |t: &str| t.parse::<u8>().ok().filter(|b| *b < 128);
-        if s == "all" {
-            return Some(Scope::All);
+        match s {
+            "all" => return Some(Scope::All),
+            "unlabelled" => return Some(Scope::Unlabelled),
+            _ => {}
         }
         if let Some(b) = s.strip_prefix("own:") {
             return bit(b).map(Scope::Own);
