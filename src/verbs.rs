@@ -220,6 +220,33 @@ fn add_scope<K: Kernel>(
     }
 }
 
+/// Which of the deleted pod's addresses' entries its DEL deletes. Where another network's live
+/// attachment holds one of the addresses (overlapping ranges), only this network's flows (its
+/// label bit; a network that labels nothing: the unlabelled ones, never a labelling network's),
+/// so the other pod keeps its connections and a DEL with no flow of its own deletes nothing.
+/// Otherwise the address is this pod's alone and every entry of it goes, flows towards the pod
+/// included, by the kernel's filtered deletes: a scoped flush has to dump, which a DEL on a busy
+/// table would pay for nothing. If the other networks cannot be read, the scoped flush.
+fn del_scope<K: Kernel>(
+    store: &mut Store<K>,
+    names: &NetNames,
+    cfg: &Config,
+    addrs: &[IpAddr],
+) -> Scope {
+    if matches!(store.conntrack_entries(), Ok(0)) {
+        return Scope::All;
+    }
+    let own = own_label(names, cfg).map_or(Scope::Unlabelled, Scope::Own);
+    match store.label_holders(names, addrs) {
+        Ok(holders) if holders.is_empty() => Scope::All,
+        Ok(_) => own,
+        Err(e) => {
+            warn!("cannot read which other networks hold the pod's addresses, so only this network's flows are deleted: {e}");
+            own
+        }
+    }
+}
+
 /// What the log says of a scope.
 fn describe_scope(scope: &Scope) -> String {
     match scope {
@@ -335,10 +362,7 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
     };
     info!("removed {} entries of {}", removed, owner.hex());
     if !addrs.is_empty() {
-        // Only the flows of this network's pods: another network's pod with the same address
-        // (overlapping ranges) keeps its connections. A network that labels nothing cannot
-        // tell its flows from unlabelled ones, but never deletes a labelling network's.
-        let scope = own_label(&names, &conf.natguard).map_or(Scope::Unlabelled, Scope::Own);
+        let scope = del_scope(&mut store, &names, &conf.natguard, &addrs);
         flush_conntrack(&mut store, &addrs, ct_path, &scope, "DEL");
     }
     Ok(())

@@ -179,6 +179,62 @@ fn overlapping_networks_never_reset_each_others_connections() {
     f.finish("conntrack of overlapping networks");
 }
 
+/// Both networks' pods live, each with flows from the same addresses (B's pod's connection
+/// attempts get no answer: the node routes the shared prefix to A's bridge, the first): B's DEL
+/// deletes B's flows and no connection of A's pod.
+#[test]
+fn a_del_deletes_its_own_flows_and_not_the_other_networks() {
+    let w = real_world("ct-del-own");
+    let _out = w.h.keepalive_http_server(&w.remote_out, OUT_PORT, "out");
+    let (a, b) = overlapping(&w);
+    let poda = w.add_pod(&a, "ctowna", "default");
+    let podb = w.add_pod(&b, "ctownb", "default");
+    assert_eq!(
+        podb.ips(),
+        poda.ips(),
+        "control: B's pod has A's pod's addresses"
+    );
+    let mut conns = keepalives(&poda);
+    let before: Vec<usize> = poda
+        .ips()
+        .iter()
+        .map(|a| entries_from(&w, *a).len())
+        .collect();
+    for r in [REMOTE_OUT4, REMOTE_OUT6] {
+        // A SYN that leaves B's pod starts a flow labelled B; the answer is lost.
+        let _ = in_netns(&podb.ns, move || {
+            std::net::TcpStream::connect_timeout(
+                &sa(r, OUT_PORT),
+                std::time::Duration::from_secs(1),
+            )
+        });
+    }
+    for (addr, n) in poda.ips().iter().zip(&before) {
+        let now = entries_from(&w, *addr).len();
+        assert!(
+            now > *n,
+            "control: B's pod's attempts from {addr} are tracked ({n} entries before, {now} after)"
+        );
+    }
+    let mut f = Findings::new();
+    let entry = b.plugins()[1].clone();
+    let conf = natguard_conf(&entry, "ctb", "1.1.0", Some(&podb.result));
+    let at = log_len(&w);
+    natguard_verb(&b, "DEL", &conf, &podb.att).unwrap_or_else(|e| panic!("B's DEL: {e}"));
+    let n = deleted_since(&w, at);
+    f.check(n == vec![2], || {
+        format!("B's DEL logged {n:?} deleted entries, expected [2]: its own two attempts")
+    });
+    for (addr, n) in poda.ips().iter().zip(&before) {
+        let now = entries_from(&w, *addr).len();
+        f.check(now == *n, || {
+            format!("after B's DEL, {now} entries from {addr} are left, expected A's {n}")
+        });
+    }
+    still_answer(&mut f, &mut conns, "B's DEL");
+    f.finish("DEL of one of two overlapping networks");
+}
+
 /// IP reuse across networks: A's pod vanishes without a DEL (its sandbox is gone, its records
 /// stay) leaving flows from 10.252.0.10 and fd00:252::10 that carry A's label; B's ADD of a pod
 /// with those addresses deletes them (flushOnAdd), because no live attachment of A holds them.
