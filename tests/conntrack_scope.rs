@@ -235,8 +235,8 @@ fn a_del_deletes_its_own_flows_and_not_the_other_networks() {
     f.finish("DEL of one of two overlapping networks");
 }
 
-/// IP reuse across networks: A's pod vanishes without a DEL (its sandbox is gone, its records
-/// stay) leaving flows from 10.252.0.10 and fd00:252::10 that carry A's label; B's ADD of a pod
+/// IP reuse across networks: A's pod vanishes without a DEL (its sandbox's name is gone, its
+/// records stay) leaving flows from 10.252.0.10 and fd00:252::10 that carry A's label; B's ADD of a pod
 /// with those addresses deletes them (flushOnAdd), because no live attachment of A holds them.
 #[test]
 fn ip_reuse_across_networks_flushes_a_gone_pods_flows_at_add() {
@@ -244,13 +244,8 @@ fn ip_reuse_across_networks_flushes_a_gone_pods_flows_at_add() {
     let _out = w.h.keepalive_http_server(&w.remote_out, OUT_PORT, "out");
     let (a, b) = overlapping(&w);
     let gone = w.add_pod(&a, "ctgone", "default");
-    for r in [REMOTE_OUT4, REMOTE_OUT6] {
-        let seen = udp_whoami(&gone.ns, sa(r, WHOAMI_PORT));
-        assert!(
-            seen.is_ok(),
-            "control: A's pod reaches {r} over UDP: {seen:?}"
-        );
-    }
+    // Held open: their entries stay established, whatever the namespace's name does.
+    let _conns = keepalives(&gone);
     for addr in gone.ips() {
         assert!(
             !entries_from(&w, addr).is_empty(),
