@@ -404,6 +404,19 @@ fn exoscale_preset_proxies_metadata_and_resets_the_password_server() {
     );
 }
 
+/// The clouds whose only documented endpoint is 169.254.169.254:80 (and `linode`, Akamai's
+/// preset under its former name): each preset proxies it, each in a world of its own.
+#[test]
+fn presets_of_clouds_with_one_metadata_address_proxy_it() {
+    for preset in ["digitalocean", "hetzner", "vultr", "huawei", "linode"] {
+        check_one_preset(
+            &format!("ep-{preset}"),
+            preset,
+            &[ep("169.254.169.254", 80, Want::Proxied)],
+        );
+    }
+}
+
 /// Explicit entries: the same WireServer denied on one port and allowed on another, in one
 /// network, the per-port mode holding for a default pod.
 #[test]
