@@ -1096,7 +1096,8 @@ mod tests {
 
     #[test]
     fn every_cloud_s_preset_parses_by_its_name() {
-        let cases: [(&str, Vec<(String, Vec<u16>, &str)>); 12] = [
+        type Endpoints = Vec<(String, Vec<u16>, &'static str)>;
+        let cases: [(&str, Endpoints); 12] = [
             (
                 "oracle",
                 vec![
