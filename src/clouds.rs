@@ -13,7 +13,8 @@
 //! [`Dmi::read`]; what they mean is the pure [`detect`] over the [`DMI_SIGNS`] table, which
 //! says which string decided, so a preset is never picked silently.
 //!
-//! A row is there only where the provider itself documents the address (its `source`), and
+//! A row is there only where the address is documented (its `source`: the provider's own page,
+//! or for Exoscale, which names none, the cloud-init data source its images use), and
 //! docs/clouds.md's table repeats every row with its source: a unit test compares the two both
 //! ways, so a preset's addresses cannot change without their documentation.
 
