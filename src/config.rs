@@ -145,6 +145,12 @@ pub struct Metadata {
     /// `allowInterfaces`: interfaces whose metadata TCP the node-wide guard lets through to
     /// the real API (containers on a bridge no CNI network manages). Empty by default.
     pub allow_interfaces: Vec<crate::ifname::IfName>,
+    /// `serveProxy`: `install --watch` serves natguard's own metadata proxy at the proxy
+    /// addresses and port (on by default); `false` leaves the port to an external proxy.
+    pub serve_proxy: bool,
+    /// `proxyCloud`: whose metadata API the proxy speaks; `None` (`auto`): the preset's
+    /// cloud, else the one the DMI strings name.
+    pub proxy_cloud: Option<Cloud>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +216,8 @@ impl Default for Config {
                 log_denied: false,
                 accept_unenforced: false,
                 allow_interfaces: Vec::new(),
+                serve_proxy: true,
+                proxy_cloud: None,
             },
             masquerade: Masquerade {
                 enabled: true,
@@ -647,6 +655,8 @@ fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::
             "allowInterfaces",
             "endpoints",
             "preset",
+            "serveProxy",
+            "proxyCloud",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -730,6 +740,27 @@ fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::
                     )))
                 }
             }
+        };
+    }
+    if let Some(x) = o.get("serveProxy") {
+        m.serve_proxy = expect_bool("metadata.serveProxy", x)?;
+    }
+    if let Some(x) = o.get("proxyCloud") {
+        let s = expect_str("metadata.proxyCloud", x)?;
+        m.proxy_cloud = if s == "auto" {
+            None
+        } else {
+            Some(Cloud::parse(s).ok_or_else(|| {
+                let names: Vec<String> = Cloud::ALL
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.as_str()))
+                    .collect();
+                cfg_err(format!(
+                    "metadata.proxyCloud: {} is not one of {}, \"auto\"",
+                    q(s),
+                    names.join(", ")
+                ))
+            })?)
         };
     }
     if let Some(x) = o.get("logDenied") {

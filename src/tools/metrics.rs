@@ -31,6 +31,18 @@ pub(crate) fn exposition() -> (String, i32) {
     (report::render_prometheus(&r), code)
 }
 
+/// What the scrape endpoint serves: the exposition, without the per-pod series (which name
+/// every pod) unless `pod_labels`.
+pub(crate) fn exposition_for_scrape(pod_labels: bool) -> String {
+    let (mut r, _) = collect_or_unreadable();
+    if !pod_labels {
+        for n in &mut r.networks {
+            n.pods.clear();
+        }
+    }
+    report::render_prometheus(&r)
+}
+
 const USAGE: &str = "usage: natguard metrics
   prints natguard's counters in the Prometheus text format (see docs/operations.md, \"Metrics\")
 ";

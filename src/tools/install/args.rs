@@ -46,6 +46,9 @@ usage: natguard install [options]
   --metrics-port PORT          with --watch: serve the same metrics over HTTP, GET /metrics on
                                PORT (off by default; docs/operations.md, \"Scrape endpoint\")
   --metrics-address ADDR       with --metrics-port: the address to listen on (default 0.0.0.0)
+  --metrics-pod-labels         with --metrics-port: the scrape also lists each pod's namespace
+                               and name (off by default: pods that can reach the port would read
+                               every pod's identity); `natguard metrics` always lists them
   --log-format text|json       log lines as text (default) or one JSON object per line; default:
                                the entry's logFormat
   --create-dirs                create the bin dir and the netconf dir when they do not exist
@@ -106,6 +109,8 @@ pub(crate) struct InstallOpts {
     pub(crate) entry_flags: EntryFlags,
     /// `--metrics-port` and `--metrics-address`: where `--watch` serves its metrics.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// `--metrics-pod-labels`: the scrape endpoint's output names pods.
+    pub(crate) metrics_pod_labels: bool,
     /// `--log-format`, else the entry's `logFormat`.
     pub(crate) log_format: Format,
 }
@@ -173,6 +178,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut dirs_given = false;
     let mut create_dirs = false;
     let mut metrics_port: Option<u16> = None;
+    let mut metrics_pod_labels = false;
     let mut metrics_address: Option<IpAddr> = None;
     let mut log_format: Option<Format> = None;
 
@@ -218,6 +224,10 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--check" => {
                 no_value(&flag, &inline)?;
                 check = true
+            }
+            "--metrics-pod-labels" => {
+                no_value(&flag, &inline)?;
+                metrics_pod_labels = true
             }
             "--metrics-file" => {
                 let v = it.value(&flag, inline)?;
@@ -351,6 +361,9 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--metrics-port needs --watch: the watcher is what serves the metrics",
         ));
     }
+    if metrics_pod_labels && metrics_port.is_none() {
+        return Err(usage("--metrics-pod-labels needs --metrics-port"));
+    }
     if metrics_address.is_some() && metrics_port.is_none() {
         return Err(usage("--metrics-address needs --metrics-port"));
     }
@@ -392,6 +405,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         config_file,
         entry_flags: flags,
         metrics_listen,
+        metrics_pod_labels,
         log_format,
     }))
 }
