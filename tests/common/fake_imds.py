@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""A small IMDSv2 upstream for natguard's proxy tests: `fake_imds.py PORT LOGFILE`.
+
+Only requests carrying the token it minted (PUT /latest/api/token with the TTL header) are
+answered; others get 401, as an instance with IMDSv2 required does. Every request line is
+appended to LOGFILE, so a test can show what the upstream saw. It serves on every address of
+its namespace (the metadata addresses are on its lo).
+"""
+import http.server
+import json
+import socketserver
+import sys
+import secrets
+
+PORT = int(sys.argv[1])
+LOG = sys.argv[2]
+TOKENS = set()
+DOC = json.dumps({"region": "us-test-1", "availabilityZone": "us-test-1a",
+                  "instanceId": "i-0123456789abcdef0", "instanceType": "m7g.large"})
+PATHS = {
+    "/latest/meta-data/": "ami-id\nhostname\niam/\nidentity-credentials/\ninstance-id\nplacement/\n",
+    "/latest/meta-data/placement/region": "us-test-1",
+    "/latest/meta-data/placement/availability-zone": "us-test-1a",
+    "/latest/meta-data/instance-id": "i-0123456789abcdef0",
+    "/latest/meta-data/iam/security-credentials/": "node-role",
+    "/latest/meta-data/iam/security-credentials/node-role":
+        json.dumps({"AccessKeyId": "AKIANODE", "SecretAccessKey": "NODE-SECRET"}),
+    "/latest/user-data": "NODE-SECRET user data",
+    "/latest/dynamic/instance-identity/document": DOC,
+    "/latest/dynamic/instance-identity/pkcs7": "NODE-SECRET pkcs7",
+}
+
+
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def note(self):
+        with open(LOG, "a") as f:
+            f.write(f"{self.command} {self.path} token={'x-aws-ec2-metadata-token' in {k.lower() for k in self.headers}}\n")
+
+    def send(self, code, body):
+        b = body.encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(b)
+
+    def do_PUT(self):
+        self.note()
+        ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+        if self.path != "/latest/api/token" or not ttl:
+            return self.send(400, "")
+        t = secrets.token_urlsafe(24)
+        TOKENS.add(t)
+        self.send_response(200)
+        self.send_header("X-aws-ec2-metadata-token-ttl-seconds", ttl)
+        self.send_header("Content-Length", str(len(t)))
+        self.end_headers()
+        self.wfile.write(t.encode())
+
+    def do_GET(self):
+        self.note()
+        if self.headers.get("X-aws-ec2-metadata-token") not in TOKENS:
+            return self.send(401, "")
+        if self.path in PATHS:
+            return self.send(200, PATHS[self.path])
+        self.send(404, "")
+
+    do_HEAD = do_GET
+
+
+class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class S6(S):
+    import socket
+    address_family = socket.AF_INET6
+
+
+import threading
+import socket
+s4 = S(("0.0.0.0", PORT), H)
+s6 = S6(("::", PORT), H)
+s6.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+threading.Thread(target=s6.serve_forever, daemon=True).start()
+s4.serve_forever()
