@@ -11,6 +11,8 @@ import json
 import socketserver
 import sys
 import secrets
+import socket
+import threading
 
 PORT = int(sys.argv[1])
 LOG = sys.argv[2]
@@ -80,14 +82,14 @@ class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
 
 
 class S6(S):
-    import socket
     address_family = socket.AF_INET6
 
+    def server_bind(self):
+        self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        super().server_bind()
 
-import threading
-import socket
+
 s4 = S(("0.0.0.0", PORT), H)
 s6 = S6(("::", PORT), H)
-s6.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
 threading.Thread(target=s6.serve_forever, daemon=True).start()
 s4.serve_forever()
