@@ -29,6 +29,8 @@ pub struct Limits {
     pub lifetime: Duration,
     /// hyper's read buffer, which bounds the request head (at least 8 KiB).
     pub max_head: usize,
+    /// Whether a connection may carry more than one request.
+    pub keep_alive: bool,
 }
 
 /// What is known of a connection when its requests are answered.
@@ -193,7 +195,7 @@ pub async fn serve(
                 .timer(Timer)
                 .header_read_timeout(limits.header_timeout)
                 .max_buf_size(limits.max_head)
-                .keep_alive(true)
+                .keep_alive(limits.keep_alive)
                 .serve_connection(Io(stream), service);
             let _ = tokio::time::timeout(limits.lifetime, served).await;
         });

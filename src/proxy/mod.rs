@@ -46,6 +46,7 @@ pub const LIMITS: Limits = Limits {
     header_timeout: Duration::from_secs(5),
     lifetime: Duration::from_secs(120),
     max_head: 16 * 1024,
+    keep_alive: true,
 };
 
 /// What the watcher starts the proxy with.

@@ -34,13 +34,13 @@ pub(crate) fn exposition() -> (String, i32) {
 /// What the scrape endpoint serves: the exposition, without the per-pod series (which name
 /// every pod) unless `pod_labels`.
 pub(crate) fn exposition_for_scrape(pod_labels: bool) -> String {
-    let (mut r, _) = collect_or_unreadable();
-    if !pod_labels {
-        for n in &mut r.networks {
-            n.pods.clear();
-        }
-    }
-    report::render_prometheus(&r)
+    let (r, _) = collect_or_unreadable();
+    let pods = if pod_labels {
+        report::PodSeries::Shown
+    } else {
+        report::PodSeries::Hidden
+    };
+    report::render_prometheus_with(&r, pods)
 }
 
 const USAGE: &str = "usage: natguard metrics

@@ -8,7 +8,7 @@
 //! Connections are served concurrently, each a task: an idle client holds a descriptor, not
 //! the server, so a pod holding connections open never delays a scrape. [`LIMITS`] caps them
 //! in all and per source (a connection over a cap is closed at once); each request head must
-//! arrive within [`IO_TIMEOUT`] and fit in [`MAX_REQUEST`] bytes.
+//! arrive within [`IO_TIMEOUT`] and fit in [`MAX_REQUEST`] bytes; one request per connection.
 //! Only `GET /metrics` (and `HEAD`) is served, with `200` and the same text `natguard metrics`
 //! prints, less the per-pod series unless `--metrics-pod-labels` asks for them (they name every
 //! pod); any other path is `404`, any other method `405`. The metrics are collected at each
@@ -34,6 +34,8 @@ const LIMITS: Limits = Limits {
     header_timeout: IO_TIMEOUT,
     lifetime: Duration::from_secs(60),
     max_head: MAX_REQUEST,
+    // One scrape per connection (`Connection: close`), as scrapers expect of a small endpoint.
+    keep_alive: false,
 };
 
 /// Binds `addr` and answers scrapes on a thread of its own from then on.

@@ -778,6 +778,20 @@ const POD: &[&str] = &["network", "namespace", "pod", "container_id", "ifname"];
 
 /// `natguard metrics`: Prometheus text exposition format 0.0.4, ending with a newline.
 pub(crate) fn render_prometheus(r: &NodeReport) -> String {
+    render_prometheus_with(r, PodSeries::Shown)
+}
+
+/// Whether the per-pod series (labelled with each pod's namespace and name) are rendered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PodSeries {
+    Shown,
+    /// Left out: the scrape endpoint's default, since whoever reaches it would read every
+    /// pod's identity.
+    Hidden,
+}
+
+/// [`render_prometheus`], with or without the per-pod series.
+pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> String {
     use MetricType::{Counter, Gauge};
     let mut up = MetricFamily::new(
         "natguard_up",
@@ -972,7 +986,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     ] {
         family.write(&mut out);
     }
-    if r.per_pod_counters {
+    if r.per_pod_counters && pod_series == PodSeries::Shown {
         pod_reset.write(&mut out);
         pod_proxied.write(&mut out);
     }
