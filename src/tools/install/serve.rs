@@ -30,7 +30,7 @@ pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8"
 /// The scrape endpoint's bounds: a few scrapers, never starved by one source.
 const LIMITS: Limits = Limits {
     max_conns: 1024,
-    per_source: 16,
+    per_source: 64,
     header_timeout: IO_TIMEOUT,
     lifetime: Duration::from_secs(60),
     max_head: MAX_REQUEST,
