@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""A small IMDSv2 upstream for natguard's proxy tests: `fake_imds.py PORT LOGFILE`.
+"""A small IMDSv2 upstream for natguard's proxy tests and the demo: `fake_imds.py PORT LOGFILE
+[WORD]`.
 
 Only requests carrying the token it minted (PUT /latest/api/token with the TTL header) are
 answered; others get 401, as an instance with IMDSv2 required does. Every request line is
 appended to LOGFILE, so a test can show what the upstream saw. It serves on every address of
-its namespace (the metadata addresses are on its lo).
+its namespace (the metadata addresses are on its lo). With WORD, `GET /` is answered with WORD
+without a token, as the demo's plain clients expect of "the real metadata server".
 """
 import http.server
 import json
@@ -16,6 +18,7 @@ import threading
 
 PORT = int(sys.argv[1])
 LOG = sys.argv[2]
+WORD = sys.argv[3] if len(sys.argv) > 3 else None
 TOKENS = set()
 DOC = json.dumps({"region": "us-test-1", "availabilityZone": "us-test-1a",
                   "instanceId": "i-0123456789abcdef0", "instanceType": "m7g.large"})
@@ -67,6 +70,8 @@ class H(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         self.note()
+        if WORD is not None and self.path == "/":
+            return self.send(200, WORD + "\n")
         if self.headers.get("X-aws-ec2-metadata-token") not in TOKENS:
             return self.send(401, "")
         if self.path in PATHS:
