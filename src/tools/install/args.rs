@@ -31,10 +31,13 @@ usage: natguard install [options]
   --non-masquerade-cidr CIDR   masquerade.nonMasqueradeCIDRs (repeatable)
   --no-masquerade              masquerade.enabled = false
   --cache-dir DIR              CNI result cache passed to `natguard adopt`
-  --no-adopt                   do not run `natguard adopt` after installing
+  --no-adopt                   do not run `natguard adopt` after installing (with --watch: no
+                               self-repair and no metadata proxy either)
   --ready-file PATH            exists while natguard is in the active list (default /run/natguard/ready)
-  --watch                      keep the entry in the active list until SIGTERM, and restore
-                               natguard's tables within milliseconds when someone else flushes them
+  --watch                      keep the entry in the active list until SIGTERM, restore
+                               natguard's tables within milliseconds when someone else flushes them,
+                               and serve natguard's metadata proxy (metadata.serveProxy;
+                               docs/proxy.md)
   --no-repair                  with --watch: do not restore natguard's tables when someone else
                                flushes them (see docs/self-repair.md)
   --cleanup-on-exit            with --watch: on SIGTERM/SIGINT, remove natguard's entry from the

@@ -33,6 +33,10 @@
 //!
 //! With `--metrics-port`, [`super::serve`] answers `GET /metrics` on a thread of its own.
 //!
+//! Unless `--no-adopt` is given or natguard's configs say `metadata.serveProxy: false`, the
+//! watcher also serves natguard's metadata proxy ([`crate::proxy`]) on the proxy addresses and
+//! port, on a thread of its own ([`start_proxy`]).
+//!
 //! Only one watcher runs per node: it first takes the lock of [`super::record`] (a second
 //! watcher waits for it, doing nothing else), then copies the binary and records its
 //! directories for the readiness probe.
@@ -171,7 +175,10 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
         };
         self_repair::start(adopt_opts, self_repair::state_file_beside(&opts.ready_file));
     }
-    start_proxy(&opts);
+    // `--no-adopt` keeps the watcher off the node's network altogether: no proxy either.
+    if opts.adopt {
+        start_proxy(&opts);
+    }
     if let Some(addr) = opts.metrics_listen {
         // A port that cannot be bound is logged; the watcher's work goes on without it.
         if let Err(e) = super::serve::start(addr, opts.metrics_pod_labels) {
