@@ -2,8 +2,9 @@
 //! builds its own namespaces): pods' metadata TCP is DNATed by natguard's rules to the proxy,
 //! which asks a REAL upstream in the cloud namespace (tests/common/fake_imds.py, IMDSv2
 //! required: it answers only requests carrying the token it minted for the node) and conceals
-//! what the AWS allow-list withholds. The upstream logs every request it saw, so each test
-//! also shows that no concealed path ever reached it.
+//! what the AWS allow-list withholds. Its token answers leave with a hop limit of 1, as on an
+//! instance with `HttpPutResponseHopLimit: 1`: only the node gets a token from it. The upstream
+//! logs every request it saw, so each test also shows that no concealed path ever reached it.
 
 mod common;
 
@@ -42,6 +43,8 @@ fn setup(test: &str) -> Setup {
         &w.cloud,
         "fake-imds",
         &[
+            "env",
+            "FAKE_IMDS_HOP_LIMIT=1",
             "python3",
             "-u",
             script.to_str().unwrap(),
@@ -239,17 +242,20 @@ fn a_default_pod_gets_region_and_zone_over_imdsv2_and_never_the_credentials() {
         "{saw}"
     );
     s.assert_upstream_clean();
-    // The exempt pod reaches the real API (its own IMDSv2 session, straight to the upstream).
+    // The exempt pod reaches the real API itself, whose token answer (hop limit 1) never gets
+    // past the node: the instance keeps hop limit 1 and natguard's pods still get IMDSv2.
     let real = sa(META4, HTTP_PORT);
-    let t = token(&s.exempt.ns, real);
-    assert_eq!(
-        get(
-            &s.exempt.ns,
-            real,
-            "/latest/meta-data/iam/security-credentials/",
-            Some(&t)
-        ),
-        (200, "node-role".into())
+    let (st, body) = raw(
+        &s.exempt.ns,
+        real,
+        b"PUT /latest/api/token HTTP/1.1\r\nHost: x\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(st, 0, "the hop-limited token answer reached a pod: {body}");
+    let from_exempt = format!("PUT /latest/api/token from {}", s.exempt.v4);
+    assert!(
+        s.upstream_saw().contains(&from_exempt),
+        "{}",
+        s.upstream_saw()
     );
     let status = s.tool(&["status"]);
     assert!(

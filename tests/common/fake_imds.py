@@ -6,12 +6,16 @@ Only requests carrying the token it minted (PUT /latest/api/token with the TTL h
 answered; others get 401, as an instance with IMDSv2 required does. Every request line is
 appended to LOGFILE, so a test can show what the upstream saw. It serves on every address of
 its namespace (the metadata addresses are on its lo). With WORD, `GET /` is answered with WORD
-without a token, as the demo's plain clients expect of "the real metadata server".
+without a token, as the demo's plain clients expect of "the real metadata server". With
+FAKE_IMDS_HOP_LIMIT=1 in the environment, token answers leave with an IP TTL (hop limit) of 1,
+as an instance's IMDS with `HttpPutResponseHopLimit: 1` sends them: they reach the node, never a
+pod behind it.
 """
 import http.server
 import json
 import socketserver
 import sys
+import os
 import secrets
 import socket
 import threading
@@ -19,6 +23,7 @@ import threading
 PORT = int(sys.argv[1])
 LOG = sys.argv[2]
 WORD = sys.argv[3] if len(sys.argv) > 3 else None
+HOP_LIMIT = os.environ.get("FAKE_IMDS_HOP_LIMIT")
 TOKENS = set()
 DOC = json.dumps({"region": "us-test-1", "availabilityZone": "us-test-1a",
                   "instanceId": "i-0123456789abcdef0", "instanceType": "m7g.large"})
@@ -44,7 +49,8 @@ class H(http.server.BaseHTTPRequestHandler):
 
     def note(self):
         with open(LOG, "a") as f:
-            f.write(f"{self.command} {self.path} token={'x-aws-ec2-metadata-token' in {k.lower() for k in self.headers}}\n")
+            has = "x-aws-ec2-metadata-token" in {k.lower() for k in self.headers}
+            f.write(f"{self.command} {self.path} from {self.client_address[0]} token={has}\n")
 
     def send(self, code, body):
         b = body.encode()
@@ -60,6 +66,11 @@ class H(http.server.BaseHTTPRequestHandler):
         ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
         if self.path != "/latest/api/token" or not ttl:
             return self.send(400, "")
+        if HOP_LIMIT:
+            if self.connection.family == socket.AF_INET6:
+                self.connection.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, int(HOP_LIMIT))
+            else:
+                self.connection.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, int(HOP_LIMIT))
         t = secrets.token_urlsafe(24)
         TOKENS.add(t)
         self.send_response(200)
