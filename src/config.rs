@@ -920,12 +920,27 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_fields_are_read() {
+        let c = parse_plugin_config(
+            &json!({"type":"natguard","metadata":{"serveProxy":false,"proxyCloud":"gcp"}}),
+        )
+        .unwrap();
+        assert!(!c.metadata.serve_proxy);
+        assert_eq!(c.metadata.proxy_cloud, Some(Cloud::Gcp));
+        let c = parse_plugin_config(&json!({"type":"natguard","metadata":{"proxyCloud":"auto"}}))
+            .unwrap();
+        assert_eq!(c.metadata.proxy_cloud, None);
+    }
+
+    #[test]
     fn defaults_match_the_documented_interface() {
         let c = netconf_from_value(&conf(json!({}))).unwrap().natguard;
         assert_eq!(c, Config::default());
         assert_eq!(c.metadata.mode, MetadataMode::Proxy);
         assert_eq!(c.metadata.ports, vec![80]);
         assert_eq!(c.metadata.proxy_port, 8181);
+        assert!(c.metadata.serve_proxy);
+        assert_eq!(c.metadata.proxy_cloud, None);
         assert_eq!(c.masquerade.non_masquerade_cidrs.len(), 11);
         assert!(c.masquerade.random_fully && c.masquerade.enabled);
         assert!(c.conntrack.flush_on_add);
@@ -1017,6 +1032,16 @@ mod tests {
                 json!({"metadata":{"proxyPort":0}}),
                 "metadata.proxyPort",
                 "0",
+            ),
+            (
+                json!({"metadata":{"serveProxy":"yes"}}),
+                "metadata.serveProxy",
+                "string",
+            ),
+            (
+                json!({"metadata":{"proxyCloud":"oracle-ish"}}),
+                "metadata.proxyCloud",
+                "\"oracle-ish\"",
             ),
             (
                 json!({"metadata":{"addresses":["169.254.170.2"],"proxyIPv4":"169.254.169.254","proxyPort":80}}),
