@@ -87,6 +87,7 @@ struct State {
     records: pods::Records,
     tokens: Mutex<tokens::Tokens>,
     node_tokens: upstream::NodeTokens,
+    pool: upstream::Pool,
     counts: [AtomicU64; 4],
     log: Mutex<LogBudget>,
 }
@@ -147,6 +148,7 @@ pub fn start(opts: Options) -> std::io::Result<()> {
         records,
         tokens: Mutex::default(),
         node_tokens: upstream::NodeTokens::default(),
+        pool: upstream::Pool::default(),
         counts: Default::default(),
         log: Mutex::default(),
     });
@@ -423,7 +425,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         _ => {}
     }
     if let Some(p) = token {
-        match st.node_tokens.get(api, upstream).await {
+        match st.node_tokens.get(&st.pool, api, upstream).await {
             Ok(t) => headers.push((p.token_header, t)),
             Err(e) => {
                 st.note(Outcome::UpstreamError, name, src, &method, &raw_target, &e);
@@ -431,7 +433,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
             }
         }
     }
-    let answer = match upstream::send(upstream, Method::GET, &target, &headers).await {
+    let answer = match upstream::send(&st.pool, upstream, Method::GET, &target, &headers).await {
         Ok(a) => a,
         Err(e) => {
             st.note(Outcome::UpstreamError, name, src, &method, &raw_target, &e);

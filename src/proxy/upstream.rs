@@ -4,6 +4,9 @@
 //! cloud's own headers; nothing of the pod's request is copied. Connect, answer and body
 //! each have a deadline, and the body a size bound.
 //!
+//! Connections to the upstream are kept for the next request (at most [`POOL_IDLE`] idle per
+//! upstream, each for at most [`POOL_IDLE_FOR`]), as a metadata client's own keep-alive would.
+//!
 //! On clouds with session tokens (AWS IMDSv2, Alibaba's hardened mode) the proxy holds the
 //! node's own token ([`NodeTokens`]), fetched by the node itself so the instance keeps a hop
 //! limit of 1, and renewed well before it expires.
@@ -25,6 +28,61 @@ pub const MAX_BODY: usize = 1024 * 1024;
 const NODE_TOKEN_TTL: u64 = 21600;
 const RENEW_LEFT: Duration = Duration::from_secs(NODE_TOKEN_TTL / 10);
 
+/// How many idle connections are kept per upstream, and for how long.
+pub const POOL_IDLE: usize = 32;
+pub const POOL_IDLE_FOR: Duration = Duration::from_secs(30);
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+/// Idle upstream connections, per upstream.
+#[derive(Default)]
+pub struct Pool {
+    idle: Mutex<HashMap<SocketAddr, Vec<(Sender, Instant)>>>,
+}
+
+impl Pool {
+    /// An idle connection to `upstream` that is still open, if one is kept.
+    fn take(&self, upstream: SocketAddr) -> Option<Sender> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.get_mut(&upstream)?;
+        while let Some((s, since)) = list.pop() {
+            if !s.is_closed() && since.elapsed() < POOL_IDLE_FOR && s.is_ready() {
+                return Some(s);
+            }
+        }
+        None
+    }
+
+    fn put(&self, upstream: SocketAddr, s: Sender) {
+        if s.is_closed() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        let list = idle.entry(upstream).or_default();
+        list.retain(|(s, since)| !s.is_closed() && since.elapsed() < POOL_IDLE_FOR);
+        if list.len() < POOL_IDLE {
+            list.push((s, Instant::now()));
+        }
+    }
+}
+
+/// A new connection to `upstream`, its driver on the runtime (it ends when the connection
+/// closes or its last sender is dropped).
+async fn connect(upstream: SocketAddr) -> Result<Sender, String> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(upstream))
+        .await
+        .map_err(|_| format!("connecting to {upstream} timed out"))?
+        .map_err(|e| format!("connecting to {upstream}: {e}"))?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(Io(stream))
+        .await
+        .map_err(|e| format!("{upstream}: {e}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
 /// An upstream answer.
 #[derive(Debug)]
 pub struct Answer {
@@ -33,24 +91,33 @@ pub struct Answer {
     pub body: Bytes,
 }
 
-/// Sends one request (`method` `target`, `headers`) to `upstream` and reads the whole answer.
+/// Sends one request (`method` `target`, `headers`) to `upstream` and reads the whole answer,
+/// on a kept connection when one is idle. A kept connection that fails (the upstream closed it
+/// meanwhile) is replaced by a new one once: metadata requests are idempotent.
 pub async fn send(
+    pool: &Pool,
     upstream: SocketAddr,
     method: hyper::Method,
     target: &str,
     headers: &[(&str, String)],
 ) -> Result<Answer, String> {
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(upstream))
-        .await
-        .map_err(|_| format!("connecting to {upstream} timed out"))?
-        .map_err(|e| format!("connecting to {upstream}: {e}"))?;
-    let _ = stream.set_nodelay(true);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(Io(stream))
-        .await
-        .map_err(|e| format!("{upstream}: {e}"))?;
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(ANSWER_TIMEOUT, conn).await;
-    });
+    if let Some(kept) = pool.take(upstream) {
+        if let Ok(a) = attempt(pool, kept, upstream, method.clone(), target, headers).await {
+            return Ok(a);
+        }
+    }
+    let fresh = connect(upstream).await?;
+    attempt(pool, fresh, upstream, method, target, headers).await
+}
+
+async fn attempt(
+    pool: &Pool,
+    mut sender: Sender,
+    upstream: SocketAddr,
+    method: hyper::Method,
+    target: &str,
+    headers: &[(&str, String)],
+) -> Result<Answer, String> {
     let mut req = hyper::Request::builder()
         .method(method)
         .uri(target)
@@ -85,6 +152,7 @@ pub async fn send(
             ANSWER_TIMEOUT.as_secs()
         )
     })??;
+    pool.put(upstream, sender);
     Ok(answer)
 }
 
@@ -109,7 +177,7 @@ pub struct NodeTokens {
 
 impl NodeTokens {
     /// The node's token for `upstream`, fetched or renewed when needed.
-    pub async fn get(&self, api: Api, upstream: SocketAddr) -> Result<String, String> {
+    pub async fn get(&self, pool: &Pool, api: Api, upstream: SocketAddr) -> Result<String, String> {
         let p = api.token().ok_or("this cloud has no session tokens")?;
         if let Some((t, until)) = self
             .held
@@ -122,6 +190,7 @@ impl NodeTokens {
             }
         }
         let a = send(
+            pool,
             upstream,
             hyper::Method::PUT,
             "/latest/api/token",
