@@ -32,16 +32,28 @@ struct Setup {
 /// A world whose cloud is the IMDSv2 fake, a natguard network with kube-system exempt and the
 /// proxy speaking AWS, a default pod, an exempt pod, and a watcher serving the proxy.
 fn setup(test: &str) -> Setup {
+    setup_cloud(test, "aws")
+}
+
+/// [`setup`] with the proxy speaking `cloud`'s API against that cloud's fake upstream.
+fn setup_cloud(test: &str, cloud: &str) -> Setup {
     require_tools(&["python3"]);
     let w = World::new(test);
     w.stop_proxy();
     w.h.stop(&w.cloud_http);
     let upstream_log = w.dir().join("upstream.log");
     fs::write(&upstream_log, "").unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/fake_imds.py");
+    let fake = match cloud {
+        "aws" => "fake_imds.py",
+        "gcp" => "fake_gce.py",
+        other => panic!("no fake upstream for {other}"),
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/common")
+        .join(fake);
     w.h.spawn(
         &w.cloud,
-        "fake-imds",
+        "fake-upstream",
         &[
             "env",
             "FAKE_IMDS_HOP_LIMIT=1",
@@ -55,7 +67,7 @@ fn setup(test: &str) -> Setup {
     wait_listening(&w.cloud, "tcp", 80, 2);
     let entry = w.natguard(json!({"metadata": {
         "exemptNamespaces": ["kube-system"],
-        "proxyCloud": "aws"
+        "proxyCloud": cloud
     }}));
     let list = w.list("proxy", "1.0.0", 0, Some(entry.clone()));
     let netd = w.dir().join("net.d");
@@ -510,4 +522,99 @@ fn a_thousand_idle_connections_delay_neither_another_pod_nor_self_repair() {
     );
     drop(idle);
     let _: IpAddr = other.v4;
+}
+
+/// The GCE protocol through the proxy: `Metadata-Flavor: Google` required and passed on,
+/// `X-Forwarded-For` refused, the server's own headers back, attributes allow-listed in
+/// listings, service-account tokens concealed, recursive answers only for a subtree allowed
+/// whole.
+#[test]
+fn gcp_speaks_the_metadata_server_s_protocol_and_conceals_tokens_and_kube_env() {
+    require_root();
+    let s = setup_cloud("proxy-gcp", "gcp");
+    let ep = sa(META4, HTTP_PORT);
+    let g = |path: &str, extra: &str| {
+        let (st, head_body) = raw_head(
+            &s.pod.ns,
+            ep,
+            format!("GET {path} HTTP/1.1\r\nHost: metadata.google.internal\r\n{extra}Connection: close\r\n\r\n").as_bytes(),
+        );
+        (st, head_body)
+    };
+    let flavor = "Metadata-Flavor: Google\r\n";
+    let (st, text) = g("/computeMetadata/v1/instance/zone", flavor);
+    assert_eq!(st, 200, "{text}");
+    assert!(text.ends_with("projects/1/zones/us-test1-a"), "{text}");
+    let head = text.to_ascii_lowercase();
+    assert!(
+        head.contains("metadata-flavor: google") && head.contains("server: metadata server for vm"),
+        "{text}"
+    );
+    assert_eq!(g("/computeMetadata/v1/project/project-id", flavor).0, 200);
+    assert_eq!(g("/computeMetadata/v1/instance/zone", "").0, 403);
+    assert_eq!(
+        g(
+            "/computeMetadata/v1/instance/zone",
+            &format!("{flavor}X-Forwarded-For: 10.0.0.1\r\n")
+        )
+        .0,
+        403
+    );
+    for p in [
+        "/computeMetadata/v1/instance/service-accounts/default/token",
+        "/computeMetadata/v1/instance/attributes/kube-env",
+        "/computeMetadata/v1/instance/?recursive=true",
+        "/computeMetadata/v1/?recursive=true&alt=json",
+    ] {
+        let (st, text) = g(p, flavor);
+        assert_eq!(st, 403, "{p}: {text}");
+        assert!(
+            text.contains("natguard") && !text.contains(SECRET),
+            "{p}: {text}"
+        );
+    }
+    let (st, text) = g("/computeMetadata/v1/instance/attributes/", flavor);
+    assert_eq!(st, 200);
+    assert!(
+        text.contains("cluster-name") && !text.contains("kube-env"),
+        "{text}"
+    );
+    let (st, text) = g("/computeMetadata/v1/instance/", flavor);
+    assert_eq!(st, 200);
+    assert!(
+        text.contains("zone") && !text.contains("service-accounts"),
+        "{text}"
+    );
+    let (st, text) = g(
+        "/computeMetadata/v1/instance/network-interfaces/?recursive=true&alt=json",
+        flavor,
+    );
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains("10.128.0.5"), "{text}");
+    let saw = s.upstream_saw();
+    assert!(
+        !saw.contains("service-accounts")
+            && !saw.contains("kube-env")
+            && !saw.contains("instance/?recursive"),
+        "{saw}"
+    );
+}
+
+/// One raw request; the status and the whole answer (head and body).
+fn raw_head(ns: &Netns, addr: SocketAddr, request: &[u8]) -> (u16, String) {
+    let request = request.to_vec();
+    in_netns(ns, move || {
+        let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT).expect("connect");
+        s.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+        s.write_all(&request).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let status = text
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (status, text)
+    })
 }
