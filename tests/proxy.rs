@@ -462,6 +462,24 @@ fn a_thousand_idle_connections_delay_neither_another_pod_nor_self_repair() {
     require_root();
     let s = setup("proxy-slowloris");
     let ep = sa(META4, HTTP_PORT);
+    // Anonymous memory: what the process allocated (its file pages are the binary's).
+    let rss = |pid: u32| -> u64 {
+        fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("RssAnon:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .unwrap()
+    };
+    // Measured once the watcher's own start is over (self-repair subscribed, its first check
+    // done), so that what follows is the connections' cost.
+    s.watcher.wait_for(
+        "self-repair to start",
+        deadline(Duration::from_secs(10)),
+        || s.watcher.state().is_some(),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_before = rss(s.watcher.pid());
     // The default pod opens 1,000 connections and sends half a request head on each.
     let idle: Vec<TcpStream> = in_netns(&s.pod.ns, move || {
         (0..1000)
@@ -473,6 +491,21 @@ fn a_thousand_idle_connections_delay_neither_another_pod_nor_self_repair() {
             .collect()
     });
     assert!(idle.len() >= 500, "only {} connections opened", idle.len());
+    // Held by the proxy, not waiting in its backlog: what they cost the watcher.
+    std::thread::sleep(Duration::from_millis(300));
+    let rss_kib = rss(s.watcher.pid());
+    eprintln!(
+        "watcher anonymous RSS with {} idle connections: {rss_kib} KiB (before them: {rss_before} KiB)",
+        idle.len()
+    );
+    // The connections' own cost, bounded (measured: about 2 MiB); the process's size before
+    // them is the allocator's business (adopt's netlink buffers).
+    let bound_kib = 16 * 1024;
+    assert!(
+        rss_kib.saturating_sub(rss_before) < bound_kib,
+        "1,000 idle connections cost the watcher {} KiB",
+        rss_kib.saturating_sub(rss_before)
+    );
     // Another pod of the network (the exempt namespace's pod is not redirected: a second
     // default pod is made by DEL-free ADD of a new namespace).
     let chain_list: serde_json::Value =

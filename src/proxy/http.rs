@@ -7,7 +7,9 @@
 //! and per source address: a connection over either cap is closed as soon as it is accepted,
 //! so the listen backlog never fills and one source cannot starve the others. The request head
 //! must arrive within `header_timeout` (hyper's header-read timeout, also between keep-alive
-//! requests), its size is bounded by `max_head`, and a connection lives at most `lifetime`.
+//! requests), its size is bounded by `max_head`, and a connection lives at most `lifetime`. A
+//! connection that has sent nothing yet holds no HTTP state (hyper's buffers come with its
+//! first bytes), so thousands of idle ones cost little memory.
 
 use super::io::{Io, Timer};
 use http_body_util::Full;
@@ -187,16 +189,25 @@ pub async fn serve(
         let handler = handler.clone();
         tokio::spawn(async move {
             let _slot = slot;
+            // hyper reserves its read buffer (8 KiB) at its first read: a client that has sent
+            // nothing yet costs only this task until it does, and is closed if it never does.
+            match tokio::time::timeout(limits.header_timeout, stream.readable()).await {
+                Ok(Ok(())) => {}
+                _ => return,
+            }
             let service = hyper::service::service_fn(move |req| {
                 let h = handler.clone();
                 async move { Ok::<_, std::convert::Infallible>(h(req, conn).await) }
             });
-            let served = hyper::server::conn::http1::Builder::new()
-                .timer(Timer)
-                .header_read_timeout(limits.header_timeout)
-                .max_buf_size(limits.max_head)
-                .keep_alive(limits.keep_alive)
-                .serve_connection(Io(stream), service);
+            // Boxed: the connection's state is allocated only now, not in every waiting task.
+            let served = Box::pin(
+                hyper::server::conn::http1::Builder::new()
+                    .timer(Timer)
+                    .header_read_timeout(limits.header_timeout)
+                    .max_buf_size(limits.max_head)
+                    .keep_alive(limits.keep_alive)
+                    .serve_connection(Io(stream), service),
+            );
             let _ = tokio::time::timeout(limits.lifetime, served).await;
         });
     }
