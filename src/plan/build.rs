@@ -107,9 +107,18 @@ fn plan_node_rules() -> Vec<Rule> {
         ));
         let judge = ChainKind::Judge(f);
         rules.push(rule(judge, vec![Match::IifIs("lo")], Action::Return, None));
+        // An exempt identity (host-side interface and address) that no attachment holds
+        // without the exemption: where two attachments share one (the same address on one
+        // bridge, from two networks' pools or a static address), neither gets more than the
+        // stricter of the two, since the IP layer cannot tell their packets apart. Every
+        // attachment that is not exempt has its identity in the counted set.
         rules.push(rule(
             judge,
-            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Exempt(f))],
+            vec![
+                Match::NfProto(f),
+                Match::IifSaddrIn(f, SetKind::Exempt(f)),
+                Match::IifSaddrNotIn(f, SetKind::Resets(f)),
+            ],
             Action::Return,
             None,
         ));
