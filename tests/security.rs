@@ -1717,6 +1717,81 @@ fn vlan_tagged_claims_from_a_pod_natguard_never_saw_never_reach_real_metadata() 
         .finish("VLAN-tagged claims from a pod natguard never saw");
 }
 
+/// A pod natguard never saw on the exempt pod's bridge sends broadcast frames tagged with VLAN
+/// id 100 (SYNs from the exempt pod's addresses to the metadata addresses): on a node with a
+/// VLAN device of that id on the bridge they would reach the IP layer there, past the pins,
+/// which read untagged frames. They are dropped at the bridge: none arrives at the exempt pod's
+/// port, to which the bridge floods a broadcast. Control: untagged broadcast SYNs from the
+/// thief's own addresses (to the cloud's other address) do arrive there.
+#[test]
+fn vlan_tagged_frames_with_an_id_from_a_pod_natguard_never_saw_are_dropped_at_the_bridge() {
+    let w = real_world("sec-vlan-id");
+    let chain = w.chain(w.list("vlanid", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&unguarded_on_cni0(&w), "thief", "default");
+    assert!(
+        !bridge_guard_asleep(&w),
+        "control: an exempt pod on the bridge, yet its guard sleeps"
+    );
+    let text = format!(
+        "table netdev ngtag {{\n  counter tagged {{ }}\n  counter plain {{ }}\n  chain in {{\n    type filter hook ingress device \"eth0\" priority -500; policy accept;\n    vlan id 100 counter name \"tagged\"\n    ip daddr {CLOUD4} counter name \"plain\"\n    ip6 daddr {CLOUD6} counter name \"plain\"\n    counter\n  }}\n}}\n"
+    );
+    let path = w.dir().join("ngtag.nft");
+    std::fs::write(&path, text).expect("write ngtag.nft");
+    exempt
+        .ns
+        .run(&["nft", "-f", path.to_str().expect("utf-8 path")]);
+    let packets = |name: &str| -> u64 {
+        let out = exempt
+            .ns
+            .run(&["nft", "-j", "list", "counter", "netdev", "ngtag", name]);
+        let v: Value = serde_json::from_str(&out).expect("nft -j list counter");
+        v["nftables"]
+            .as_array()
+            .and_then(|a| a.iter().find_map(|o| o["counter"]["packets"].as_u64()))
+            .unwrap_or_else(|| panic!("no packet count for counter {name} in {out}"))
+    };
+    const EACH: u64 = 3;
+    let mac = mac_of(&thief.ns, "eth0");
+    let bcast = "ff:ff:ff:ff:ff:ff";
+    // The control goes elsewhere than a metadata address: where bridged frames traverse the
+    // IP layer's forward hook (br_netfilter), the guard resets untagged metadata SYNs there.
+    let tries = [
+        ("q100", [(exempt.v4, META4), (exempt.v6, META6)]),
+        ("", [(thief.v4, CLOUD4), (thief.v6, CLOUD6)]),
+    ];
+    for (tags, pairs) in tries {
+        for (src, dst) in pairs {
+            let args = [
+                "syn".to_string(),
+                src.to_string(),
+                dst.to_string(),
+                "80".to_string(),
+                EACH.to_string(),
+            ];
+            send_frames(&w, &thief, &mac, bcast, tags, &args);
+        }
+    }
+    let start = Instant::now();
+    while packets("plain") < 2 * EACH {
+        assert!(
+            start.elapsed() < deadline(COUNTER_WAIT),
+            "control: the thief's untagged broadcast SYNs never all arrived at the exempt pod's port ({} of {}):\n{}",
+            packets("plain"),
+            2 * EACH,
+            exempt.ns.run(&["nft", "list", "table", "netdev", "ngtag"])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let n = packets("tagged");
+    assert_eq!(
+        n, 0,
+        "{n} frames tagged with VLAN id 100 from a pod natguard never saw crossed the bridge"
+    );
+    control_metadata(&exempt, REAL, "the exempt pod after the tagged frames");
+}
+
 fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {
     let exempt_mac = mac_of(&exempt.ns, "eth0");
     let thief_mac = mac_of(&thief.ns, "eth0");
