@@ -55,6 +55,11 @@ ci_filter() {
       "while_the_bridge_guard_sleeps a_deny_networks_pod_with_an_exempt_pods_address" \
       "a_second_attachment_with_an_exempt_pods_address vlan_tagged_frames_with_an_id"
     ;;
+  endpoints)
+    # The IPv6 metadata addresses (GCE's fd20:ce::254, Oracle's fd00:c1::a9fe:a9fe), each with
+    # its IPv4 one, against real servers; the other presets differ only by address and port.
+    echo "gcp_preset oracle_preset"
+    ;;
   esac
 }
 
