@@ -1168,6 +1168,194 @@ fn overlapping_networks_never_act_on_each_others_pods() {
     f.finish("overlapping networks");
 }
 
+/// What two attachments that share one identity on a bridge (the same address behind the same
+/// bridge, which is all the IP layer sees) get from each target: `twin` holds `exempt`'s
+/// addresses but not its exemption. SYNs to each target are counted where it listens: none of
+/// the twin's (its connects and hand-made SYNs) and, while it lives, none of the
+/// exempt pod's either may arrive there, since neither gets more than the stricter of the two.
+/// Controls: the twin's SYNs to the cloud's other address arrive (its frames cross the bridge
+/// and the node), and after `del` (the twin's DEL) the exempt pod reaches every target again.
+fn shared_identity(
+    w: &World,
+    exempt: &Pod,
+    twin: &Pod,
+    targets: &[SocketAddr],
+    del: impl FnOnce(),
+) -> Findings {
+    let syn = "tcp flags & (syn | ack | rst) == syn";
+    let fam = |a: &IpAddr| if a.is_ipv4() { "ip" } else { "ip6" };
+    let src = |a: &IpAddr| if a.is_ipv4() { twin.v4 } else { twin.v6 };
+    let mut rules: Vec<(String, String)> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let (a, f) = (t.ip(), fam(&t.ip()));
+            // By destination alone: the shared address may be masqueraded on the way.
+            let m = format!("{f} daddr {a} tcp dport {} {syn}", t.port());
+            (format!("t{i}"), m)
+        })
+        .collect();
+    for (name, dst) in [("cloud4", CLOUD4), ("cloud6", CLOUD6)] {
+        let f = fam(&dst);
+        let m = format!("{f} saddr {} {f} daddr {dst} {SYN}", src(&dst));
+        rules.push((name.to_string(), m));
+    }
+    let named: Vec<(&str, String)> = rules.iter().map(|(n, m)| (n.as_str(), m.clone())).collect();
+    let counters = Counters::install(&w.h, &w.cloud, &named);
+    const EACH: u32 = 3;
+    let mut f = Findings::new();
+    for (who, pod) in [
+        ("the twin", twin),
+        ("the exempt pod, while the twin lives", exempt),
+    ] {
+        for t in targets {
+            let got = http_get(&pod.ns, *t);
+            println!("RESULT shared identity: {who} -> {t}: {got:?}");
+            f.not_real(&got, &format!("{who} -> http://{t}/"));
+            send_segments(&w.h, &pod.ns, src(&t.ip()), t.ip(), t.port(), EACH, &[0x02]);
+        }
+    }
+    for dst in [CLOUD4, CLOUD6] {
+        send_segments(&w.h, &twin.ns, src(&dst), dst, 80, EACH, &[0x02]);
+    }
+    counters.wait(
+        &["cloud4", "cloud6"],
+        EACH.into(),
+        "the twin's SYNs to the cloud's other address",
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    for (i, t) in targets.iter().enumerate() {
+        let n = counters.packets(&format!("t{i}"));
+        f.check(n == 0, || {
+            format!(
+                "{n} SYNs from the shared address {} reached {t}",
+                src(&t.ip())
+            )
+        });
+    }
+    del();
+    w.node.ip("neigh flush all");
+    for t in targets {
+        let got = http_get(&exempt.ns, *t);
+        f.check(is_real(&got), || {
+            format!("control: after the twin's DEL the exempt pod -> http://{t}/ got {got:?}, not the endpoint")
+        });
+    }
+    f
+}
+
+/// Two natguard networks share one bridge, each with its own host-local pool of the same
+/// subnets (a second conflist, a Multus attachment). Network A exempts kube-system; network B is
+/// `mode: deny`. B's pod is handed A's exempt pod's addresses: it never reaches the metadata
+/// host, on either family ([`shared_identity`]).
+#[test]
+fn a_deny_networks_pod_with_an_exempt_pods_address_on_its_bridge_never_reaches_real_metadata() {
+    let w = real_world("sec-shared");
+    let pool = |name: &str| {
+        bridge_entry(
+            &w,
+            name,
+            "cnis",
+            json!({ "subnet": "10.252.0.0/24", "rangeStart": "10.252.0.10", "rangeEnd": "10.252.0.20", "gateway": "10.252.0.1" }),
+            json!({ "subnet": "fd00:252::/64", "rangeStart": "fd00:252::10", "rangeEnd": "fd00:252::20", "gateway": "fd00:252::1" }),
+        )
+    };
+    let a = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "shra",
+        "plugins": [pool("shra"), exempt_cfg(&w, json!({}))]
+    }));
+    let b = w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": "shrb",
+        "plugins": [pool("shrb"), w.natguard(json!({ "metadata": { "mode": "deny" } }))]
+    }));
+    let sys = w.add_pod(&a, "shsys", EXEMPT_NS);
+    control_metadata(&sys, REAL, "A's exempt pod before B has pods");
+    let twin = w.add_pod(&b, "shtwin", "default");
+    assert_eq!(
+        twin.ips(),
+        sys.ips(),
+        "control: B's pod has A's exempt pod's addresses"
+    );
+    let f = shared_identity(&w, &sys, &twin, &metas(), || {
+        b.del(&twin.att).expect("DEL of B's pod");
+    });
+    f.finish("a deny network's pod with an exempt pod's address on one bridge");
+}
+
+/// The azure preset, with IPv6 metadata as a `deny` endpoint too; a second attachment of the
+/// same network (static IPAM, as Multus `ips` gives) holds the exempt pod's addresses. Its
+/// traffic to the deny endpoints (the WireServer's TCP 80 and 32526, [fd00:ec2::254]:80) never
+/// arrives, and its IMDS traffic is proxied ([`shared_identity`]).
+#[test]
+fn a_second_attachment_with_an_exempt_pods_address_never_reaches_a_deny_endpoint() {
+    const WIRESERVER: &str = "168.63.129.16";
+    let w = real_world("sec-twin-azure");
+    let wire: IpAddr = WIRESERVER.parse().unwrap();
+    w.cloud.addr("lo", &format!("{wire}/32"));
+    w.node.route(&format!("{wire}/32"), "10.20.0.2");
+    let script =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/common/http_keepalive.py");
+    for port in [80u16, 32526] {
+        w.h.spawn(
+            &w.cloud,
+            &format!("wireserver-{port}"),
+            &[
+                "python3",
+                "-u",
+                script.to_str().unwrap(),
+                &port.to_string(),
+                REAL,
+                WIRESERVER,
+            ],
+        );
+    }
+    wait_listening(&w.cloud, "tcp", 32526, 1);
+    let ng = exempt_cfg(
+        &w,
+        json!({ "metadata": {
+            "preset": "azure",
+            "endpoints": [{ "address": "fd00:ec2::254", "ports": [80], "mode": "deny" }]
+        } }),
+    );
+    let chain = w.chain(w.list("twinaz", "1.1.0", 0, Some(ng.clone())));
+    let sys = w.add_pod(&chain, "azsys", EXEMPT_NS);
+    let targets = [sa(wire, 80), sa(wire, 32526), sa(META6, 80)];
+    for t in targets {
+        assert_eq!(
+            http_get(&sys.ns, t),
+            body(REAL),
+            "control: the exempt pod -> {t}"
+        );
+    }
+    let mut bridge = w.bridge("twinaz", 0);
+    bridge["ipam"] = json!({
+        "type": "static",
+        "addresses": [
+            { "address": format!("{}/24", sys.v4), "gateway": "10.244.0.1" },
+            { "address": format!("{}/64", sys.v6), "gateway": "fd00:10:244::1" }
+        ],
+        "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+    });
+    let second =
+        w.chain(json!({ "cniVersion": "1.1.0", "name": "twinaz", "plugins": [bridge, ng] }));
+    let twin = w.add_pod(&second, "aztwin", "default");
+    assert_eq!(
+        twin.ips(),
+        sys.ips(),
+        "control: the second attachment has the exempt pod's addresses"
+    );
+    let imds = http_get(&twin.ns, sa(META4, 80));
+    let mut f = shared_identity(&w, &sys, &twin, &targets, || {
+        second.del(&twin.att).expect("DEL of the second attachment");
+    });
+    f.check(imds == body("proxy"), || {
+        format!("the second attachment -> IMDS got {imds:?}, not the proxy")
+    });
+    f.finish("a second attachment with an exempt pod's address, azure");
+}
+
 /// A prevResult address with prefix /0 is refused (code 7, naming the field and the value) and
 /// changes nothing: a `mode: "off"` network's pod keeps reaching the metadata server.
 #[test]
@@ -1527,6 +1715,81 @@ fn vlan_tagged_claims_from_a_pod_natguard_never_saw_never_reach_real_metadata() 
     let thief = w.add_pod(&unguarded_on_cni0(&w), "thief", "default");
     vlan_tagged_claims(&w, &exempt, &thief)
         .finish("VLAN-tagged claims from a pod natguard never saw");
+}
+
+/// A pod natguard never saw on the exempt pod's bridge sends broadcast frames tagged with VLAN
+/// id 100 (SYNs from the exempt pod's addresses to the metadata addresses): on a node with a
+/// VLAN device of that id on the bridge they would reach the IP layer there, past the pins,
+/// which read untagged frames. They are dropped at the bridge: none arrives at the exempt pod's
+/// port, to which the bridge floods a broadcast. Control: untagged broadcast SYNs from the
+/// thief's own addresses (to the cloud's other address) do arrive there.
+#[test]
+fn vlan_tagged_frames_with_an_id_from_a_pod_natguard_never_saw_are_dropped_at_the_bridge() {
+    let w = real_world("sec-vlan-id");
+    let chain = w.chain(w.list("vlanid", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&unguarded_on_cni0(&w), "thief", "default");
+    assert!(
+        !bridge_guard_asleep(&w),
+        "control: an exempt pod on the bridge, yet its guard sleeps"
+    );
+    let text = format!(
+        "table netdev ngtag {{\n  counter tagged {{ }}\n  counter plain {{ }}\n  chain in {{\n    type filter hook ingress device \"eth0\" priority -500; policy accept;\n    vlan id 100 counter name \"tagged\"\n    ip daddr {CLOUD4} counter name \"plain\"\n    ip6 daddr {CLOUD6} counter name \"plain\"\n    counter\n  }}\n}}\n"
+    );
+    let path = w.dir().join("ngtag.nft");
+    std::fs::write(&path, text).expect("write ngtag.nft");
+    exempt
+        .ns
+        .run(&["nft", "-f", path.to_str().expect("utf-8 path")]);
+    let packets = |name: &str| -> u64 {
+        let out = exempt
+            .ns
+            .run(&["nft", "-j", "list", "counter", "netdev", "ngtag", name]);
+        let v: Value = serde_json::from_str(&out).expect("nft -j list counter");
+        v["nftables"]
+            .as_array()
+            .and_then(|a| a.iter().find_map(|o| o["counter"]["packets"].as_u64()))
+            .unwrap_or_else(|| panic!("no packet count for counter {name} in {out}"))
+    };
+    const EACH: u64 = 3;
+    let mac = mac_of(&thief.ns, "eth0");
+    let bcast = "ff:ff:ff:ff:ff:ff";
+    // The control goes elsewhere than a metadata address: where bridged frames traverse the
+    // IP layer's forward hook (br_netfilter), the guard resets untagged metadata SYNs there.
+    let tries = [
+        ("q100", [(exempt.v4, META4), (exempt.v6, META6)]),
+        ("", [(thief.v4, CLOUD4), (thief.v6, CLOUD6)]),
+    ];
+    for (tags, pairs) in tries {
+        for (src, dst) in pairs {
+            let args = [
+                "syn".to_string(),
+                src.to_string(),
+                dst.to_string(),
+                "80".to_string(),
+                EACH.to_string(),
+            ];
+            send_frames(&w, &thief, &mac, bcast, tags, &args);
+        }
+    }
+    let start = Instant::now();
+    while packets("plain") < 2 * EACH {
+        assert!(
+            start.elapsed() < deadline(COUNTER_WAIT),
+            "control: the thief's untagged broadcast SYNs never all arrived at the exempt pod's port ({} of {}):\n{}",
+            packets("plain"),
+            2 * EACH,
+            exempt.ns.run(&["nft", "list", "table", "netdev", "ngtag"])
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let n = packets("tagged");
+    assert_eq!(
+        n, 0,
+        "{n} frames tagged with VLAN id 100 from a pod natguard never saw crossed the bridge"
+    );
+    control_metadata(&exempt, REAL, "the exempt pod after the tagged frames");
 }
 
 fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {

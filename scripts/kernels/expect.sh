@@ -31,7 +31,8 @@ test_budget() {
 # subset keeps one attack of each kind that has a kernel-specific datapath (address theft on a
 # bridge and on ptp, hand-made segments, another component's DNAT and NOTRACK in nft) and every
 # case of the node-wide guard (tags, MAC theft, tunnels, unseen pods, bypassing primaries,
-# counters, a flushed ruleset, unmanaged bridges, a link-local neighbour advertisement).
+# counters, a flushed ruleset, unmanaged bridges, a link-local neighbour advertisement, two
+# attachments sharing one address on a bridge).
 ci_filter() {
   case $1 in
   conntrack)
@@ -51,7 +52,8 @@ ci_filter() {
       "an_exempt_pod_without_interfaces overlapping_networks_never_act" \
       "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only" \
       "vlan_tagged_claims_from_a_pod_natguard_never_saw the_bridge_guard_wakes_with_each_exempt_pod" \
-      "while_the_bridge_guard_sleeps"
+      "while_the_bridge_guard_sleeps a_deny_networks_pod_with_an_exempt_pods_address" \
+      "a_second_attachment_with_an_exempt_pods_address vlan_tagged_frames_with_an_id"
     ;;
   endpoints)
     # The IPv6 metadata addresses (GCE's fd20:ce::254, Oracle's fd00:c1::a9fe:a9fe), each with

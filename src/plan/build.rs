@@ -107,9 +107,18 @@ fn plan_node_rules() -> Vec<Rule> {
         ));
         let judge = ChainKind::Judge(f);
         rules.push(rule(judge, vec![Match::IifIs("lo")], Action::Return, None));
+        // An exempt identity (host-side interface and address) that no attachment holds
+        // without the exemption: where two attachments share one (the same address on one
+        // bridge, from two networks' pools or a static address), neither gets more than the
+        // stricter of the two, since the IP layer cannot tell their packets apart. Every
+        // attachment that is not exempt has its identity in the counted set.
         rules.push(rule(
             judge,
-            vec![Match::NfProto(f), Match::IifSaddrIn(f, SetKind::Exempt(f))],
+            vec![
+                Match::NfProto(f),
+                Match::IifSaddrIn(f, SetKind::Exempt(f)),
+                Match::IifSaddrNotIn(f, SetKind::Resets(f)),
+            ],
             Action::Return,
             None,
         ));
@@ -173,7 +182,7 @@ fn plan_node_rules() -> Vec<Rule> {
     // hold every natguard pod's port with its addresses and MAC, exempt or not): before the
     // bridge learns the MAC or the node a neighbour entry. So the exempt pod's identity is its
     // port's alone, and a natguard pod on another bridge that has the same address (an
-    // overlapping network) keeps its own. VLAN-tagged frames from natguard's pod ports are
+    // overlapping network) keeps its own. VLAN-tagged frames from pods' ports are
     // dropped (the kernel strips a priority tag before the IP layer, where the frame would
     // look untagged).
     //
@@ -212,10 +221,17 @@ fn plan_node_rules() -> Vec<Rule> {
         Match::EtherType(EtherProto::QinQ),
         Match::IifIn(SetKind::Ports),
     ]));
-    // From every other port too, a priority tag (VLAN id 0, outermost): the kernel strips it
-    // before the IP layer, so a port natguard never saw could otherwise bring an exempt pod's
-    // address to the node in a frame the pins above the tag never see. Tags with a VLAN id
-    // reach the IP layer only through a VLAN device of that id.
+    // From every other pod's port too, a pod natguard never saw included: every pod's port is
+    // a veth, and a tagged frame from one would carry an exempt pod's address past the pins
+    // below, which read untagged frames, to a VLAN device of its id on the bridge (where an
+    // exempt pod on that VLAN is known). A VLAN trunk (an uplink, a bond) is no veth and keeps
+    // its tags.
+    for tag in [EtherProto::Vlan, EtherProto::QinQ] {
+        rules.push(guard(vec![Match::EtherType(tag), Match::IifKind("veth")]));
+    }
+    // From every other port, a priority tag (VLAN id 0, outermost): the kernel strips it
+    // before the IP layer, so such a port could otherwise bring an exempt pod's address to the
+    // node in a frame the pins above the tag never see.
     for tag in [EtherProto::Vlan, EtherProto::QinQ] {
         rules.push(guard(vec![Match::EtherType(tag), Match::VlanIdZero]));
     }

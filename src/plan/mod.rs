@@ -592,6 +592,8 @@ pub enum Match {
     IifIs(&'static str),
     /// `meta iifname @set`
     IifIn(SetKind),
+    /// `meta iifkind "KIND"`: the kind of the input device (`veth` for every pod's port).
+    IifKind(&'static str),
     /// `meta iifname != @set`
     IifNotIn(SetKind),
     /// `meta iifname . ip saddr @set`

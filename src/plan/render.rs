@@ -18,6 +18,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::EtherType(EtherProto::Vlan) => "ether type 8021q".into(),
         Match::EtherType(EtherProto::QinQ) => "ether type 8021ad".into(),
         Match::IifIs(name) => format!("iifname \"{name}\""),
+        Match::IifKind(kind) => format!("meta iifkind \"{kind}\""),
         Match::IifIn(s) => format!("iifname @{}", set(s)),
         Match::IifNotIn(s) => format!("iifname != @{}", set(s)),
         Match::IifSaddrIn(f, s) => format!("iifname . {} saddr @{}", f.nft(), set(s)),

@@ -747,6 +747,8 @@ def eth(ethertype, payload):
         hdr += struct.pack("!HH", 0x88a8, 0)
     if tags in ("q", "adq"):
         hdr += struct.pack("!HH", 0x8100, 0)
+    if tags == "q100":
+        hdr += struct.pack("!HH", 0x8100, 100)
     return hdr + struct.pack("!H", ethertype) + payload
 
 def ip4(src, dst, proto, payload):

@@ -142,6 +142,7 @@ const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
+const NFT_META_IIFKIND: u32 = 26;
 /// `payload` bases (`enum nft_payload_bases`).
 const BASE_LL: u32 = 0;
 const BASE_NETWORK: u32 = 1;
@@ -327,6 +328,13 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             let mut v = name.as_bytes().to_vec();
             v.resize(IFNAME_LEN as usize, 0);
             x.meta(NFT_META_IIFNAME, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &v);
+        }
+        // meta iifkind "veth" → [ meta load iifkind => reg 1 ] [ cmp eq reg 1 "veth\0…" (16 bytes) ]
+        Match::IifKind(kind) => {
+            let mut v = kind.as_bytes().to_vec();
+            v.resize(IFNAME_LEN as usize, 0);
+            x.meta(NFT_META_IIFKIND, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &v);
         }
         // iifname @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set ]
