@@ -59,9 +59,9 @@ http {{
 
 def proxy_conf(prefix, listen, upstream, idle, workers=1):
     """nginx as the metadata proxy on `listen`, forwarding to `upstream` (host:port)."""
-    deny = "\n".join(f"        location ~ {r} {{ return 403 \"concealed by the allow-list\\n\"; }}"
+    deny = "\n".join(f'        location ~ "{r}" {{ return 403 "concealed by the allow-list\\n"; }}'
                      for r in CONCEALED)
-    allow = "\n".join(f"""        location ~ {r} {{
+    allow = "\n".join(f"""        location ~ "{r}" {{
             limit_except GET {{ deny all; }}
             proxy_pass http://imds;
         }}""" for r in ALLOWED)

@@ -194,15 +194,18 @@ class Bench:
                 f.write(body)
         conf = os.path.join(self.work, "upstream.conf")
         with open(conf, "w") as f:
-            f.write(nginx_allowlist.upstream_conf(self.work, root, self.a.idle))
-        self.upstream = self.popen(self.cloud_name, ["nginx", "-p", self.work, "-c", conf], "upstream.log")
+            # As many workers as cores: the upstream must not be what limits the proxies.
+            f.write(nginx_allowlist.upstream_conf(self.work, root, self.a.idle, workers="auto"))
+        self.upstream = self.popen(self.cloud_name, ["nginx", "-p", self.work, "-e", os.path.join(self.work, "upstream-error.log"),
+                                                       "-c", conf], "upstream.log")
         self.wait_port(self.cloud_name, 80, "the upstream (nginx serving files)", self.upstream)
 
     def start_nginx(self):
         conf = os.path.join(self.work, "nginx-proxy.conf")
         with open(conf, "w") as f:
             f.write(nginx_allowlist.proxy_conf(self.work, f"{NODE_BR}:{NGINX_PORT}", f"{META}:80", self.a.idle))
-        self.nginx = self.popen(self.node_name, ["nginx", "-p", self.work, "-c", conf], "nginx-proxy.log")
+        self.nginx = self.popen(self.node_name, ["nginx", "-p", self.work, "-e", os.path.join(self.work, "nginx-proxy-error.log"),
+                                                     "-c", conf], "nginx-proxy.log")
         self.wait_port(self.node_name, NGINX_PORT, "nginx (the reverse proxy)", self.nginx)
 
     def start_watcher(self):
@@ -284,7 +287,7 @@ class Bench:
     def wrk(self, alt, conns, secs):
         ns, base = self.target(alt)
         threads = 1 if conns == 1 else 2
-        out = sh(["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{secs}s", "--latency",
+        out = sh(["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(secs))}s", "--latency",
                   "-H", f"X-aws-ec2-metadata-token: {self.tokens[alt]}", base + REGION_PATH],
                  timeout=secs + 60)
         rps = lat50 = lat99 = None

@@ -210,6 +210,26 @@ fn probe(w: &World, ns: &Netns, cloud: Cloud, env: &[(&str, &str)]) -> Value {
     );
     let mut v: Value = serde_json::from_str(&stdout)
         .unwrap_or_else(|e| panic!("sdk_probe.py {}: not JSON ({e}):\n{stdout}", cloud.name()));
+    // What each SDK got, in the test's output (cargo test -- --nocapture).
+    let summary: Vec<String> = v
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, r)| {
+            let s = match (r.get("ok"), r.get("error")) {
+                (Some(ok), _) => format!("ok {ok}"),
+                (_, Some(e)) => format!("error {e}"),
+                _ => r.to_string(),
+            };
+            format!("  {k}: {}", s.chars().take(140).collect::<String>())
+        })
+        .collect();
+    eprintln!(
+        "sdk_probe.py {} in {}:\n{}",
+        cloud.name(),
+        ns.name,
+        summary.join("\n")
+    );
     v["raw"] = Value::from(stdout.into_owned());
     v
 }
