@@ -14,7 +14,13 @@
     nginx_allowlist.py proxy LISTEN UPSTREAM PREFIX   prints the proxy's configuration
 """
 
+import resource
 import sys
+
+
+def nofile(idle):
+    """Descriptors for `idle` connections and their upstream side, within the hard limit."""
+    return min(idle * 2 + 4096, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
 
 # natguard's AWS rules, in its order (first match wins); V is `latest` or a dated version.
 V = r"(?:latest|[0-9]{4}-[0-9]{2}-[0-9]{2})"
@@ -39,10 +45,10 @@ def _common(prefix, name, idle, workers):
 master_process on;
 user root;
 worker_processes {workers};
-worker_rlimit_nofile {idle * 2 + 4096};
+worker_rlimit_nofile {nofile(idle)};
 pid {prefix}/{name}.pid;
 error_log {prefix}/{name}-error.log warn;
-events {{ worker_connections {idle * 2 + 1024}; multi_accept on; }}
+events {{ worker_connections {nofile(idle) - 64}; multi_accept on; }}
 http {{
     access_log off;
     client_body_temp_path {prefix}/{name}-body;

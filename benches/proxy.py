@@ -217,7 +217,7 @@ class Bench:
         entry = os.path.join(self.work, "natguard-entry.json")
         with open(entry, "w") as f:
             json.dump(self.entry, f)
-        limit = self.a.idle * 2 + 4096
+        limit = nginx_allowlist.nofile(self.a.idle)
 
         def nofile():  # the proxy holds a descriptor per connection (and one upstream)
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
@@ -405,12 +405,16 @@ def idle_client(host, port, per, root_ino, pods):
             if ev & (select.EPOLLERR | select.EPOLLHUP) and not ev & select.EPOLLIN:
                 ep.unregister(fd)
                 del state[fd]
-            elif not st[2]:
-                st[0].send(st[3])
-                st[2] = True
-                ep.modify(fd, select.EPOLLIN)
             else:
-                data = st[0].recv(4096)
+                try:
+                    if not st[2]:
+                        st[0].send(st[3])
+                        st[2] = True
+                        ep.modify(fd, select.EPOLLIN)
+                        continue
+                    data = st[0].recv(4096)
+                except OSError:  # refused or reset: not open, counted below
+                    data = b""
                 st[1] += data
                 if not data or st[1].endswith(b"eu-west-3"):
                     ep.unregister(fd)
