@@ -23,7 +23,9 @@
 //! gets the credentials (the fake counts them and the SDK prints the leak marker), so the test
 //! would see a leak. `the_fakes_and_sdks_are_faithful_from_the_node` proves the fakes and the
 //! SDKs without natguard: the node asks the fake directly and gets everything, and the fakes
-//! enforce their protocol (tokens, headers, api-versions) on raw requests.
+//! enforce their protocol (tokens, headers, api-versions) on raw requests;
+//! `the_alibaba_and_openstack_fakes_keep_their_protocol` does the same for the two fakes no
+//! SDK test uses (Alibaba's hardening-mode tokens, Nova's OpenStack and EC2 APIs).
 //!
 //! The SDKs live in a virtualenv that `scripts/sdk-venv.sh` makes (scripts/test.sh runs it);
 //! `$NATGUARD_SDK_PYTHON` names another interpreter. Needs root; never skips.
@@ -93,14 +95,19 @@ struct Fake {
 
 impl Fake {
     fn start(w: &World, cloud: Cloud) -> Fake {
+        Fake::start_named(w, cloud.name())
+    }
+
+    /// `tests/proxy/fake_<name>.py` on port 80 of the cloud namespace.
+    fn start_named(w: &World, name: &str) -> Fake {
         require_tools(&["python3"]);
         w.h.stop(&w.cloud_http);
-        let log = w.dir().join(format!("fake-{}.jsonl", cloud.name()));
+        let log = w.dir().join(format!("fake-{name}.jsonl"));
         fs::write(&log, "").unwrap();
-        let script = proxy_dir().join(format!("fake_{}.py", cloud.name()));
+        let script = proxy_dir().join(format!("fake_{name}.py"));
         let pid = w.h.spawn(
             &w.cloud,
-            &format!("fake-{}", cloud.name()),
+            &format!("fake-{name}"),
             &[
                 "python3",
                 "-u",
@@ -615,4 +622,71 @@ fn the_fakes_and_sdks_are_faithful_from_the_node() {
         // The next cloud's fake takes port 80.
         fake.stop(&w);
     }
+}
+
+/// The Alibaba and OpenStack fakes (no SDK test uses them; natguard's proxy tests may): their
+/// protocol on raw requests from the node, and their credential count.
+#[test]
+fn the_alibaba_and_openstack_fakes_keep_their_protocol() {
+    let w = World::new("sdk-fakes2");
+    let node = &w.node;
+
+    let fake = Fake::start_named(&w, "alibaba");
+    let md = "GET /latest/meta-data/region-id HTTP/1.1\nHost: x\n";
+    assert_eq!(status(node, md), 403, "hardening mode: no token");
+    let put = "PUT /latest/api/token HTTP/1.1\nHost: x\nContent-Length: 0\n";
+    assert_eq!(status(node, put), 400, "no TTL");
+    let xff =
+        format!("{put}X-aliyun-ecs-metadata-token-ttl-seconds: 60\nX-Forwarded-For: 10.0.0.1\n");
+    assert_eq!(status(node, &xff), 403);
+    let (code, _, token) = raw(
+        node,
+        &format!("{put}X-aliyun-ecs-metadata-token-ttl-seconds: 60\n"),
+    );
+    assert_eq!(code, 200);
+    let with = |req: &str| format!("{req}X-aliyun-ecs-metadata-token: {token}\n");
+    assert_eq!(raw(node, &with(md)).2, "cn-hangzhou");
+    let role = "GET /latest/meta-data/ram/security-credentials/ HTTP/1.1\nHost: x\n";
+    assert_eq!(raw(node, &with(role)).2, "natguard-node-ram-role");
+    let cred =
+        "GET /latest/meta-data/ram/security-credentials/natguard-node-ram-role HTTP/1.1\nHost: x\n";
+    let v: Value = serde_json::from_str(&raw(node, &with(cred)).2).unwrap();
+    assert!(
+        v["SecurityToken"].as_str().unwrap().contains(LEAK_MARKER),
+        "{v}"
+    );
+    assert_eq!(fake.credentials(), 1, "{}", fake.dump());
+    fake.stop(&w);
+
+    let fake = Fake::start_named(&w, "openstack");
+    let (code, _, body) = raw(node, "GET /openstack HTTP/1.1\nHost: x\n");
+    assert_eq!(code, 200);
+    assert!(body.lines().any(|l| l == "latest"), "{body}");
+    let meta = raw(
+        node,
+        "GET /openstack/latest/meta_data.json HTTP/1.1\nHost: x\n",
+    )
+    .2;
+    let v: Value = serde_json::from_str(&meta).unwrap();
+    assert_eq!(v["availability_zone"], "nova");
+    assert_eq!(
+        raw(
+            node,
+            "GET /latest/meta-data/placement/availability-zone HTTP/1.1\nHost: x\n"
+        )
+        .2,
+        "nova"
+    );
+    assert_eq!(fake.credentials(), 0);
+    let ud = raw(node, "GET /openstack/latest/user_data HTTP/1.1\nHost: x\n").2;
+    assert!(ud.contains(LEAK_MARKER));
+    assert_eq!(fake.credentials(), 1, "{}", fake.dump());
+    assert_eq!(
+        status(
+            node,
+            "POST /openstack/latest/meta_data.json HTTP/1.1\nHost: x\nContent-Length: 0\n"
+        ),
+        405
+    );
+    fake.stop(&w);
 }
