@@ -11,17 +11,19 @@
 //! `tests/proxy/sdk_probe.py` runs the SDK as a pod's program would (a clean environment, no
 //! credentials anywhere but the metadata endpoint) and reports what it got:
 //!
-//! - AWS (IPv4 and the IPv6 endpoint): botocore's region discovery over IMDSv2 and the instance
-//!   identity document work; credential resolution ends at once with botocore's ordinary
-//!   `NoCredentialsError`; the fake answered no credential and never saw a credential path.
+//! - AWS (IPv4 and the IPv6 endpoint), the fake with hop limit 1: botocore's region discovery
+//!   over IMDSv2 and the instance identity document work (the node holds the real token);
+//!   credential resolution ends at once with botocore's ordinary `NoCredentialsError`; the fake
+//!   answered no credential and never saw a credential path. The exempt pod, asking the fake
+//!   past the node's routing, gets no token and so no region: the hop limit holds.
 //! - GCP: google-auth finds the metadata server, the project ID and the zone; a token fails.
 //! - Azure: the instance metadata works; azure-identity's `ManagedIdentityCredential` fails.
 //!
 //! Every request that reached the fake from the default pod came from the node (the proxy),
 //! carried the cloud's protocol (an IMDSv2 token, `Metadata-Flavor: Google`, `Metadata: true`)
-//! and no `X-Forwarded-For`. The control in every case: the exempt pod, through the same node,
-//! gets the credentials (the fake counts them and the SDK prints the leak marker), so the test
-//! would see a leak. `the_fakes_and_sdks_are_faithful_from_the_node` proves the fakes and the
+//! and no `X-Forwarded-For`. The control in every case: the exempt pod (GCP, Azure) or the node
+//! itself (AWS, where hop limit 1 keeps tokens from pods) gets the credentials (the fake counts
+//! them and the SDK prints the leak marker), so the test would see a leak. `the_fakes_and_sdks_are_faithful_from_the_node` proves the fakes and the
 //! SDKs without natguard: the node asks the fake directly and gets everything, and the fakes
 //! enforce their protocol (tokens, headers, api-versions) on raw requests;
 //! `the_alibaba_and_openstack_fakes_keep_their_protocol` does the same for the two fakes no
@@ -95,29 +97,28 @@ struct Fake {
 
 impl Fake {
     fn start(w: &World, cloud: Cloud) -> Fake {
-        Fake::start_named(w, cloud.name())
+        Fake::start_named(w, cloud.name(), &[])
     }
 
-    /// `tests/proxy/fake_<name>.py` on port 80 of the cloud namespace.
-    fn start_named(w: &World, name: &str) -> Fake {
+    /// `tests/proxy/fake_<name>.py` on port 80 of the cloud namespace, with more arguments.
+    fn start_named(w: &World, name: &str, more: &[&str]) -> Fake {
         require_tools(&["python3"]);
         w.h.stop(&w.cloud_http);
         let log = w.dir().join(format!("fake-{name}.jsonl"));
         fs::write(&log, "").unwrap();
         let script = proxy_dir().join(format!("fake_{name}.py"));
-        let pid = w.h.spawn(
-            &w.cloud,
-            &format!("fake-{name}"),
-            &[
-                "python3",
-                "-u",
-                script.to_str().unwrap(),
-                "--port",
-                &HTTP_PORT.to_string(),
-                "--log",
-                log.to_str().unwrap(),
-            ],
-        );
+        let port = HTTP_PORT.to_string();
+        let mut args = vec![
+            "python3",
+            "-u",
+            script.to_str().unwrap(),
+            "--port",
+            &port,
+            "--log",
+            log.to_str().unwrap(),
+        ];
+        args.extend_from_slice(more);
+        let pid = w.h.spawn(&w.cloud, &format!("fake-{name}"), &args);
         wait_listening(&w.cloud, "tcp", HTTP_PORT, 1);
         Fake { log, pid }
     }
@@ -268,9 +269,9 @@ struct Node {
     watcher: Watcher,
 }
 
-fn node_with_proxy(test: &str, cloud: Cloud) -> Node {
+fn node_with_proxy(test: &str, cloud: Cloud, fake_args: &[&str]) -> Node {
     let w = World::new(test);
-    let fake = Fake::start(&w, cloud);
+    let fake = Fake::start_named(&w, cloud.name(), fake_args);
     // natguard serves the proxy port itself now; the world's stand-in must not answer there.
     w.stop_proxy();
     let entry = w.natguard(json!({
@@ -385,7 +386,9 @@ fn path_of(r: &Value) -> &str {
 
 #[test]
 fn aws_sdk_gets_region_and_identity_document_and_no_credentials() {
-    let n = node_with_proxy("sdk-aws", Cloud::Aws);
+    // Hop limit 1, as EKS sets it: token answers die at the first router, so only the node
+    // (natguard's proxy) can hold a token; the pods' tokens are the proxy's own.
+    let n = node_with_proxy("sdk-aws", Cloud::Aws, &["--hop-limit", "1"]);
     for (family, env) in [
         ("IPv4", vec![]),
         (
@@ -426,12 +429,26 @@ fn aws_sdk_gets_region_and_identity_document_and_no_credentials() {
                 && !p.contains("user-data")
         });
     }
-    n.exempt_gets_credentials(Cloud::Aws, &[]);
+    // The hop limit holds in this network: the exempt pod, which reaches the upstream through
+    // the node's routing, never gets a token, so botocore finds no region (and no credentials).
+    n.fake.clear();
+    let r = probe(&n.w, &n.exempt.ns, Cloud::Aws, &[]);
+    assert!(
+        r["region"].get("ok").is_none_or(|v| v.is_null()),
+        "the exempt pod got a region with hop limit 1: {}",
+        r["region"]
+    );
+    assert_eq!(n.fake.credentials(), 0, "{}", n.fake.dump());
+    // The control: the node asks the upstream itself and gets the role's credentials.
+    let r = probe(&n.w, &n.w.node, Cloud::Aws, &[]);
+    let got = ok(&r, "credentials").to_string();
+    assert!(got.contains(LEAK_MARKER), "the node's credentials: {got}");
+    assert!(n.fake.credentials() >= 1, "{}", n.fake.dump());
 }
 
 #[test]
 fn gcp_sdk_gets_project_and_zone_and_no_token() {
-    let n = node_with_proxy("sdk-gcp", Cloud::Gcp);
+    let n = node_with_proxy("sdk-gcp", Cloud::Gcp, &[]);
     let r = probe(&n.w, &n.web.ns, Cloud::Gcp, &[]);
     assert_eq!(ok(&r, "on_gce"), true, "google-auth's ping");
     assert_eq!(ok(&r, "project_id"), "natguard-test-project");
@@ -456,7 +473,7 @@ fn gcp_sdk_gets_project_and_zone_and_no_token() {
 
 #[test]
 fn azure_sdk_gets_instance_metadata_and_no_managed_identity_token() {
-    let n = node_with_proxy("sdk-azure", Cloud::Azure);
+    let n = node_with_proxy("sdk-azure", Cloud::Azure, &[]);
     let r = probe(&n.w, &n.web.ns, Cloud::Azure, &[]);
     let inst = ok(&r, "instance");
     assert_eq!(inst["compute"]["location"], "westeurope", "{inst}");
@@ -631,7 +648,7 @@ fn the_alibaba_and_openstack_fakes_keep_their_protocol() {
     let w = World::new("sdk-fakes2");
     let node = &w.node;
 
-    let fake = Fake::start_named(&w, "alibaba");
+    let fake = Fake::start_named(&w, "alibaba", &[]);
     let md = "GET /latest/meta-data/region-id HTTP/1.1\nHost: x\n";
     assert_eq!(status(node, md), 403, "hardening mode: no token");
     let put = "PUT /latest/api/token HTTP/1.1\nHost: x\nContent-Length: 0\n";
@@ -658,7 +675,7 @@ fn the_alibaba_and_openstack_fakes_keep_their_protocol() {
     assert_eq!(fake.credentials(), 1, "{}", fake.dump());
     fake.stop(&w);
 
-    let fake = Fake::start_named(&w, "openstack");
+    let fake = Fake::start_named(&w, "openstack", &[]);
     let (code, _, body) = raw(node, "GET /openstack HTTP/1.1\nHost: x\n");
     assert_eq!(code, 200);
     assert!(body.lines().any(|l| l == "latest"), "{body}");

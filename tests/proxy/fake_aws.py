@@ -11,7 +11,9 @@ What it follows, from AWS's documentation (EC2 User Guide):
   Later requests carry it in `X-aws-ec2-metadata-token`; with IMDSv2 required (`HttpTokens:
   required`, the default here) a request without a valid token gets 401. Only GET/HEAD (and
   the token PUT) are served; other methods 405. The hop limit (`HttpPutResponseHopLimit`) is
-  the network's business (the IP TTL), not this server's.
+  the IP TTL (IPv6 hop limit) of the token answer's packets: with `--hop-limit 1` they reach
+  the host that asked and die at the first router, so a pod behind the node never gets a
+  token, as on an instance with hop limit 1.
 - "Instance metadata categories": https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/instancedata-data-categories.html
   placement/region, placement/availability-zone, instance-id, instance-type, iam/info,
   iam/security-credentials/ (the role's name) and iam/security-credentials/ROLE (the role's
@@ -26,7 +28,8 @@ What it follows, from AWS's documentation (EC2 User Guide):
 Every credential answer (role credentials, identity credentials) is counted in the log
 (fakemeta.py) and carries fakemeta.LEAK_MARKER; so does user data, which holds secrets too.
 
-    fake_aws.py --port 80 --log FILE [--imdsv1]   (--imdsv1: HttpTokens optional)
+    fake_aws.py --port 80 --log FILE [--imdsv1] [--hop-limit N]
+    (--imdsv1: HttpTokens optional; --hop-limit: HttpPutResponseHopLimit)
 """
 
 import json
@@ -138,8 +141,9 @@ class Aws(Fake):
 
     server_header = "EC2ws"
 
-    def __init__(self, imdsv1=False):
+    def __init__(self, imdsv1=False, hop_limit=None):
         self.imdsv1 = imdsv1
+        self.hop_limit = hop_limit
         self.tokens = {}
         self.lock = threading.Lock()
 
@@ -173,7 +177,8 @@ class Aws(Fake):
         token = "AQAEA" + secrets.token_urlsafe(40)
         with self.lock:
             self.tokens[token] = time.monotonic() + seconds
-        return Answer(200, token, headers={"X-aws-ec2-metadata-token-ttl-seconds": str(seconds)})
+        return Answer(200, token, headers={"X-aws-ec2-metadata-token-ttl-seconds": str(seconds)},
+                      hop_limit=self.hop_limit)
 
     def lookup(self, path):
         if path == "/":
@@ -195,5 +200,14 @@ class Aws(Fake):
 
 
 if __name__ == "__main__":
-    imdsv1 = "--imdsv1" in sys.argv
-    serve(Aws(imdsv1=imdsv1), [a for a in sys.argv[1:] if a != "--imdsv1"])
+    args = sys.argv[1:]
+    imdsv1 = "--imdsv1" in args
+    args = [a for a in args if a != "--imdsv1"]
+    hops = None
+    if "--hop-limit" in args:
+        i = args.index("--hop-limit")
+        hops = int(args[i + 1])
+        if not 1 <= hops <= 64:
+            sys.exit(f"--hop-limit {hops}: AWS allows 1 to 64")
+        del args[i:i + 2]
+    serve(Aws(imdsv1=imdsv1, hop_limit=hops), args)

@@ -33,8 +33,12 @@ class Answer:
     """What a fake answers: status, body (str or bytes), headers, and whether it is a
     credential (counted in the log)."""
 
-    def __init__(self, status, body="", headers=None, credential=False, content_type="text/plain"):
+    def __init__(self, status, body="", headers=None, credential=False, content_type="text/plain",
+                 hop_limit=None):
         self.status = status
+        # The IP TTL / IPv6 hop limit of this answer's packets and of the rest of its connection
+    # (AWS's HttpPutResponseHopLimit).
+        self.hop_limit = hop_limit
         self.body = body.encode() if isinstance(body, str) else body
         self.headers = dict(headers or {})
         self.headers.setdefault("Content-Type", content_type)
@@ -126,6 +130,8 @@ def serve(fake, argv=None):
             }
             with lock:
                 log.write(json.dumps(record) + "\n")
+            if ans.hop_limit is not None:
+                self.set_hops(ans.hop_limit)
             self.send_response(ans.status)
             for k, v in ans.headers.items():
                 self.send_header(k, v)
@@ -133,6 +139,15 @@ def serve(fake, argv=None):
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(ans.body)
+            # The hop limit stays on the connection: TCP may retransmit the answer later, and a
+            # retransmission with a higher TTL would carry it past the first router after all.
+
+        def set_hops(self, n):
+            sock = self.connection
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_UNICAST_HOPS, n)
+            if self.client_address[0].startswith("::ffff:"):
+                # An IPv4 client on the dual-stack socket: its packets carry the IPv4 TTL.
+                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, n)
 
         do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = do_PATCH = do_OPTIONS = handle_one
 
