@@ -11,7 +11,8 @@
 #                    [--px-runs N] [--px-secs S] [--px-idle N]
 #
 # Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3,
-# procps, nginx, wrk), builds the release binary unless --bin is given, creates throwaway network namespaces
+# procps; nginx and wrk for the proxy cell), builds the release binary unless --bin is given,
+# creates throwaway network namespaces
 #   ng-bench-<pid>-node    natguard, the naive CLI path, the unrelated conntrack entries
 #   ng-bench-<pid>-pmnft   portmap with iptables-nft    (PATH points `iptables` at it)
 #   ng-bench-<pid>-pmleg   portmap with iptables-legacy
@@ -54,7 +55,7 @@ DP_RUNS=7 DP_SECS=0.7 DP_NETS=1,3 DP_PODS=2,1000 BURST_RUNS=5 BURST_CT=0,100000 
 PX_RUNS=5 PX_SECS=3 PX_IDLE=10000
 ARGS=("$@")
 
-usage() { sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual DP_RUNS=1 DP_SECS=0.3 DP_NETS=1 DP_PODS=2 BURST_RUNS=1 BURST_CT=0 BURST_STACKS=v4 PX_RUNS=1 PX_SECS=1 PX_IDLE=1000 ;;
