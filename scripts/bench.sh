@@ -5,18 +5,21 @@
 #
 #   scripts/bench.sh [--quick] [--profile] [--out DIR] [--runs N] [--pods 10,1000,10000]
 #                    [--ct 0,100000] [--stacks v4,dual] [--bin PATH]
-#                    [--only per-pod,burst,ifaces,datapath] [--dp-runs N] [--dp-secs S]
+#                    [--only per-pod,burst,ifaces,datapath,proxy] [--dp-runs N] [--dp-secs S]
 #                    [--dp-nets 1,3] [--dp-pods 2,1000]
 #                    [--burst-runs N] [--burst-ct 0,100000] [--burst-stacks v4,dual]
+#                    [--px-runs N] [--px-secs S] [--px-idle N]
 #
 # Root only. Installs what it needs (iptables, conntrack, containernetworking-plugins, python3,
-# procps), builds the release binary unless --bin is given, creates throwaway network namespaces
+# procps; nginx and wrk for the proxy cell), builds the release binary unless --bin is given,
+# creates throwaway network namespaces
 #   ng-bench-<pid>-node    natguard, the naive CLI path, the unrelated conntrack entries
 #   ng-bench-<pid>-pmnft   portmap with iptables-nft    (PATH points `iptables` at it)
 #   ng-bench-<pid>-pmleg   portmap with iptables-legacy
 #   ng-bench-<pid>-ref     natguard with 10 pods: the flat-scaling reference
 #   ng-bench-<pid>-if<N>   a node with N interfaces (12, 122, 512): the many-interface cell
 #   ng-bench-<pid>-dp*     the datapath cell's nodes, pods and remote hosts (benches/datapath.py)
+#   ng-bench-<pid>-px*     the proxy cell's node, pods and upstream (benches/proxy.py)
 # and deletes them on exit. Everything runs in a private mount namespace with a tmpfs on /run,
 # so natguard's lock and runtime files (/run/natguard) and the namespaces' mount points are the
 # run's own and never the machine's. The root namespace's firewall and conntrack table are
@@ -26,15 +29,17 @@
 # Output: a Markdown table on stdout and in DIR/bench-results.md (default DIR: /tmp), raw samples
 # in DIR/bench-samples.tsv. A full run takes 20 to 30 minutes on 2 cores; --quick (one per-pod
 # cell: 10 pods, 1,000 conntrack entries, dual-stack, 5 runs; one IPv4 burst round at ~0
-# entries; the interface cell; one datapath round of 0.3 s per measurement, 1 network, 2 pods)
-# well under a minute. --profile adds a
+# entries; the interface cell; one datapath round of 0.3 s per measurement, 1 network, 2 pods;
+# one proxy round of 1 s per measurement, 1,000 idle connections) about a minute. --profile adds a
 # section on where natguard's wall time goes (strace, perf stat, callgrind instruction counts,
 # and the cost of closing a netfilter socket right after an nf_tables commit); it installs
 # strace and valgrind if they are missing. Wall times depend on how busy the machine is
 # (check `uptime` first); CPU times and the ratios of the same run much less.
 # The cells (--only picks some): per-pod (the table above), burst (32 ADDs released at once
-# against one), ifaces (ADD and DEL on nodes with 12, 122 and 512 interfaces) and datapath
-# (packet rate and request/response latency through the node: benches/datapath.py).
+# against one), ifaces (ADD and DEL on nodes with 12, 122 and 512 interfaces), datapath
+# (packet rate and request/response latency through the node: benches/datapath.py) and proxy
+# (natguard's metadata proxy against nginx with the same allow-list and against no proxy:
+# requests/s, p50/p99 latency with wrk, RSS with 10,000 idle connections: benches/proxy.py).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -45,14 +50,15 @@ CT=0,100000
 STACKS=v4,dual
 BIN=""
 PROFILE=""
-ONLY=per-pod,burst,ifaces,datapath
+ONLY=per-pod,burst,ifaces,datapath,proxy
 DP_RUNS=7 DP_SECS=0.7 DP_NETS=1,3 DP_PODS=2,1000 BURST_RUNS=5 BURST_CT=0,100000 BURST_STACKS=v4,dual
+PX_RUNS=5 PX_SECS=3 PX_IDLE=10000
 ARGS=("$@")
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case "$1" in
-    --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual DP_RUNS=1 DP_SECS=0.3 DP_NETS=1 DP_PODS=2 BURST_RUNS=1 BURST_CT=0 BURST_STACKS=v4 ;;
+    --quick) RUNS=5 PODS=10 CT=1000 STACKS=dual DP_RUNS=1 DP_SECS=0.3 DP_NETS=1 DP_PODS=2 BURST_RUNS=1 BURST_CT=0 BURST_STACKS=v4 PX_RUNS=1 PX_SECS=1 PX_IDLE=1000 ;;
     --only) ONLY=$2; shift ;;
     --dp-runs) DP_RUNS=$2; shift ;;
     --dp-secs) DP_SECS=$2; shift ;;
@@ -61,6 +67,9 @@ while [ $# -gt 0 ]; do
     --burst-runs) BURST_RUNS=$2; shift ;;
     --burst-ct) BURST_CT=$2; shift ;;
     --burst-stacks) BURST_STACKS=$2; shift ;;
+    --px-runs) PX_RUNS=$2; shift ;;
+    --px-secs) PX_SECS=$2; shift ;;
+    --px-idle) PX_IDLE=$2; shift ;;
     --profile) PROFILE=--profile ;;
     --out) OUT=$2; shift ;;
     --runs) RUNS=$2; shift ;;
@@ -87,6 +96,12 @@ command -v conntrack >/dev/null || need+=(conntrack)
 [ -x /usr/bin/python3 ] || need+=(python3)
 command -v ip >/dev/null || need+=(iproute2)
 command -v sysctl >/dev/null || need+=(procps)
+case ",$ONLY," in
+  *,proxy,*)
+    command -v nginx >/dev/null || need+=(nginx)
+    command -v wrk >/dev/null || need+=(wrk)
+    ;;
+esac
 if [ -n "$PROFILE" ]; then
   command -v strace >/dev/null || need+=(strace)
   command -v valgrind >/dev/null || need+=(valgrind)
@@ -157,5 +172,13 @@ case ",$ONLY," in
       --tag "$TAG-dp" --work "$W" --root-netns-ino "$ROOT_INO" --out "$OUT" \
       --nets "$DP_NETS" --pods "$DP_PODS" --runs "$DP_RUNS" --secs "$DP_SECS"
     cat "$OUT/bench-datapath.md" >>"$OUT/bench-results.md"
+    ;;
+esac
+case ",$ONLY," in
+  *,proxy,*)
+    log "proxy: $PX_RUNS rounds of $PX_SECS s, $PX_IDLE idle connections (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+    /usr/bin/python3 "$REPO/benches/proxy.py" --natguard "$BIN" --tag "$TAG-px" --work "$W" \
+      --root-netns-ino "$ROOT_INO" --out "$OUT" --runs "$PX_RUNS" --secs "$PX_SECS" --idle "$PX_IDLE"
+    cat "$OUT/bench-proxy.md" >>"$OUT/bench-results.md"
     ;;
 esac

