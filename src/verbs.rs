@@ -145,6 +145,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
             if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Exempt(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
         );
     }
+    crate::deleted::forget(p.pod.owner);
     let mut store = store::open()?;
     let converged = store.apply_pod(&p.shared, &p.pod)?;
     info!(
@@ -266,6 +267,12 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
         .filter(|ip| not_a_pod_address_here(&conf.natguard, &own, ip).is_none())
         .map(|ip| ip.addr)
         .collect();
+    // Before the entries go: a restore from the runtime's cache, which keeps the attachment
+    // until every plugin's DEL has run, must not bring them back.
+    crate::deleted::record(
+        owner,
+        &format!("{} {} {}", conf.name, env.container_id, env.ifname),
+    );
     let mut store = match store::open() {
         Ok(s) => s,
         Err(e) if kernel::is_unavailable(&e) => {

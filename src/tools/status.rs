@@ -33,10 +33,7 @@ pub fn cli(args: &[String]) -> i32 {
         println!("{}", report::render_json(&r));
     } else {
         print!("{}", report::render_text(&r));
-        print!(
-            "{}",
-            preset_lines(std::path::Path::new(crate::restore::DEFAULT_NETCONF_DIR))
-        );
+        print!("{}", preset_lines(&netconf_dir()));
     }
     code
 }
@@ -78,6 +75,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 self_repair: read_self_repair(),
                 installation: None,
                 bridge_guard: None,
+                broken_lists: broken_lists(),
             },
             1,
         ),
@@ -91,6 +89,23 @@ fn read_self_repair() -> Option<report::RepairStats> {
     let mut sr = read_state(std::path::Path::new(STATE_FILE))?;
     sr.running = watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
     Some(sr)
+}
+
+/// The netconf dir the node's watcher runs with (recorded beside its readiness file), else the
+/// default.
+fn netconf_dir() -> std::path::PathBuf {
+    use crate::tools::watcher::DEFAULT_READY_FILE;
+    crate::tools::install::record::read_options(std::path::Path::new(DEFAULT_READY_FILE))
+        .map(|r| r.netconf_dir)
+        .unwrap_or_else(|| crate::restore::DEFAULT_NETCONF_DIR.into())
+}
+
+/// The lists of the netconf dir whose natguard entry cannot be read: their networks are left
+/// as they are (see [`crate::restore::BrokenList`]).
+fn broken_lists() -> Vec<crate::restore::BrokenList> {
+    crate::restore::scan_networks(&netconf_dir())
+        .map(|n| n.broken)
+        .unwrap_or_default()
 }
 
 /// Reads the calling thread's network namespace into a [`NodeReport`].
@@ -110,6 +125,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         self_repair: read_self_repair(),
         installation: Some(store.installation()?),
         bridge_guard: store.bridge_guard_awake()?,
+        broken_lists: broken_lists(),
     };
     let node = store.node_counts()?;
     r.guard = Family::ALL

@@ -139,6 +139,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         BURST_MAX.as_millis()
     );
     let mut burst: Option<Burst> = None;
+    let mut broken_seen = Vec::new();
     let mut check_due = Instant::now() + CHECK_EVERY;
     // When the last repair ended: the next one waits until BURST_MAX after it.
     let mut last_end: Option<Instant> = None;
@@ -166,7 +167,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         };
         burst = None;
         check_due = Instant::now() + CHECK_EVERY;
-        if repair_once(opts, &cause, since, &mut stats) {
+        if repair_once(opts, &cause, since, &mut stats, &mut broken_seen) {
             last_end = Some(Instant::now());
         }
         write_state(state_file, &mut stats);
@@ -179,9 +180,14 @@ fn repair_once(
     cause: &Verdict,
     since: Instant,
     stats: &mut RepairStats,
+    broken_seen: &mut Vec<String>,
 ) -> bool {
     stats.checks += 1;
-    match restore::repair(opts) {
+    let result = restore::repair(opts);
+    if let Ok(r) = &result {
+        note_broken(&r.broken, broken_seen);
+    }
+    match result {
         Ok(r) if r.ops > 0 => {
             let committed = r.committed.unwrap_or_else(Instant::now);
             let took = committed.saturating_duration_since(since).as_secs_f64() * 1000.0;
@@ -221,6 +227,21 @@ fn repair_once(
             false
         }
     }
+}
+
+/// Logs the broken lists a repair left alone when they differ from the last check's (`seen`),
+/// so a list that stays broken is not logged every minute.
+fn note_broken(broken: &[restore::BrokenList], seen: &mut Vec<String>) {
+    let now: Vec<String> = broken.iter().map(|b| b.to_string()).collect();
+    if now != *seen {
+        for b in &now {
+            crate::warn!("self-repair: {b}");
+        }
+        if now.is_empty() && !seen.is_empty() {
+            crate::info!("self-repair: every network list parses again");
+        }
+    }
+    *seen = now;
 }
 
 /// What a repair covered, in words: the shared objects it checked and the pods.

@@ -25,10 +25,11 @@ pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
 // -----------------------------------------------------------------------------------------
 // Metrics
 
-const ALWAYS: [(&str, &str); 10] = [
+const ALWAYS: [(&str, &str); 11] = [
     ("natguard_up", "gauge"),
     ("natguard_per_pod_counters_available", "gauge"),
     ("natguard_networks", "gauge"),
+    ("natguard_broken_lists", "gauge"),
     ("natguard_pods", "gauge"),
     ("natguard_proxied_connections_total", "counter"),
     ("natguard_reset_attempts_total", "counter"),

@@ -58,6 +58,9 @@ pub(crate) struct NodeReport {
     /// Whether the bridge guard is hooked: `Some(false)` while the bridge table sleeps (no
     /// exempt pod on a bridge, nothing to pin), `None` without a bridge table.
     pub bridge_guard: Option<bool>,
+    /// Network lists whose natguard entry cannot be read (not JSON, or an entry that does not
+    /// parse): their networks are left as they are, every other one is served.
+    pub broken_lists: Vec<crate::restore::BrokenList>,
 }
 
 /// The node-wide guard is in place.
@@ -432,6 +435,9 @@ its rules and counters could not be read"
             );
         }
     }
+    for b in &r.broken_lists {
+        let _ = writeln!(out, "BROKEN LIST: {}", printable(&b.to_string()));
+    }
     match r.bridge_guard {
         Some(true) => {
             let _ = writeln!(
@@ -633,6 +639,11 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
             "bridge": r.bridge_guard.map(|awake| if awake { "awake" } else { "asleep" }),
         },
         "networks": networks,
+        "brokenLists": r.broken_lists.iter().map(|b| json!({
+            "file": b.file.display().to_string(),
+            "network": b.network,
+            "reason": b.reason,
+        })).collect::<Vec<_>>(),
     });
     // Only where a watcher repairs: without --watch the document is unchanged.
     if let Some(sr) = &r.self_repair {
@@ -754,6 +765,13 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         &[],
         "CNI networks with natguard rules on this node.",
     );
+    let mut broken_lists = MetricFamily::new(
+        "natguard_broken_lists",
+        Gauge,
+        &[],
+        "Network lists whose natguard entry cannot be read (not JSON, or an entry that does \
+         not parse); their networks are left as they are (status names them).",
+    );
     let mut pods = MetricFamily::new(
         "natguard_pods",
         Gauge,
@@ -855,6 +873,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     if !r.unreadable {
         per_pod.add(vec![], u64::from(r.per_pod_counters));
         networks.add(vec![], r.networks.len() as u64);
+        broken_lists.add(vec![], r.broken_lists.len() as u64);
     }
     for (f, n, _) in &r.guard {
         guard_reset.add(vec![family_label(*f).to_string()], *n);
@@ -891,6 +910,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         &up,
         &per_pod,
         &networks,
+        &broken_lists,
         &pods,
         &proxied,
         &reset,

@@ -1,0 +1,401 @@
+//! The node's protection survives what other components and tenants do to it:
+//!
+//! - **A bad list costs only its own network.** A second list whose natguard entry has a typo
+//!   (or a list that is not JSON) leaves every other network and the node-wide guard repaired,
+//!   adopted and reconciled; a new watcher starts, inserts its entry and reports ready; adopt
+//!   and reconcile exit 0 and name the list, as `status` and `metrics` do.
+//! - **What natguard deleted stays deleted.** libcni runs natguard's DEL, then the primary's,
+//!   then removes its cache entry: a flush (self-repair) or an adopt in that gap must not bring
+//!   the pod back, and under churn natguard's state ends exactly the live pods.
+//! - **A ConfigMap change converges running pods**, both ways, and CHECK passes after it.
+//! - **`status` tells the truth about self-repair**: the watcher that holds the lock, with its
+//!   own options.
+//!
+//! The standard world (`common::World`: bridge networks, the REAL metadata server in the
+//! "cloud" namespace, the node-local proxy); the watcher is the real binary in the node
+//! namespace (`common::watcher`). Needs root; never skips.
+
+mod common;
+
+use common::run::{Access, Natguard};
+use common::watcher::{RunDir, Watcher};
+use common::*;
+use serde_json::{json, Value};
+use std::fs;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long anything asynchronous may take before the test fails (a deadline, never a bound
+/// that is asserted).
+const DEADLINE: Duration = Duration::from_secs(15);
+
+fn metadata_of(pod: &Pod) -> Outcome {
+    http_get(&pod.ns, sa(META4, HTTP_PORT))
+}
+
+/// Polls `f` until it holds; fails with `what` and `log` after [`DEADLINE`].
+fn wait_for(what: &str, log: &dyn Fn() -> String, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + DEADLINE;
+    while !f() {
+        assert!(
+            Instant::now() < end,
+            "timed out waiting for {what}; log:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// natguard's node tools (`adopt`, `reconcile`, `status`, `metrics`) as an operator on the
+/// node runs them, with `run_dir` as `/run/natguard` when given.
+fn node_tool(w: &World, args: &[&str], run_dir: Option<&Path>) -> common::run::Invocation {
+    let mut inv = Natguard::new().args(args);
+    if let Some(d) = run_dir {
+        inv = inv.bind_mount(d, "/run/natguard", Access::ReadOnly);
+    }
+    inv.run_in(&w.node)
+}
+
+fn natguard_entry(list: &Value) -> Value {
+    list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "natguard")
+        .unwrap()
+        .clone()
+}
+
+fn without_natguard(list: &Value) -> Value {
+    let mut l = list.clone();
+    l["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|p| p["type"] != "natguard");
+    l
+}
+
+/// Rules of natguard's node-wide guard in the node namespace (`guard` chains of its table).
+fn guard_rules(w: &World) -> usize {
+    let t = w.table().unwrap_or_default();
+    let mut n = 0;
+    let mut in_guard = false;
+    for line in t.lines() {
+        let l = line.trim();
+        if l.starts_with("chain ") {
+            in_guard = l.contains("guard");
+        } else if in_guard && !l.is_empty() && l != "}" && !l.starts_with("type ") {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// One tenant's typo in `20-storage.conflist` (`metadata.exemptNamespace`): after `nft flush
+/// ruleset` the other network's pod is proxied again and the guard is back; a watcher started
+/// with the list there inserts its own entry and reports ready; adopt and reconcile exit 0 and
+/// name the list; `status` and `metrics` name and count it. The same for a half-written list.
+#[test]
+fn a_bad_list_costs_only_its_own_network() {
+    let w = World::new("rel-badlist");
+    let good = w.list("repair", "1.0.0", 0, Some(w.natguard(json!({}))));
+    let chain = w.chain(good.clone());
+    let pod = w.add_pod(&chain, "web", "default");
+    // The storage network's pod was added while its entry was good.
+    let storage_good = w.list("storage", "1.0.0", 1, Some(w.natguard(json!({}))));
+    let storage = w.chain(storage_good.clone());
+    let db = w.add_pod(&storage, "db", "default");
+    assert_eq!(metadata_of(&pod), body("proxy"));
+    assert_eq!(metadata_of(&db), body("proxy"));
+
+    let netd = w.dir().join("net.d");
+    fs::create_dir_all(&netd).unwrap();
+    // The active list without natguard: the watcher must insert its entry.
+    fs::write(
+        netd.join("10-repair.conflist"),
+        serde_json::to_vec_pretty(&without_natguard(&good)).unwrap(),
+    )
+    .unwrap();
+    let mut broken = storage_good.clone();
+    broken["plugins"][1]["metadata"] = json!({ "exemptNamespace": ["kube-system"] });
+    fs::write(
+        netd.join("20-storage.conflist"),
+        serde_json::to_vec_pretty(&broken).unwrap(),
+    )
+    .unwrap();
+    // A list that is not JSON (an agent's write cut short).
+    fs::write(
+        netd.join("30-half.conflist"),
+        b"{\"cniVersion\":\"1.0.0\",\"na",
+    )
+    .unwrap();
+
+    let results = w.cache_dir().join("results");
+    let watcher = Watcher::spawn(&w, &natguard_entry(&good), &results, &[], "watcher.log");
+    let log = || watcher.log_text();
+    wait_for("the watcher to report ready", &log, || {
+        watcher.run_dir.join("ready").exists()
+    });
+    wait_for("self-repair to subscribe", &log, || {
+        watcher.state().is_some()
+    });
+    let active: Value =
+        serde_json::from_slice(&fs::read(netd.join("10-repair.conflist")).unwrap()).unwrap();
+    assert_eq!(
+        natguard_entry(&active)["type"],
+        "natguard",
+        "the watcher inserted its entry"
+    );
+
+    w.node.run(&["nft", "flush", "ruleset"]);
+    wait_for(
+        "the other network's pod to be proxied again",
+        &log,
+        || match metadata_of(&pod) {
+            o if o == body("proxy") => true,
+            // The window after the flush; it must close.
+            o if o == body("cloud") => false,
+            Outcome::Refused => false,
+            o => panic!("unexpected outcome after the flush: {o:?}"),
+        },
+    );
+    // Once repaired, the REAL server never answers the good network's pod again.
+    for _ in 0..5 {
+        assert_eq!(metadata_of(&pod), body("proxy"));
+    }
+    assert!(guard_rules(&w) > 0, "the node-wide guard is back");
+    // The broken network is left as it is: natguard cannot read its config, so it restores
+    // nothing of it; the node-wide guard still keeps its pod from the real server.
+    assert_ne!(
+        metadata_of(&db),
+        body("cloud"),
+        "the guard covers every pod"
+    );
+    let text = log();
+    assert!(
+        text.contains("20-storage.conflist") && text.contains("metadata.exemptNamespace"),
+        "the watcher logs the list and the field:\n{text}"
+    );
+    assert!(text.contains("30-half.conflist"), "{text}");
+    assert!(!text.contains("repair failed"), "{text}");
+
+    let netd_s = netd.to_str().unwrap();
+    let results_s = results.to_str().unwrap();
+    for verb in ["adopt", "reconcile"] {
+        let out = node_tool(
+            &w,
+            &[verb, "--netconf-dir", netd_s, "--cache-dir", results_s],
+            None,
+        );
+        assert_eq!(out.exit, Some(0), "{out}");
+        assert!(
+            out.stdout.contains("20-storage.conflist")
+                && out.stdout.contains("metadata.exemptNamespace")
+                && out.stdout.contains("30-half.conflist"),
+            "{verb} names the broken lists: {out}"
+        );
+        assert!(
+            out.stdout.contains("adopted  repair"),
+            "{verb} served the good network: {out}"
+        );
+        assert!(
+            out.stdout.contains("skipped  storage") && out.stdout.contains("left as it is"),
+            "{verb} left the broken network alone: {out}"
+        );
+    }
+
+    let status = node_tool(&w, &["status", "--json"], Some(&watcher.run_dir)).reply();
+    let files: Vec<String> = status["brokenLists"]
+        .as_array()
+        .unwrap_or_else(|| panic!("brokenLists in {status}"))
+        .iter()
+        .map(|b| b["file"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(files.len(), 2, "{status}");
+    assert!(files[0].ends_with("20-storage.conflist"), "{files:?}");
+    assert!(files[1].ends_with("30-half.conflist"), "{files:?}");
+    assert!(status["brokenLists"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("metadata.exemptNamespace"));
+    let text = node_tool(&w, &["status"], Some(&watcher.run_dir)).stdout;
+    assert!(
+        text.contains("BROKEN LIST") && text.contains("20-storage.conflist"),
+        "{text}"
+    );
+    let metrics = node_tool(&w, &["metrics"], Some(&watcher.run_dir)).stdout;
+    assert!(
+        metrics.lines().any(|l| l == "natguard_broken_lists 2"),
+        "{metrics}"
+    );
+
+    // Fixed, the list's network is served again.
+    fs::write(
+        netd.join("20-storage.conflist"),
+        serde_json::to_vec_pretty(&storage_good).unwrap(),
+    )
+    .unwrap();
+    fs::remove_file(netd.join("30-half.conflist")).unwrap();
+    w.node.run(&["nft", "flush", "ruleset"]);
+    wait_for("both pods to be proxied again", &log, || {
+        metadata_of(&pod) == body("proxy") && metadata_of(&db) == body("proxy")
+    });
+    drop(watcher);
+}
+
+/// The container IDs natguard has pods for in network `net` (`status --json`, as an operator
+/// on the node sees it).
+fn pods_of(w: &World, net: &str) -> Vec<String> {
+    let status = node_tool(w, &["status", "--json"], None).reply();
+    let mut ids: Vec<String> = status["networks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n["name"] == net)
+        .flat_map(|n| n["pods"].as_array().unwrap().clone())
+        .map(|p| p["containerId"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+/// natguard's tombstones of deleted attachments on the node.
+fn tombstones(w: &World) -> usize {
+    let dir = common::run::node_dir(&w.node).join("run/natguard/deleted");
+    fs::read_dir(dir).map_or(0, |rd| rd.count())
+}
+
+fn repairs(watcher: &Watcher) -> u64 {
+    watcher
+        .state()
+        .and_then(|s| s["repairs"].as_u64())
+        .unwrap_or(0)
+}
+
+/// `nft flush ruleset` on the node, then waits for the watcher's repair of it.
+fn flush_and_wait(w: &World, watcher: &Watcher) {
+    let before = repairs(watcher);
+    w.node.run(&["nft", "flush", "ruleset"]);
+    wait_for("the watcher's repair", &|| watcher.log_text(), || {
+        repairs(watcher) > before
+    });
+}
+
+/// A watcher over `chain`'s list that shares the node's `/run/natguard` with the CNI
+/// invocations, as the DaemonSet's hostPath mount gives it.
+fn node_watcher(w: &World, chain: &Chain, log: &str) -> Watcher {
+    let netd = w.dir().join("net.d");
+    fs::create_dir_all(&netd).unwrap();
+    fs::write(
+        netd.join("10-repair.conflist"),
+        serde_json::to_vec_pretty(&chain.list).unwrap(),
+    )
+    .unwrap();
+    let watcher = Watcher::spawn_with(
+        w,
+        &natguard_entry(&chain.list),
+        &w.cache_dir().join("results"),
+        &[],
+        log,
+        &[],
+        RunDir::Node,
+    );
+    wait_for("self-repair to subscribe", &|| watcher.log_text(), || {
+        watcher.state().is_some()
+    });
+    watcher
+}
+
+/// `adopt` or `reconcile` over the test's netconf dir and the node's cache; must exit 0.
+fn restore_tool(w: &World, verb: &str) -> String {
+    let netd = w.dir().join("net.d");
+    let results = w.cache_dir().join("results");
+    let out = node_tool(
+        w,
+        &[
+            verb,
+            "--netconf-dir",
+            netd.to_str().unwrap(),
+            "--cache-dir",
+            results.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert_eq!(out.exit, Some(0), "{out}");
+    out.stdout
+}
+
+/// libcni's order: natguard's DEL, then the primary's, then the cache entry is removed. A
+/// flush (self-repair), an adopt and a reconcile in that gap leave the pod deleted, and once
+/// the cache entry is gone natguard's record of the deletion goes too.
+#[test]
+fn a_pod_deleted_in_the_gap_before_the_primary_s_del_stays_deleted() {
+    let w = World::new("rel-gap");
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let web = w.add_pod(&chain, "web", "default");
+    let gone = w.add_pod(&chain, "gone", "default");
+    let watcher = node_watcher(&w, &chain, "watcher.log");
+    assert_eq!(pods_of(&w, "repair"), ["cid-gone", "cid-web"]);
+    let mut in_gap = Vec::new();
+    chain
+        .del_pausing(&gone.att, &mut |plugin| {
+            if plugin != "natguard" {
+                return;
+            }
+            in_gap.push(("after natguard's DEL", pods_of(&w, "repair")));
+            flush_and_wait(&w, &watcher);
+            in_gap.push(("after a flush's repair", pods_of(&w, "repair")));
+            let out = restore_tool(&w, "adopt");
+            assert!(out.contains("natguard's DEL has run for it"), "{out}");
+            in_gap.push(("after adopt", pods_of(&w, "repair")));
+            restore_tool(&w, "reconcile");
+            in_gap.push(("after reconcile", pods_of(&w, "repair")));
+        })
+        .unwrap();
+    for (when, pods) in &in_gap {
+        assert_eq!(pods, &["cid-web"], "{when}");
+    }
+    assert_eq!(metadata_of(&web), body("proxy"));
+    // The cache entry is gone: the next restore forgets the deletion.
+    assert_eq!(tombstones(&w), 1);
+    flush_and_wait(&w, &watcher);
+    assert_eq!(pods_of(&w, "repair"), ["cid-web"]);
+    assert_eq!(tombstones(&w), 0, "the record of the deletion is pruned");
+    // The same attachment added again is restored like any other.
+    w.try_attach(&chain, gone.ns.clone(), gone.att.clone())
+        .unwrap_or_else(|e| panic!("ADD again: {e}"));
+    flush_and_wait(&w, &watcher);
+    assert_eq!(pods_of(&w, "repair"), ["cid-gone", "cid-web"]);
+}
+
+/// CRI-O and podman DEL with the list as it is now, not the cached one: a pod that started
+/// before natguard was in its list, adopted, then deleted with the current list (natguard's
+/// DEL first), stays deleted through a flush and an adopt in the gap.
+#[test]
+fn a_pod_adopted_then_deleted_with_the_current_list_stays_deleted() {
+    let w = World::new("rel-crio");
+    let list = w.list("repair", "1.0.0", 0, Some(w.natguard(json!({}))));
+    let before = w.chain(without_natguard(&list));
+    let web = w.add_pod(&before, "web", "default");
+    let old = w.add_pod(&before, "old", "default");
+    let chain = w.chain(list);
+    let watcher = node_watcher(&w, &chain, "watcher.log");
+    restore_tool(&w, "adopt");
+    assert_eq!(pods_of(&w, "repair"), ["cid-old", "cid-web"]);
+    let mut in_gap = Vec::new();
+    chain
+        .del_pausing(&old.att, &mut |plugin| {
+            if plugin != "natguard" {
+                return;
+            }
+            flush_and_wait(&w, &watcher);
+            in_gap.push(("after a flush's repair", pods_of(&w, "repair")));
+            restore_tool(&w, "adopt");
+            in_gap.push(("after adopt", pods_of(&w, "repair")));
+        })
+        .unwrap();
+    for (when, pods) in &in_gap {
+        assert_eq!(pods, &["cid-web"], "{when}");
+    }
+    assert_eq!(metadata_of(&web), body("proxy"));
+}
