@@ -399,3 +399,95 @@ fn a_pod_adopted_then_deleted_with_the_current_list_stays_deleted() {
     }
     assert_eq!(metadata_of(&web), body("proxy"));
 }
+
+/// `status` and `natguard_self_repair_running` describe the watcher that holds the lock: 1
+/// while a repairing watcher runs, 0 once it has exited, and 0 (with the record's counts kept
+/// and "OFF" said) while the running watcher was started with `--no-repair`, whose flush
+/// stays unrepaired.
+#[test]
+fn status_tells_whether_self_repair_runs() {
+    let w = World::new("rel-status");
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    let netd = w.dir().join("net.d");
+    fs::create_dir_all(&netd).unwrap();
+    fs::write(
+        netd.join("10-repair.conflist"),
+        serde_json::to_vec_pretty(&chain.list).unwrap(),
+    )
+    .unwrap();
+    let entry = natguard_entry(&chain.list);
+    let results = w.cache_dir().join("results");
+    let said = |run_dir: &Path| {
+        let status = node_tool(&w, &["status", "--json"], Some(run_dir)).reply();
+        let metrics = node_tool(&w, &["metrics"], Some(run_dir)).stdout;
+        let metric = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("natguard_self_repair_running "))
+            .map(str::to_string);
+        let text = node_tool(&w, &["status"], Some(run_dir)).stdout;
+        (status["selfRepair"].clone(), metric, text)
+    };
+
+    let first = Watcher::spawn(&w, &entry, &results, &[], "first.log");
+    wait_for("self-repair to subscribe", &|| first.log_text(), || {
+        first.state().is_some()
+    });
+    let run_dir = first.run_dir.clone();
+    let (sr, metric, _) = said(&run_dir);
+    assert_eq!(sr["running"], true, "{sr}");
+    assert_eq!(metric.as_deref(), Some("1"));
+    flush_and_wait(&w, &first);
+    let repairs = repairs(&first);
+    drop(first);
+
+    let (sr, metric, text) = said(&run_dir);
+    assert_eq!(sr["running"], false, "an exited watcher: {sr}");
+    assert_eq!(metric.as_deref(), Some("0"));
+    assert!(text.contains("is not running"), "{text}");
+
+    let second = Watcher::spawn_with(
+        &w,
+        &entry,
+        &results,
+        &[],
+        "second.log",
+        &["--no-repair"],
+        RunDir::Own,
+    );
+    // It holds the lock once it adopts (it took the lock before anything else).
+    wait_for(
+        "the --no-repair watcher to run",
+        &|| second.log_text(),
+        || second.log_text().contains("natguard adopt: done"),
+    );
+    let (sr, metric, text) = said(&run_dir);
+    assert_eq!(sr["running"], false, "a --no-repair watcher: {sr}");
+    assert_eq!(sr["repairing"], false, "{sr}");
+    assert_eq!(sr["pid"], second.pid(), "{sr}");
+    assert_eq!(sr["repairs"], repairs, "the counts stay: {sr}");
+    assert_eq!(metric.as_deref(), Some("0"));
+    assert!(text.contains("self-repair: OFF"), "{text}");
+    // And indeed nothing repairs.
+    w.node.run(&["nft", "flush", "ruleset"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(metadata_of(&pod), body("cloud"), "no self-repair runs");
+    assert_eq!(said(&run_dir).0["running"], false);
+    drop(second);
+
+    // A repairing watcher again: running once more, counts continued.
+    let third = Watcher::spawn(&w, &entry, &results, &[], "third.log");
+    wait_for(
+        "self-repair to take the record",
+        &|| third.log_text(),
+        || {
+            third
+                .state()
+                .is_some_and(|s| s["repairing"] == true && s["pid"] == third.pid())
+        },
+    );
+    let (sr, metric, _) = said(&run_dir);
+    assert_eq!(sr["running"], true, "{sr}");
+    assert_eq!(metric.as_deref(), Some("1"));
+    assert!(sr["repairs"].as_u64().unwrap() >= repairs);
+}

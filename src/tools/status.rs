@@ -85,10 +85,9 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
 /// The record of the node's `install --watch`, if one runs (or ran) with the default
 /// readiness file.
 fn read_self_repair() -> Option<report::RepairStats> {
-    use crate::tools::watcher::{read_state, watcher_running, DEFAULT_READY_FILE, STATE_FILE};
-    let mut sr = read_state(std::path::Path::new(STATE_FILE))?;
-    sr.running = watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
-    Some(sr)
+    use crate::tools::watcher::{read_state, DEFAULT_READY_FILE, STATE_FILE};
+    let sr = read_state(std::path::Path::new(STATE_FILE))?;
+    Some(sr.with_running(std::path::Path::new(DEFAULT_READY_FILE)))
 }
 
 /// The netconf dir the node's watcher runs with (recorded beside its readiness file), else the

@@ -91,7 +91,14 @@ pub(crate) fn take_watch_lock(
     }
     file.set_len(0)?;
     file.rewind()?;
-    writeln!(file, "{}", std::process::id())?;
+    // The pid for people, then the instance that tells this watcher from an earlier one of
+    // the same pid (readers compare it with the repair record's).
+    writeln!(
+        file,
+        "{}\n{}",
+        std::process::id(),
+        crate::tools::watcher::instance()
+    )?;
     Ok(Waited::Held(WatchLock { _file: file }))
 }
 
@@ -99,8 +106,8 @@ pub(crate) fn take_watch_lock(
 fn holder(file: &mut File) -> Option<u32> {
     let mut s = String::new();
     file.rewind().ok()?;
-    file.take(32).read_to_string(&mut s).ok()?;
-    s.trim().parse().ok()
+    file.take(256).read_to_string(&mut s).ok()?;
+    s.lines().next()?.trim().parse().ok()
 }
 
 /// The directories `install --watch` runs with, as recorded for `--check`.

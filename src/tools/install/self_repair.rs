@@ -130,6 +130,8 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     }
     let mut stats = RepairStats {
         pid: std::process::id(),
+        instance: Some(crate::tools::watcher::instance().to_string()),
+        repairing: true,
         ..previous.unwrap_or_default()
     };
     write_state(state_file, &mut stats);
@@ -259,6 +261,26 @@ fn what_was_checked(r: &restore::Repair) -> String {
     format!("{shared} and {} cached pod(s)", r.pods)
 }
 
+/// A watcher that does not repair (`--no-repair`, `--no-adopt`) takes over the record an
+/// earlier watcher left, if any: its counts stay, and it says that no self-repair runs now.
+/// Without a record there is nothing to say: no file is made.
+pub fn disown(state_file: &Path) {
+    let Some(previous) = read_state(state_file) else {
+        return;
+    };
+    crate::info!(
+        "self-repair is off; the record of pid {} stays, marked as not repairing",
+        previous.pid
+    );
+    let mut stats = RepairStats {
+        pid: std::process::id(),
+        instance: Some(crate::tools::watcher::instance().to_string()),
+        repairing: false,
+        ..previous
+    };
+    write_state(state_file, &mut stats);
+}
+
 fn write_state(path: &Path, stats: &mut RepairStats) {
     stats.updated = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -330,6 +352,8 @@ mod tests {
             last_repair_ms: Some(23.5),
             last_cause: Some("nft (pid 9) changed 3 object(s) of natguard's tables".into()),
             updated: Some(1.6e9),
+            instance: Some("7-1600000000000000000".into()),
+            repairing: false,
             running: None,
         };
         assert_eq!(RepairStats::from_json(&s.to_json()), Some(s));

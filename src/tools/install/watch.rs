@@ -170,6 +170,8 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
             node_guard: entry_config(&opts),
         };
         self_repair::start(adopt_opts, self_repair::state_file_beside(&opts.ready_file));
+    } else {
+        self_repair::disown(&self_repair::state_file_beside(&opts.ready_file));
     }
     if let Some(addr) = opts.metrics_listen {
         // A port that cannot be bound is logged; the watcher's work goes on without it.

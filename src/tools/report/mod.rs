@@ -344,7 +344,13 @@ fn write_guard(out: &mut String, r: &NodeReport) {
 
 /// The watcher's self-repair, in one line.
 fn write_self_repair(out: &mut String, sr: &RepairStats) {
-    if sr.running == Some(false) {
+    if !sr.repairing {
+        let _ = write!(
+            out,
+            "self-repair: OFF (install --watch pid {} runs with --no-repair or --no-adopt); before it: ",
+            sr.pid
+        );
+    } else if sr.running == Some(false) {
         let from = sr
             .updated
             .map_or_else(|| "an unknown time".to_string(), utc_time);
@@ -639,12 +645,21 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
             "bridge": r.bridge_guard.map(|awake| if awake { "awake" } else { "asleep" }),
         },
         "networks": networks,
-        "brokenLists": r.broken_lists.iter().map(|b| json!({
-            "file": b.file.display().to_string(),
-            "network": b.network,
-            "reason": b.reason,
-        })).collect::<Vec<_>>(),
     });
+    // Only where a list is broken: on a sound node the document is unchanged.
+    if !r.broken_lists.is_empty() {
+        doc["brokenLists"] = r
+            .broken_lists
+            .iter()
+            .map(|b| {
+                json!({
+                    "file": b.file.display().to_string(),
+                    "network": b.network,
+                    "reason": b.reason,
+                })
+            })
+            .collect();
+    }
     // Only where a watcher repairs: without --watch the document is unchanged.
     if let Some(sr) = &r.self_repair {
         doc["selfRepair"] = sr.to_json();
@@ -854,8 +869,9 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         "natguard_self_repair_running",
         Gauge,
         &[],
-        "1 if the install --watch that keeps the self-repair record holds the watcher lock \
-         (it runs), 0 if the record is left from a watcher that exited.",
+        "1 if the install --watch that holds the watcher lock keeps the self-repair record \
+         and repairs, 0 if the record is left from a watcher that exited or the running one \
+         does not repair (--no-repair).",
     );
     if let Some(sr) = &r.self_repair {
         if let Some(running) = sr.running {
