@@ -301,10 +301,58 @@ fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
         Error::InvalidConfig("prevResult: missing; CHECK needs the cached result of ADD".into())
     })?;
     let who = identity(env, conf);
-    let p = prepare_pod(&conf.natguard, &who, prev, crate::prepare::inspect(&who)?)?;
+    let link = crate::prepare::inspect(&who)?;
     let mut store = store::open()?;
+    match check_against(&mut store, &conf.natguard, &who, prev, link.clone()) {
+        // A ConfigMap change converges running pods (the watcher's adopt), while a runtime
+        // may CHECK with the list of the pod's ADD: a pod that matches natguard's entry of
+        // its network in the node's list as it is now is where natguard put it.
+        Err(Error::CheckFailed(why)) => {
+            let Some((dir, current)) = current_entry(&conf.name) else {
+                return Err(Error::CheckFailed(why));
+            };
+            match check_against(&mut store, &current, &who, prev, link) {
+                Ok(()) => {
+                    info!(
+                        "CHECK: the pod follows natguard's entry of network {} in {} as it is now, \
+                         not the configuration given ({why})",
+                        conf.name,
+                        dir.display()
+                    );
+                    Ok(())
+                }
+                Err(_) => Err(Error::CheckFailed(why)),
+            }
+        }
+        r => r,
+    }
+}
+
+/// CHECK of one pod against the plan of `cfg`.
+fn check_against<K: Kernel>(
+    store: &mut Store<K>,
+    cfg: &Config,
+    who: &Identity<'_>,
+    prev: &Value,
+    link: Option<kernel::podside::PodLink>,
+) -> Result<()> {
+    let p = prepare_pod(cfg, who, prev, link)?;
     store.check_shared(&p.shared)?;
     store.check_pod(&p.shared.names, &p.pod)
+}
+
+/// natguard's entry of `network` in the node's netconf dir (the one the watcher records beside
+/// its readiness file, else the default) and that dir; `None` where no list of it names
+/// natguard or its entry does not parse.
+fn current_entry(network: &str) -> Option<(std::path::PathBuf, Config)> {
+    let ready = std::path::Path::new(crate::tools::watcher::DEFAULT_READY_FILE);
+    let dir = crate::tools::install::record::read_options(ready)
+        .map(|r| r.netconf_dir)
+        .unwrap_or_else(|| crate::restore::DEFAULT_NETCONF_DIR.into());
+    let cfg = crate::restore::natguard_networks(&dir)
+        .ok()?
+        .remove(network)?;
+    Some((dir, cfg))
 }
 
 fn cmd_gc(conf: &NetConf) -> Result<()> {

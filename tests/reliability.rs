@@ -491,3 +491,82 @@ fn status_tells_whether_self_repair_runs() {
     assert_eq!(metric.as_deref(), Some("1"));
     assert!(sr["repairs"].as_u64().unwrap() >= repairs);
 }
+
+/// Replaces the watcher's `--config` file as a ConfigMap update does (a new file renamed over
+/// it).
+fn set_config(w: &World, entry: &Value) {
+    let file = w.dir().join("natguard-entry.json");
+    let tmp = w.dir().join(".natguard-entry.json.new");
+    fs::write(&tmp, serde_json::to_vec(entry).unwrap()).unwrap();
+    fs::rename(&tmp, &file).unwrap();
+}
+
+/// A ConfigMap change converges running pods, both ways: tightened to `deny`, a running
+/// proxy-mode pod's metadata connections are reset (never answered by the real server) and
+/// its CHECK passes, with the list as it now is and with the list of its ADD (a runtime that
+/// CHECKs with the cached config); loosened back to `proxy`, the pod is proxied again and
+/// CHECK passes again with either list.
+#[test]
+fn a_configmap_change_converges_running_pods_both_ways_and_check_passes() {
+    let w = World::new("rel-configmap");
+    let proxy = w.list("repair", "1.0.0", 0, Some(w.natguard(json!({}))));
+    let deny = w.list(
+        "repair",
+        "1.0.0",
+        0,
+        Some(w.natguard(json!({ "metadata": { "mode": "deny" } }))),
+    );
+    let chain = w.chain(proxy.clone());
+    let web = w.add_pod(&chain, "web", "default");
+    let watcher = node_watcher(&w, &chain, "watcher.log");
+    let log = || watcher.log_text();
+    wait_for("the first adopt", &log, || {
+        log().contains("natguard adopt: done")
+    });
+    chain.check(&web.att).unwrap();
+
+    // Tighten.
+    set_config(&w, &natguard_entry(&deny));
+    wait_for("the running pod to be reset", &log, || {
+        match metadata_of(&web) {
+            Outcome::Refused => true,
+            o if o == body("proxy") => false,
+            o => panic!("tightening: unexpected outcome {o:?}"),
+        }
+    });
+    // The list in the netconf dir is what runtimes CHECK with from now on.
+    let active = || -> Value {
+        serde_json::from_slice(&fs::read(w.dir().join("net.d/10-repair.conflist")).unwrap())
+            .unwrap()
+    };
+    assert_eq!(natguard_entry(&active())["metadata"]["mode"], "deny");
+    let deny_chain = w.chain(active());
+    wait_for("CHECK to pass with the tightened list", &log, || {
+        deny_chain.check(&web.att).is_ok()
+    });
+    deny_chain.check(&web.att).unwrap();
+    // A runtime that CHECKs with the list of the pod's ADD: the pod follows the node's list.
+    chain.check(&web.att).unwrap();
+
+    // Loosen.
+    set_config(&w, &natguard_entry(&proxy));
+    wait_for(
+        "the running pod to be proxied again",
+        &log,
+        || match metadata_of(&web) {
+            o if o == body("proxy") => true,
+            Outcome::Refused => false,
+            o => panic!("loosening: unexpected outcome {o:?}"),
+        },
+    );
+    assert!(natguard_entry(&active())["metadata"].get("mode").is_none());
+    let chain = w.chain(active());
+    wait_for("CHECK to pass with the loosened list", &log, || {
+        chain.check(&web.att).is_ok()
+    });
+    chain.check(&web.att).unwrap();
+    deny_chain.check(&web.att).unwrap();
+    // A pod added after the change has the same policy as the running one.
+    let late = w.add_pod(&chain, "late", "default");
+    assert_eq!(metadata_of(&late), body("proxy"));
+}
