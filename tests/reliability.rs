@@ -570,3 +570,137 @@ fn a_configmap_change_converges_running_pods_both_ways_and_check_passes() {
     let late = w.add_pod(&chain, "late", "default");
     assert_eq!(metadata_of(&late), body("proxy"));
 }
+
+/// Churn in libcni's order with the primary's DEL 100 ms slow, while the ConfigMap changes
+/// every second and the ruleset is flushed every 700 ms: natguard's pods stay within what is
+/// alive or being deleted, and end exactly the live pods, with no tombstone left.
+/// `NATGUARD_CHURN_PODS` (default 60) pods pass through, six at a time.
+#[test]
+fn churn_with_a_slow_primary_del_configmap_changes_and_flushes_ends_with_the_live_pods() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    const WORKERS: usize = 6;
+    let total: usize = std::env::var("NATGUARD_CHURN_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60);
+    let per_worker = total.div_ceil(WORKERS);
+    let w = World::new("rel-churn");
+    let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let steady = w.add_pod(&chain, "steady", "default");
+    let watcher = node_watcher(&w, &chain, "watcher.log");
+    let entry = natguard_entry(&chain.list);
+    let done = AtomicBool::new(false);
+    let flushes = AtomicUsize::new(0);
+    let changes = AtomicUsize::new(0);
+    let most = AtomicUsize::new(0);
+    // The pods whose natguard DEL has returned, and those of them a repair brought back.
+    let deleted = std::sync::Mutex::new(std::collections::HashSet::<String>::new());
+    let back = std::sync::Mutex::new(Vec::<String>::new());
+    let live: Vec<String> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..WORKERS)
+            .map(|t| {
+                let (w, chain, deleted) = (&w, &chain, &deleted);
+                s.spawn(move || {
+                    let mut last: Option<(String, Pod)> = None;
+                    for k in 0..per_worker {
+                        let role = format!("c{t}x{k}");
+                        let ns = w.h.netns(&role);
+                        let att =
+                            Attachment::new(&format!("cid-{role}"), &ns).k8s("default", &role);
+                        let pod = w
+                            .try_attach(chain, ns, att)
+                            .unwrap_or_else(|e| panic!("ADD {role}: {e}"));
+                        if let Some((gone, pod)) = last.replace((role, pod)) {
+                            chain
+                                .del_pausing(&pod.att, &mut |plugin| {
+                                    if plugin == "natguard" {
+                                        deleted.lock().unwrap().insert(format!("cid-{gone}"));
+                                        // The primary's DEL is slow.
+                                        std::thread::sleep(Duration::from_millis(100));
+                                    }
+                                })
+                                .unwrap_or_else(|e| panic!("DEL {gone}: {e}"));
+                        }
+                    }
+                    format!("cid-{}", last.unwrap().0)
+                })
+            })
+            .collect();
+        let (w, done, flushes, changes, most) = (&w, &done, &flushes, &changes, &most);
+        let (deleted, back, watcher) = (&deleted, &back, &watcher);
+        let entry = entry.clone();
+        s.spawn(move || {
+            let mut on = false;
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(1000));
+                on = !on;
+                let mut e = entry.clone();
+                e["conntrack"] = json!({ "flushOnAdd": on });
+                set_config(w, &e);
+                changes.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+        s.spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(700));
+                most.fetch_max(pods_of(w, "repair").len(), Ordering::SeqCst);
+                let gone = deleted.lock().unwrap().clone();
+                flush_and_wait(w, watcher);
+                flushes.fetch_add(1, Ordering::SeqCst);
+                let again: Vec<String> = pods_of(w, "repair")
+                    .into_iter()
+                    .filter(|p| gone.contains(p))
+                    .collect();
+                back.lock().unwrap().extend(again);
+            }
+        });
+        let live = workers.into_iter().map(|h| h.join().unwrap()).collect();
+        done.store(true, Ordering::SeqCst);
+        live
+    });
+    let mut want: Vec<String> = live;
+    want.push("cid-steady".into());
+    want.sort();
+    // Settled: the last adopt after a change, then one more repair.
+    set_config(&w, &entry);
+    wait_for(
+        "the last ConfigMap change to be adopted",
+        &|| watcher.log_text(),
+        || {
+            natguard_entry(
+                &serde_json::from_slice::<Value>(
+                    &fs::read(w.dir().join("net.d/10-repair.conflist")).unwrap(),
+                )
+                .unwrap(),
+            )
+            .get("conntrack")
+            .is_none()
+        },
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    flush_and_wait(&w, &watcher);
+    let got = pods_of(&w, "repair");
+    println!(
+        "churn: {} pods through {WORKERS} workers, {} flushes, {} ConfigMap changes; at most {} pods recorded before a flush; at the end {} recorded, {} live, {} tombstone(s)",
+        per_worker * WORKERS,
+        flushes.load(Ordering::SeqCst),
+        changes.load(Ordering::SeqCst),
+        most.load(Ordering::SeqCst),
+        got.len(),
+        want.len(),
+        tombstones(&w)
+    );
+    assert_eq!(
+        back.lock().unwrap().as_slice(),
+        &[] as &[String],
+        "a repair brought back pods whose DEL natguard had run"
+    );
+    assert_eq!(got, want, "natguard's pods are exactly the live ones");
+    assert!(
+        most.load(Ordering::SeqCst) <= 2 * WORKERS + 1,
+        "never more than what is alive or being deleted"
+    );
+    assert_eq!(tombstones(&w), 0, "no record of deleted pods is left");
+    assert_eq!(metadata_of(&steady), body("proxy"));
+    assert!(flushes.load(Ordering::SeqCst) > 0 && changes.load(Ordering::SeqCst) > 0);
+}
