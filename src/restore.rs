@@ -664,7 +664,48 @@ pub struct Repair {
 /// committed (one attachment over its owner limit, say), the pods are installed one by one,
 /// so one bad entry does not keep the others unprotected.
 pub fn repair(opts: &Options) -> Result<Repair> {
+    repair_with(opts, &mut Memo::default())
+}
+
+/// What the watcher's repairs keep from one to the next: each cached attachment's plan,
+/// reused while its cache file (device, inode, mtime, size), its network's entry, the node
+/// facts its plan was made with and its network namespace are as they were. Planning a pod
+/// asks the kernel about its interface from inside its network namespace, its host side and
+/// the node's addresses; after a flush every pod is planned again, so on a node with a
+/// hundred pods that is most of a repair's CPU, and under a CPU quota most of its time. An
+/// ADD of the same attachment rewrites its cache file, so it is planned afresh. Bounded by
+/// the cache: entries whose file is gone are dropped at every repair.
+#[derive(Debug, Default)]
+pub struct Memo {
+    plans: std::collections::HashMap<PathBuf, Memoized>,
+}
+
+#[derive(Debug)]
+struct Memoized {
+    stamp: (u64, u64, i64, i64, u64),
+    owner: OwnerKey,
+    network: String,
+    netns: String,
+    cfg: Config,
+    facts: crate::plan::NodeFacts,
+    prepared: Prepared,
+}
+
+fn stamp_of(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
+}
+
+/// [`repair`] with the plans of earlier repairs ([`Memo`]).
+pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
     let networks = scan_networks(&opts.netconf_dir)?;
+    let facts: BTreeMap<&String, crate::plan::NodeFacts> = networks
+        .configs
+        .iter()
+        .map(|(n, cfg)| (n, crate::node::facts(cfg)))
+        .collect();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
     let mut out = Repair {
         broken: networks.broken.clone(),
         ..Repair::default()
@@ -673,6 +714,23 @@ pub fn repair(opts: &Options) -> Result<Repair> {
     let deleted = crate::deleted::read();
     let mut cached = HashSet::new();
     for path in cache_files(&opts.cache_dir)? {
+        seen.insert(path.clone());
+        let stamp = stamp_of(&path);
+        if let Some(m) = memo.plans.get(&path).filter(|m| {
+            Some(m.stamp) == stamp
+                && networks.configs.get(&m.network) == Some(&m.cfg)
+                && facts.get(&m.network) == Some(&m.facts)
+                && (m.netns.is_empty() || Path::new(&m.netns).exists())
+        }) {
+            cached.insert(m.owner);
+            if deleted.contains(&m.owner) {
+                out.skipped += 1;
+            } else {
+                prepared.push(m.prepared.clone());
+            }
+            continue;
+        }
+        memo.plans.remove(&path);
         let Ok(entry) = read_cache_entry(&path) else {
             out.skipped += 1;
             continue;
@@ -684,7 +742,27 @@ pub fn repair(opts: &Options) -> Result<Repair> {
             continue;
         }
         match prepare_entry(&entry, &networks) {
-            Ok((p, _)) => prepared.push(p),
+            Ok((p, _)) => {
+                if let (Some(stamp), Some(cfg), Some(f)) = (
+                    stamp,
+                    networks.configs.get(&entry.network),
+                    facts.get(&entry.network),
+                ) {
+                    memo.plans.insert(
+                        path.clone(),
+                        Memoized {
+                            stamp,
+                            owner,
+                            network: entry.network.clone(),
+                            netns: sandbox_of(&entry.result, &entry.ifname).unwrap_or_default(),
+                            cfg: cfg.clone(),
+                            facts: *f,
+                            prepared: p.clone(),
+                        },
+                    );
+                }
+                prepared.push(p)
+            }
             Err(Outcome::Failed { reason }) => out.failed.push(format!(
                 "{} {} {}: {reason}",
                 entry.network, entry.container_id, entry.ifname
@@ -693,6 +771,7 @@ pub fn repair(opts: &Options) -> Result<Repair> {
         }
     }
     crate::deleted::prune(&cached);
+    memo.plans.retain(|p, _| seen.contains(p));
     out.pods = prepared.len();
     // Every network's shared objects, pods or not: after a flush on a node whose networks
     // have no pod yet, the node-wide guard comes back too.

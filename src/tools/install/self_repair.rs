@@ -142,6 +142,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     );
     let mut burst: Option<Burst> = None;
     let mut broken_seen = Vec::new();
+    let mut memo = restore::Memo::default();
     let mut check_due = Instant::now() + CHECK_EVERY;
     // When the last repair ended: the next one waits until BURST_MAX after it.
     let mut last_end: Option<Instant> = None;
@@ -169,7 +170,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         };
         burst = None;
         check_due = Instant::now() + CHECK_EVERY;
-        if repair_once(opts, &cause, since, &mut stats, &mut broken_seen) {
+        if repair_once(opts, &cause, since, &mut stats, &mut broken_seen, &mut memo) {
             last_end = Some(Instant::now());
         }
         write_state(state_file, &mut stats);
@@ -183,9 +184,10 @@ fn repair_once(
     since: Instant,
     stats: &mut RepairStats,
     broken_seen: &mut Vec<String>,
+    memo: &mut restore::Memo,
 ) -> bool {
     stats.checks += 1;
-    let result = restore::repair(opts);
+    let result = restore::repair_with(opts, memo);
     if let Ok(r) = &result {
         note_broken(&r.broken, broken_seen);
     }
