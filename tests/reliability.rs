@@ -228,6 +228,13 @@ fn a_bad_list_costs_only_its_own_network() {
         metrics.lines().any(|l| l == "natguard_broken_lists 2"),
         "{metrics}"
     );
+    // The readiness probe: ready (the node is protected), and it names the list.
+    let probe = node_tool(&w, &["install", "--check"], Some(&watcher.run_dir));
+    assert_eq!(probe.exit, Some(0), "{probe}");
+    assert!(
+        probe.stdout.starts_with("ready:") && probe.stdout.contains("20-storage.conflist"),
+        "{probe}"
+    );
 
     // Fixed, the list's network is served again.
     fs::write(
