@@ -11,26 +11,47 @@
 //! that have one, and a restore that was planned before the tombstone appeared takes back what
 //! it installed (see [`crate::restore::repair`]). An ADD of the same attachment removes it.
 //!
-//! The record is bounded by the cache, not by history: every restore removes the tombstones
-//! whose attachment has no cache entry left ([`prune`]); the watcher checks every minute.
+//! The record is bounded by the cache, not by history: a tombstone is written only while the
+//! runtime's cache entry exists (libcni's default cache, `/var/lib/cni/results`, which
+//! containerd, CRI-O and podman use), every DEL removes the tombstones whose entry is gone,
+//! and every restore removes those whose attachment has no entry in its cache ([`prune`]);
+//! the directory goes with its last tombstone.
 //! It lives under `/run`, so a reboot (which also empties the runtime's state) forgets it.
 //! A tombstone that cannot be written (a read-only `/run/natguard`) is logged, and DEL goes on.
 
 use crate::plan::OwnerKey;
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// The directory of tombstones, beside the node lock.
 pub fn dir() -> PathBuf {
     crate::lock::run_dir().join("deleted")
 }
 
-/// Records that natguard's DEL runs for `owner` (`who` is written into the file for the
-/// operator); called before the attachment's entries are removed.
-pub(crate) fn record(owner: OwnerKey, who: &str) {
+/// libcni's cache entry of an attachment in the runtimes' default cache:
+/// `<cache>/<network>-<container ID>-<ifname>`.
+fn cache_entry(network: &str, container_id: &str, ifname: &str) -> PathBuf {
+    Path::new(crate::restore::DEFAULT_CACHE_DIR).join(format!("{network}-{container_id}-{ifname}"))
+}
+
+/// Records that natguard's DEL runs for `owner`; called before the attachment's entries are
+/// removed. Only while the runtime's cache entry of it exists: without one nothing can
+/// restore it. The tombstone names that entry, and every DEL removes the tombstones whose
+/// entry is gone, so without a watcher too the record holds only attachments in the gap.
+pub(crate) fn record(owner: OwnerKey, network: &str, container_id: &str, ifname: &str) {
+    prune_gone();
+    let entry = cache_entry(network, container_id, ifname);
+    if !entry.exists() {
+        return;
+    }
     let d = dir();
+    let name = entry
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
     let r = std::fs::create_dir_all(&d)
-        .and_then(|()| std::fs::write(d.join(owner.hex()), format!("{who}\n")));
+        .and_then(|()| std::fs::write(d.join(owner.hex()), format!("{name}\n")));
     if let Err(e) = r {
         crate::warn!(
             "cannot record the DEL of {} in {} ({e}): a restore from the runtime's cache before \
@@ -45,7 +66,10 @@ pub(crate) fn record(owner: OwnerKey, who: &str) {
 pub(crate) fn forget(owner: OwnerKey) {
     let path = dir().join(owner.hex());
     match std::fs::remove_file(&path) {
-        Ok(()) => crate::debug!("{}: added again", path.display()),
+        Ok(()) => {
+            crate::debug!("{}: added again", path.display());
+            remove_dir_if_empty();
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => crate::warn!("{}: {e}", path.display()),
     }
@@ -69,4 +93,35 @@ pub(crate) fn prune(cached: &HashSet<OwnerKey>) {
             let _ = std::fs::remove_file(dir().join(owner.hex()));
         }
     }
+    remove_dir_if_empty();
+}
+
+/// Removes the tombstones whose cache entry (the name they hold) is gone from the default
+/// cache.
+fn prune_gone() {
+    let Ok(rd) = std::fs::read_dir(dir()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Ok(text) = std::fs::read_to_string(e.path()) else {
+            continue;
+        };
+        let name = text.trim();
+        let gone = name.is_empty()
+            || name.contains('/')
+            || !Path::new(crate::restore::DEFAULT_CACHE_DIR)
+                .join(name)
+                .exists();
+        if gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    remove_dir_if_empty();
+}
+
+/// The directory goes with its last tombstone: natguard's runtime directory holds files of
+/// fixed names only, none per pod, when no pod is being deleted.
+fn remove_dir_if_empty() {
+    // Fails while a tombstone is there (or another DEL just made one): then it stays.
+    let _ = std::fs::remove_dir(dir());
 }

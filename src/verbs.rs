@@ -269,10 +269,7 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
         .collect();
     // Before the entries go: a restore from the runtime's cache, which keeps the attachment
     // until every plugin's DEL has run, must not bring them back.
-    crate::deleted::record(
-        owner,
-        &format!("{} {} {}", conf.name, env.container_id, env.ifname),
-    );
+    crate::deleted::record(owner, &conf.name, &env.container_id, &env.ifname);
     let mut store = match store::open() {
         Ok(s) => s,
         Err(e) if kernel::is_unavailable(&e) => {

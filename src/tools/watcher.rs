@@ -45,8 +45,9 @@ pub struct RepairStats {
     pub last_cause: Option<String>,
     /// Unix time the record was last written, in seconds.
     pub updated: Option<f64>,
-    /// The writer's [`instance`]: the lock holder is the writer only if its lock names the
-    /// same (pids repeat across containers: a DaemonSet's watcher is often pid 1).
+    /// The writer's [`instance`]: the lock holder is the writer only if the instance it
+    /// records beside its lock (`install.json`) is the same (pids repeat across containers: a
+    /// DaemonSet's watcher is often pid 1).
     pub instance: Option<String>,
     /// Whether the writer repairs: a watcher started with `--no-repair` (or `--no-adopt`) that
     /// took over an earlier watcher's record says it does not.
@@ -135,8 +136,8 @@ impl RepairStats {
     }
 }
 
-/// This process's identity as a watcher: its pid and start time, written into the lock it
-/// holds and the record it writes.
+/// This process's identity as a watcher: its pid and start time, written beside the lock it
+/// holds (`install.json`) and into the record it writes.
 pub fn instance() -> &'static str {
     static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     ID.get_or_init(|| {
@@ -179,11 +180,14 @@ pub fn lock_holder(ready_file: &Path) -> Holder {
     match watcher_running(ready_file) {
         None => Holder::Unknown,
         Some(false) => Holder::None,
-        Some(true) => {
-            let text = std::fs::read(lock_file_beside(ready_file)).unwrap_or_default();
-            let text = String::from_utf8_lossy(&text[..text.len().min(256)]).into_owned();
-            Holder::Held(text.lines().nth(1).map(|l| l.trim().to_string()))
-        }
+        // The holder records its instance in `install.json` once it holds the lock.
+        Some(true) => Holder::Held(
+            std::fs::read(parent(ready_file).join("install.json"))
+                .ok()
+                .filter(|b| b.len() <= 64 * 1024)
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v.get("instance")?.as_str().map(str::to_string)),
+        ),
     }
 }
 

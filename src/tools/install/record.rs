@@ -91,14 +91,7 @@ pub(crate) fn take_watch_lock(
     }
     file.set_len(0)?;
     file.rewind()?;
-    // The pid for people, then the instance that tells this watcher from an earlier one of
-    // the same pid (readers compare it with the repair record's).
-    writeln!(
-        file,
-        "{}\n{}",
-        std::process::id(),
-        crate::tools::watcher::instance()
-    )?;
+    writeln!(file, "{}", std::process::id())?;
     Ok(Waited::Held(WatchLock { _file: file }))
 }
 
@@ -106,8 +99,8 @@ pub(crate) fn take_watch_lock(
 fn holder(file: &mut File) -> Option<u32> {
     let mut s = String::new();
     file.rewind().ok()?;
-    file.take(256).read_to_string(&mut s).ok()?;
-    s.lines().next()?.trim().parse().ok()
+    file.take(32).read_to_string(&mut s).ok()?;
+    s.trim().parse().ok()
 }
 
 /// The directories `install --watch` runs with, as recorded for `--check`.
@@ -125,6 +118,9 @@ pub(crate) fn write_options(opts: &InstallOpts) {
         "cniBinDir": opts.bin_dir,
         "netconfDir": opts.netconf_dir,
         "conflist": opts.conflist,
+        // Which watcher holds the lock, as its repair record names it (pids repeat across
+        // containers): readers tell the record of the running watcher by it.
+        "instance": crate::tools::watcher::instance(),
     });
     if let Err(e) = write_atomic(&path, format!("{doc}\n").as_bytes(), 0o644, None, &|| true) {
         crate::warn!("cannot record the watcher's directories for --check: {e}");
