@@ -75,6 +75,13 @@ pub(crate) fn forget(owner: OwnerKey) {
     }
 }
 
+/// Whether natguard's DEL has run for `owner` (its tombstone is there). The store asks under
+/// the node lock, before it installs a restored pod: DEL writes the tombstone before it takes
+/// the lock, so a restore either sees it or installs before DEL's removal.
+pub(crate) fn is_deleted(owner: OwnerKey) -> bool {
+    dir().join(owner.hex()).exists()
+}
+
 /// The attachments natguard has deleted and the runtime may still have in its cache.
 pub(crate) fn read() -> HashSet<OwnerKey> {
     let Ok(rd) = std::fs::read_dir(dir()) else {
