@@ -145,6 +145,12 @@ pub struct Metadata {
     /// `allowInterfaces`: interfaces whose metadata TCP the node-wide guard lets through to
     /// the real API (containers on a bridge no CNI network manages). Empty by default.
     pub allow_interfaces: Vec<crate::ifname::IfName>,
+    /// `serveProxy`: `install --watch` serves natguard's own metadata proxy at the proxy
+    /// addresses and port (on by default); `false` leaves the port to an external proxy.
+    pub serve_proxy: bool,
+    /// `proxyCloud`: whose metadata API the proxy speaks; `None` (`auto`): the preset's
+    /// cloud, else the one the DMI strings name.
+    pub proxy_cloud: Option<Cloud>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +216,8 @@ impl Default for Config {
                 log_denied: false,
                 accept_unenforced: false,
                 allow_interfaces: Vec::new(),
+                serve_proxy: true,
+                proxy_cloud: None,
             },
             masquerade: Masquerade {
                 enabled: true,
@@ -647,6 +655,8 @@ fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::
             "allowInterfaces",
             "endpoints",
             "preset",
+            "serveProxy",
+            "proxyCloud",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -730,6 +740,27 @@ fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::
                     )))
                 }
             }
+        };
+    }
+    if let Some(x) = o.get("serveProxy") {
+        m.serve_proxy = expect_bool("metadata.serveProxy", x)?;
+    }
+    if let Some(x) = o.get("proxyCloud") {
+        let s = expect_str("metadata.proxyCloud", x)?;
+        m.proxy_cloud = if s == "auto" {
+            None
+        } else {
+            Some(Cloud::parse(s).ok_or_else(|| {
+                let names: Vec<String> = Cloud::ALL
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.as_str()))
+                    .collect();
+                cfg_err(format!(
+                    "metadata.proxyCloud: {} is not one of {}, \"auto\"",
+                    q(s),
+                    names.join(", ")
+                ))
+            })?)
         };
     }
     if let Some(x) = o.get("logDenied") {
@@ -889,12 +920,27 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_fields_are_read() {
+        let c = parse_plugin_config(
+            &json!({"type":"natguard","metadata":{"serveProxy":false,"proxyCloud":"gcp"}}),
+        )
+        .unwrap();
+        assert!(!c.metadata.serve_proxy);
+        assert_eq!(c.metadata.proxy_cloud, Some(Cloud::Gcp));
+        let c = parse_plugin_config(&json!({"type":"natguard","metadata":{"proxyCloud":"auto"}}))
+            .unwrap();
+        assert_eq!(c.metadata.proxy_cloud, None);
+    }
+
+    #[test]
     fn defaults_match_the_documented_interface() {
         let c = netconf_from_value(&conf(json!({}))).unwrap().natguard;
         assert_eq!(c, Config::default());
         assert_eq!(c.metadata.mode, MetadataMode::Proxy);
         assert_eq!(c.metadata.ports, vec![80]);
         assert_eq!(c.metadata.proxy_port, 8181);
+        assert!(c.metadata.serve_proxy);
+        assert_eq!(c.metadata.proxy_cloud, None);
         assert_eq!(c.masquerade.non_masquerade_cidrs.len(), 11);
         assert!(c.masquerade.random_fully && c.masquerade.enabled);
         assert!(c.conntrack.flush_on_add);
@@ -986,6 +1032,16 @@ mod tests {
                 json!({"metadata":{"proxyPort":0}}),
                 "metadata.proxyPort",
                 "0",
+            ),
+            (
+                json!({"metadata":{"serveProxy":"yes"}}),
+                "metadata.serveProxy",
+                "string",
+            ),
+            (
+                json!({"metadata":{"proxyCloud":"oracle-ish"}}),
+                "metadata.proxyCloud",
+                "\"oracle-ish\"",
             ),
             (
                 json!({"metadata":{"addresses":["169.254.170.2"],"proxyIPv4":"169.254.169.254","proxyPort":80}}),
