@@ -26,10 +26,11 @@ use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
 use crate::kernel::Kernel;
+use crate::plan::OwnerKey;
 use crate::prepare::{prepare_pod, Identity, Prepared};
 use crate::store::{self, Store};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -85,7 +86,13 @@ pub enum Outcome {
         reason: String,
     },
     SkippedNoNatguard,
+    /// Its network's list is broken ([`BrokenList`]): the attachment is left as it is.
+    SkippedBrokenList {
+        file: String,
+    },
     SkippedNoAddress,
+    /// natguard's DEL has run for it; the runtime has not removed its cache entry yet.
+    SkippedDeleted,
     /// The cache file is not a readable libcni result; nothing was done for it.
     SkippedUnreadable {
         reason: String,
@@ -141,6 +148,18 @@ impl fmt::Display for Entry {
             Outcome::SkippedNoNatguard => {
                 write!(f, "skipped  {id}: its network does not list natguard")
             }
+            Outcome::SkippedBrokenList { file } => {
+                write!(
+                    f,
+                    "skipped  {id}: natguard's entry in {file} does not parse; left as it is"
+                )
+            }
+            Outcome::SkippedDeleted => {
+                write!(
+                    f,
+                    "skipped  {id}: natguard's DEL has run for it (the runtime's cache entry is not removed yet)"
+                )
+            }
             Outcome::SkippedNoAddress => {
                 write!(f, "skipped  {id}: the cached result has no address on it")
             }
@@ -155,6 +174,8 @@ impl fmt::Display for Entry {
 #[derive(Debug, Default)]
 pub struct Report {
     pub entries: Vec<Entry>,
+    /// The lists whose networks were left alone.
+    pub broken: Vec<BrokenList>,
     pub conntrack_deleted: u64,
     pub conntrack_error: Option<String>,
 }
@@ -174,9 +195,60 @@ impl Report {
     }
 }
 
-/// natguard's config for every network whose conflist lists natguard, by network name.
+/// A network config natguard cannot read its entry from: not JSON (half-written, say), or a
+/// natguard entry that does not parse. Its network is left as it is; every other network is
+/// served as usual, so one list's typo never disarms the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokenList {
+    pub file: PathBuf,
+    /// The list's network, when the file could be read that far.
+    pub network: Option<String>,
+    /// Why, naming the field where there is one.
+    pub reason: String,
+}
+
+impl fmt::Display for BrokenList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.network {
+            Some(n) => write!(
+                f,
+                "{} (network {n}): {}; its network is left as it is",
+                self.file.display(),
+                self.reason
+            ),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+/// What the netconf dir says: natguard's config of every network whose list names natguard, by
+/// network name, and the configs that could not be read.
+#[derive(Debug, Clone, Default)]
+pub struct Networks {
+    pub configs: BTreeMap<String, Config>,
+    pub broken: Vec<BrokenList>,
+}
+
+impl Networks {
+    /// Whether the attachments of `network` are left alone: its list is broken.
+    fn is_broken(&self, network: &str) -> bool {
+        self.broken
+            .iter()
+            .any(|b| b.network.as_deref() == Some(network))
+    }
+}
+
+/// natguard's config for every network whose conflist lists natguard, by network name; the
+/// lists that cannot be read are left out (see [`scan_networks`]).
 pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>> {
-    let mut out = BTreeMap::new();
+    scan_networks(netconf_dir).map(|n| n.configs)
+}
+
+/// Reads every network config of `netconf_dir`. A file that is not JSON, or whose natguard
+/// entry does not parse, is reported in [`Networks::broken`] and costs only its own network;
+/// only a directory that cannot be listed is an error.
+pub fn scan_networks(netconf_dir: &Path) -> Result<Networks> {
+    let mut out = Networks::default();
     let rd = match std::fs::read_dir(netconf_dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
@@ -193,11 +265,30 @@ pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>>
         .collect();
     files.sort();
     for path in files {
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
+        let broken = |network: Option<&str>, reason: String| BrokenList {
+            file: path.clone(),
+            network: network.map(str::to_string),
+            reason,
         };
-        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
-            continue;
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            // Gone between the listing and the read: a rename under way.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                out.broken
+                    .push(broken(None, format!("cannot read it: {e}")));
+                continue;
+            }
+        };
+        let v = match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                out.broken.push(broken(
+                    None,
+                    format!("not JSON (half-written or corrupt): {e}"),
+                ));
+                continue;
+            }
         };
         let Some(name) = v.get("name").and_then(Value::as_str) else {
             continue;
@@ -205,16 +296,21 @@ pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>>
         let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
             continue;
         };
-        if out.contains_key(name) {
+        if out.configs.contains_key(name) || out.is_broken(name) {
             continue; // the first file by name wins, as in libcni
         }
         if let Some(entry) = plugins
             .iter()
             .find(|p| p.get("type").and_then(Value::as_str) == Some("natguard"))
         {
-            let cfg = config::parse_plugin_config(entry)
-                .map_err(|e| e.context(format!("natguard entry of {}", path.display())))?;
-            out.insert(name.to_string(), cfg);
+            match config::parse_plugin_config(entry) {
+                Ok(cfg) => {
+                    out.configs.insert(name.to_string(), cfg);
+                }
+                Err(e) => out
+                    .broken
+                    .push(broken(Some(name), format!("natguard entry: {e}"))),
+            }
         }
     }
     Ok(out)
@@ -243,8 +339,11 @@ pub fn guard_plans(
 /// Puts the shared objects of [`guard_plans`] in place (a converge where they differ, nothing
 /// written where they are intact); returns the number of operations committed.
 pub fn place_guard(netconf_dir: &Path, node_guard: Option<&Config>) -> Result<usize> {
-    let networks = natguard_networks(netconf_dir)?;
-    let plans = guard_plans(&networks, node_guard);
+    let networks = scan_networks(netconf_dir)?;
+    for b in &networks.broken {
+        crate::warn!("{b}");
+    }
+    let plans = guard_plans(&networks.configs, node_guard);
     if plans.is_empty() {
         return Ok(0);
     }
@@ -330,9 +429,15 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
 
 /// Runs adopt (or reconcile) over the cache.
 pub fn run(opts: &Options) -> Result<Report> {
-    let mut networks = natguard_networks(&opts.netconf_dir)?;
-    networks.extend(opts.known.clone());
-    let mut report = Report::default();
+    let mut networks = scan_networks(&opts.netconf_dir)?;
+    for (name, cfg) in &opts.known {
+        networks.broken.retain(|b| b.network.as_ref() != Some(name));
+        networks.configs.insert(name.clone(), cfg.clone());
+    }
+    let mut report = Report {
+        broken: networks.broken.clone(),
+        ..Report::default()
+    };
     let ct_path = crate::kernel::conntrack::Path::from_override(
         std::env::var(crate::kernel::conntrack::PATH_ENV)
             .ok()
@@ -340,11 +445,14 @@ pub fn run(opts: &Options) -> Result<Report> {
     )?;
     let mut store = store::open()?;
     // The networks' shared objects (and with them the node-wide guard) first, pods or not.
-    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    let plans = guard_plans(&networks.configs, opts.node_guard.as_ref());
     if !plans.is_empty() {
         store.apply(&plans.iter().collect::<Vec<_>>(), &[])?;
     }
     let files = cache_files(&opts.cache_dir)?;
+    let deleted = crate::deleted::read();
+    let mut cached = HashSet::new();
+    let mut installed: Vec<(String, OwnerKey)> = Vec::new();
     // Metadata flows to delete: (sources, destinations, ports), per network config.
     let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
     for path in files {
@@ -366,7 +474,16 @@ pub fn run(opts: &Options) -> Result<Report> {
                 continue;
             }
         };
-        let outcome = adopt_entry(&mut store, &entry, &networks, &mut flows);
+        let owner = OwnerKey::new(&entry.network, &entry.container_id, &entry.ifname);
+        cached.insert(owner);
+        let outcome = if deleted.contains(&owner) {
+            Outcome::SkippedDeleted
+        } else {
+            adopt_entry(&mut store, &entry, &networks, &mut flows)
+        };
+        if matches!(outcome, Outcome::Adopted { .. }) {
+            installed.push((entry.network.clone(), owner));
+        }
         let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
         report.entries.push(Entry {
             file,
@@ -381,6 +498,8 @@ pub fn run(opts: &Options) -> Result<Report> {
             outcome,
         });
     }
+    take_back_deleted(&mut store, &installed, &deleted);
+    crate::deleted::prune(&cached);
     if !opts.reconcile {
         for (srcs, dsts, ports) in flows {
             match store.flush_undnatted(&srcs, &dsts, &ports, ct_path) {
@@ -403,9 +522,18 @@ fn join_args(args: &[(String, String)]) -> String {
 /// namespace when it is exempt. `Err` is the outcome to report instead.
 fn prepare_entry(
     entry: &CacheEntry,
-    networks: &BTreeMap<String, Config>,
+    networks: &Networks,
 ) -> std::result::Result<(Prepared, Option<String>), Outcome> {
-    let Some(cfg) = networks.get(&entry.network) else {
+    let Some(cfg) = networks.configs.get(&entry.network) else {
+        if let Some(b) = networks
+            .broken
+            .iter()
+            .find(|b| b.network.as_ref() == Some(&entry.network))
+        {
+            return Err(Outcome::SkippedBrokenList {
+                file: b.file.display().to_string(),
+            });
+        }
         return Err(Outcome::SkippedNoNatguard);
     };
     let fail = |reason: String| Outcome::Failed { reason };
@@ -457,7 +585,7 @@ fn prepare_entry(
 fn adopt_entry<K: Kernel>(
     store: &mut Store<K>,
     entry: &CacheEntry,
-    networks: &BTreeMap<String, Config>,
+    networks: &Networks,
     flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
 ) -> Outcome {
     let (p, exempt) = match prepare_entry(entry, networks) {
@@ -469,7 +597,7 @@ fn adopt_entry<K: Kernel>(
             reason: format!("installing entries: {e}"),
         };
     }
-    let cfg = &networks[&entry.network];
+    let cfg = &networks.configs[&entry.network];
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
         flows.push((
             p.addrs.clone(),
@@ -480,6 +608,32 @@ fn adopt_entry<K: Kernel>(
     Outcome::Adopted {
         addrs: p.addrs,
         exempt,
+    }
+}
+
+/// Removes again what a restore installed for attachments whose DEL ran meanwhile: DEL writes
+/// its tombstone before it removes the entries, so an attachment tombstoned now that was not
+/// when the restore was planned may have had its DEL's removal before the restore's install.
+fn take_back_deleted<K: Kernel>(
+    store: &mut Store<K>,
+    installed: &[(String, OwnerKey)],
+    before: &HashSet<OwnerKey>,
+) {
+    if installed.is_empty() {
+        return;
+    }
+    let now = crate::deleted::read();
+    for (network, owner) in installed {
+        if now.contains(owner) && !before.contains(owner) {
+            let names = crate::plan::NetNames::new(network);
+            match store.remove_pod(&names, *owner, &mut Vec::new()) {
+                Ok(_) => crate::info!(
+                    "{network} {}: deleted while it was being restored; removed again",
+                    owner.hex()
+                ),
+                Err(e) => crate::warn!("{network} {}: removing it again: {e}", owner.hex()),
+            }
+        }
     }
 }
 
@@ -497,6 +651,8 @@ pub struct Repair {
     pub skipped: usize,
     /// Why attachments could not be planned or installed.
     pub failed: Vec<String>,
+    /// The lists whose networks were left as they are.
+    pub broken: Vec<BrokenList>,
     /// When the batch was committed (before the socket's release, which waits for the kernel's
     /// cleanup): the moment the policy was back.
     pub committed: Option<std::time::Instant>,
@@ -508,16 +664,105 @@ pub struct Repair {
 /// committed (one attachment over its owner limit, say), the pods are installed one by one,
 /// so one bad entry does not keep the others unprotected.
 pub fn repair(opts: &Options) -> Result<Repair> {
-    let networks = natguard_networks(&opts.netconf_dir)?;
-    let mut out = Repair::default();
+    repair_with(opts, &mut Memo::default())
+}
+
+/// What the watcher's repairs keep from one to the next: each cached attachment's plan,
+/// reused while its cache file (device, inode, mtime, size), its network's entry, the node
+/// facts its plan was made with and its network namespace are as they were. Planning a pod
+/// asks the kernel about its interface from inside its network namespace, its host side and
+/// the node's addresses; after a flush every pod is planned again, so on a node with a
+/// hundred pods that is most of a repair's CPU, and under a CPU quota most of its time. An
+/// ADD of the same attachment rewrites its cache file, so it is planned afresh. Bounded by
+/// the cache: entries whose file is gone are dropped at every repair.
+#[derive(Debug, Default)]
+pub struct Memo {
+    plans: std::collections::HashMap<PathBuf, Memoized>,
+}
+
+#[derive(Debug)]
+struct Memoized {
+    stamp: (u64, u64, i64, i64, u64),
+    owner: OwnerKey,
+    network: String,
+    netns: String,
+    cfg: Config,
+    facts: crate::plan::NodeFacts,
+    prepared: Prepared,
+}
+
+fn stamp_of(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
+}
+
+/// [`repair`] with the plans of earlier repairs ([`Memo`]).
+pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
+    let networks = scan_networks(&opts.netconf_dir)?;
+    let facts: BTreeMap<&String, crate::plan::NodeFacts> = networks
+        .configs
+        .iter()
+        .map(|(n, cfg)| (n, crate::node::facts(cfg)))
+        .collect();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    let mut out = Repair {
+        broken: networks.broken.clone(),
+        ..Repair::default()
+    };
     let mut prepared: Vec<Prepared> = Vec::new();
+    let deleted = crate::deleted::read();
+    let mut cached = HashSet::new();
     for path in cache_files(&opts.cache_dir)? {
+        seen.insert(path.clone());
+        let stamp = stamp_of(&path);
+        if let Some(m) = memo.plans.get(&path).filter(|m| {
+            Some(m.stamp) == stamp
+                && networks.configs.get(&m.network) == Some(&m.cfg)
+                && facts.get(&m.network) == Some(&m.facts)
+                && (m.netns.is_empty() || Path::new(&m.netns).exists())
+        }) {
+            cached.insert(m.owner);
+            if deleted.contains(&m.owner) {
+                out.skipped += 1;
+            } else {
+                prepared.push(m.prepared.clone());
+            }
+            continue;
+        }
+        memo.plans.remove(&path);
         let Ok(entry) = read_cache_entry(&path) else {
             out.skipped += 1;
             continue;
         };
+        let owner = OwnerKey::new(&entry.network, &entry.container_id, &entry.ifname);
+        cached.insert(owner);
+        if deleted.contains(&owner) {
+            out.skipped += 1;
+            continue;
+        }
         match prepare_entry(&entry, &networks) {
-            Ok((p, _)) => prepared.push(p),
+            Ok((p, _)) => {
+                if let (Some(stamp), Some(cfg), Some(f)) = (
+                    stamp,
+                    networks.configs.get(&entry.network),
+                    facts.get(&entry.network),
+                ) {
+                    memo.plans.insert(
+                        path.clone(),
+                        Memoized {
+                            stamp,
+                            owner,
+                            network: entry.network.clone(),
+                            netns: sandbox_of(&entry.result, &entry.ifname).unwrap_or_default(),
+                            cfg: cfg.clone(),
+                            facts: *f,
+                            prepared: p.clone(),
+                        },
+                    );
+                }
+                prepared.push(p)
+            }
             Err(Outcome::Failed { reason }) => out.failed.push(format!(
                 "{} {} {}: {reason}",
                 entry.network, entry.container_id, entry.ifname
@@ -525,10 +770,12 @@ pub fn repair(opts: &Options) -> Result<Repair> {
             Err(_) => out.skipped += 1,
         }
     }
+    crate::deleted::prune(&cached);
+    memo.plans.retain(|p, _| seen.contains(p));
     out.pods = prepared.len();
     // Every network's shared objects, pods or not: after a flush on a node whose networks
     // have no pod yet, the node-wide guard comes back too.
-    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    let plans = guard_plans(&networks.configs, opts.node_guard.as_ref());
     out.networks = plans.iter().map(|p| p.names.network.clone()).collect();
     if prepared.is_empty() && plans.is_empty() {
         return Ok(out);
@@ -554,6 +801,11 @@ pub fn repair(opts: &Options) -> Result<Repair> {
             }
         }
     }
+    let installed: Vec<(String, OwnerKey)> = prepared
+        .iter()
+        .map(|p| (p.shared.names.network.clone(), p.pod.owner))
+        .collect();
+    take_back_deleted(&mut store, &installed, &deleted);
     Ok(out)
 }
 

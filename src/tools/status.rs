@@ -33,10 +33,7 @@ pub fn cli(args: &[String]) -> i32 {
         println!("{}", report::render_json(&r));
     } else {
         print!("{}", report::render_text(&r));
-        print!(
-            "{}",
-            preset_lines(std::path::Path::new(crate::restore::DEFAULT_NETCONF_DIR))
-        );
+        print!("{}", preset_lines(&netconf_dir()));
     }
     code
 }
@@ -79,6 +76,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 proxy: read_proxy(),
                 installation: None,
                 bridge_guard: None,
+                broken_lists: broken_lists(),
             },
             1,
         ),
@@ -88,10 +86,26 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
 /// The record of the node's `install --watch`, if one runs (or ran) with the default
 /// readiness file.
 fn read_self_repair() -> Option<report::RepairStats> {
-    use crate::tools::watcher::{read_state, watcher_running, DEFAULT_READY_FILE, STATE_FILE};
-    let mut sr = read_state(std::path::Path::new(STATE_FILE))?;
-    sr.running = watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
-    Some(sr)
+    use crate::tools::watcher::{read_state, DEFAULT_READY_FILE, STATE_FILE};
+    let sr = read_state(std::path::Path::new(STATE_FILE))?;
+    Some(sr.with_running(std::path::Path::new(DEFAULT_READY_FILE)))
+}
+
+/// The netconf dir the node's watcher runs with (recorded beside its readiness file), else the
+/// default.
+fn netconf_dir() -> std::path::PathBuf {
+    use crate::tools::watcher::DEFAULT_READY_FILE;
+    crate::tools::install::record::read_options(std::path::Path::new(DEFAULT_READY_FILE))
+        .map(|r| r.netconf_dir)
+        .unwrap_or_else(|| crate::restore::DEFAULT_NETCONF_DIR.into())
+}
+
+/// The lists of the netconf dir whose natguard entry cannot be read: their networks are left
+/// as they are (see [`crate::restore::BrokenList`]).
+fn broken_lists() -> Vec<crate::restore::BrokenList> {
+    crate::restore::scan_networks(&netconf_dir())
+        .map(|n| n.broken)
+        .unwrap_or_default()
 }
 
 /// The record of the watcher's metadata proxy, if one serves (or served) with the default
@@ -121,6 +135,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         proxy: read_proxy(),
         installation: Some(store.installation()?),
         bridge_guard: store.bridge_guard_awake()?,
+        broken_lists: broken_lists(),
     };
     let node = store.node_counts()?;
     r.guard = Family::ALL

@@ -10,6 +10,16 @@ use std::path::{Path, PathBuf};
 use std::process::Child;
 use std::time::{Duration, Instant};
 
+/// Which `/run/natguard` a watcher has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunDir {
+    /// A directory of its own (`run-natguard` in the test's directory).
+    Own,
+    /// The node's, which the CNI invocations of the node share (natguard's records of
+    /// deleted attachments, its lock), as a DaemonSet's hostPath mount gives it.
+    Node,
+}
+
 pub struct Watcher {
     pub child: Child,
     /// Its `/run/natguard`.
@@ -30,33 +40,54 @@ impl Watcher {
         env: &[(&str, &str)],
         log_name: &str,
     ) -> Watcher {
+        Watcher::spawn_with(w, entry, cache_dir, env, log_name, &[], RunDir::Own)
+    }
+
+    /// [`Watcher::spawn`] with more arguments `extra` (`--no-repair`, say), and the
+    /// `/run/natguard` of `run`.
+    pub fn spawn_with(
+        w: &World,
+        entry: &Value,
+        cache_dir: &Path,
+        env: &[(&str, &str)],
+        log_name: &str,
+        extra: &[&str],
+        run: RunDir,
+    ) -> Watcher {
         let dir = w.dir();
         let netd = dir.join("net.d");
         let bin = dir.join("bin");
-        let run_dir = dir.join("run-natguard");
+        let run_dir = match run {
+            RunDir::Own => dir.join("run-natguard"),
+            RunDir::Node => super::run::node_dir(&w.node).join("run/natguard"),
+        };
         for d in [&netd, &bin, &run_dir] {
             fs::create_dir_all(d).unwrap();
         }
         let entry_file = dir.join("natguard-entry.json");
         fs::write(&entry_file, serde_json::to_vec(entry).unwrap()).unwrap();
         let log = dir.join(log_name);
-        let child = Natguard::new()
-            .args(&[
-                "install".as_ref(),
-                "--watch".as_ref(),
-                "--cni-bin-dir".as_ref(),
-                bin.as_os_str(),
-                "--netconf-dir".as_ref(),
-                netd.as_os_str(),
-                "--cache-dir".as_ref(),
-                cache_dir.as_os_str(),
-                "--config".as_ref(),
-                entry_file.as_os_str(),
-            ])
+        let mut args: Vec<&std::ffi::OsStr> = vec![
+            "install".as_ref(),
+            "--watch".as_ref(),
+            "--cni-bin-dir".as_ref(),
+            bin.as_os_str(),
+            "--netconf-dir".as_ref(),
+            netd.as_os_str(),
+            "--cache-dir".as_ref(),
+            cache_dir.as_os_str(),
+            "--config".as_ref(),
+            entry_file.as_os_str(),
+        ];
+        args.extend(extra.iter().map(std::ffi::OsStr::new));
+        let mut inv = Natguard::new()
+            .args(&args)
             .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
-            .env(env)
-            .bind_mount(&run_dir, "/run/natguard", Access::ReadWrite)
-            .spawn_in(&w.node, &log);
+            .env(env);
+        if run == RunDir::Own {
+            inv = inv.bind_mount(&run_dir, "/run/natguard", Access::ReadWrite);
+        }
+        let child = inv.spawn_in(&w.node, &log);
         Watcher {
             child,
             run_dir,

@@ -186,7 +186,19 @@ fn check(opts: &InstallOpts) -> i32 {
             EXIT_FAILED
         }
         Ok(p) => {
-            println!("ready: natguard is in {}", p.display());
+            // A broken list costs only its own network: ready, and the line says which.
+            let broken: Vec<String> = crate::restore::scan_networks(&opts.netconf_dir)
+                .map(|n| n.broken.iter().map(|b| b.to_string()).collect())
+                .unwrap_or_default();
+            if broken.is_empty() {
+                println!("ready: natguard is in {}", p.display());
+            } else {
+                println!(
+                    "ready: natguard is in {}; BROKEN LIST(S): {}",
+                    p.display(),
+                    broken.join("; ")
+                );
+            }
             EXIT_OK
         }
         Err(e) => {

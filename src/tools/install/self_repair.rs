@@ -130,6 +130,8 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     }
     let mut stats = RepairStats {
         pid: std::process::id(),
+        instance: Some(crate::tools::watcher::instance().to_string()),
+        repairing: true,
         ..previous.unwrap_or_default()
     };
     write_state(state_file, &mut stats);
@@ -139,6 +141,8 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         BURST_MAX.as_millis()
     );
     let mut burst: Option<Burst> = None;
+    let mut broken_seen = Vec::new();
+    let mut memo = restore::Memo::default();
     let mut check_due = Instant::now() + CHECK_EVERY;
     // When the last repair ended: the next one waits until BURST_MAX after it.
     let mut last_end: Option<Instant> = None;
@@ -166,7 +170,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         };
         burst = None;
         check_due = Instant::now() + CHECK_EVERY;
-        if repair_once(opts, &cause, since, &mut stats) {
+        if repair_once(opts, &cause, since, &mut stats, &mut broken_seen, &mut memo) {
             last_end = Some(Instant::now());
         }
         write_state(state_file, &mut stats);
@@ -179,9 +183,15 @@ fn repair_once(
     cause: &Verdict,
     since: Instant,
     stats: &mut RepairStats,
+    broken_seen: &mut Vec<String>,
+    memo: &mut restore::Memo,
 ) -> bool {
     stats.checks += 1;
-    match restore::repair(opts) {
+    let result = restore::repair_with(opts, memo);
+    if let Ok(r) = &result {
+        note_broken(&r.broken, broken_seen);
+    }
+    match result {
         Ok(r) if r.ops > 0 => {
             let committed = r.committed.unwrap_or_else(Instant::now);
             let took = committed.saturating_duration_since(since).as_secs_f64() * 1000.0;
@@ -223,6 +233,21 @@ fn repair_once(
     }
 }
 
+/// Logs the broken lists a repair left alone when they differ from the last check's (`seen`),
+/// so a list that stays broken is not logged every minute.
+fn note_broken(broken: &[restore::BrokenList], seen: &mut Vec<String>) {
+    let now: Vec<String> = broken.iter().map(|b| b.to_string()).collect();
+    if now != *seen {
+        for b in &now {
+            crate::warn!("self-repair: {b}");
+        }
+        if now.is_empty() && !seen.is_empty() {
+            crate::info!("self-repair: every network list parses again");
+        }
+    }
+    *seen = now;
+}
+
 /// What a repair covered, in words: the shared objects it checked and the pods.
 fn what_was_checked(r: &restore::Repair) -> String {
     let shared = match r.networks.as_slice() {
@@ -236,6 +261,26 @@ fn what_was_checked(r: &restore::Repair) -> String {
         ),
     };
     format!("{shared} and {} cached pod(s)", r.pods)
+}
+
+/// A watcher that does not repair (`--no-repair`, `--no-adopt`) takes over the record an
+/// earlier watcher left, if any: its counts stay, and it says that no self-repair runs now.
+/// Without a record there is nothing to say: no file is made.
+pub fn disown(state_file: &Path) {
+    let Some(previous) = read_state(state_file) else {
+        return;
+    };
+    crate::info!(
+        "self-repair is off; the record of pid {} stays, marked as not repairing",
+        previous.pid
+    );
+    let mut stats = RepairStats {
+        pid: std::process::id(),
+        instance: Some(crate::tools::watcher::instance().to_string()),
+        repairing: false,
+        ..previous
+    };
+    write_state(state_file, &mut stats);
 }
 
 fn write_state(path: &Path, stats: &mut RepairStats) {
@@ -309,6 +354,8 @@ mod tests {
             last_repair_ms: Some(23.5),
             last_cause: Some("nft (pid 9) changed 3 object(s) of natguard's tables".into()),
             updated: Some(1.6e9),
+            instance: Some("7-1600000000000000000".into()),
+            repairing: false,
             running: None,
         };
         assert_eq!(RepairStats::from_json(&s.to_json()), Some(s));

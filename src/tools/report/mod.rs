@@ -60,6 +60,9 @@ pub(crate) struct NodeReport {
     /// Whether the bridge guard is hooked: `Some(false)` while the bridge table sleeps (no
     /// exempt pod on a bridge, nothing to pin), `None` without a bridge table.
     pub bridge_guard: Option<bool>,
+    /// Network lists whose natguard entry cannot be read (not JSON, or an entry that does not
+    /// parse): their networks are left as they are, every other one is served.
+    pub broken_lists: Vec<crate::restore::BrokenList>,
 }
 
 /// The node-wide guard is in place.
@@ -343,7 +346,13 @@ fn write_guard(out: &mut String, r: &NodeReport) {
 
 /// The watcher's self-repair, in one line.
 fn write_self_repair(out: &mut String, sr: &RepairStats) {
-    if sr.running == Some(false) {
+    if !sr.repairing {
+        let _ = write!(
+            out,
+            "self-repair: OFF (install --watch pid {} runs with --no-repair or --no-adopt); before it: ",
+            sr.pid
+        );
+    } else if sr.running == Some(false) {
         let from = sr
             .updated
             .map_or_else(|| "an unknown time".to_string(), utc_time);
@@ -460,6 +469,9 @@ its rules and counters could not be read"
                 r.networks.len()
             );
         }
+    }
+    for b in &r.broken_lists {
+        let _ = writeln!(out, "BROKEN LIST: {}", printable(&b.to_string()));
     }
     match r.bridge_guard {
         Some(true) => {
@@ -666,6 +678,20 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
         },
         "networks": networks,
     });
+    // Only where a list is broken: on a sound node the document is unchanged.
+    if !r.broken_lists.is_empty() {
+        doc["brokenLists"] = r
+            .broken_lists
+            .iter()
+            .map(|b| {
+                json!({
+                    "file": b.file.display().to_string(),
+                    "network": b.network,
+                    "reason": b.reason,
+                })
+            })
+            .collect();
+    }
     // Only where a watcher repairs: without --watch the document is unchanged.
     if let Some(sr) = &r.self_repair {
         doc["selfRepair"] = sr.to_json();
@@ -812,6 +838,13 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         &[],
         "CNI networks with natguard rules on this node.",
     );
+    let mut broken_lists = MetricFamily::new(
+        "natguard_broken_lists",
+        Gauge,
+        &[],
+        "Network lists whose natguard entry cannot be read (not JSON, or an entry that does \
+         not parse); their networks are left as they are (status names them).",
+    );
     let mut pods = MetricFamily::new(
         "natguard_pods",
         Gauge,
@@ -894,8 +927,9 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         "natguard_self_repair_running",
         Gauge,
         &[],
-        "1 if the install --watch that keeps the self-repair record holds the watcher lock \
-         (it runs), 0 if the record is left from a watcher that exited.",
+        "1 if the install --watch that holds the watcher lock keeps the self-repair record \
+         and repairs, 0 if the record is left from a watcher that exited or the running one \
+         does not repair (--no-repair).",
     );
     let mut proxy_requests = MetricFamily::new(
         "natguard_proxy_requests_total",
@@ -940,6 +974,7 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
     if !r.unreadable {
         per_pod.add(vec![], u64::from(r.per_pod_counters));
         networks.add(vec![], r.networks.len() as u64);
+        broken_lists.add(vec![], r.broken_lists.len() as u64);
     }
     for (f, n, _) in &r.guard {
         guard_reset.add(vec![family_label(*f).to_string()], *n);
@@ -976,6 +1011,7 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         &up,
         &per_pod,
         &networks,
+        &broken_lists,
         &pods,
         &proxied,
         &reset,

@@ -58,6 +58,7 @@ pub(super) fn node() -> NodeReport {
     anon.name = None;
     anon.interface = None;
     NodeReport {
+        broken_lists: Vec::new(),
         ready: true,
         not_ready_reason: None,
         per_pod_counters: true,
@@ -386,6 +387,7 @@ fn text_explains_the_denied_log() {
 #[test]
 fn text_not_ready_and_empty() {
     let r = NodeReport {
+        broken_lists: Vec::new(),
         ready: false,
         not_ready_reason: Some("conntrack netlink: Operation not permitted".to_string()),
         per_pod_counters: true,
@@ -435,6 +437,7 @@ fn text_not_ready_and_empty() {
 #[test]
 fn json_golden() {
     let r = NodeReport {
+        broken_lists: Vec::new(),
         ready: true,
         not_ready_reason: None,
         per_pod_counters: true,
