@@ -47,6 +47,7 @@ fn setup_cloud(test: &str, cloud: &str) -> Setup {
         "aws" => "fake_imds.py",
         "gcp" => "fake_gce.py",
         "oracle" => "fake_oci.py",
+        "digitalocean" => "fake_do.py",
         other => panic!("no fake upstream for {other}"),
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -737,6 +738,58 @@ fn oracle_speaks_imdsv2_and_conceals_instance_principal_keys_and_user_data() {
     assert_eq!((st, body.as_str()), (200, "NODE-SECRET private key"));
     let status = s.tool(&["status"]);
     assert!(status.contains("serving oracle"), "{status}");
+}
+
+/// A cloud of plain GETs (DigitalOcean) through the proxy: what describes the droplet passes,
+/// its index is filtered, user and vendor data and the whole-document `v1.json` are concealed
+/// and never asked of the upstream.
+#[test]
+fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_data() {
+    require_root();
+    let s = setup_cloud("proxy-do", "digitalocean");
+    for meta in [META4, META6] {
+        let ep = sa(meta, HTTP_PORT);
+        assert_eq!(
+            get(&s.pod.ns, ep, "/metadata/v1/region", None),
+            (200, "nyc3".into())
+        );
+        assert_eq!(
+            get(&s.pod.ns, ep, "/metadata/v1/id", None),
+            (200, "2756294".into())
+        );
+        assert_eq!(
+            get(
+                &s.pod.ns,
+                ep,
+                "/metadata/v1/interfaces/public/0/ipv4/address",
+                None
+            ),
+            (200, "203.0.113.5".into())
+        );
+        let (st, index) = get(&s.pod.ns, ep, "/metadata/v1/", None);
+        assert_eq!(st, 200, "{index}");
+        assert_eq!(index, "id\nhostname\nregion\ninterfaces/\ndns/\ntags/\n");
+        for p in [
+            "/metadata/v1/user-data",
+            "/metadata/v1/vendor-data",
+            "/metadata/v1/public-keys",
+            "/metadata/v1.json",
+        ] {
+            let (st, body) = get(&s.pod.ns, ep, p, None);
+            assert_eq!(st, 403, "{p}: {body}");
+            assert!(
+                body.contains("natguard") && !body.contains(SECRET),
+                "{p}: {body}"
+            );
+        }
+    }
+    let saw = s.upstream_saw();
+    assert!(saw.contains("GET /metadata/v1/region"), "{saw}");
+    for bad in ["user-data", "vendor-data", "public-keys", "v1.json"] {
+        assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
+    }
+    let status = s.tool(&["status"]);
+    assert!(status.contains("serving digitalocean"), "{status}");
 }
 
 /// One raw request; the status and the whole answer (head and body).
