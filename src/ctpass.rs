@@ -10,7 +10,8 @@
 //!
 //! The protocol, in natguard's runtime directory (`/run/natguard`):
 //!
-//! 1. After its commit an invocation writes its request, its addresses and its [`Path`], to
+//! 1. After its commit an invocation writes its request, its addresses, its [`Path`] and its
+//!    [`Scope`] (which of the addresses' entries: a DEL's network's own, say), to
 //!    `ct/<pid>-<start time>`, through a dot-file and a rename, so a reader never sees half a
 //!    request.
 //! 2. It takes `ct.lock` (an exclusive flock, waited for at most [`WAIT`]).
@@ -18,7 +19,7 @@
 //!    served it: it removes the marker and is done.
 //! 4. Otherwise it runs the pass: it reads every request, removes those of processes that are
 //!    gone (pid and start time), flushes the union of the addresses of the requests made in its
-//!    own network namespace (one flush per kind of path, normally one), and renames each
+//!    own network namespace (one flush per kind of path and scope, normally one), and renames each
 //!    request it served to `.done`. Another namespace's requests wait for a pass of their own.
 //! 5. If the lock stays busy past the deadline, or the directory cannot be used, it flushes
 //!    its own addresses alone. A flush is never skipped.
@@ -34,7 +35,7 @@
 //! ([`Flusher`]), so the protocol is unit-tested against a recording fake.
 
 use crate::error::Result;
-use crate::kernel::conntrack::{FlushReport, Path};
+use crate::kernel::conntrack::{FlushReport, Path, Scope};
 use std::fs;
 use std::net::IpAddr;
 use std::path::{Path as FsPath, PathBuf};
@@ -59,7 +60,7 @@ const DONE: &str = ".done";
 pub(crate) trait Flusher {
     /// The entries of the calling thread's network namespace (no walk).
     fn entries(&mut self) -> Result<u64>;
-    fn flush(&mut self, addrs: &[IpAddr], path: Path) -> Result<FlushReport>;
+    fn flush(&mut self, addrs: &[IpAddr], path: Path, scope: &Scope) -> Result<FlushReport>;
 }
 
 /// How an invocation's addresses were flushed.
@@ -77,15 +78,17 @@ pub(crate) enum Outcome {
     Alone { report: FlushReport, why: String },
 }
 
-/// Flushes `addrs` along `path`, in one pass with every invocation waiting at the same time.
+/// Flushes the entries of `addrs` that `scope` deletes, along `path`, in one pass with every
+/// invocation waiting at the same time.
 pub(crate) fn flush(
     run_dir: &FsPath,
     addrs: &[IpAddr],
     path: Path,
+    scope: &Scope,
     k: &mut dyn Flusher,
 ) -> Result<Outcome> {
     let alone = |k: &mut dyn Flusher, why: String| {
-        k.flush(addrs, path)
+        k.flush(addrs, path, scope)
             .map(|report| Outcome::Alone { report, why })
     };
     let (Some(me), Some(netns)) = (Requester::own(), crate::node::netns_id()) else {
@@ -94,7 +97,7 @@ pub(crate) fn flush(
             "the process start time or network namespace is unreadable".into(),
         );
     };
-    let own = Request::new(addrs, path, netns);
+    let own = Request::new(addrs, path, netns).scoped(scope);
     let dir = run_dir.join(DIR);
     if let Err(e) = me.write(&dir, &own) {
         return alone(
@@ -133,15 +136,18 @@ pub(crate) fn flush(
     })
 }
 
-/// One flush per kind of path the requests ask for.
+/// One flush per kind of path and scope the requests ask for.
 fn run_pass(requests: &[(Requester, Request)], k: &mut dyn Flusher) -> Result<Vec<FlushReport>> {
-    let mut groups: Vec<(Path, Vec<IpAddr>)> = Vec::new();
+    let mut groups: Vec<(Path, Vec<IpAddr>, &Scope)> = Vec::new();
     for (_, r) in requests {
         let key = group_of(r.path);
-        let i = match groups.iter().position(|(p, _)| group_of(*p) == key) {
+        let i = match groups
+            .iter()
+            .position(|(p, _, s)| group_of(*p) == key && **s == r.scope)
+        {
             Some(i) => i,
             None => {
-                groups.push((r.path, Vec::new()));
+                groups.push((r.path, Vec::new(), &r.scope));
                 groups.len() - 1
             }
         };
@@ -159,7 +165,7 @@ fn run_pass(requests: &[(Requester, Request)], k: &mut dyn Flusher) -> Result<Ve
         }
     }
     let mut reports = Vec::with_capacity(groups.len());
-    for (path, addrs) in groups {
+    for (path, addrs, scope) in groups {
         let path = match path {
             Path::Auto | Path::Ipv6Filtered
                 if walked_one_by_one(&addrs, path) >= FULL_DUMP_ADDRS =>
@@ -172,7 +178,7 @@ fn run_pass(requests: &[(Requester, Request)], k: &mut dyn Flusher) -> Result<Ve
             }
             p => p,
         };
-        reports.push(k.flush(&addrs, path)?);
+        reports.push(k.flush(&addrs, path, scope)?);
     }
     Ok(reports)
 }
@@ -233,6 +239,8 @@ struct Request {
     /// The network namespace (device, inode) whose table holds the entries: a pass serves only
     /// the requests of its own namespace.
     netns: (u64, u64),
+    /// Which entries of the addresses: requests of different scopes are flushed apart.
+    scope: Scope,
 }
 
 impl Request {
@@ -241,16 +249,30 @@ impl Request {
             addrs: addrs.to_vec(),
             path,
             netns,
+            scope: Scope::All,
         }
     }
 
+    fn scoped(mut self, scope: &Scope) -> Self {
+        self.scope = scope.clone();
+        self
+    }
+
+    /// Version 1 is a request for every entry of the addresses, as earlier releases write and
+    /// read it; version 2 adds the scope (an earlier release's pass leaves it to its writer).
     fn encode(&self) -> String {
         let mut s = format!(
-            "natguard-ct 1 {} {} {}\n",
+            "natguard-ct {} {} {} {}",
+            if self.scope == Scope::All { 1 } else { 2 },
             self.path.name(),
             self.netns.0,
             self.netns.1
         );
+        if self.scope != Scope::All {
+            s.push(' ');
+            s.push_str(&self.scope.name());
+        }
+        s.push('\n');
         for a in &self.addrs {
             s.push_str(&a.to_string());
             s.push('\n');
@@ -261,16 +283,30 @@ impl Request {
     fn decode(text: &str) -> Option<Request> {
         let mut lines = text.lines();
         let mut head = lines.next()?.split(' ');
-        if head.next()? != "natguard-ct" || head.next()? != "1" {
+        if head.next()? != "natguard-ct" {
+            return None;
+        }
+        let version = head.next()?;
+        if version != "1" && version != "2" {
             return None;
         }
         let path = Path::from_name(head.next()?)?;
         let netns = (head.next()?.parse().ok()?, head.next()?.parse().ok()?);
+        let scope = if version == "2" {
+            Scope::from_name(head.next()?).filter(|s| *s != Scope::All)?
+        } else {
+            Scope::All
+        };
         if head.next().is_some() {
             return None;
         }
         let addrs = lines.map(|l| l.parse().ok()).collect::<Option<Vec<_>>>()?;
-        Some(Request { addrs, path, netns })
+        Some(Request {
+            addrs,
+            path,
+            netns,
+            scope,
+        })
     }
 }
 
@@ -381,6 +417,7 @@ mod tests {
     struct Recorder {
         entries: u64,
         flushes: Vec<(Vec<IpAddr>, Path)>,
+        scopes: Vec<Scope>,
         fail: bool,
     }
 
@@ -388,8 +425,9 @@ mod tests {
         fn entries(&mut self) -> Result<u64> {
             Ok(self.entries)
         }
-        fn flush(&mut self, addrs: &[IpAddr], path: Path) -> Result<FlushReport> {
+        fn flush(&mut self, addrs: &[IpAddr], path: Path, scope: &Scope) -> Result<FlushReport> {
             self.flushes.push((addrs.to_vec(), path));
+            self.scopes.push(scope.clone());
             if self.fail {
                 return Err(Error::Protocol("refused".into()));
             }
@@ -459,7 +497,7 @@ mod tests {
         let dir = run.join(DIR);
         let other = waiting_other(&dir, crate::node::netns_id().unwrap());
         let mut k = Recorder::default();
-        let out = flush(&run, &[ip("10.0.0.1")], Path::Auto, &mut k).unwrap();
+        let out = flush(&run, &[ip("10.0.0.1")], Path::Auto, &Scope::All, &mut k).unwrap();
         assert!(matches!(out, Outcome::Ran { served: 2, .. }), "{out:?}");
         assert_eq!(
             k.flushes,
@@ -482,7 +520,7 @@ mod tests {
             fail: true,
             ..Recorder::default()
         };
-        assert!(flush(&run, &[ip("10.0.0.1")], Path::Auto, &mut k).is_err());
+        assert!(flush(&run, &[ip("10.0.0.1")], Path::Auto, &Scope::All, &mut k).is_err());
         assert!(
             other.file(&dir).exists(),
             "the request waits for its own pass"
@@ -498,7 +536,7 @@ mod tests {
         let (dev, ino) = crate::node::netns_id().unwrap();
         let other = waiting_other(&dir, (dev, ino + 1));
         let mut k = Recorder::default();
-        let out = flush(&run, &[ip("10.0.0.1")], Path::Auto, &mut k).unwrap();
+        let out = flush(&run, &[ip("10.0.0.1")], Path::Auto, &Scope::All, &mut k).unwrap();
         assert!(matches!(out, Outcome::Ran { served: 1, .. }), "{out:?}");
         assert_eq!(k.flushes, vec![(vec![ip("10.0.0.1")], Path::Auto)]);
         assert!(other.file(&dir).exists() && !other.done_file(&dir).exists());
@@ -528,7 +566,7 @@ mod tests {
         fs::write(gone.done_file(&dir), "").unwrap();
         fs::write(dir.join("not-ours"), "kept").unwrap();
         let mut k = Recorder::default();
-        flush(&run, &[ip("10.0.0.1")], Path::Auto, &mut k).unwrap();
+        flush(&run, &[ip("10.0.0.1")], Path::Auto, &Scope::All, &mut k).unwrap();
         assert_eq!(k.flushes, vec![(vec![ip("10.0.0.1")], Path::Auto)]);
         let left: Vec<String> = fs::read_dir(&dir)
             .unwrap()
@@ -595,5 +633,58 @@ mod tests {
                 (vec![ip("10.0.0.3")], Path::Fallback),
             ]
         );
+    }
+    #[test]
+    fn a_scoped_request_round_trips_and_an_unscoped_one_stays_version_1() {
+        let all = Request::new(&[ip("10.0.0.1")], Path::Auto, (4, 9));
+        assert!(all.encode().starts_with("natguard-ct 1 auto 4 9\n"));
+        for scope in [
+            Scope::Own(70),
+            Scope::add(Some(70), &[65, 99]),
+            Scope::add(None, &[65]),
+        ] {
+            let r = all.clone().scoped(&scope);
+            assert!(r.encode().starts_with("natguard-ct 2 "), "{scope:?}");
+            assert_eq!(Request::decode(&r.encode()), Some(r), "{scope:?}");
+        }
+        for bad in [
+            "natguard-ct 2 auto 4 9\n",
+            "natguard-ct 2 auto 4 9 all\n",
+            "natguard-ct 2 auto 4 9 own:128\n",
+            "natguard-ct 2 auto 4 9 except:70:\n",
+            "natguard-ct 2 auto 4 9 except:70:70\n",
+            "natguard-ct 2 auto 4 9 own:70 x\n",
+            "natguard-ct 1 auto 4 9 own:70\n",
+        ] {
+            assert_eq!(Request::decode(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn requests_of_one_scope_share_a_flush_and_other_scopes_are_flushed_apart() {
+        let req = |pid, a: &str, scope: Scope| {
+            (
+                Requester { pid, start: 0 },
+                Request::new(&[ip(a)], Path::Auto, (4, 9)).scoped(&scope),
+            )
+        };
+        let reqs = vec![
+            req(1, "10.0.0.1", Scope::All),
+            req(2, "10.0.0.2", Scope::Own(70)),
+            req(3, "10.0.0.3", Scope::All),
+            req(4, "10.0.0.4", Scope::Own(70)),
+            req(5, "10.0.0.5", Scope::Own(71)),
+        ];
+        let mut k = Recorder::default();
+        run_pass(&reqs, &mut k).unwrap();
+        assert_eq!(
+            k.flushes.iter().map(|f| f.0.clone()).collect::<Vec<_>>(),
+            vec![
+                vec![ip("10.0.0.1"), ip("10.0.0.3")],
+                vec![ip("10.0.0.2"), ip("10.0.0.4")],
+                vec![ip("10.0.0.5")],
+            ]
+        );
+        assert_eq!(k.scopes, vec![Scope::All, Scope::Own(70), Scope::Own(71)]);
     }
 }

@@ -10,7 +10,7 @@ use crate::cni::{self, CniVersion, Command, Env, NetConf};
 use crate::config::Config;
 use crate::ctpass;
 use crate::error::{Error, Result};
-use crate::kernel::conntrack::Path;
+use crate::kernel::conntrack::{Path, Scope};
 use crate::kernel::{self, Kernel};
 use crate::plan::{self, NetNames, OwnerKey};
 use crate::prepare::{not_a_pod_address_here, prepare_pod, Identity};
@@ -157,7 +157,8 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
             .join(",")
     );
     if cfg.conntrack.flush_on_add && !p.addrs.is_empty() {
-        flush_conntrack(&mut store, &p.addrs, ct_path, "ADD");
+        let scope = add_scope(&mut store, &p.shared.names, cfg, &p.addrs);
+        flush_conntrack(&mut store, &p.addrs, ct_path, &scope, "ADD");
     }
     if converged == store::Converged::Yes {
         drop(store);
@@ -190,22 +191,98 @@ fn restore_cached_pods(network: &str, cfg: &Config) {
     }
 }
 
-/// Deletes the addresses' conntrack entries, in one pass with every invocation that waits to
-/// do the same ([`crate::ctpass`]); a failure is logged, never returned. The log line gives the
-/// time spent in conntrack's kernel calls, so what an ADD costs besides them can be read
-/// from each ADD (the benchmark does).
-fn flush_conntrack<K: Kernel>(store: &mut Store<K>, addrs: &[IpAddr], path: Path, verb: &str) {
+/// The conntrack label bit a network's connections carry: masquerading networks label what
+/// enters on their pods' host sides (see [`NetNames::label_bit`]); others label nothing.
+fn own_label(names: &NetNames, cfg: &Config) -> Option<u8> {
+    cfg.masquerade.enabled.then(|| names.label_bit())
+}
+
+/// Which of the pod's addresses' entries its ADD deletes: all of them (flushOnAdd: no flow
+/// from before the pod's rules survives into its life), except the flows of other networks'
+/// live attachments that hold one of the addresses (overlapping ranges), which carry their own
+/// network's label bit. When the table is empty, or the other networks cannot be read, every
+/// entry goes, as before scopes existed.
+fn add_scope<K: Kernel>(
+    store: &mut Store<K>,
+    names: &NetNames,
+    cfg: &Config,
+    addrs: &[IpAddr],
+) -> Scope {
+    if matches!(store.conntrack_entries(), Ok(0)) {
+        return Scope::All;
+    }
+    match store.label_holders(names, addrs) {
+        Ok(keep) => Scope::add(own_label(names, cfg), &keep),
+        Err(e) => {
+            warn!("cannot read which other networks hold the pod's addresses, so none of their flows are kept: {e}");
+            Scope::All
+        }
+    }
+}
+
+/// Which of the deleted pod's addresses' entries its DEL deletes. Where another network's live
+/// attachment holds one of the addresses (overlapping ranges), only this network's flows (its
+/// label bit; a network that labels nothing: the unlabelled ones, never a labelling network's),
+/// so the other pod keeps its connections and a DEL with no flow of its own deletes nothing.
+/// Otherwise the address is this pod's alone and every entry of it goes, flows towards the pod
+/// included, by the kernel's filtered deletes: a scoped flush has to dump, which a DEL on a busy
+/// table would pay for nothing. If the other networks cannot be read, the scoped flush.
+fn del_scope<K: Kernel>(
+    store: &mut Store<K>,
+    names: &NetNames,
+    cfg: &Config,
+    addrs: &[IpAddr],
+) -> Scope {
+    if matches!(store.conntrack_entries(), Ok(0)) {
+        return Scope::All;
+    }
+    let own = own_label(names, cfg).map_or(Scope::Unlabelled, Scope::Own);
+    match store.label_holders(names, addrs) {
+        Ok(holders) if holders.is_empty() => Scope::All,
+        Ok(_) => own,
+        Err(e) => {
+            warn!("cannot read which other networks hold the pod's addresses, so only this network's flows are deleted: {e}");
+            own
+        }
+    }
+}
+
+/// What the log says of a scope.
+fn describe_scope(scope: &Scope) -> String {
+    match scope {
+        Scope::All => String::new(),
+        Scope::Own(b) => format!("; only flows labelled {b}"),
+        Scope::Unlabelled => "; only unlabelled flows".into(),
+        Scope::Except { keep, .. } => format!(
+            "; kept the flows labelled {} (other networks' pods with these addresses)",
+            keep.iter().map(u8::to_string).collect::<Vec<_>>().join(",")
+        ),
+    }
+}
+
+/// Deletes the addresses' conntrack entries that `scope` deletes, in one pass with every
+/// invocation that waits to do the same ([`crate::ctpass`]); a failure is logged, never
+/// returned. The log line gives the time spent in conntrack's kernel calls, so what an ADD
+/// costs besides them can be read from each ADD (the benchmark does).
+fn flush_conntrack<K: Kernel>(
+    store: &mut Store<K>,
+    addrs: &[IpAddr],
+    path: Path,
+    scope: &Scope,
+    verb: &str,
+) {
     let run_dir = crate::lock::run_dir();
     let path = crate::kernel::conntrack::auto_path(path, addrs, run_dir);
     let mut timed = Timed {
         store,
         kernel: Duration::ZERO,
     };
-    let outcome = crate::ctpass::flush(run_dir, addrs, path, &mut timed);
+    let outcome = crate::ctpass::flush(run_dir, addrs, path, scope, &mut timed);
     let ms = timed.kernel.as_secs_f64() * 1e3;
+    let scoped = describe_scope(scope);
     match outcome {
         Ok(ctpass::Outcome::Ran { reports, served }) => info!(
-            "conntrack: deleted {} entries in {} kernel walks ({}) for {served} invocation(s); {ms:.3} ms in the kernel",
+            "conntrack: deleted {} entries in {} kernel walks ({}{scoped}) for {served} invocation(s); {ms:.3} ms in the kernel",
             reports.iter().map(|r| r.deleted).sum::<u64>(),
             reports.iter().map(|r| r.walks).sum::<u32>(),
             reports
@@ -216,7 +293,7 @@ fn flush_conntrack<K: Kernel>(store: &mut Store<K>, addrs: &[IpAddr], path: Path
         ),
         Ok(ctpass::Outcome::Served) => info!("conntrack: deleted by another invocation's pass"),
         Ok(ctpass::Outcome::Alone { report: r, why }) => info!(
-            "conntrack: deleted {} entries in {} kernel walks ({}) alone: {why}; {ms:.3} ms in the kernel",
+            "conntrack: deleted {} entries in {} kernel walks ({}{scoped}) alone: {why}; {ms:.3} ms in the kernel",
             r.deleted, r.walks, r.path
         ),
         Err(e) => warn!("conntrack cleanup at {verb} failed (policy is installed): {e}"),
@@ -240,9 +317,10 @@ impl<K: Kernel> ctpass::Flusher for Timed<'_, K> {
         &mut self,
         addrs: &[IpAddr],
         path: Path,
+        scope: &Scope,
     ) -> Result<crate::kernel::conntrack::FlushReport> {
         let t = Instant::now();
-        let r = self.store.flush_conntrack(addrs, path);
+        let r = self.store.flush_conntrack(addrs, path, scope);
         self.kernel += t.elapsed();
         r
     }
@@ -284,7 +362,8 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
     };
     info!("removed {} entries of {}", removed, owner.hex());
     if !addrs.is_empty() {
-        flush_conntrack(&mut store, &addrs, ct_path, "DEL");
+        let scope = del_scope(&mut store, &names, &conf.natguard, &addrs);
+        flush_conntrack(&mut store, &addrs, ct_path, &scope, "DEL");
     }
     Ok(())
 }

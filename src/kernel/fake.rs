@@ -2,7 +2,7 @@
 //! applies batches the way nf_tables does (whole or not at all; deleting a missing element or
 //! writing into a missing set fails the batch with ENOENT) and records every batch committed.
 
-use super::conntrack::{FlushReport, Path};
+use super::conntrack::{FlushReport, Path, Scope};
 use super::{Batch, Kernel, Op, RuleRead, SetRef, Stored};
 use crate::error::{Error, Result};
 use crate::plan::{Elem, Key, SetKind, TableFamily};
@@ -260,7 +260,12 @@ impl Kernel for Fake {
     fn conntrack_entries(&mut self) -> Result<u64> {
         Ok(0)
     }
-    fn flush_conntrack(&mut self, addrs: &[IpAddr], _path: Path) -> Result<FlushReport> {
+    fn flush_conntrack(
+        &mut self,
+        addrs: &[IpAddr],
+        _path: Path,
+        _scope: &Scope,
+    ) -> Result<FlushReport> {
         self.flushed.push(addrs.to_vec());
         Ok(FlushReport {
             deleted: 0,

@@ -126,8 +126,14 @@ pub(crate) trait Kernel {
     fn probe(&mut self) -> Result<()>;
     /// The conntrack entries of the namespace (no walk).
     fn conntrack_entries(&mut self) -> Result<u64>;
-    /// Deletes the conntrack entries of `addrs` (original or reply source).
-    fn flush_conntrack(&mut self, addrs: &[IpAddr], path: conntrack::Path) -> Result<FlushReport>;
+    /// Deletes the conntrack entries of `addrs` (original or reply source) that `scope`
+    /// deletes.
+    fn flush_conntrack(
+        &mut self,
+        addrs: &[IpAddr],
+        path: conntrack::Path,
+        scope: &conntrack::Scope,
+    ) -> Result<FlushReport>;
     /// Deletes the TCP flows from `srcs` to `dsts`:`dports` that were not destination-NATed.
     fn flush_undnatted(
         &mut self,
@@ -277,8 +283,13 @@ impl Kernel for Netfilter {
     fn conntrack_entries(&mut self) -> Result<u64> {
         conntrack::count_entries_on(&mut self.sock)
     }
-    fn flush_conntrack(&mut self, addrs: &[IpAddr], path: conntrack::Path) -> Result<FlushReport> {
-        conntrack::flush_addresses_on(&mut self.sock, addrs, path)
+    fn flush_conntrack(
+        &mut self,
+        addrs: &[IpAddr],
+        path: conntrack::Path,
+        scope: &conntrack::Scope,
+    ) -> Result<FlushReport> {
+        conntrack::flush_scoped_on(&mut self.sock, addrs, path, scope)
     }
     fn flush_undnatted(
         &mut self,

@@ -36,7 +36,7 @@ mod verified;
 mod view;
 
 use crate::error::{Error, Result};
-use crate::kernel::conntrack::{FlushReport, Path};
+use crate::kernel::conntrack::{FlushReport, Path, Scope};
 use crate::kernel::{Batch, Kernel, Op, SetRef, NFT_TABLE_F_DORMANT};
 use crate::lock::Lock;
 use crate::plan::{
@@ -559,9 +559,71 @@ impl<K: Kernel> Store<K> {
         self.k.conntrack_entries()
     }
 
-    /// Deletes the conntrack entries of `addrs`.
-    pub fn flush_conntrack(&mut self, addrs: &[IpAddr], path: Path) -> Result<FlushReport> {
-        self.k.flush_conntrack(addrs, path)
+    /// Deletes the conntrack entries of `addrs` that `scope` deletes.
+    pub fn flush_conntrack(
+        &mut self,
+        addrs: &[IpAddr],
+        path: Path,
+        scope: &Scope,
+    ) -> Result<FlushReport> {
+        self.k.flush_conntrack(addrs, path, scope)
+    }
+
+    /// The conntrack label bits of the other labelling networks (those whose DNAT chain marks
+    /// their connections, see [`NetNames::label_bit`]) that hold one of `addrs` in their
+    /// masquerade sets, owned by an attachment whose network namespace exists: networks with a
+    /// live attachment that has the address, whose flows an ADD of `names`' network keeps.
+    /// Read without the lock: a pod that comes or goes meanwhile
+    /// is one whose flows this ADD keeps or deletes a moment early, as with any timing.
+    pub fn label_holders(&mut self, names: &NetNames, addrs: &[IpAddr]) -> Result<Vec<u8>> {
+        let mut bits = Vec::new();
+        if addrs.is_empty() {
+            return Ok(bits);
+        }
+        let rules = self.k.rules(TableFamily::Inet)?;
+        let mut others: Vec<&str> = Vec::new();
+        for chain_rules in rules.values() {
+            for rule in chain_rules {
+                let Some(other) = plan::network_of_rule_comment(&rule.comment) else {
+                    continue;
+                };
+                if other != names.network
+                    && other != plan::NODE
+                    && !others.contains(&other)
+                    // A network that masquerades labels its connections (its snat chain has
+                    // rules, as in refuse_foreign_objects).
+                    && rules
+                        .get(&NetNames::new(other).chain(plan::ChainKind::Snat))
+                        .is_some_and(|r| !r.is_empty())
+                {
+                    others.push(other);
+                }
+            }
+        }
+        let netns_exists = self.netns_exists;
+        let mut v = view::View::new(&mut self.k);
+        for other in others {
+            let on = NetNames::new(other);
+            'addrs: for a in addrs {
+                let a = a.to_canonical();
+                let set = set_ref(&on, SetKind::Masq(plan::Family::of(&a)));
+                let Some(comment) = v.get(&set, &Key::Addr(a))? else {
+                    continue;
+                };
+                // A holder whose network namespace is gone (a sandbox that vanished without a
+                // DEL) has no connections to keep: its flows go, as an earlier owner's.
+                let owners = owners_of(Some(&comment));
+                let mut live = owners.is_empty();
+                for o in owners {
+                    live |= !attachment_gone(&mut v, &on, o, netns_exists)?;
+                }
+                if live {
+                    bits.push(on.label_bit());
+                    break 'addrs;
+                }
+            }
+        }
+        Ok(bits)
     }
 
     /// Deletes metadata flows from `srcs` that bypassed the DNAT.

@@ -854,3 +854,53 @@ fn del_finds_an_element_in_every_owned_set() {
         }
     }
 }
+
+/// An ADD keeps only the flows of another masquerading network whose live attachment holds
+/// the address: the holders are that network's label bit when one of its pods with the address
+/// has a network namespace that exists, and nothing for a pod whose sandbox is gone, an
+/// address nobody else holds, the asking network itself, or a network that labels nothing.
+#[test]
+fn label_holders_are_the_other_labelling_networks_with_a_live_pod_of_the_address() {
+    let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+    for masquerades in [true, false] {
+        let mut cfg = Config::default();
+        cfg.masquerade.enabled = masquerades;
+        let mut s = store();
+        s.apply_pod(
+            &shared(&cfg),
+            &pod(&cfg, "a", "default", &["10.1.0.5", "fd00::5"]),
+        )
+        .unwrap();
+        s.apply_pod(
+            &shared(&cfg),
+            &pod_in(&cfg, "g", "default", &["10.1.0.6"], GONE),
+        )
+        .unwrap();
+        let other = NetNames::new("other");
+        let want = |v: &[u8]| if masquerades { v.to_vec() } else { Vec::new() };
+        let bit = names().label_bit();
+        assert_eq!(
+            s.label_holders(&other, &[ip("10.1.0.5")]).unwrap(),
+            want(&[bit])
+        );
+        assert_eq!(
+            s.label_holders(&other, &[ip("10.1.0.9"), ip("fd00::5")])
+                .unwrap(),
+            want(&[bit])
+        );
+        assert_eq!(
+            s.label_holders(&other, &[ip("10.1.0.6")]).unwrap(),
+            Vec::<u8>::new(),
+            "a pod whose sandbox is gone keeps nothing"
+        );
+        assert_eq!(
+            s.label_holders(&other, &[ip("10.1.0.7")]).unwrap(),
+            Vec::<u8>::new()
+        );
+        assert_eq!(
+            s.label_holders(&names(), &[ip("10.1.0.5")]).unwrap(),
+            Vec::<u8>::new(),
+            "the asking network is not another"
+        );
+    }
+}

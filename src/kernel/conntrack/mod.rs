@@ -9,6 +9,12 @@
 //! * [`flush_undnatted_flows`]: TCP flows from the pods to the metadata addresses that did not go
 //!   through the DNAT (reply source == original destination), for `adopt`.
 //!
+//! A flush of addresses can be scoped ([`Scope`], [`flush_scoped_on`]) by the conntrack label
+//! bit each network sets on the connections entering on its pods' host sides, so that a network
+//! whose pods share addresses with another's (overlapping pools) deletes only its own flows at
+//! DEL and keeps the other's live pods' flows at ADD. No kernel filter matches labels: a scoped
+//! flush takes the dump paths (2, or 3) and checks `CTA_LABELS` here.
+//!
 //! # Paths
 //!
 //! 1. **filtered** (`IPCTNL_MSG_CT_DELETE` + `CTA_FILTER`): the kernel walks its table once and
@@ -135,6 +141,93 @@ pub struct FlushReport {
     pub path: &'static str,
 }
 
+/// Which of the addresses' entries a flush deletes, by the conntrack label bit that each
+/// labelling network sets on the connections entering on its pods' host sides
+/// ([`crate::plan::NetNames::label_bit`]). A flow from before a network's rules has no bit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Every entry: an ADD no other network shares the addresses with, or a network whose
+    /// connections carry no label.
+    All,
+    /// Only the entries that carry this bit: a DEL's, the deleted attachment's network's own.
+    Own(u8),
+    /// Only the entries that carry no network's bit (none of bits 64 to 127): the DEL of a
+    /// network that labels nothing, which cannot tell its flows from others' but never deletes
+    /// a labelling network's.
+    Unlabelled,
+    /// Every entry except those that carry one of `keep` and not `own`: an ADD's, where
+    /// other networks' live attachments hold the addresses (`keep`: their bits). An entry that
+    /// carries `own` (this network's earlier flows, or an ambiguous one that carries both) and
+    /// an unlabelled one (from before any rule) are deleted, as flushOnAdd promises.
+    Except { own: Option<u8>, keep: Vec<u8> },
+}
+
+impl Scope {
+    /// An ADD's scope: [`Scope::All`] unless another network's bit is to be kept.
+    pub fn add(own: Option<u8>, keep: &[u8]) -> Scope {
+        let mut keep: Vec<u8> = keep
+            .iter()
+            .copied()
+            .filter(|b| Some(*b) != own && *b < 128)
+            .collect();
+        keep.sort_unstable();
+        keep.dedup();
+        if keep.is_empty() {
+            Scope::All
+        } else {
+            Scope::Except { own, keep }
+        }
+    }
+
+    /// Whether an entry with these labels is deleted.
+    pub fn deletes(&self, labels: u128) -> bool {
+        let has = |b: u8| b < 128 && labels & (1u128 << b) != 0;
+        match self {
+            Scope::All => true,
+            Scope::Own(b) => has(*b),
+            Scope::Unlabelled => labels >> 64 == 0,
+            Scope::Except { own, keep } => own.is_some_and(has) || !keep.iter().any(|b| has(*b)),
+        }
+    }
+
+    /// The scope as natguard's runtime records write it: `all`, `own:N`, `unlabelled`,
+    /// `except:N:K,K` (`-` for no own bit).
+    pub fn name(&self) -> String {
+        match self {
+            Scope::All => "all".into(),
+            Scope::Own(b) => format!("own:{b}"),
+            Scope::Unlabelled => "unlabelled".into(),
+            Scope::Except { own, keep } => format!(
+                "except:{}:{}",
+                own.map_or("-".into(), |b| b.to_string()),
+                keep.iter().map(u8::to_string).collect::<Vec<_>>().join(",")
+            ),
+        }
+    }
+
+    /// The scope named `s` ([`Scope::name`]).
+    pub fn from_name(s: &str) -> Option<Scope> {
+        let bit = |t: &str| t.parse::<u8>().ok().filter(|b| *b < 128);
+        match s {
+            "all" => return Some(Scope::All),
+            "unlabelled" => return Some(Scope::Unlabelled),
+            _ => {}
+        }
+        if let Some(b) = s.strip_prefix("own:") {
+            return bit(b).map(Scope::Own);
+        }
+        let (own, keep) = s.strip_prefix("except:")?.split_once(':')?;
+        let own = if own == "-" { None } else { Some(bit(own)?) };
+        let keep = keep.split(',').map(bit).collect::<Option<Vec<u8>>>()?;
+        match Scope::add(own, &keep) {
+            Scope::Except { own: o, keep: k } if k == keep => {
+                Some(Scope::Except { own: o, keep: k })
+            }
+            _ => None,
+        }
+    }
+}
+
 const PATH_FILTERED: &str = "filtered";
 const PATH_DUMP: &str = "dump+delete";
 const PATH_FULL: &str = "full-dump";
@@ -258,6 +351,19 @@ pub fn flush_addresses_on(
     addrs: &[IpAddr],
     path: Path,
 ) -> Result<FlushReport> {
+    flush_scoped_on(sock, addrs, path, &Scope::All)
+}
+
+/// [`flush_addresses_on`], deleting only the entries `scope` deletes. A scope other than
+/// [`Scope::All`] needs the entries' labels, which no kernel filter matches: the addresses'
+/// entries are found by filtered dumps (or the full dump where `path` asks for it or the
+/// kernel refuses those) and the labels are checked here, so the count is exact.
+pub fn flush_scoped_on(
+    sock: &mut NfSocket,
+    addrs: &[IpAddr],
+    path: Path,
+    scope: &Scope,
+) -> Result<FlushReport> {
     let refused = Refused::default();
     let addrs = normalize(addrs);
     let v6_filtered = path == Path::Ipv6Filtered;
@@ -292,14 +398,23 @@ pub fn flush_addresses_on(
         return Ok(report);
     }
     let all: Vec<Want> = wants4.iter().copied().chain(want6).collect();
+    let path_if_scoped = match path {
+        Path::FullDump => Path::FullDump,
+        _ => Path::Fallback,
+    };
+    let path = if *scope == Scope::All {
+        path
+    } else {
+        path_if_scoped
+    };
     match path {
         Path::FullDump => {
-            full_dump_delete(sock, &all, &mut report)?;
+            full_dump_delete(sock, &all, &mut report, scope)?;
             report.path = PATH_FULL;
             return Ok(report);
         }
         Path::Fallback => {
-            let ran = dump_delete(sock, &all, &mut report, &refused)?;
+            let ran = dump_delete(sock, &all, &mut report, &refused, scope)?;
             report.path = label(ran, ran == Ran::Dump && want6.is_some(), path);
             return Ok(report);
         }
@@ -312,9 +427,9 @@ pub fn flush_addresses_on(
     let (r4, r6) = std::thread::scope(|s| {
         let h6 = want6
             .as_ref()
-            .map(|w| (w, spawn_walk(s, w, "natguard-ct6")));
+            .map(|w| (w, spawn_walk(s, w, "natguard-ct6", scope)));
         let r4 = filtered_delete_all(sock, &wants4, path != Path::Filtered);
-        (r4, h6.map(|(w, h)| finish_walk(h, sock, w)))
+        (r4, h6.map(|(w, h)| finish_walk(h, sock, w, scope)))
     });
     let done = r4?;
     report.walks += done as u32;
@@ -335,7 +450,7 @@ pub fn flush_addresses_on(
             walks: 0,
             path: "",
         };
-        ran = dump_delete(sock, &wants4[done..], &mut sub, &refused)?;
+        ran = dump_delete(sock, &wants4[done..], &mut sub, &refused, scope)?;
         report.walks += sub.walks;
         exact += sub.deleted;
     }
@@ -431,10 +546,10 @@ pub fn flush_undnatted_flows_with(
         return Ok(report);
     }
     let ran = if path == Path::FullDump {
-        full_dump_delete(sock, &wants, &mut report)?;
+        full_dump_delete(sock, &wants, &mut report, &Scope::All)?;
         Ran::Full
     } else {
-        dump_delete(sock, &wants, &mut report, &refused)?
+        dump_delete(sock, &wants, &mut report, &refused, &Scope::All)?
     };
     report.path = if ran == Ran::Full {
         PATH_FULL
@@ -670,23 +785,24 @@ fn spawn_walk<'scope>(
     s: &'scope std::thread::Scope<'scope, '_>,
     want: &'scope Want<'scope>,
     name: &str,
+    scope: &'scope Scope,
 ) -> Walk<'scope> {
     std::thread::Builder::new()
         .name(name.into())
         .spawn_scoped(s, move || {
             let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
-            dump_delete_one(&mut sock, want)
+            dump_delete_one(&mut sock, want, scope)
         })
 }
 
 /// The result of a walk started by [`spawn_walk`]; if no thread could be started, the walk
 /// runs here, on the caller's socket.
-fn finish_walk(h: Walk<'_>, sock: &mut NfSocket, want: &Want) -> Result<u64> {
+fn finish_walk(h: Walk<'_>, sock: &mut NfSocket, want: &Want, scope: &Scope) -> Result<u64> {
     match h {
         Ok(h) => h
             .join()
             .unwrap_or_else(|_| Err(Error::Protocol("conntrack: walk thread panicked".into()))),
-        Err(_) => dump_delete_one(sock, want),
+        Err(_) => dump_delete_one(sock, want, scope),
     }
 }
 
@@ -697,22 +813,23 @@ fn dump_delete(
     wants: &[Want],
     report: &mut FlushReport,
     refused: &Refused,
+    scope: &Scope,
 ) -> Result<Ran> {
     if refused.filtered_dump.load(Ordering::Relaxed) {
-        full_dump_delete(sock, wants, report)?;
+        full_dump_delete(sock, wants, report, scope)?;
         return Ok(Ran::Full);
     }
     let results: Vec<Result<u64>> = match wants {
         [] => Vec::new(),
-        [want] => vec![dump_delete_one(sock, want)],
+        [want] => vec![dump_delete_one(sock, want, scope)],
         _ => std::thread::scope(|s| {
             let walks: Vec<(&Want, Walk)> = wants
                 .iter()
-                .map(|w| (w, spawn_walk(s, w, "natguard-ct")))
+                .map(|w| (w, spawn_walk(s, w, "natguard-ct", scope)))
                 .collect();
             walks
                 .into_iter()
-                .map(|(w, h)| finish_walk(h, sock, w))
+                .map(|(w, h)| finish_walk(h, sock, w, scope))
                 .collect()
         }),
     };
@@ -736,13 +853,13 @@ fn dump_delete(
     if was_refused {
         refused.filtered_dump.store(true, Ordering::Relaxed);
         // Wants whose dump did run are matched again and find nothing left.
-        full_dump_delete(sock, wants, report)?;
+        full_dump_delete(sock, wants, report, scope)?;
         return Ok(Ran::Full);
     }
     Ok(Ran::Dump)
 }
 
-fn dump_delete_one(sock: &mut NfSocket, want: &Want) -> Result<u64> {
+fn dump_delete_one(sock: &mut NfSocket, want: &Want, scope: &Scope) -> Result<u64> {
     let msgs = sock.request_retry(
         &|b| {
             b.begin(ct_msg(IPCTNL_MSG_CT_GET), NLM_F_DUMP, want.family(), 0);
@@ -751,11 +868,16 @@ fn dump_delete_one(sock: &mut NfSocket, want: &Want) -> Result<u64> {
         },
         &format!("conntrack: dump for {want:?}"),
     )?;
-    delete_matching(sock, &msgs, std::slice::from_ref(want))
+    delete_matching(sock, &msgs, std::slice::from_ref(want), scope)
 }
 
 /// One unfiltered dump of both families, matched here.
-fn full_dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushReport) -> Result<()> {
+fn full_dump_delete(
+    sock: &mut NfSocket,
+    wants: &[Want],
+    report: &mut FlushReport,
+    scope: &Scope,
+) -> Result<()> {
     let msgs = sock.request_retry(
         &|b| {
             b.begin(ct_msg(IPCTNL_MSG_CT_GET), NLM_F_DUMP, 0, 0);
@@ -764,13 +886,18 @@ fn full_dump_delete(sock: &mut NfSocket, wants: &[Want], report: &mut FlushRepor
         "conntrack: dump",
     )?;
     report.walks += 1;
-    report.deleted += delete_matching(sock, &msgs, wants)?;
+    report.deleted += delete_matching(sock, &msgs, wants, scope)?;
     Ok(())
 }
 
-/// Deletes, by exact tuple, each dumped entry that one of `wants` matches. Returns how many
-/// were deleted (entries already gone do not count).
-fn delete_matching(sock: &mut NfSocket, msgs: &[Msg], wants: &[Want]) -> Result<u64> {
+/// Deletes, by exact tuple, each dumped entry that one of `wants` matches and `scope` deletes.
+/// Returns how many were deleted (entries already gone do not count).
+fn delete_matching(
+    sock: &mut NfSocket,
+    msgs: &[Msg],
+    wants: &[Want],
+    scope: &Scope,
+) -> Result<u64> {
     let mut deleted = 0;
     for m in msgs {
         if m.msg_type != ct_msg(IPCTNL_MSG_CT_NEW) {
@@ -780,7 +907,8 @@ fn delete_matching(sock: &mut NfSocket, msgs: &[Msg], wants: &[Want]) -> Result<
             )));
         }
         let e = Entry::parse(m)?;
-        if wants.iter().any(|w| w.matches(&e)) && delete_exact(sock, &e)? {
+        if wants.iter().any(|w| w.matches(&e)) && scope.deletes(e.labels) && delete_exact(sock, &e)?
+        {
             deleted += 1;
         }
     }

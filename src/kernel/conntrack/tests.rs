@@ -167,3 +167,113 @@ fn labels() {
     assert_eq!(label(Ran::Nothing, false, Path::Fallback), "dump+delete");
     assert_eq!(label(Ran::Full, true, Path::Auto), "full-dump");
 }
+
+/// An entry with the labels `ct label set` writes (bit N in byte N/8) reads them back as bit N
+/// of the u128; an entry without CTA_LABELS, or with a short one, has none.
+#[test]
+fn entries_carry_their_label_bits() {
+    let pod: IpAddr = "10.1.0.5".parse().unwrap();
+    let out: IpAddr = "11.0.0.2".parse().unwrap();
+    let mut b = MsgBuf::new(1);
+    for labels in [Some(vec![0u8; 16]), None, Some(vec![1u8; 8])] {
+        b.begin(ct_msg(IPCTNL_MSG_CT_NEW), 0, AF_INET, 0);
+        put_tuple(&mut b, CTA_TUPLE_ORIG, IPPROTO_TCP, pod, out, 40000, 80);
+        put_tuple(&mut b, CTA_TUPLE_REPLY, IPPROTO_TCP, out, pod, 80, 40000);
+        if let Some(mut l) = labels {
+            if l.len() == 16 {
+                l[70 / 8] |= 1 << (70 % 8);
+                l[0] |= 1;
+            }
+            b.attr(CTA_LABELS, &l);
+        }
+        b.end();
+    }
+    let msgs = parse_msgs(b.as_bytes());
+    let got: Vec<u128> = msgs
+        .iter()
+        .map(|m| Entry::parse(m).unwrap().labels)
+        .collect();
+    assert_eq!(got, vec![(1u128 << 70) | 1, 0, 0]);
+}
+
+#[test]
+fn scopes_delete_what_they_promise() {
+    let l = |bits: &[u8]| bits.iter().fold(0u128, |a, b| a | (1u128 << b));
+    let (own, other, third) = (70u8, 99u8, 65u8);
+    // Every entry.
+    for bits in [&[][..], &[own], &[other], &[own, other]] {
+        assert!(Scope::All.deletes(l(bits)), "{bits:?}");
+    }
+    // DEL: only what carries the network's own bit.
+    let del = Scope::Own(own);
+    assert!(del.deletes(l(&[own])) && del.deletes(l(&[own, other])));
+    assert!(
+        !del.deletes(0),
+        "a flow from before the rules is not the DEL's"
+    );
+    assert!(!del.deletes(l(&[other])) && !del.deletes(l(&[1])));
+    // DEL of a network that labels nothing: never a labelling network's flow.
+    let plain = Scope::Unlabelled;
+    assert!(plain.deletes(0) && plain.deletes(l(&[1, 63])));
+    assert!(!plain.deletes(l(&[own])) && !plain.deletes(l(&[64])) && !plain.deletes(l(&[127])));
+    // ADD where another network's live pod shares the address: its flows stay, the rest goes.
+    let add = Scope::add(Some(own), &[other]);
+    assert_eq!(
+        add,
+        Scope::Except {
+            own: Some(own),
+            keep: vec![other]
+        }
+    );
+    assert!(
+        add.deletes(0),
+        "a flow from before the rules goes (flushOnAdd)"
+    );
+    assert!(
+        add.deletes(l(&[own])),
+        "this network's earlier flows go (IP reuse)"
+    );
+    assert!(
+        add.deletes(l(&[third])),
+        "a network that holds no address here keeps nothing"
+    );
+    assert!(add.deletes(l(&[own, other])), "an ambiguous flow goes");
+    assert!(!add.deletes(l(&[other])) && !add.deletes(l(&[other, third])));
+    // A network without a label of its own keeps the others' too.
+    let unlabelled = Scope::add(None, &[other]);
+    assert!(unlabelled.deletes(0) && !unlabelled.deletes(l(&[other])));
+    // Nothing to keep (or only the network's own bit, a collision): every entry.
+    assert_eq!(Scope::add(Some(own), &[]), Scope::All);
+    assert_eq!(Scope::add(Some(own), &[own]), Scope::All);
+    assert_eq!(Scope::add(None, &[200]), Scope::All);
+}
+
+#[test]
+fn scopes_round_trip_their_names_and_refuse_others() {
+    for s in [
+        Scope::All,
+        Scope::Own(64),
+        Scope::Own(127),
+        Scope::Unlabelled,
+        Scope::add(Some(70), &[99, 65, 99]),
+        Scope::add(None, &[65]),
+    ] {
+        assert_eq!(Scope::from_name(&s.name()), Some(s.clone()), "{}", s.name());
+    }
+    assert_eq!(Scope::add(Some(70), &[99, 65]).name(), "except:70:65,99");
+    for bad in [
+        "",
+        "own:",
+        "own:128",
+        "own:x",
+        "except:70",
+        "except:70:",
+        "except:x:65",
+        "except:70:70",
+        "except:70:99,65",
+        "except:70:65,65",
+        "some",
+    ] {
+        assert_eq!(Scope::from_name(bad), None, "{bad}");
+    }
+}

@@ -22,6 +22,7 @@ pub const CTA_STATUS: u16 = 3;
 pub const CTA_TIMEOUT: u16 = 7;
 pub const CTA_ID: u16 = 12;
 pub const CTA_ZONE: u16 = 18;
+pub const CTA_LABELS: u16 = 22;
 pub const CTA_FILTER: u16 = 25;
 pub const CTA_STATUS_MASK: u16 = 26;
 // enum ctattr_tuple
@@ -190,6 +191,10 @@ pub(super) struct Entry<'a> {
     pub(super) orig_raw: &'a [u8],
     pub(super) id: Option<u32>,
     pub(super) zone: Option<&'a [u8]>,
+    /// The conntrack labels (`CTA_LABELS`, the kernel's 128-bit bitmap: bit N in byte N/8 on
+    /// the little-endian machines natguard is built for, as `ct label set N` writes it); 0
+    /// when the entry has none.
+    pub(super) labels: u128,
 }
 
 impl<'a> Entry<'a> {
@@ -214,6 +219,10 @@ impl<'a> Entry<'a> {
             orig_raw: orig.payload,
             id: attrs.get(CTA_ID).and_then(|a| a.u32_be()),
             zone: attrs.get(CTA_ZONE).map(|a| a.payload),
+            labels: attrs
+                .get(CTA_LABELS)
+                .and_then(|a| <[u8; 16]>::try_from(a.payload).ok())
+                .map_or(0, u128::from_le_bytes),
         })
     }
 }
