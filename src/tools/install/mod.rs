@@ -216,7 +216,8 @@ fn check(opts: &InstallOpts) -> i32 {
 /// there. Both pass again once the watcher has repaired the tables or been restarted.
 fn health(opts: &InstallOpts, max_age: std::time::Duration) -> Result<String, String> {
     use crate::tools::watcher::{age_of, read_state, state_file_beside, watcher_running};
-    let mut store = crate::store::open().map_err(|e| format!("cannot read natguard's state: {e}"))?;
+    let mut store =
+        crate::store::open().map_err(|e| format!("cannot read natguard's state: {e}"))?;
     match store.installation() {
         Ok(crate::store::Installation::Guarding) => {}
         Ok(crate::store::Installation::NoTable) => {
@@ -230,9 +231,20 @@ fn health(opts: &InstallOpts, max_age: std::time::Duration) -> Result<String, St
         }
         Err(e) => return Err(format!("cannot read natguard's state: {e}")),
     }
-    let networks = crate::restore::natguard_networks(&opts.netconf_dir)
-        .map_err(|e| format!("cannot read the conflists of {}: {e}", opts.netconf_dir.display()))?;
-    let plans = crate::restore::guard_plans(&networks, flow::entry_config(opts).as_ref());
+    let networks = crate::restore::natguard_networks(&opts.netconf_dir).map_err(|e| {
+        format!(
+            "cannot read the conflists of {}: {e}",
+            opts.netconf_dir.display()
+        )
+    })?;
+    // Where no conflist lists natguard yet, the guard alone is planned from the entry: only
+    // with --config is that the entry the watcher placed (without it, the liveness probe's
+    // way, the chains above are what is checked).
+    let entry = opts
+        .config_file
+        .as_ref()
+        .and_then(|_| flow::entry_config(opts));
+    let plans = crate::restore::guard_plans(&networks, entry.as_ref());
     for plan in &plans {
         store
             .check_shared(plan)
