@@ -2,11 +2,15 @@
 # scripts/test.sh: installs what the tests need on a Debian 12 machine and runs every test layer:
 #   1. cargo fmt --check
 #   2. cargo clippy --all-targets -- -D warnings
-#   the demo (scripts/demo.sh), its output checked for every claim the README makes of it
-#   3. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
+#   3. demo: scripts/demo.sh, its output checked for every claim the README makes of it
+#   4. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
 #      root integration tests in network namespaces: tests/datapath.rs, ...)
-#   4. the end-to-end layers in scripts/e2e/ (real runtimes: libcni, ctr, CRI, podman, image)
-#   5. the manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
+#   5. fuzz: scripts/fuzz.sh, bounded
+#   6. benchmark smoke run: scripts/bench.sh --quick (the run is checked, not the numbers)
+#   7. kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu)
+#   8. end-to-end: scripts/e2e/run-all.sh (real runtimes: libcni, ctr, CRI, podman, the image,
+#      the rendered DaemonSet through containerd's CRI and the bootstrap unit)
+#   9. manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
 #      strictly against Kubernetes 1.29 to 1.35 (scripts/manifests.sh)
 # Must run as root (network namespaces). Nothing in the root network namespace is changed.
 # Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
