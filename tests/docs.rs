@@ -386,7 +386,8 @@ fn test_sh_lists_every_layer_it_runs() {
     ];
     let layers: Vec<&str> = text
         .lines()
-        .filter_map(|l| l.trim_start().strip_prefix("say \""))
+        // A layer starts at the top level; indented `say`s are inside one.
+        .filter_map(|l| l.strip_prefix("say \""))
         .map(|l| l.split('"').next().unwrap())
         .filter(|l| !not_layers.iter().any(|n| l.starts_with(n)))
         .collect();
