@@ -33,7 +33,7 @@
 # The lines starting with "RESULT" are the ones to quote.
 . "$(dirname "$0")/../lib.sh"
 e2e_init dscri
-need ctr flock jq /usr/bin/python3 /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap
+need ctr flock jq /usr/bin/python3 /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/loopback
 NET=ng-e2e-dscri
 LIST=/etc/cni/net.d/10-$NET.conflist
 NS_K8S=k8s.io
@@ -119,7 +119,7 @@ print(json.dumps({
     "limits": c.get("resources", {}).get("limits", {}),
 }))
 PY
-spec() { jq -c "$1" "$W/spec.json"; }
+spec() { jq -c "$@" "$W/spec.json"; }
 log "DaemonSet translated: $(spec '{image, hostNetwork, args, capAdd, capDrop, seccomp, readOnlyRoot, noNewPrivs, privileged}')"
 result "shipped privileges: capabilities add $(spec .capAdd) drop $(spec .capDrop), privileged $(spec .privileged), no_new_privs $(spec .noNewPrivs), read-only root $(spec .readOnlyRoot), seccomp $(spec -r .seccomp), mounts $(spec '[.mounts[] | "\(.ctr):\(.mode)\(if .prop != "None" then ":" + .prop else "" end)"] | join(" ")')"
 
@@ -149,7 +149,7 @@ mkdir -p /run/netns
 mountpoint -q /run/netns || { mount --bind /run/netns /run/netns && defer "umount -l /run/netns"; }
 mount --make-rshared /run/netns || fail "mount --make-rshared /run/netns"
 [ -e /var/run/netns ] || fail "/var/run/netns does not exist"
-link_plugin bridge host-local portmap
+link_plugin bridge host-local portmap loopback
 mkdir_tracked /run/natguard
 jq -n --argjson br "$(bridge_conf cni0 10.244.7.0/24)" --arg net "$NET" \
   '{cniVersion: "0.4.0", name: $net, plugins: [$br, {type: "portmap", capabilities: {portMappings: true}}]}' >"$W/primary.conflist"
