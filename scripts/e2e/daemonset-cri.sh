@@ -177,14 +177,15 @@ pod() {
   ip=$(cri ip "$id") || fail "PodSandboxStatus $id"
   echo "$id $ip"
 }
-# probe_pod ID NAME WANT_META: the world's probe from a container in the pod; checks metadata
-# (proxy, cloud) and the two sources (masquerade as the ConfigMap says).
+# probe_pod ID NAME WANT_META [primary]: the world's probe from a container in the pod; checks
+# metadata (proxy, cloud) and the two sources (masquerade as the ConfigMap says; with
+# "primary", as the primary alone does it: no masquerade, natguard is not there yet).
 probe_pod() {
   local id=$1 who=$2 want=$3 out ip meta in outv want_out
   out=$(cri run "$id" "$IMAGE_REF" sh -c "$PROBE") || fail "probe in $who: $out"
   ip=$(sed -n 's/^ip=//p' <<<"$out") meta=$(sed -n 's/^meta=//p' <<<"$out")
   in=$(sed -n 's/^in=//p' <<<"$out") outv=$(sed -n 's/^out=//p' <<<"$out")
-  [ "$masq" = true ] && want_out=$NODE_IP || want_out=$ip
+  [ "$masq" = true ] && [ "${4:-}" != primary ] && want_out=$NODE_IP || want_out=$ip
   [ "$meta" = "$want" ] || fail "$who ($ip): 169.254.169.254 answered '$meta', want '$want'"
   [ "$in" = "$ip" ] || fail "$who ($ip): $REMOTE_IN saw '$in', want the pod's address"
   [ "$outv" = "$want_out" ] || fail "$who ($ip): $REMOTE_OUT saw '$outv', want '$want_out'"
@@ -195,7 +196,8 @@ probe_pod() {
 read -r podA ipA < <(pod ng-before-web ng-e2e-apps)
 read -r podB ipB < <(pod ng-before-creds "$EXEMPT_NS")
 [ -n "${ipA:-}" ] && [ -n "${ipB:-}" ] || fail "the pods before natguard did not start"
-log "before natguard: $(probe_pod "$podA" ng-e2e-apps/ng-before-web cloud)"
+out=$(probe_pod "$podA" ng-e2e-apps/ng-before-web cloud primary) || fail "before natguard: $out"
+log "before natguard: $out"
 
 # --- the DaemonSet's container ----------------------------------------------------------------
 runspec=(runspec "$(spec -r .name)" kube-system uid-natguard "$(spec .hostNetwork)" "$(spec -r .image)"

@@ -118,7 +118,12 @@ fn sandbox_config_net(
             namespace: ns.into(),
             attempt: 0,
         }),
-        hostname: name.into(),
+        // The node's own name on the host network (the kubelet sets none: no UTS namespace).
+        hostname: if host_network {
+            String::new()
+        } else {
+            name.into()
+        },
         log_directory: log_dir(ns, name, uid),
         port_mappings: ports,
         labels,
