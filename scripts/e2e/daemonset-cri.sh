@@ -149,6 +149,10 @@ mkdir -p /run/netns
 mountpoint -q /run/netns || { mount --bind /run/netns /run/netns && defer "umount -l /run/netns"; }
 mount --make-rshared /run/netns || fail "mount --make-rshared /run/netns"
 [ -e /var/run/netns ] || fail "/var/run/netns does not exist"
+# containerd checks the mount a HostToContainer path is on without resolving symlinks:
+# /var/run/netns (/var/run -> /run) is "on /". A systemd host's / is shared; in this layer's
+# mount namespace it is made so too (this namespace only, not recursively).
+mount --make-shared / || fail "mount --make-shared / (in this layer's mount namespace)"
 link_plugin bridge host-local portmap loopback
 mkdir_tracked /run/natguard
 jq -n --argjson br "$(bridge_conf cni0 10.244.7.0/24)" --arg net "$NET" \
