@@ -31,6 +31,10 @@
 # as systemd would (root, the host's mounts), over a fresh set of pods: adopt, flush, repair.
 #
 # The lines starting with "RESULT" are the ones to quote.
+#
+# NG_DSCRI_ADD_CAPS=CAP[,CAP]: add capabilities to the translated container, to check this
+# layer itself on a tree whose adopt needs more than the manifest grants; every RESULT line then
+# says the privileges are NOT the shipped ones. Unset, the manifest's capabilities are used.
 . "$(dirname "$0")/../lib.sh"
 e2e_init dscri
 need ctr flock jq /usr/bin/python3 /usr/lib/cni/bridge /usr/lib/cni/host-local /usr/lib/cni/portmap /usr/lib/cni/loopback
@@ -121,6 +125,10 @@ print(json.dumps({
 PY
 spec() { jq -c "$@" "$W/spec.json"; }
 log "DaemonSet translated: $(spec '{image, hostNetwork, args, capAdd, capDrop, seccomp, readOnlyRoot, noNewPrivs, privileged}')"
+extra_caps=${NG_DSCRI_ADD_CAPS:-}
+if [ -n "$extra_caps" ]; then
+  result() { printf 'RESULT [NOT the shipped privileges: +%s] %s\n' "$extra_caps" "$*"; }
+fi
 result "shipped privileges: capabilities add $(spec .capAdd) drop $(spec .capDrop), privileged $(spec .privileged), no_new_privs $(spec .noNewPrivs), read-only root $(spec .readOnlyRoot), seccomp $(spec -r .seccomp), mounts $(spec '[.mounts[] | "\(.ctr):\(.mode)\(if .prop != "None" then ":" + .prop else "" end)"] | join(" ")')"
 
 # The ConfigMap volume as the kubelet lays it out.
@@ -206,7 +214,7 @@ log "before natguard: $out"
 # --- the DaemonSet's container ----------------------------------------------------------------
 runspec=(runspec "$(spec -r .name)" kube-system uid-natguard "$(spec .hostNetwork)" "$(spec -r .image)"
   "$(spec .readOnlyRoot)" "$(spec .noNewPrivs)" "$(spec .privileged)" "$(spec .runAsUser)" "$(spec -r .seccomp)"
-  "$(spec -r '.capAdd | if length == 0 then "-" else join(",") end')"
+  "$(spec -r --arg x "$extra_caps" '.capAdd + ($x | split(",") | map(select(. != ""))) | if length == 0 then "-" else join(",") end')"
   "$(spec -r '.capDrop | if length == 0 then "-" else join(",") end')")
 while read -r m; do runspec+=(--mount "$m"); done < <(spec -r '.mounts[] | "\(.host):\(.ctr):\(.mode):\(.prop)"')
 while read -r e; do [ -n "$e" ] && runspec+=(--env "$e"); done < <(spec -r '.env[]')
