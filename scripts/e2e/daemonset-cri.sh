@@ -280,7 +280,9 @@ wait_for "the repair of every pod's entries" 30 repaired
 out=$(check_all) || fail "after the flush: $out; natguard's log: $(ctr_log | tail -20)"
 result "nft flush ruleset repaired under the shipped privileges: $(ctr_log | grep -E 'self-repair: .*restored' | tail -1)"
 sed 's/^/RESULT   /' <<<"$out"
-repair_skips=$(ctr_log | grep -Ei 'skip' || true)
+# CRI's loopback attachments are skipped by design (their network does not list natguard);
+# any other skip is a pod left without its entries.
+repair_skips=$(ctr_log | grep -E '^skipped|skipped ' | grep -v 'its network does not list natguard' | grep -v ' skipped, ' || true)
 [ -z "$repair_skips" ] || fail "natguard skipped pods: $repair_skips"
 
 # --- status's exit codes, the probes failing and recovering ----------------------------------
