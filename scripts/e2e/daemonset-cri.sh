@@ -329,8 +329,8 @@ envfile=$(sed -n 's/^EnvironmentFile=-\{0,1\}//p' "$unit")
 # it: $NATGUARD_ARGS split on whitespace into the command line.
 NATGUARD_ARGS="--exempt-namespace $EXEMPT_NS"
 printf 'NATGUARD_ARGS=%s\n' "$NATGUARD_ARGS" >"$W/default-natguard"
-# shellcheck disable=SC1090
-NATGUARD_ARGS=$(. "$W/default-natguard" && echo "$NATGUARD_ARGS")
+# systemd's EnvironmentFile: the value is the rest of the line, spaces and all.
+NATGUARD_ARGS=$(sed -n 's/^NATGUARD_ARGS=//p' "$W/default-natguard")
 read -r -a unit_cmd <<<"${exec_start//\$NATGUARD_ARGS/$NATGUARD_ARGS}"
 unit_cmd[0]=$bin
 log "bootstrap unit: ${unit_cmd[*]}"
