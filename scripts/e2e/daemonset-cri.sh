@@ -334,10 +334,11 @@ NATGUARD_ARGS=$(sed -n 's/^NATGUARD_ARGS=//p' "$W/default-natguard")
 read -r -a unit_cmd <<<"${exec_start//\$NATGUARD_ARGS/$NATGUARD_ARGS}"
 unit_cmd[0]=$bin
 log "bootstrap unit: ${unit_cmd[*]}"
-in_node "${unit_cmd[@]}" >"$W/unit.log" 2>&1 &
+# nsenter directly, not in_node: $! of a backgrounded function is its subshell, not the unit
+nsenter --net="/run/netns/$NODE" -- "${unit_cmd[@]}" >"$W/unit.log" 2>&1 9>&- &
 unit_pid=$!
 defer "kill $unit_pid"
-wait_for "the unit's watcher to adopt" 60 repaired
+wait_for "the unit's watcher to adopt" 60 repaired || fail "the unit's log: $(tail -20 "$W/unit.log")"
 out=$(check_all) || fail "bootstrap unit, adopt: $out; its log: $(tail -20 "$W/unit.log")"
 result "bootstrap unit (${exec_start}): adopt of the running pods:"
 sed 's/^/RESULT   /' <<<"$out"
