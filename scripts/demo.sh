@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/demo.sh: natguard's main job, shown in throwaway network namespaces.
 #
-#   pod ──┐                      ┌── cloud       169.254.169.254, fd00:ec2::254  (answers "cloud")
+#   pod ──┐                      ┌── cloud       169.254.169.254, fd00:ec2::254  (answers "cloud";
+#         │                      │               IMDSv2 for /latest/, tests/common/fake_imds.py)
 #  exempt ┼─ cni0 ─ node ────────┼── remote-in   10.10.0.2  (inside nonMasqueradeCIDRs)
 #   pod ──┘   (proxy on :8181,   └── remote-out  11.0.0.2, 2001:db8:bb::2  (outside)
 #              answers "proxy")
@@ -15,7 +16,11 @@
 # order, each result passed on as the next plugin's prevResult, the result cached, removed in
 # reverse order at the end. The demo prints who answers their metadata requests, the source
 # addresses remote hosts see, natguard's table, and what `natguard status` and `natguard
-# metrics` say about it all. Run as root on Debian 12. It runs in a mount namespace of its own
+# metrics` say about it all. Last, `natguard install --watch` serves natguard's own metadata
+# proxy in place of the stand-in: a default pod gets its region and zone over IMDSv2 and is
+# refused the credentials, while the exempt pod still reaches the real API. The cloud here has
+# no DMI strings, so the entry names the proxy's cloud (`metadata.proxyCloud: "aws"`).
+# Run as root on Debian 12. It runs in a mount namespace of its own
 # with a /run of its own, so nothing of the machine's (its /run/natguard, /etc/cni, /opt/cni,
 # /var/lib/cni, root network namespace) is read or changed; everything goes on exit.
 # NG_DEMO_SAMPLES=DIR: also save step 6's `status`, `status --json` and `metrics` in DIR
@@ -119,8 +124,12 @@ table inet node-agent {
 }
 NFT
 
-keepalive_server "$CLOUD" 80 cloud
+# The "real metadata server": "cloud" at /, an IMDSv2 API (tokens required) under /latest/.
+serve "$CLOUD" python3 -u "$REPO/tests/common/fake_imds.py" 80 "$W/cloud-requests.log" cloud
+wait_port "$CLOUD" tcp 80 2
+# A stand-in for a node-local proxy until natguard's own is served (step 4).
 keepalive_server "$NODE" 8181 proxy
+STANDIN_PID=$SERVED_PID
 whoami_server "$RIN"
 whoami_server "$ROUT"
 
@@ -239,8 +248,9 @@ echo "pod default/legacy $LEGACY4; its client keeps ONE keep-alive connection to
 CLIENT_LOG=$W/client.log
 setsid nsenter --net="/run/netns/$LEGACY" -- python3 -u -c "$KEEPALIVE_CLIENT" 169.254.169.254 \
   </dev/null >"$CLIENT_LOG" 2>&1 &
-SERVED+=($!)
-defer "kill -- -$!"
+CLIENT_PID=$!
+SERVED+=("$CLIENT_PID")
+defer "kill -- -$CLIENT_PID"
 wait_answers "$CLIENT_LOG" 0 3 cloud
 head -n 4 "$CLIENT_LOG"
 echo "the node's conntrack entry of that connection (not DNATed: the reply comes from 169.254.169.254):"
@@ -248,8 +258,12 @@ in_ns "$NODE" conntrack -L -p tcp -s "$LEGACY4" --orig-dst 169.254.169.254 2>/de
 
 bold "2. natguard install: the guard, natguard in the conflist, the running pods adopted"
 MARK=$(wc -l <"$CLIENT_LOG")
+# The demo's cloud has no DMI strings for metadata.preset "auto": the entry names the API that
+# natguard's proxy speaks (step 4).
+echo '{"metadata": {"proxyCloud": "aws"}}' >"$W/natguard-config.json"
+echo "natguard's entry sets metadata.proxyCloud \"aws\" (this stand-in cloud has no DMI strings to detect)"
 in_ns "$NODE" "$BIN" install --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN_DIR" --cache-dir "$CNI_CACHE" \
-  --ready-file "$W/ready" --exempt-namespace kube-system 2>&1 | sed 's/^/  /'
+  --ready-file "$W/ready" --exempt-namespace kube-system --config "$W/natguard-config.json" 2>&1 | sed 's/^/  /'
 echo "the conflist now ends with natguard's entry:"
 jq -c '.plugins[] | {type} + (if .type == "natguard" then . else {} end)' "$CNI_LIST" | sed 's/^/  /'
 wait_answers "$CLIENT_LOG" "$MARK" 3 proxy
@@ -279,7 +293,49 @@ printf '  %-28s -> %-26s answered by: %s\n' \
   "default/web (from $STOLEN)" "http://169.254.169.254/" "$(get_from "$POD" "$STOLEN" 169.254.169.254)"
 echo "  ($STOLEN is an address default/web added to its own eth0; natguard knows no pod with it)"
 
-bold "4. masquerade: which source address does a remote host see?"
+bold "4. natguard's own metadata proxy (natguard install --watch), in place of the stand-in"
+kill -- "-$CLIENT_PID" "-$STANDIN_PID" 2>/dev/null || true
+for ((i = 0; i < 50; i++)); do
+  in_ns "$NODE" ss -Hltn "sport = :8181" | grep -q . || break
+  sleep 0.1
+done
+serve "$NODE" "$BIN" install --watch --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN_DIR" \
+  --cache-dir "$CNI_CACHE" --exempt-namespace kube-system --config "$W/natguard-config.json"
+for ((i = 0; i < 100; i++)); do
+  grep -q '"11.0.0.1:8181"' /run/natguard/proxy.json 2>/dev/null && break
+  sleep 0.1
+done
+grep -q '"11.0.0.1:8181"' /run/natguard/proxy.json 2>/dev/null ||
+  fail "natguard's proxy does not serve on 11.0.0.1:8181 ($(tail -n 5 "$W/servers.log"))"
+imds() { # NS ADDR PATH: an IMDSv2 session (token PUT, then GET PATH): "STATUS BODY"
+  in_ns "$1" timeout 10 python3 -c '
+import http.client, sys
+addr, path = sys.argv[1], sys.argv[2]
+def ask(method, path, headers):
+    c = http.client.HTTPConnection(addr, 80, timeout=5)
+    c.request(method, path, headers=headers)
+    r = c.getresponse()
+    return r.status, r.read().decode(errors="replace").strip().splitlines()
+st, body = ask("PUT", "/latest/api/token", {"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+if st != 200:
+    print(f"token PUT {st} {body[:1]}")
+    sys.exit()
+st, body = ask("GET", path, {"X-aws-ec2-metadata-token": body[0]})
+print(st, body[0] if body else "")
+' "$2" "$3" 2>&1 || echo "(no answer: $?)"
+}
+for who in "default/web ($POD4)|$POD|169.254.169.254" "default/web ($POD6)|$POD|fd00:ec2::254" \
+  "kube-system/creds ($EX4)|$EXEMPT|169.254.169.254"; do
+  IFS='|' read -r label ns addr <<<"$who"
+  for path in /latest/meta-data/placement/region /latest/meta-data/placement/availability-zone \
+    /latest/meta-data/iam/security-credentials/; do
+    printf '  %-28s -> %-46s answered: %s\n' "$label" "$path" "$(imds "$ns" "$addr" "$path")"
+  done
+done
+echo "  (each over IMDSv2: a token PUT, then the GET with it; default/web's token is minted by"
+echo "   natguard's proxy, which fetched the node's own token from the cloud: hop limit 1 suffices)"
+
+bold "5. masquerade: which source address does a remote host see?"
 printf '  %-52s sees: %s\n' \
   "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), TCP" "$(whoami "$POD" TCP4 10.10.0.2)" \
   "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), UDP" "$(whoami "$POD" UDP4 10.10.0.2)" \
@@ -288,10 +344,10 @@ printf '  %-52s sees: %s\n' \
   "remote-out 2001:db8:bb::2 (outside), TCP" "$(whoami "$POD" TCP6 '[2001:db8:bb::2]')"
 echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards remote-out)"
 
-bold "5. nft list table inet natguard (in the node namespace)"
+bold "6. nft list table inet natguard (in the node namespace)"
 in_ns "$NODE" nft list table inet natguard
 
-bold "6. natguard status: what is installed, and what natguard's counters say about steps 1-4"
+bold "7. natguard status: what is installed, and what natguard's counters say about steps 1-5"
 in_ns "$NODE" "$BIN" status
 bold "   natguard metrics (Prometheus text; install --watch --metrics-file keeps it in a file)"
 in_ns "$NODE" "$BIN" metrics

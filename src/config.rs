@@ -145,6 +145,12 @@ pub struct Metadata {
     /// `allowInterfaces`: interfaces whose metadata TCP the node-wide guard lets through to
     /// the real API (containers on a bridge no CNI network manages). Empty by default.
     pub allow_interfaces: Vec<crate::ifname::IfName>,
+    /// `serveProxy`: `install --watch` serves natguard's own metadata proxy at the proxy
+    /// addresses and port (on by default); `false` leaves the port to an external proxy.
+    pub serve_proxy: bool,
+    /// `proxyCloud`: whose metadata API the proxy speaks; `None` (`auto`): the preset's
+    /// cloud, else the one the DMI strings name.
+    pub proxy_cloud: Option<Cloud>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,6 +216,8 @@ impl Default for Config {
                 log_denied: false,
                 accept_unenforced: false,
                 allow_interfaces: Vec::new(),
+                serve_proxy: true,
+                proxy_cloud: None,
             },
             masquerade: Masquerade {
                 enabled: true,
@@ -647,6 +655,8 @@ fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::
             "allowInterfaces",
             "endpoints",
             "preset",
+            "serveProxy",
+            "proxyCloud",
         ],
     )?;
     if let Some(x) = o.get("mode") {
@@ -730,6 +740,27 @@ fn parse_metadata(v: &Value, m: &mut Metadata, dmi: &dyn Fn() -> crate::clouds::
                     )))
                 }
             }
+        };
+    }
+    if let Some(x) = o.get("serveProxy") {
+        m.serve_proxy = expect_bool("metadata.serveProxy", x)?;
+    }
+    if let Some(x) = o.get("proxyCloud") {
+        let s = expect_str("metadata.proxyCloud", x)?;
+        m.proxy_cloud = if s == "auto" {
+            None
+        } else {
+            Some(Cloud::parse(s).ok_or_else(|| {
+                let names: Vec<String> = Cloud::ALL
+                    .iter()
+                    .map(|c| format!("\"{}\"", c.as_str()))
+                    .collect();
+                cfg_err(format!(
+                    "metadata.proxyCloud: {} is not one of {}, \"auto\"",
+                    q(s),
+                    names.join(", ")
+                ))
+            })?)
         };
     }
     if let Some(x) = o.get("logDenied") {
@@ -889,12 +920,27 @@ mod tests {
     }
 
     #[test]
+    fn the_proxy_fields_are_read() {
+        let c = parse_plugin_config(
+            &json!({"type":"natguard","metadata":{"serveProxy":false,"proxyCloud":"gcp"}}),
+        )
+        .unwrap();
+        assert!(!c.metadata.serve_proxy);
+        assert_eq!(c.metadata.proxy_cloud, Some(Cloud::Gcp));
+        let c = parse_plugin_config(&json!({"type":"natguard","metadata":{"proxyCloud":"auto"}}))
+            .unwrap();
+        assert_eq!(c.metadata.proxy_cloud, None);
+    }
+
+    #[test]
     fn defaults_match_the_documented_interface() {
         let c = netconf_from_value(&conf(json!({}))).unwrap().natguard;
         assert_eq!(c, Config::default());
         assert_eq!(c.metadata.mode, MetadataMode::Proxy);
         assert_eq!(c.metadata.ports, vec![80]);
         assert_eq!(c.metadata.proxy_port, 8181);
+        assert!(c.metadata.serve_proxy);
+        assert_eq!(c.metadata.proxy_cloud, None);
         assert_eq!(c.masquerade.non_masquerade_cidrs.len(), 11);
         assert!(c.masquerade.random_fully && c.masquerade.enabled);
         assert!(c.conntrack.flush_on_add);
@@ -986,6 +1032,16 @@ mod tests {
                 json!({"metadata":{"proxyPort":0}}),
                 "metadata.proxyPort",
                 "0",
+            ),
+            (
+                json!({"metadata":{"serveProxy":"yes"}}),
+                "metadata.serveProxy",
+                "string",
+            ),
+            (
+                json!({"metadata":{"proxyCloud":"oracle-ish"}}),
+                "metadata.proxyCloud",
+                "\"oracle-ish\"",
             ),
             (
                 json!({"metadata":{"addresses":["169.254.170.2"],"proxyIPv4":"169.254.169.254","proxyPort":80}}),
@@ -1088,9 +1144,128 @@ mod tests {
             c.metadata.addresses,
             vec![
                 "169.254.169.254".parse::<IpAddr>().unwrap(),
+                "fd20:ce::254".parse().unwrap(),
                 "169.254.169.252".parse().unwrap()
             ]
         );
+    }
+
+    #[test]
+    fn every_cloud_s_preset_parses_by_its_name() {
+        type Endpoints = Vec<(String, Vec<u16>, &'static str)>;
+        let cases: [(&str, Endpoints); 12] = [
+            (
+                "oracle",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd00:c1::a9fe:a9fe".into(), vec![80], "proxy"),
+                ],
+            ),
+            (
+                "scaleway",
+                vec![
+                    ("169.254.42.42".into(), vec![80], "proxy"),
+                    ("fd00:42::42".into(), vec![80], "proxy"),
+                ],
+            ),
+            ("tencent", vec![("169.254.0.23".into(), vec![80], "proxy")]),
+            (
+                "akamai",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd00:a9fe:a9fe::1".into(), vec![80], "proxy"),
+                ],
+            ),
+            (
+                "linode",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd00:a9fe:a9fe::1".into(), vec![80], "proxy"),
+                ],
+            ),
+            (
+                "digitalocean",
+                vec![("169.254.169.254".into(), vec![80], "proxy")],
+            ),
+            (
+                "hetzner",
+                vec![("169.254.169.254".into(), vec![80], "proxy")],
+            ),
+            (
+                "ibm",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("169.254.169.254".into(), vec![443], "deny"),
+                ],
+            ),
+            (
+                "exoscale",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("169.254.169.254".into(), vec![8080], "deny"),
+                ],
+            ),
+            ("vultr", vec![("169.254.169.254".into(), vec![80], "proxy")]),
+            (
+                "huawei",
+                vec![("169.254.169.254".into(), vec![80], "proxy")],
+            ),
+            (
+                "gcp",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd20:ce::254".into(), vec![80], "proxy"),
+                    ("169.254.169.252".into(), vec![988, 987], "allow"),
+                ],
+            ),
+        ];
+        for (name, want) in cases {
+            assert_eq!(
+                endpoints_of(json!({"metadata":{"preset":name}})),
+                want,
+                "preset {name}"
+            );
+        }
+        // `linode` is Akamai's preset under its former name, and says so.
+        let c = netconf_from_value(&conf(json!({"metadata":{"preset":"linode"}})))
+            .unwrap()
+            .natguard;
+        assert_eq!(
+            c.metadata.preset.unwrap().describe(),
+            "preset akamai (from the config)"
+        );
+        // A deny network denies the proxied port and keeps the denied one denied.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"ibm","mode":"deny"}})),
+            vec![
+                ("169.254.169.254".into(), vec![80], "deny"),
+                ("169.254.169.254".into(), vec![443], "deny"),
+            ]
+        );
+        // An explicit entry for the address replaces both of the preset's rows for it.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"exoscale","endpoints":[
+                {"address":"169.254.169.254","ports":[80,8080],"mode":"deny"}]}})),
+            vec![("169.254.169.254".into(), vec![80, 8080], "deny")]
+        );
+        // Every new cloud's address is refused as a proxy, whatever the network's preset.
+        for (field, addr, what) in [
+            ("proxyIPv6", "fd20:ce::254", "GCP metadata server (IPv6)"),
+            ("proxyIPv6", "fd00:c1::a9fe:a9fe", "Oracle Cloud"),
+            ("proxyIPv4", "169.254.42.42", "Scaleway"),
+            ("proxyIPv6", "fd00:42::42", "Scaleway"),
+            ("proxyIPv4", "169.254.0.23", "Tencent Cloud"),
+            ("proxyIPv6", "fd00:a9fe:a9fe::1", "Akamai"),
+        ] {
+            let err = netconf_from_value(&conf(json!({"metadata":{field: addr}})))
+                .err()
+                .unwrap_or_else(|| panic!("{field} {addr} accepted as a proxy"))
+                .to_string();
+            assert!(
+                err.contains(&format!("metadata.{field}")) && err.contains(what),
+                "{field} {addr}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -1106,6 +1281,23 @@ mod tests {
         });
         assert_eq!(m.preset.as_ref().unwrap().cloud, Some(Cloud::Azure));
         assert!(m.endpoints.iter().any(|e| e.mode == EndpointMode::Deny));
+        // Oracle's asset tag: its preset, with the IPv6 address of its IMDS.
+        let m = parse(crate::clouds::Dmi {
+            sys_vendor: "QEMU".into(),
+            chassis_asset_tag: "OracleCloud.com".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            m.preset.as_ref().unwrap().describe(),
+            "preset oracle (auto, from chassis_asset_tag \"OracleCloud.com\")"
+        );
+        assert_eq!(
+            m.addresses,
+            vec![
+                "169.254.169.254".parse::<IpAddr>().unwrap(),
+                "fd00:c1::a9fe:a9fe".parse().unwrap()
+            ]
+        );
         // Nothing recognized: today's default endpoints, and the choice says so.
         let m = parse(crate::clouds::Dmi::default());
         assert_eq!(m.endpoints, Config::default().metadata.endpoints);
@@ -1147,7 +1339,10 @@ mod tests {
                 "metadata.ports: cannot be combined",
             ),
             (json!({"metadata":{"preset":"Azure"}}), "metadata.preset: \"Azure\""),
-            (json!({"metadata":{"preset":"ibm"}}), "\"ibm\" is not one of"),
+            (
+                json!({"metadata":{"preset":"ovh"}}),
+                "metadata.preset: \"ovh\" is not one of \"aws\", \"gcp\", \"azure\", \"alibaba\", \"openstack\", \"oracle\", \"scaleway\", \"tencent\", \"akamai\", \"digitalocean\", \"hetzner\", \"ibm\", \"exoscale\", \"vultr\", \"huawei\", \"auto\"",
+            ),
             (
                 json!({"metadata":{"endpoints":[{"address":"168.63.129.16","mode":"block"}]}}),
                 "metadata.endpoints[0].mode: \"block\" is not one of",

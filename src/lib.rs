@@ -40,6 +40,7 @@ pub mod node;
 pub mod plan;
 pub mod policy;
 pub(crate) mod prepare;
+pub(crate) mod proxy;
 pub mod restore;
 pub(crate) mod store;
 pub(crate) mod sys;

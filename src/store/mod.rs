@@ -26,7 +26,11 @@
 //! again.
 
 mod check;
+mod proxied;
 pub use check::Installation;
+pub(crate) use proxied::ProxiedNetwork;
+#[cfg(test)]
+pub(crate) use proxied::ProxiedPod;
 /// The file next to the node lock that records which networks were last found intact.
 mod verified;
 mod view;

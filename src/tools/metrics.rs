@@ -31,6 +31,18 @@ pub(crate) fn exposition() -> (String, i32) {
     (report::render_prometheus(&r), code)
 }
 
+/// What the scrape endpoint serves: the exposition, without the per-pod series (which name
+/// every pod) unless `pod_labels`.
+pub(crate) fn exposition_for_scrape(pod_labels: bool) -> String {
+    let (r, _) = collect_or_unreadable();
+    let pods = if pod_labels {
+        report::PodSeries::Shown
+    } else {
+        report::PodSeries::Hidden
+    };
+    report::render_prometheus_with(&r, pods)
+}
+
 const USAGE: &str = "usage: natguard metrics
   prints natguard's counters in the Prometheus text format (see docs/operations.md, \"Metrics\")
 ";

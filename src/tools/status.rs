@@ -90,6 +90,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 guard: Vec::new(),
                 unreadable: true,
                 self_repair: read_self_repair(),
+                proxy: read_proxy(),
                 installation: None,
                 bridge_guard: None,
             },
@@ -107,6 +108,15 @@ fn read_self_repair() -> Option<report::RepairStats> {
     Some(sr)
 }
 
+/// The record of the watcher's metadata proxy, if one serves (or served) with the default
+/// readiness file; a watcher that is gone serves nothing.
+fn read_proxy() -> Option<report::ProxyRecord> {
+    use crate::tools::watcher::{read_proxy, watcher_running, DEFAULT_READY_FILE, PROXY_FILE};
+    let mut p = read_proxy(std::path::Path::new(PROXY_FILE))?;
+    p.running = watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
+    Some(p)
+}
+
 /// Reads the calling thread's network namespace into a [`NodeReport`].
 pub(crate) fn collect() -> Result<NodeReport> {
     let mut store = store::open()?;
@@ -122,6 +132,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         guard: Vec::new(),
         unreadable: false,
         self_repair: read_self_repair(),
+        proxy: read_proxy(),
         installation: Some(store.installation()?),
         bridge_guard: store.bridge_guard_awake()?,
     };

@@ -31,10 +31,13 @@ usage: natguard install [options]
   --non-masquerade-cidr CIDR   masquerade.nonMasqueradeCIDRs (repeatable)
   --no-masquerade              masquerade.enabled = false
   --cache-dir DIR              CNI result cache passed to `natguard adopt`
-  --no-adopt                   do not run `natguard adopt` after installing
+  --no-adopt                   do not run `natguard adopt` after installing (with --watch: no
+                               self-repair and no metadata proxy either)
   --ready-file PATH            exists while natguard is in the active list (default /run/natguard/ready)
-  --watch                      keep the entry in the active list until SIGTERM, and restore
-                               natguard's tables within milliseconds when someone else flushes them
+  --watch                      keep the entry in the active list until SIGTERM, restore
+                               natguard's tables within milliseconds when someone else flushes them,
+                               and serve natguard's metadata proxy (metadata.serveProxy;
+                               docs/proxy.md)
   --no-repair                  with --watch: do not restore natguard's tables when someone else
                                flushes them (see docs/self-repair.md)
   --cleanup-on-exit            with --watch: on SIGTERM/SIGINT, remove natguard's entry from the
@@ -46,6 +49,9 @@ usage: natguard install [options]
   --metrics-port PORT          with --watch: serve the same metrics over HTTP, GET /metrics on
                                PORT (off by default; docs/operations.md, \"Scrape endpoint\")
   --metrics-address ADDR       with --metrics-port: the address to listen on (default 0.0.0.0)
+  --metrics-pod-labels         with --metrics-port: the scrape also lists each pod's namespace
+                               and name (off by default: pods that can reach the port would read
+                               every pod's identity); `natguard metrics` always lists them
   --log-format text|json       log lines as text (default) or one JSON object per line; default:
                                the entry's logFormat
   --create-dirs                create the bin dir and the netconf dir when they do not exist
@@ -113,6 +119,8 @@ pub(crate) struct InstallOpts {
     pub(crate) entry_flags: EntryFlags,
     /// `--metrics-port` and `--metrics-address`: where `--watch` serves its metrics.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// `--metrics-pod-labels`: the scrape endpoint's output names pods.
+    pub(crate) metrics_pod_labels: bool,
     /// `--log-format`, else the entry's `logFormat`.
     pub(crate) log_format: Format,
     /// `--check --health [--max-age SECONDS]`: also the kernel guard and the watcher's
@@ -187,6 +195,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut dirs_given = false;
     let mut create_dirs = false;
     let mut metrics_port: Option<u16> = None;
+    let mut metrics_pod_labels = false;
     let mut metrics_address: Option<IpAddr> = None;
     let mut log_format: Option<Format> = None;
     let mut health = false;
@@ -251,6 +260,10 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
                         )))
                     }
                 }
+            }
+            "--metrics-pod-labels" => {
+                no_value(&flag, &inline)?;
+                metrics_pod_labels = true
             }
             "--metrics-file" => {
                 let v = it.value(&flag, inline)?;
@@ -391,6 +404,9 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--metrics-port needs --watch: the watcher is what serves the metrics",
         ));
     }
+    if metrics_pod_labels && metrics_port.is_none() {
+        return Err(usage("--metrics-pod-labels needs --metrics-port"));
+    }
     if metrics_address.is_some() && metrics_port.is_none() {
         return Err(usage("--metrics-address needs --metrics-port"));
     }
@@ -432,6 +448,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         config_file,
         entry_flags: flags,
         metrics_listen,
+        metrics_pod_labels,
         log_format,
         health,
     }))

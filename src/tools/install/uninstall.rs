@@ -49,12 +49,13 @@ pub(crate) fn run(opts: &UninstallOpts) -> Result<()> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => fail(Error::io(dir.display().to_string(), e)),
     }
-    // The readiness file and what a watcher keeps beside it: its self-repair record (or
-    // `status` would go on reporting a watcher that has exited) and its directories. The
+    // The readiness file and what a watcher keeps beside it: its self-repair and proxy records
+    // (or `status` would go on reporting a watcher that has exited) and its directories. The
     // watcher lock stays: removing it under a running watcher would let a second one in.
     for file in [
         opts.ready_file.clone(),
         state_file_beside(&opts.ready_file),
+        crate::tools::watcher::proxy_file_beside(&opts.ready_file),
         options_file_beside(&opts.ready_file),
     ] {
         match fs::remove_file(&file) {

@@ -33,6 +33,10 @@
 //!
 //! With `--metrics-port`, [`super::serve`] answers `GET /metrics` on a thread of its own.
 //!
+//! Unless `--no-adopt` is given or natguard's configs say `metadata.serveProxy: false`, the
+//! watcher also serves natguard's metadata proxy ([`crate::proxy`]) on the proxy addresses and
+//! port, on a thread of its own ([`start_proxy`]).
+//!
 //! Only one watcher runs per node: it first takes the lock of [`super::record`] (a second
 //! watcher waits for it, doing nothing else), then copies the binary and records its
 //! directories for the readiness probe.
@@ -171,9 +175,13 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
         };
         self_repair::start(adopt_opts, self_repair::state_file_beside(&opts.ready_file));
     }
+    // `--no-adopt` keeps the watcher off the node's network altogether: no proxy either.
+    if opts.adopt {
+        start_proxy(&opts);
+    }
     if let Some(addr) = opts.metrics_listen {
         // A port that cannot be bound is logged; the watcher's work goes on without it.
-        if let Err(e) = super::serve::start(addr) {
+        if let Err(e) = super::serve::start(addr, opts.metrics_pod_labels) {
             crate::warn!("{e}; serving no metrics");
         }
     }
@@ -304,6 +312,67 @@ pub(crate) fn wait_for_signal() -> Result<()> {
 /// How long until `t` (zero once it has passed).
 fn until(t: Instant) -> Duration {
     t.saturating_duration_since(Instant::now())
+}
+
+/// Starts natguard's metadata proxy where natguard's entry (and every natguard network of the
+/// netconf dir) has `proxy` endpoints and `metadata.serveProxy` (the default): on each
+/// network's proxy addresses and port, resolved as the plan resolves them. Its cloud is
+/// `metadata.proxyCloud`, else the entry's preset, else what the DMI strings say.
+fn start_proxy(opts: &InstallOpts) {
+    use crate::config::EndpointMode;
+    let entry = entry_config(opts);
+    let mut cfgs: Vec<crate::config::Config> = entry.iter().cloned().collect();
+    if let Ok(nets) = crate::restore::natguard_networks(&opts.netconf_dir) {
+        cfgs.extend(nets.into_values());
+    }
+    let mut listen = Vec::new();
+    for cfg in cfgs
+        .iter()
+        .filter(|c| c.metadata.serve_proxy && c.metadata.has(EndpointMode::Proxy))
+    {
+        let f = crate::node::facts(cfg);
+        let port = cfg.metadata.proxy_port;
+        for a in [
+            f.proxy_v4.map(std::net::IpAddr::V4),
+            f.proxy_v6.map(std::net::IpAddr::V6),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let sa = std::net::SocketAddr::new(a, port);
+            if !listen.contains(&sa) {
+                listen.push(sa);
+            }
+        }
+    }
+    if listen.is_empty() {
+        crate::info!("metadata proxy: not served (no proxy endpoints with metadata.serveProxy)");
+        return;
+    }
+    let cfg = entry.or_else(|| cfgs.first().cloned()).unwrap_or_default();
+    let (cloud, why) = match (cfg.metadata.proxy_cloud, &cfg.metadata.preset) {
+        (Some(c), _) => (Some(c), "metadata.proxyCloud".to_string()),
+        (None, Some(p)) if p.cloud.is_some() => (p.cloud, "metadata.preset".to_string()),
+        _ => {
+            let d = crate::clouds::detect(&crate::clouds::Dmi::read());
+            (d.cloud, d.describe())
+        }
+    };
+    let api = cloud.and_then(crate::proxy::rules::Api::of);
+    let name = match (cloud, api) {
+        (Some(c), Some(_)) => format!("{} ({why})", c.as_str()),
+        (Some(c), None) => format!("{} (no allow-list: every request refused)", c.as_str()),
+        (None, _) => format!("no cloud ({why}): every request refused"),
+    };
+    let o = crate::proxy::Options {
+        listen,
+        api,
+        cloud: name,
+        record: crate::tools::watcher::proxy_file_beside(&opts.ready_file),
+    };
+    if let Err(e) = crate::proxy::start(o) {
+        crate::warn!("metadata proxy: cannot start: {e}");
+    }
 }
 
 /// The metrics file and when it is next written.

@@ -349,3 +349,52 @@ fn repairs_are_exported_only_where_a_watcher_repairs() {
     assert_eq!(render_json(&r)["selfRepair"]["repairs"], 0);
     assert!(render_json(&node())["selfRepair"].is_null());
 }
+
+#[test]
+fn the_scrape_leaves_pod_identities_out_unless_asked() {
+    let text = render_prometheus(&node());
+    let hidden = render_prometheus_with(&node(), PodSeries::Hidden);
+    assert!(text.contains("natguard_pod_"));
+    assert!(
+        !hidden.contains("natguard_pod_") && !hidden.contains("namespace="),
+        "{hidden}"
+    );
+    parse_exposition(&hidden).unwrap_or_else(|e| panic!("{e}\n{hidden}"));
+    assert_eq!(render_prometheus_with(&node(), PodSeries::Shown), text);
+}
+
+#[test]
+fn the_proxy_is_exported_only_where_a_watcher_serves_it() {
+    assert!(!render_prometheus(&node()).contains("natguard_proxy"));
+    let mut r = node();
+    r.proxy = Some(ProxyRecord {
+        pid: 7,
+        serving: vec!["10.0.0.1:8181".parse().unwrap()],
+        cloud: "aws (metadata.proxyCloud)".into(),
+        served: 5,
+        concealed: 2,
+        refused: 1,
+        upstream_error: 0,
+        running: Some(true),
+    });
+    let text = render_prometheus(&r);
+    parse_exposition(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    for line in [
+        "natguard_proxy_requests_total{result=\"served\"} 5",
+        "natguard_proxy_requests_total{result=\"concealed\"} 2",
+        "natguard_proxy_requests_total{result=\"refused\"} 1",
+        "natguard_proxy_requests_total{result=\"upstream_error\"} 0",
+        "natguard_proxy_serving 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
+    }
+    let status = render_text(&r);
+    assert!(
+        status.contains("metadata proxy (pid 7): serving aws (metadata.proxyCloud) on 10.0.0.1:8181: 5 served, 2 concealed, 1 refused, 0 upstream error(s)"),
+        "{status}"
+    );
+    let j = render_json(&r);
+    assert_eq!(j["proxy"]["serving"], true);
+    assert_eq!(j["proxy"]["requests"]["concealed"], 2);
+    assert!(render_json(&node())["proxy"].is_null());
+}

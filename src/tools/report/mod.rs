@@ -23,7 +23,7 @@
 
 use crate::plan::{Family, LOG_PREFIX};
 pub(crate) use crate::store::Installation;
-pub(crate) use crate::tools::watcher::RepairStats;
+pub(crate) use crate::tools::watcher::{ProxyRecord, RepairStats};
 use serde_json::{json, Value};
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -52,6 +52,8 @@ pub(crate) struct NodeReport {
     pub unreadable: bool,
     /// What `install --watch` has repaired; `None` without a watcher's record.
     pub self_repair: Option<RepairStats>,
+    /// What the watcher's metadata proxy serves; `None` where no watcher serves one.
+    pub proxy: Option<ProxyRecord>,
     /// Whether natguard's table and its node-wide guard are there; `None` when unreadable.
     /// Kernel APIs that answer (`ready`) say nothing about it.
     pub installation: Option<Installation>,
@@ -379,6 +381,33 @@ fn write_self_repair(out: &mut String, sr: &RepairStats) {
     let _ = writeln!(out);
 }
 
+/// The watcher's metadata proxy, in one line.
+fn write_proxy(out: &mut String, p: &ProxyRecord) {
+    let at: Vec<String> = p.serving.iter().map(|a| a.to_string()).collect();
+    if p.running == Some(false) {
+        let _ = write!(
+            out,
+            "metadata proxy: watcher pid {} is not running (not serving): ",
+            p.pid
+        );
+    } else if at.is_empty() {
+        let _ = write!(out, "metadata proxy (pid {}): serving nowhere: ", p.pid);
+    } else {
+        let _ = write!(
+            out,
+            "metadata proxy (pid {}): serving {} on {}: ",
+            p.pid,
+            printable(&p.cloud),
+            at.join(", ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "{} served, {} concealed, {} refused, {} upstream error(s)",
+        p.served, p.concealed, p.refused, p.upstream_error
+    );
+}
+
 /// Unix time `t` as `YYYY-MM-DD HH:MM:SS UTC` (the proleptic Gregorian calendar).
 fn utc_time(t: f64) -> String {
     let secs = t.max(0.0) as i64;
@@ -469,6 +498,9 @@ its rules and counters could not be read"
     }
     if let Some(sr) = &r.self_repair {
         write_self_repair(&mut out, sr);
+    }
+    if let Some(p) = &r.proxy {
+        write_proxy(&mut out, p);
     }
     if r.networks.is_empty() {
         let _ = writeln!(out, "no network has natguard rules on this node");
@@ -649,6 +681,18 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
     if let Some(sr) = &r.self_repair {
         doc["selfRepair"] = sr.to_json();
     }
+    // Only where a watcher serves the proxy.
+    if let Some(p) = &r.proxy {
+        let mut v = p.to_json();
+        v["serving"] = serde_json::Value::Bool(p.running != Some(false) && !p.serving.is_empty());
+        v["addresses"] = p
+            .serving
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .into();
+        doc["proxy"] = v;
+    }
     doc
 }
 
@@ -745,6 +789,20 @@ const POD: &[&str] = &["network", "namespace", "pod", "container_id", "ifname"];
 
 /// `natguard metrics`: Prometheus text exposition format 0.0.4, ending with a newline.
 pub(crate) fn render_prometheus(r: &NodeReport) -> String {
+    render_prometheus_with(r, PodSeries::Shown)
+}
+
+/// Whether the per-pod series (labelled with each pod's namespace and name) are rendered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PodSeries {
+    Shown,
+    /// Left out: the scrape endpoint's default, since whoever reaches it would read every
+    /// pod's identity.
+    Hidden,
+}
+
+/// [`render_prometheus`], with or without the per-pod series.
+pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> String {
     use MetricType::{Counter, Gauge};
     let mut up = MetricFamily::new(
         "natguard_up",
@@ -864,6 +922,33 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         "1 if the install --watch that keeps the self-repair record holds the watcher lock \
          (it runs), 0 if the record is left from a watcher that exited.",
     );
+    let mut proxy_requests = MetricFamily::new(
+        "natguard_proxy_requests_total",
+        Counter,
+        &["result"],
+        "Requests to natguard's metadata proxy by result: served, concealed (a path the \
+         allow-list withholds), refused (who or how it was asked), upstream_error.",
+    );
+    let mut proxy_serving = MetricFamily::new(
+        "natguard_proxy_serving",
+        Gauge,
+        &[],
+        "1 if install --watch serves natguard's metadata proxy on at least one address.",
+    );
+    if let Some(p) = &r.proxy {
+        proxy_serving.add(
+            vec![],
+            u64::from(p.running != Some(false) && !p.serving.is_empty()),
+        );
+        for (what, n) in [
+            ("concealed", p.concealed),
+            ("refused", p.refused),
+            ("served", p.served),
+            ("upstream_error", p.upstream_error),
+        ] {
+            proxy_requests.add(vec![what.to_string()], n);
+        }
+    }
     if let Some(sr) = &r.self_repair {
         if let Some(running) = sr.running {
             watcher_running.add(vec![], u64::from(running));
@@ -931,7 +1016,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
     ] {
         family.write(&mut out);
     }
-    if r.per_pod_counters {
+    if r.per_pod_counters && pod_series == PodSeries::Shown {
         pod_reset.write(&mut out);
         pod_proxied.write(&mut out);
     }
@@ -948,6 +1033,11 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         if heartbeat.has_samples() {
             heartbeat.write(&mut out);
         }
+    }
+    // Only where a watcher serves the proxy.
+    if r.proxy.is_some() {
+        proxy_requests.write(&mut out);
+        proxy_serving.write(&mut out);
     }
     out
 }

@@ -64,6 +64,7 @@ pub(super) fn node() -> NodeReport {
         unreadable: false,
         guard: vec![(Family::V4, 9, 2), (Family::V6, 1, 0)],
         self_repair: None,
+        proxy: None,
         installation: Some(Installation::Guarding),
         bridge_guard: Some(true),
         networks: vec![
@@ -392,6 +393,7 @@ fn text_not_ready_and_empty() {
         networks: vec![],
         unreadable: false,
         self_repair: None,
+        proxy: None,
         installation: None,
         bridge_guard: None,
     };
@@ -405,6 +407,7 @@ fn text_not_ready_and_empty() {
         not_ready_reason: Some("read table: EPERM".to_string()),
         unreadable: true,
         self_repair: None,
+        proxy: None,
         ..NodeReport::default()
     };
     assert_eq!(
@@ -438,6 +441,7 @@ fn json_golden() {
         unreadable: false,
         guard: Vec::new(),
         self_repair: None,
+        proxy: None,
         installation: Some(Installation::Guarding),
         bridge_guard: Some(true),
         networks: vec![NetworkReport {
@@ -829,6 +833,7 @@ fn a_record_of_an_exited_watcher_is_shown_as_gone() {
         ready: true,
         installation: Some(Installation::Guarding),
         self_repair: Some(sr.clone()),
+        proxy: None,
         ..NodeReport::default()
     };
     let text = render_text(&r);

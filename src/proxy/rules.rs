@@ -1,0 +1,744 @@
+//! Each cloud's metadata API as data: which paths pass, which are concealed and why, which
+//! query keys and headers its protocol has. docs/proxy.md shows the same tables with their
+//! sources.
+//!
+//! A path is judged on its canonical segments ([`super::canon`]) by the cloud's [`RULES`] row:
+//! the first pattern that matches decides (a concealed subtree is listed before the allowed
+//! paths it would otherwise overlap). A pattern's segments are literal words, `*` (one segment),
+//! `V` (an API version: `latest` or a date) or a final `**` (the whole subtree). A path on the
+//! way to an allowed pattern is a directory listing: it passes, and the listing is filtered
+//! line by line with the same judgement ([`filter_listing`]), so a listing never names what is
+//! concealed. Everything else is concealed ("not on the allow-list"): an allow-list, not a
+//! deny-list, because a cloud adds paths and a new credential path must not leak by default.
+
+use super::canon::Canon;
+use crate::clouds::Cloud;
+
+/// The metadata APIs natguard's proxy speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Api {
+    Aws,
+    Gcp,
+    Azure,
+    Alibaba,
+    Openstack,
+}
+
+impl Api {
+    /// The API of a cloud's preset; `None` for a cloud the proxy has no table for (every
+    /// request is then refused).
+    pub fn of(cloud: Cloud) -> Option<Api> {
+        match cloud {
+            Cloud::Aws => Some(Api::Aws),
+            Cloud::Gcp => Some(Api::Gcp),
+            Cloud::Azure => Some(Api::Azure),
+            Cloud::Alibaba => Some(Api::Alibaba),
+            Cloud::Openstack => Some(Api::Openstack),
+            // Clouds whose metadata API natguard has no table for: refused, never passed.
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Api::Aws => "aws",
+            Api::Gcp => "gcp",
+            Api::Azure => "azure",
+            Api::Alibaba => "alibaba",
+            Api::Openstack => "openstack",
+        }
+    }
+
+    /// The query keys the API has, in the order they are re-serialised.
+    pub fn query_keys(self) -> &'static [&'static str] {
+        match self {
+            Api::Gcp => &["alt", "recursive"],
+            Api::Azure => &["api-version", "format"],
+            Api::Aws | Api::Alibaba | Api::Openstack => &[],
+        }
+    }
+
+    /// The session-token protocol (IMDSv2 and Alibaba's hardened mode): (token path's
+    /// segments, TTL header, token header, longest TTL).
+    pub fn token(self) -> Option<TokenProtocol> {
+        match self {
+            Api::Aws => Some(TokenProtocol {
+                ttl_header: "x-aws-ec2-metadata-token-ttl-seconds",
+                token_header: "x-aws-ec2-metadata-token",
+                max_ttl: 21600,
+            }),
+            Api::Alibaba => Some(TokenProtocol {
+                ttl_header: "x-aliyun-ecs-metadata-token-ttl-seconds",
+                token_header: "x-aliyun-ecs-metadata-token",
+                max_ttl: 21600,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Keys removed from JSON answers wherever they appear (documents that mix what
+    /// describes the instance with what must stay on the node).
+    pub fn json_conceal(self) -> &'static [&'static str] {
+        match self {
+            Api::Azure => &["userData", "customData"],
+            Api::Openstack => &["admin_pass", "random_seed", "meta"],
+            _ => &[],
+        }
+    }
+}
+
+/// A cloud's session-token protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenProtocol {
+    pub ttl_header: &'static str,
+    pub token_header: &'static str,
+    pub max_ttl: u64,
+}
+
+/// The token path: `PUT /latest/api/token` on both clouds that have one.
+pub fn is_token_path(c: &Canon) -> bool {
+    !c.dir && c.query.is_empty() && c.segments == ["latest", "api", "token"]
+}
+
+/// What a path gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Passes as it is; `subtree`: the path is inside an allowed subtree, so a recursive
+    /// answer reveals nothing concealed.
+    Pass { subtree: bool },
+    /// A directory on the way to allowed paths: passes, its listing filtered.
+    Listing,
+    /// Concealed, by this rule.
+    Conceal(&'static str),
+}
+
+/// What a pattern does.
+#[derive(Debug, Clone, Copy)]
+enum Act {
+    Allow,
+    Conceal(&'static str),
+}
+
+use Act::{Allow, Conceal};
+
+const NOT_LISTED: &str = "not on the allow-list";
+
+/// Per API: (pattern, what it does), first match wins.
+const RULES: &[(Api, &[(&str, Act)])] = &[
+    (
+        Api::Aws,
+        &[
+            ("V/meta-data/iam/**", Conceal("iam: instance profile and role credentials")),
+            ("V/meta-data/identity-credentials/**", Conceal("identity-credentials: the instance's own credentials")),
+            ("V/user-data/**", Conceal("user-data")),
+            ("V/dynamic/instance-identity/pkcs7", Conceal("signed instance identity document (pkcs7)")),
+            ("V/dynamic/instance-identity/signature", Conceal("signed instance identity document (signature)")),
+            ("V/dynamic/instance-identity/rsa2048", Conceal("signed instance identity document (rsa2048)")),
+            ("V/dynamic/instance-identity/document", Allow),
+            ("V/meta-data/ami-id", Allow),
+            ("V/meta-data/ami-launch-index", Allow),
+            ("V/meta-data/ami-manifest-path", Allow),
+            ("V/meta-data/block-device-mapping/**", Allow),
+            ("V/meta-data/hostname", Allow),
+            ("V/meta-data/instance-id", Allow),
+            ("V/meta-data/instance-life-cycle", Allow),
+            ("V/meta-data/instance-type", Allow),
+            ("V/meta-data/local-hostname", Allow),
+            ("V/meta-data/local-ipv4", Allow),
+            ("V/meta-data/mac", Allow),
+            ("V/meta-data/network/interfaces/macs/**", Allow),
+            ("V/meta-data/placement/**", Allow),
+            ("V/meta-data/public-hostname", Allow),
+            ("V/meta-data/public-ipv4", Allow),
+            ("V/meta-data/reservation-id", Allow),
+            ("V/meta-data/security-groups", Allow),
+            ("V/meta-data/services/**", Allow),
+        ],
+    ),
+    (
+        Api::Gcp,
+        &[
+            ("computeMetadata/v1/instance/service-accounts/**", Conceal("service-accounts: access and identity tokens, account names")),
+            ("computeMetadata/v1/instance/id", Allow),
+            ("computeMetadata/v1/instance/name", Allow),
+            ("computeMetadata/v1/instance/hostname", Allow),
+            ("computeMetadata/v1/instance/zone", Allow),
+            ("computeMetadata/v1/instance/machine-type", Allow),
+            ("computeMetadata/v1/instance/cpu-platform", Allow),
+            ("computeMetadata/v1/instance/image", Allow),
+            ("computeMetadata/v1/instance/tags", Allow),
+            ("computeMetadata/v1/instance/maintenance-event", Allow),
+            ("computeMetadata/v1/instance/preempted", Allow),
+            ("computeMetadata/v1/instance/network-interfaces/**", Allow),
+            ("computeMetadata/v1/instance/attributes/cluster-name", Allow),
+            ("computeMetadata/v1/instance/attributes/cluster-location", Allow),
+            ("computeMetadata/v1/instance/attributes/cluster-uid", Allow),
+            ("computeMetadata/v1/instance/attributes/*", Conceal("instance attributes not on the allow-list (kube-env, startup-script, user-data, ssh-keys, ...)")),
+            ("computeMetadata/v1/project/project-id", Allow),
+            ("computeMetadata/v1/project/numeric-project-id", Allow),
+            ("computeMetadata/v1/project/attributes/google-compute-default-region", Allow),
+            ("computeMetadata/v1/project/attributes/google-compute-default-zone", Allow),
+            ("computeMetadata/v1/project/attributes/*", Conceal("project attributes not on the allow-list (ssh-keys, startup scripts, ...)")),
+        ],
+    ),
+    (
+        Api::Azure,
+        &[
+            ("metadata/identity/**", Conceal("identity: managed identity tokens")),
+            ("metadata/attested/**", Conceal("attested: signed instance data")),
+            ("metadata/instance/compute/userData", Conceal("userData")),
+            ("metadata/instance/compute/customData", Conceal("customData")),
+            ("metadata/versions", Allow),
+            ("metadata/instance", Allow),
+            ("metadata/instance/compute/**", Allow),
+            ("metadata/instance/network/**", Allow),
+        ],
+    ),
+    (
+        Api::Alibaba,
+        &[
+            ("V/meta-data/ram/**", Conceal("ram/security-credentials: RAM role credentials")),
+            ("V/user-data/**", Conceal("user-data")),
+            ("V/dynamic/instance-identity/pkcs7", Conceal("signed instance identity document (pkcs7)")),
+            ("V/dynamic/instance-identity/document", Allow),
+            ("V/meta-data/region-id", Allow),
+            ("V/meta-data/zone-id", Allow),
+            ("V/meta-data/instance-id", Allow),
+            ("V/meta-data/instance/**", Allow),
+            ("V/meta-data/hostname", Allow),
+            ("V/meta-data/image-id", Allow),
+            ("V/meta-data/mac", Allow),
+            ("V/meta-data/network-type", Allow),
+            ("V/meta-data/private-ipv4", Allow),
+            ("V/meta-data/eipv4", Allow),
+            ("V/meta-data/vpc-id", Allow),
+            ("V/meta-data/vswitch-id", Allow),
+            ("V/meta-data/vpc-cidr-block", Allow),
+            ("V/meta-data/vswitch-cidr-block", Allow),
+            ("V/meta-data/serial-number", Allow),
+            ("V/meta-data/network/interfaces/macs/**", Allow),
+            ("V/meta-data/dns-conf/**", Allow),
+            ("V/meta-data/ntp-conf/**", Allow),
+        ],
+    ),
+    (
+        Api::Openstack,
+        &[
+            ("openstack/V/user_data", Conceal("user_data")),
+            ("openstack/V/password", Conceal("password: the instance's encrypted admin password")),
+            ("openstack/V/vendor_data.json", Conceal("vendor_data: may carry secrets")),
+            ("openstack/V/vendor_data2.json", Conceal("vendor_data2: may carry secrets")),
+            ("V/user-data/**", Conceal("user-data")),
+            ("openstack/V/meta_data.json", Allow),
+            ("openstack/V/network_data.json", Allow),
+            ("V/meta-data/ami-id", Allow),
+            ("V/meta-data/block-device-mapping/**", Allow),
+            ("V/meta-data/hostname", Allow),
+            ("V/meta-data/instance-id", Allow),
+            ("V/meta-data/instance-type", Allow),
+            ("V/meta-data/local-hostname", Allow),
+            ("V/meta-data/local-ipv4", Allow),
+            ("V/meta-data/placement/**", Allow),
+            ("V/meta-data/public-hostname", Allow),
+            ("V/meta-data/public-ipv4", Allow),
+            ("V/meta-data/reservation-id", Allow),
+            ("V/meta-data/security-groups", Allow),
+        ],
+    ),
+];
+
+/// `latest` or a dated API version (`2021-03-23`).
+fn is_version(s: &str) -> bool {
+    let b = s.as_bytes();
+    s == "latest"
+        || (b.len() == 10
+            && b.iter().enumerate().all(|(i, c)| {
+                if i == 4 || i == 7 {
+                    *c == b'-'
+                } else {
+                    c.is_ascii_digit()
+                }
+            }))
+}
+
+fn seg_matches(pat: &str, seg: &str) -> bool {
+    match pat {
+        "*" => true,
+        "V" => is_version(seg),
+        p => p == seg,
+    }
+}
+
+/// How `segs` relates to `pat`.
+#[derive(Debug, PartialEq, Eq)]
+enum Fit {
+    /// The pattern matches; `true` where a final `**` covered part of the path (or the
+    /// subtree's root itself).
+    Match(bool),
+    /// `segs` is a directory on the way to what the pattern matches.
+    Ancestor,
+    None,
+}
+
+fn fit(pat: &str, segs: &[String]) -> Fit {
+    let p: Vec<&str> = pat.split('/').collect();
+    for (i, ps) in p.iter().enumerate() {
+        if *ps == "**" {
+            return Fit::Match(true);
+        }
+        match segs.get(i) {
+            None => return Fit::Ancestor,
+            Some(s) if seg_matches(ps, s) => {}
+            Some(_) => return Fit::None,
+        }
+    }
+    if segs.len() == p.len() {
+        Fit::Match(false)
+    } else {
+        Fit::None
+    }
+}
+
+fn rules(api: Api) -> &'static [(&'static str, Act)] {
+    RULES
+        .iter()
+        .find(|(a, _)| *a == api)
+        .map(|(_, r)| *r)
+        .unwrap_or(&[])
+}
+
+/// The verdict for a path of `api`.
+pub fn judge(api: Api, segs: &[String]) -> Verdict {
+    let mut ancestor = false;
+    for (pat, act) in rules(api) {
+        match (fit(pat, segs), act) {
+            (Fit::Match(subtree), Allow) => return Verdict::Pass { subtree },
+            (Fit::Match(_), Conceal(rule)) => return Verdict::Conceal(rule),
+            (Fit::Ancestor, Allow) => ancestor = true,
+            _ => {}
+        }
+    }
+    if ancestor {
+        Verdict::Listing
+    } else {
+        Verdict::Conceal(NOT_LISTED)
+    }
+}
+
+/// A directory listing (one name a line, `/` after a directory's name) with only the lines
+/// whose path passes; a line that is not a plain name is dropped.
+pub fn filter_listing(api: Api, dir: &[String], body: &str) -> String {
+    let mut out = String::new();
+    for line in body.lines() {
+        let name = line.strip_suffix('/').unwrap_or(line);
+        if name.is_empty()
+            || name == "."
+            || name == ".."
+            || !name.bytes().all(|b| {
+                b.is_ascii_alphanumeric()
+                    || matches!(b, b'-' | b'.' | b'_' | b'~' | b',' | b':' | b'@' | b'+')
+            })
+        {
+            continue;
+        }
+        let mut child = dir.to_vec();
+        child.push(name.to_string());
+        if !matches!(judge(api, &child), Verdict::Conceal(_)) {
+            if !out.is_empty() {
+                out.push('\n');
+            }
+            out.push_str(line);
+        }
+    }
+    if body.ends_with('\n') && !out.is_empty() {
+        out.push('\n');
+    }
+    out
+}
+
+/// Removes `keys` wherever they appear in a JSON value.
+pub fn filter_json(v: &mut serde_json::Value, keys: &[&str]) {
+    match v {
+        serde_json::Value::Object(o) => {
+            for k in keys {
+                o.remove(*k);
+            }
+            for (_, x) in o.iter_mut() {
+                filter_json(x, keys);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for x in a {
+                filter_json(x, keys);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Azure's documented `api-version`s of the instance endpoint
+/// (https://learn.microsoft.com/en-us/azure/virtual-machines/instance-metadata-service#supported-api-versions).
+pub const AZURE_API_VERSIONS: &[&str] = &[
+    "2017-03-01",
+    "2017-04-02",
+    "2017-08-01",
+    "2017-10-01",
+    "2017-12-01",
+    "2018-02-01",
+    "2018-04-02",
+    "2018-10-01",
+    "2019-02-01",
+    "2019-03-11",
+    "2019-04-30",
+    "2019-06-01",
+    "2019-06-04",
+    "2019-08-01",
+    "2019-08-15",
+    "2019-11-01",
+    "2020-06-01",
+    "2020-07-15",
+    "2020-09-01",
+    "2020-10-01",
+    "2020-12-01",
+    "2021-01-01",
+    "2021-02-01",
+    "2021-03-01",
+    "2021-05-01",
+    "2021-10-01",
+    "2021-11-01",
+    "2021-11-15",
+    "2021-12-13",
+    "2023-07-01",
+    "2023-11-15",
+    "2024-03-15",
+    "2024-07-17",
+    "2025-04-07",
+];
+
+/// A refusal: an HTTP status and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: u16,
+    pub reason: String,
+}
+
+fn refuse(status: u16, reason: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        reason: reason.into(),
+    }
+}
+
+/// What a GET or HEAD of `c` must carry and may ask for, in `api`'s protocol, with the
+/// request's headers read by `header` (lower-case names; `None` when absent).
+pub fn check_request(
+    api: Api,
+    c: &Canon,
+    verdict: &Verdict,
+    header: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), Refusal> {
+    for (k, _) in &c.query {
+        if !api.query_keys().contains(&k.as_str()) {
+            return Err(refuse(
+                400,
+                format!(
+                    "the query key {k:?} is not part of the {} metadata API",
+                    api.as_str()
+                ),
+            ));
+        }
+    }
+    match api {
+        Api::Gcp => {
+            if header("x-forwarded-for").is_some() {
+                return Err(refuse(
+                    403,
+                    "X-Forwarded-For is refused, as the GCE metadata server does",
+                ));
+            }
+            if header("metadata-flavor").as_deref() != Some("Google") {
+                return Err(refuse(403, "Missing Metadata-Flavor:Google header"));
+            }
+            match c.get("alt") {
+                None | Some("json" | "text") => {}
+                Some(v) => return Err(refuse(400, format!("alt={v} is not json or text"))),
+            }
+            let recursive = match c.get("recursive") {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(v) => return Err(refuse(400, format!("recursive={v} is not true or false"))),
+            };
+            let whole = matches!(verdict, Verdict::Pass { subtree: true });
+            if recursive && !whole {
+                return Err(refuse(
+                    403,
+                    "recursive=true outside an allowed subtree (it would reveal what is concealed)",
+                ));
+            }
+            if c.get("alt") == Some("json") && *verdict == Verdict::Listing {
+                return Err(refuse(403, "alt=json on a filtered directory listing"));
+            }
+        }
+        Api::Azure => {
+            if header("x-forwarded-for").is_some() {
+                return Err(refuse(
+                    400,
+                    "X-Forwarded-For is refused, as Azure's IMDS does",
+                ));
+            }
+            if header("metadata").as_deref() != Some("true") {
+                return Err(refuse(
+                    400,
+                    "Required metadata header not specified (Metadata: true)",
+                ));
+            }
+            if c.dir {
+                return Err(refuse(400, "Azure IMDS paths have no trailing slash"));
+            }
+            let versions = c.segments == ["metadata", "versions"];
+            match c.get("api-version") {
+                None if versions => {}
+                None => {
+                    return Err(refuse(
+                        400,
+                        "Bad request. api-version was not specified in the request",
+                    ))
+                }
+                Some(v) if AZURE_API_VERSIONS.contains(&v) => {}
+                Some(v) => {
+                    return Err(refuse(
+                        400,
+                        format!("api-version {v} is not one natguard knows the meaning of"),
+                    ))
+                }
+            }
+            match c.get("format") {
+                None | Some("json" | "text") => {}
+                Some(v) => return Err(refuse(400, format!("format={v} is not json or text"))),
+            }
+        }
+        Api::Aws | Api::Alibaba | Api::Openstack => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proxy::canon::parse;
+
+    fn v(api: Api, path: &str) -> Verdict {
+        judge(api, &parse(path).unwrap().segments)
+    }
+
+    #[test]
+    fn what_describes_the_instance_passes() {
+        for (api, p) in [
+            (Api::Aws, "/latest/meta-data/placement/region"),
+            (Api::Aws, "/latest/meta-data/placement/availability-zone"),
+            (Api::Aws, "/2021-07-15/meta-data/instance-id"),
+            (Api::Aws, "/latest/dynamic/instance-identity/document"),
+            (
+                Api::Aws,
+                "/latest/meta-data/network/interfaces/macs/02:00:00:00:00:01/vpc-id",
+            ),
+            (Api::Gcp, "/computeMetadata/v1/instance/zone"),
+            (Api::Gcp, "/computeMetadata/v1/project/project-id"),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1/instance/attributes/cluster-name",
+            ),
+            (Api::Azure, "/metadata/instance/compute/location"),
+            (Api::Azure, "/metadata/instance"),
+            (Api::Alibaba, "/latest/meta-data/region-id"),
+            (Api::Openstack, "/openstack/latest/meta_data.json"),
+        ] {
+            assert!(matches!(v(api, p), Verdict::Pass { .. }), "{api:?} {p}");
+        }
+        assert_eq!(v(Api::Aws, "/latest/meta-data/"), Verdict::Listing);
+        assert_eq!(v(Api::Aws, "/"), Verdict::Listing);
+        assert_eq!(
+            v(Api::Gcp, "/computeMetadata/v1/instance/network-interfaces/"),
+            Verdict::Pass { subtree: true }
+        );
+    }
+
+    #[test]
+    fn credentials_and_secrets_are_concealed() {
+        for (api, p) in [
+            (Api::Aws, "/latest/meta-data/iam/security-credentials/"),
+            (Api::Aws, "/latest/meta-data/iam/security-credentials/role"),
+            (Api::Aws, "/latest/meta-data/iam"),
+            (
+                Api::Aws,
+                "/latest/meta-data/identity-credentials/ec2/security-credentials/ec2-instance",
+            ),
+            (Api::Aws, "/latest/user-data"),
+            (Api::Aws, "/2009-04-04/user-data"),
+            (Api::Aws, "/latest/dynamic/instance-identity/pkcs7"),
+            (Api::Aws, "/latest/dynamic/instance-identity/signature"),
+            (Api::Aws, "/latest/dynamic/instance-identity/rsa2048"),
+            (Api::Aws, "/latest/meta-data/IAM/security-credentials/"),
+            (Api::Aws, "/latest/meta-data/tags/instance/x"),
+            (Api::Aws, "/Latest/meta-data/placement/region"),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1/instance/service-accounts/default/token",
+            ),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1/instance/service-accounts/default/identity",
+            ),
+            (Api::Gcp, "/computeMetadata/v1/instance/service-accounts/"),
+            (Api::Gcp, "/computeMetadata/v1/instance/attributes/kube-env"),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1/instance/attributes/startup-script",
+            ),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1/instance/attributes/user-data",
+            ),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1beta1/instance/service-accounts/default/token",
+            ),
+            (
+                Api::Gcp,
+                "/computeMetadata/V1/instance/service-accounts/default/token",
+            ),
+            (Api::Azure, "/metadata/identity/oauth2/token"),
+            (Api::Azure, "/metadata/attested/document"),
+            (Api::Azure, "/metadata/instance/compute/userData"),
+            (Api::Azure, "/metadata/Identity/oauth2/token"),
+            (
+                Api::Alibaba,
+                "/latest/meta-data/ram/security-credentials/role",
+            ),
+            (Api::Alibaba, "/latest/user-data"),
+            (Api::Openstack, "/openstack/latest/user_data"),
+            (Api::Openstack, "/openstack/2012-08-10/password"),
+            (Api::Openstack, "/openstack/latest/vendor_data2.json"),
+        ] {
+            assert!(
+                matches!(v(api, p), Verdict::Conceal(_)),
+                "{api:?} {p}: {:?}",
+                v(api, p)
+            );
+        }
+    }
+
+    #[test]
+    fn listings_never_name_what_is_concealed() {
+        let dir = parse("/latest/meta-data/").unwrap().segments;
+        let body =
+            "ami-id\nhostname\niam/\nidentity-credentials/\nplacement/\nuser-data\ntags/\n../\n";
+        assert_eq!(
+            filter_listing(Api::Aws, &dir, body),
+            "ami-id\nhostname\nplacement/\n"
+        );
+        let root = parse("/latest/").unwrap().segments;
+        assert_eq!(
+            filter_listing(Api::Aws, &root, "dynamic\nmeta-data\nuser-data"),
+            "dynamic\nmeta-data"
+        );
+        let attrs = parse("/computeMetadata/v1/instance/attributes/")
+            .unwrap()
+            .segments;
+        assert_eq!(
+            v(Api::Gcp, "/computeMetadata/v1/instance/attributes/"),
+            Verdict::Listing
+        );
+        assert_eq!(
+            filter_listing(Api::Gcp, &attrs, "cluster-name\nkube-env\nstartup-script\n"),
+            "cluster-name\n"
+        );
+        let mut j = serde_json::json!({"compute":{"location":"x","userData":"s","osProfile":{"customData":"c"}}});
+        filter_json(&mut j, Api::Azure.json_conceal());
+        assert_eq!(
+            j,
+            serde_json::json!({"compute":{"location":"x","osProfile":{}}})
+        );
+    }
+
+    #[test]
+    fn protocols_are_checked() {
+        let h = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let chk = |api, t: &str, hs: &dyn Fn(&str) -> Option<String>| {
+            let c = parse(t).unwrap();
+            let verdict = judge(api, &c.segments);
+            check_request(api, &c, &verdict, hs).map_err(|r| r.status)
+        };
+        let gcp = h(&[("metadata-flavor", "Google")]);
+        assert_eq!(
+            chk(Api::Gcp, "/computeMetadata/v1/instance/zone", &gcp),
+            Ok(())
+        );
+        assert_eq!(
+            chk(Api::Gcp, "/computeMetadata/v1/instance/zone", &h(&[])),
+            Err(403)
+        );
+        assert_eq!(
+            chk(
+                Api::Gcp,
+                "/computeMetadata/v1/instance/zone",
+                &h(&[
+                    ("metadata-flavor", "Google"),
+                    ("x-forwarded-for", "1.2.3.4")
+                ])
+            ),
+            Err(403)
+        );
+        assert_eq!(
+            chk(
+                Api::Gcp,
+                "/computeMetadata/v1/instance/?recursive=true",
+                &gcp
+            ),
+            Err(403)
+        );
+        assert_eq!(
+            chk(Api::Gcp, "/computeMetadata/v1/?recursive=true", &gcp),
+            Err(403)
+        );
+        assert_eq!(
+            chk(
+                Api::Gcp,
+                "/computeMetadata/v1/instance/network-interfaces/?recursive=true&alt=json",
+                &gcp
+            ),
+            Ok(())
+        );
+        assert_eq!(
+            chk(Api::Gcp, "/computeMetadata/v1/instance/zone?x=1", &gcp),
+            Err(400)
+        );
+        let az = h(&[("metadata", "true")]);
+        assert_eq!(
+            chk(Api::Azure, "/metadata/instance?api-version=2021-02-01", &az),
+            Ok(())
+        );
+        assert_eq!(
+            chk(Api::Azure, "/metadata/instance?api-version=2099-01-01", &az),
+            Err(400)
+        );
+        assert_eq!(chk(Api::Azure, "/metadata/instance", &az), Err(400));
+        assert_eq!(
+            chk(
+                Api::Azure,
+                "/metadata/instance?api-version=2021-02-01",
+                &h(&[])
+            ),
+            Err(400)
+        );
+        assert_eq!(chk(Api::Azure, "/metadata/versions", &az), Ok(()));
+        assert_eq!(chk(Api::Aws, "/latest/meta-data/?x=1", &h(&[])), Err(400));
+    }
+}

@@ -1,0 +1,71 @@
+//! What the metadata proxy needs to know of the kernel's state: for each network, the
+//! endpoints its DNAT redirects (`NET-mproxy4/6`) and its pods' records (`NET-pods`), with
+//! whether each pod's addresses are intercepted (`NET-meta4/6`) and the policy an annotation
+//! recorded. Read without the node lock, as `status` reads: it only reads.
+
+use super::{set_ref, Store};
+use crate::error::Result;
+use crate::kernel::Kernel;
+use crate::plan::{self, Family, Key, NetNames, SetKind};
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+/// One pod record as the proxy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxiedPod {
+    /// `namespace/name` as ADD recorded it.
+    pub who: String,
+    pub addrs: Vec<IpAddr>,
+    /// Whether the network intercepts the pod's addresses (not exempt).
+    pub intercepted: bool,
+    /// The policy an annotation recorded (`deny`), if any.
+    pub policy: Option<String>,
+}
+
+/// One network as the proxy sees it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxiedNetwork {
+    pub network: String,
+    /// The `proxy` endpoints (address, port) its DNAT redirects.
+    pub endpoints: Vec<(IpAddr, u16)>,
+    pub pods: Vec<ProxiedPod>,
+}
+
+impl<K: Kernel> Store<K> {
+    /// Every network's proxied endpoints and pod records.
+    pub fn proxy_view(&mut self) -> Result<Vec<ProxiedNetwork>> {
+        let mut out = Vec::new();
+        for net in self.networks()?.unwrap_or_default() {
+            let names = NetNames::new(&net);
+            let mut n = ProxiedNetwork {
+                network: net.clone(),
+                ..Default::default()
+            };
+            let mut meta: HashSet<IpAddr> = HashSet::new();
+            for f in Family::ALL {
+                for e in self.k.dump(&set_ref(&names, SetKind::MProxy(f)))? {
+                    if let Key::AddrPort(a, p) = e.key {
+                        n.endpoints.push((a, p));
+                    }
+                }
+                for e in self.k.dump(&set_ref(&names, SetKind::Meta(f)))? {
+                    if let Key::Addr(a) = e.key {
+                        meta.insert(a);
+                    }
+                }
+            }
+            for e in self.k.dump(&set_ref(&names, SetKind::Pods))? {
+                let comment = e.comment.unwrap_or_default();
+                let addrs = plan::addrs_from_comment(&comment);
+                n.pods.push(ProxiedPod {
+                    who: plan::who_from_comment(&comment).to_string(),
+                    intercepted: addrs.iter().any(|a| meta.contains(a)),
+                    policy: plan::policy_from_comment(&comment).map(str::to_string),
+                    addrs,
+                });
+            }
+            out.push(n);
+        }
+        Ok(out)
+    }
+}
