@@ -23,6 +23,8 @@
 # Run as root on Debian 12. It runs in a mount namespace of its own
 # with a /run of its own, so nothing of the machine's (its /run/natguard, /etc/cni, /opt/cni,
 # /var/lib/cni, root network namespace) is read or changed; everything goes on exit.
+# NG_DEMO_SAMPLES=DIR: also save step 6's `status`, `status --json` and `metrics` in DIR
+# (scripts/docs-samples.sh compares them with docs/operations.md's samples).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -349,6 +351,13 @@ bold "7. natguard status: what is installed, and what natguard's counters say ab
 in_ns "$NODE" "$BIN" status
 bold "   natguard metrics (Prometheus text; install --watch --metrics-file keeps it in a file)"
 in_ns "$NODE" "$BIN" metrics
+# The samples docs/operations.md shows (scripts/docs-samples.sh): the same three outputs, saved.
+if [ -n "${NG_DEMO_SAMPLES:-}" ]; then
+  mkdir -p "$NG_DEMO_SAMPLES"
+  in_ns "$NODE" "$BIN" status >"$NG_DEMO_SAMPLES/status.txt"
+  in_ns "$NODE" "$BIN" status --json | jq . >"$NG_DEMO_SAMPLES/status.json"
+  in_ns "$NODE" "$BIN" metrics >"$NG_DEMO_SAMPLES/metrics.txt"
+fi
 
 bold "cleaning up (DEL in reverse order, namespaces removed)"
 stop_servers

@@ -28,7 +28,14 @@ pub fn cli(args: &[String]) -> i32 {
         Ok(switches) => !switches.is_empty(),
         Err(code) => return code,
     };
-    let (r, code) = collect_or_unreadable();
+    let (r, unreadable) = collect_or_unreadable();
+    // 0 only where the node-wide guard is in place: a node natguard does not guard (no table,
+    // chains missing, state unreadable) is exit 1, as the docs' exit codes say.
+    let code = if unreadable == 0 && r.installation == Some(store::Installation::Guarding) {
+        EXIT_GUARDED
+    } else {
+        EXIT_NOT_GUARDED
+    };
     if json {
         println!("{}", report::render_json(&r));
     } else {
@@ -57,7 +64,14 @@ fn preset_lines(netconf_dir: &std::path::Path) -> String {
 const USAGE: &str = "usage: natguard status [--json]
   prints what natguard has installed on this node and what its rules stopped
   --json   the same report as one JSON document (see docs/operations.md, \"natguard status --json\")
+exit codes: 0 natguard guards this node (its table and the node-wide guard are in place),
+  1 it does not (not installed, guard chains missing, or its state cannot be read), 2 usage error
 ";
+
+/// `status` exits 0 only where natguard guards the node.
+const EXIT_GUARDED: i32 = 0;
+/// Not installed, the guard incomplete, or natguard's state unreadable.
+const EXIT_NOT_GUARDED: i32 = 1;
 
 /// The node's report; when natguard's state cannot be read at all, a report that says why
 /// (not ready, no networks) and exit code 1.

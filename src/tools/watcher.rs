@@ -29,6 +29,22 @@ pub fn state_file_beside(ready_file: &Path) -> PathBuf {
     parent(ready_file).join("repair.json")
 }
 
+/// How often the self-repair thread rewrites its record while idle: the record's `updated`
+/// is the watcher's heartbeat.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How old a running watcher's heartbeat may be before `install --check --health` (the
+/// DaemonSet's probes) and `status` call the watcher stuck: six missed beats, so a slow node
+/// or a long repair never trips it.
+pub const HEARTBEAT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Seconds since `updated` (a Unix time), never negative.
+pub fn age_of(updated: f64) -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_secs_f64() - updated).max(0.0))
+        .unwrap_or(0.0)
+}
+
 /// What the watcher has repaired so far.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RepairStats {
@@ -43,7 +59,8 @@ pub struct RepairStats {
     pub last_repair_ms: Option<f64>,
     /// Who changed natguard's tables before the last repair.
     pub last_cause: Option<String>,
-    /// Unix time the record was last written, in seconds.
+    /// Unix time the record was last written, in seconds: the watcher's heartbeat (it is
+    /// rewritten at least every [`HEARTBEAT_EVERY`] while the watcher runs).
     pub updated: Option<f64>,
     /// The writer's [`instance`]: the lock holder is the writer only if the instance it
     /// records beside its lock (`install.json`) is the same (pids repeat across containers: a

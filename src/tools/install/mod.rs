@@ -190,22 +190,104 @@ fn check(opts: &InstallOpts) -> i32 {
             let broken: Vec<String> = crate::restore::scan_networks(&opts.netconf_dir)
                 .map(|n| n.broken.iter().map(|b| b.to_string()).collect())
                 .unwrap_or_default();
-            if broken.is_empty() {
-                println!("ready: natguard is in {}", p.display());
+            let broken = if broken.is_empty() {
+                String::new()
             } else {
-                println!(
-                    "ready: natguard is in {}; BROKEN LIST(S): {}",
-                    p.display(),
-                    broken.join("; ")
-                );
+                format!("; BROKEN LIST(S): {}", broken.join("; "))
+            };
+            match opts.health.map(|max_age| health(&opts, max_age)) {
+                Some(Err(why)) => {
+                    println!("not ready: {why}{broken}");
+                    EXIT_FAILED
+                }
+                Some(Ok(what)) => {
+                    println!("ready: natguard is in {}; {what}{broken}", p.display());
+                    EXIT_OK
+                }
+                None => {
+                    println!("ready: natguard is in {}{broken}", p.display());
+                    EXIT_OK
+                }
             }
-            EXIT_OK
         }
         Err(e) => {
             println!("not ready: {e}");
             EXIT_FAILED
         }
     }
+}
+
+/// `--check --health`: natguard guards the node as its config plans it, and the watcher that
+/// keeps it so is alive. The guard is compared with the plans a repair would apply (every
+/// natguard network's shared objects, each with the node-wide guard, or the guard alone from
+/// the entry where no conflist lists natguard yet), so a table someone deleted or emptied, a
+/// chain unhooked or a set gone fails it; the watcher's heartbeat (its self-repair record,
+/// rewritten every [`crate::tools::watcher::HEARTBEAT_EVERY`]) must be younger than
+/// `max_age`, so a watcher frozen (SIGSTOP) or wedged fails it too, while the guard is still
+/// there. Both pass again once the watcher has repaired the tables or been restarted.
+fn health(opts: &InstallOpts, max_age: std::time::Duration) -> Result<String, String> {
+    use crate::tools::watcher::{age_of, read_state, state_file_beside, watcher_running};
+    let mut store =
+        crate::store::open().map_err(|e| format!("cannot read natguard's state: {e}"))?;
+    match store.installation() {
+        Ok(crate::store::Installation::Guarding) => {}
+        Ok(crate::store::Installation::NoTable) => {
+            return Err("NOT GUARDING: no natguard table on this node".into())
+        }
+        Ok(crate::store::Installation::Incomplete { missing }) => {
+            return Err(format!(
+                "NOT GUARDING: table inet natguard lacks the node-wide guard's chain(s) {}",
+                missing.join(", ")
+            ))
+        }
+        Err(e) => return Err(format!("cannot read natguard's state: {e}")),
+    }
+    let networks = crate::restore::natguard_networks(&opts.netconf_dir).map_err(|e| {
+        format!(
+            "cannot read the conflists of {}: {e}",
+            opts.netconf_dir.display()
+        )
+    })?;
+    // Where no conflist lists natguard yet, the guard alone is planned from the entry: only
+    // with --config is that the entry the watcher placed (without it, the liveness probe's
+    // way, the chains above are what is checked).
+    let entry = opts
+        .config_file
+        .as_ref()
+        .and_then(|_| flow::entry_config(opts));
+    let plans = crate::restore::guard_plans(&networks, entry.as_ref());
+    for plan in &plans {
+        store
+            .check_shared(plan)
+            .map_err(|e| format!("NOT GUARDING as configured: {e}"))?;
+    }
+    let state_file = state_file_beside(&opts.ready_file);
+    let Some(record) = read_state(&state_file) else {
+        return Err(format!(
+            "no self-repair record at {}: no `install --watch` with self-repair runs here",
+            state_file.display()
+        ));
+    };
+    if watcher_running(&opts.ready_file) != Some(true) {
+        return Err(format!(
+            "the watcher (pid {}) is not running: nothing repairs natguard's tables",
+            record.pid
+        ));
+    }
+    let age = record.updated.map_or(f64::INFINITY, age_of);
+    if age > max_age.as_secs_f64() {
+        return Err(format!(
+            "the watcher (pid {}) runs but its last heartbeat was {age:.0} s ago (more than {} s): \
+             it is frozen or wedged, and would not repair a flush",
+            record.pid,
+            max_age.as_secs()
+        ));
+    }
+    Ok(format!(
+        "guarding ({} natguard network(s), as configured); watcher pid {} alive (heartbeat {age:.0} s ago)",
+        networks.len(),
+        record.pid
+    ))
 }
 
 /// Whether natguard's entry in the list at `path` is `entry`.

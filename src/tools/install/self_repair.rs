@@ -20,7 +20,8 @@
 //! own notifications carry natguard's name and are ignored.
 //!
 //! What happened is kept in [`STATE_FILE`] (JSON, replaced atomically after every repair or
-//! check): repairs (checks that wrote something), checks, the time and cause of the last repair
+//! check, and every [`HEARTBEAT_EVERY`] while idle, so its `updated` time is the thread's
+//! heartbeat): repairs (checks that wrote something), checks, the time and cause of the last repair
 //! and how long it took from the first notification. `natguard status` and `natguard metrics`
 //! read it; without `--watch` there is no such file and they show nothing of it. A watcher
 //! holds the node's watcher lock ([`super::record`]) before it starts here, so the record has
@@ -44,6 +45,7 @@ pub const QUIET: Duration = Duration::from_millis(10);
 pub const BURST_MAX: Duration = Duration::from_millis(200);
 /// The periodic check without notifications: a backstop, as the timers of other agents are.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+pub use crate::tools::watcher::HEARTBEAT_EVERY;
 pub use crate::tools::watcher::{read_state, state_file_beside, RepairStats};
 
 /// A burst of notifications that demand a repair.
@@ -144,6 +146,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     let mut broken_seen = Vec::new();
     let mut memo = restore::Memo::default();
     let mut check_due = Instant::now() + CHECK_EVERY;
+    let mut heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
     // When the last repair ended: the next one waits until BURST_MAX after it.
     let mut last_end: Option<Instant> = None;
     let due = |b: &Burst, last_end: Option<Instant>| match last_end {
@@ -154,7 +157,8 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         let deadline = burst
             .as_ref()
             .map_or(check_due, |b| due(b, last_end))
-            .min(check_due);
+            .min(check_due)
+            .min(heartbeat_due);
         if wait_readable(m.fd(), deadline.saturating_duration_since(Instant::now())) {
             let v = m.drain();
             burst = extend(burst, v, Instant::now());
@@ -166,6 +170,10 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
             _ => None,
         };
         let Some((cause, since)) = cause else {
+            if now >= heartbeat_due {
+                write_state(state_file, &mut stats);
+                heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
+            }
             continue;
         };
         burst = None;
@@ -174,6 +182,7 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
             last_end = Some(Instant::now());
         }
         write_state(state_file, &mut stats);
+        heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
     }
 }
 

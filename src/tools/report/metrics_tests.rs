@@ -27,6 +27,7 @@ pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
 
 const ALWAYS: [(&str, &str); 11] = [
     ("natguard_up", "gauge"),
+    ("natguard_guarded", "gauge"),
     ("natguard_per_pod_counters_available", "gauge"),
     ("natguard_networks", "gauge"),
     ("natguard_broken_lists", "gauge"),
@@ -62,6 +63,23 @@ fn metrics_parse_strictly_with_every_family() {
         );
     }
     assert_eq!(value_of(family(&metrics, "natguard_up"), &[]), 1.0);
+    // The kernel answering is not natguard guarding: each has its own gauge.
+    let mut unguarded = node();
+    unguarded.installation = Some(Installation::NoTable);
+    let of = |r: &NodeReport| {
+        let m = parse_exposition(&render_prometheus(r)).unwrap();
+        (
+            value_of(family(&m, "natguard_up"), &[]),
+            value_of(family(&m, "natguard_guarded"), &[]),
+        )
+    };
+    assert_eq!(of(&unguarded), (1.0, 0.0));
+    unguarded.installation = Some(Installation::Incomplete {
+        missing: vec!["judge4".into()],
+    });
+    assert_eq!(of(&unguarded), (1.0, 0.0));
+    assert_eq!(node().installation, Some(Installation::Guarding));
+    assert_eq!(of(&node()), (1.0, 1.0));
     assert_eq!(
         value_of(family(&metrics, "natguard_per_pod_counters_available"), &[]),
         1.0
@@ -294,6 +312,7 @@ fn repairs_are_exported_only_where_a_watcher_repairs() {
         last_repair: Some(1_700_000_000.75),
         last_repair_ms: Some(21.5),
         last_cause: Some("nft (pid 9) changed 4 object(s) of natguard's tables".into()),
+        updated: Some(1_700_000_100.5),
         ..RepairStats::default()
     });
     let text = render_prometheus(&r);
@@ -304,6 +323,8 @@ fn repairs_are_exported_only_where_a_watcher_repairs() {
         "natguard_repair_checks_total 5",
         "# TYPE natguard_last_repair_timestamp_seconds gauge",
         "natguard_last_repair_timestamp_seconds 1700000000",
+        "# TYPE natguard_self_repair_heartbeat_timestamp_seconds gauge",
+        "natguard_self_repair_heartbeat_timestamp_seconds 1700000100",
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
     }

@@ -361,6 +361,17 @@ fn write_self_repair(out: &mut String, sr: &RepairStats) {
             "self-repair: watcher pid {} is not running (record from {from}): ",
             sr.pid
         );
+    } else if let Some(age) = sr
+        .updated
+        .map(crate::tools::watcher::age_of)
+        .filter(|a| *a > crate::tools::watcher::HEARTBEAT_MAX_AGE.as_secs_f64())
+    {
+        let _ = write!(
+            out,
+            "self-repair: watcher pid {} is NOT RESPONDING (its last heartbeat was {age:.0} s \
+             ago; frozen or wedged, it repairs nothing): ",
+            sr.pid
+        );
     } else {
         let _ = write!(out, "self-repair (install --watch, pid {}): ", sr.pid);
     }
@@ -825,6 +836,20 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         &[],
         "1 if nf_tables and conntrack netlink answer on this node, else 0.",
     );
+    let mut guarded = MetricFamily::new(
+        "natguard_guarded",
+        Gauge,
+        &[],
+        "1 if natguard guards this node (its table and the node-wide guard's chains are in \
+         place), else 0.",
+    );
+    let mut heartbeat = MetricFamily::new(
+        "natguard_self_repair_heartbeat_timestamp_seconds",
+        Gauge,
+        &[],
+        "Unix time install --watch's self-repair last wrote its record (every 10 s while it \
+         runs): a stale value is a frozen or wedged watcher.",
+    );
     let mut per_pod = MetricFamily::new(
         "natguard_per_pod_counters_available",
         Gauge,
@@ -967,11 +992,15 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         if let Some(t) = sr.last_repair {
             last_repair.add(vec![], t as u64);
         }
+        if let Some(t) = sr.updated {
+            heartbeat.add(vec![], t as u64);
+        }
     }
 
     up.add(vec![], u64::from(r.ready));
     // What could not be read is left out, not reported as zero.
     if !r.unreadable {
+        guarded.add(vec![], u64::from(guarding(r)));
         per_pod.add(vec![], u64::from(r.per_pod_counters));
         networks.add(vec![], r.networks.len() as u64);
         broken_lists.add(vec![], r.broken_lists.len() as u64);
@@ -1009,6 +1038,7 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
     let mut out = String::new();
     for family in [
         &up,
+        &guarded,
         &per_pod,
         &networks,
         &broken_lists,
@@ -1035,6 +1065,9 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         checks.write(&mut out);
         if last_repair.has_samples() {
             last_repair.write(&mut out);
+        }
+        if heartbeat.has_samples() {
+            heartbeat.write(&mut out);
         }
     }
     // Only where a watcher serves the proxy.

@@ -864,7 +864,19 @@ fn a_record_of_an_exited_watcher_is_shown_as_gone() {
         }),
         ..r
     };
-    assert!(render_text(&live).contains("self-repair (install --watch, pid 41): 3 repair(s)"));
+    // A running watcher whose heartbeat is old is frozen or wedged: said, not hidden.
+    let text = render_text(&live);
+    assert!(
+        text.contains("self-repair: watcher pid 41 is NOT RESPONDING (its last heartbeat was "),
+        "{text}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let mut fresh = live.clone();
+    fresh.self_repair.as_mut().unwrap().updated = Some(now - 5.0);
+    assert!(render_text(&fresh).contains("self-repair (install --watch, pid 41): 3 repair(s)"));
     let metrics = parse_exposition(&render_prometheus(&live)).unwrap();
     assert_eq!(
         value_of(family(&metrics, "natguard_self_repair_running"), &[]),
