@@ -45,7 +45,7 @@ pub(crate) const CACHED_SANDBOX: &str = "the cached result's sandbox";
 /// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
 /// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
 /// looked up here, before planning. Everything is refused before the kernel is touched.
-/// The pod's own interface, inspected once from inside its network namespace
+/// The pod's own interface, inspected once as its network namespace sees it
 /// ([`kernel::podside::inspect`]); a path that is no network namespace is a CNI error naming
 /// where the path came from.
 pub(crate) fn inspect(who: &Identity<'_>) -> Result<Option<kernel::podside::PodLink>> {

@@ -45,6 +45,9 @@ pub struct RepairStats {
     pub last_cause: Option<String>,
     /// Unix time the record was last written, in seconds.
     pub updated: Option<f64>,
+    /// Cache attachments the last check could not restore, by reason
+    /// ([`crate::restore::SKIP_REASONS`]; reasons without one left out).
+    pub skipped: Vec<(String, u64)>,
     /// Whether the watcher that wrote the record still runs: filled in by its readers from the
     /// watcher's lock (see [`watcher_running`]), never stored.
     pub running: Option<bool>,
@@ -60,6 +63,11 @@ impl RepairStats {
             "lastRepairMs": self.last_repair_ms,
             "lastCause": self.last_cause,
             "updated": self.updated,
+            "skipped": self
+                .skipped
+                .iter()
+                .map(|(k, n)| (k.clone(), Value::from(*n)))
+                .collect::<serde_json::Map<String, Value>>(),
         });
         if let Some(r) = self.running {
             v["running"] = r.into();
@@ -79,6 +87,16 @@ impl RepairStats {
                 .and_then(Value::as_str)
                 .map(str::to_string),
             updated: v.get("updated").and_then(Value::as_f64),
+            // A record of an older watcher has none.
+            skipped: v
+                .get("skipped")
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, n)| Some((k.clone(), n.as_u64()?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
             running: None,
         })
     }

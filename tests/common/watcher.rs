@@ -30,6 +30,19 @@ impl Watcher {
         env: &[(&str, &str)],
         log_name: &str,
     ) -> Watcher {
+        Watcher::spawn_as(w, entry, cache_dir, env, log_name, false)
+    }
+
+    /// [`Watcher::spawn`], with `CAP_NET_ADMIN` as its only capability where `net_admin_only`
+    /// (the shipped DaemonSet's container).
+    pub fn spawn_as(
+        w: &World,
+        entry: &Value,
+        cache_dir: &Path,
+        env: &[(&str, &str)],
+        log_name: &str,
+        net_admin_only: bool,
+    ) -> Watcher {
         let dir = w.dir();
         let netd = dir.join("net.d");
         let bin = dir.join("bin");
@@ -40,7 +53,11 @@ impl Watcher {
         let entry_file = dir.join("natguard-entry.json");
         fs::write(&entry_file, serde_json::to_vec(entry).unwrap()).unwrap();
         let log = dir.join(log_name);
-        let child = Natguard::new()
+        let mut inv = Natguard::new();
+        if net_admin_only {
+            inv = inv.net_admin_only();
+        }
+        let child = inv
             .args(&[
                 "install".as_ref(),
                 "--watch".as_ref(),

@@ -366,6 +366,20 @@ fn write_self_repair(out: &mut String, sr: &RepairStats) {
         );
     }
     let _ = writeln!(out);
+    // What the last check could not restore: pods that are not protected until it can.
+    if !sr.skipped.is_empty() {
+        let total: u64 = sr.skipped.iter().map(|(_, n)| n).sum();
+        let why: Vec<String> = sr
+            .skipped
+            .iter()
+            .map(|(k, n)| format!("{n} {}", printable(k)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "self-repair: {total} cached attachment(s) skipped at the last check ({}); the watcher's log says which and why",
+            why.join(", ")
+        );
+    }
 }
 
 /// Unix time `t` as `YYYY-MM-DD HH:MM:SS UTC` (the proleptic Gregorian calendar).
@@ -839,7 +853,22 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         "1 if the install --watch that keeps the self-repair record holds the watcher lock \
          (it runs), 0 if the record is left from a watcher that exited.",
     );
+    let mut skipped = MetricFamily::new(
+        "natguard_repair_skipped_attachments",
+        Gauge,
+        &["reason"],
+        "Attachments of the CNI result cache that install --watch's last check could not \
+         restore, by reason (netns_gone, netns_not_visible, not_a_netns, not_permitted, \
+         no_natguard, no_address, unreadable_cache).",
+    );
     if let Some(sr) = &r.self_repair {
+        // Every reason, zeros included: a series that appears later hides its first rise.
+        for reason in crate::restore::SKIP_REASONS {
+            skipped.add(vec![reason.to_string()], 0);
+        }
+        for (reason, n) in &sr.skipped {
+            skipped.add(vec![reason.clone()], *n);
+        }
         if let Some(running) = sr.running {
             watcher_running.add(vec![], u64::from(running));
         }
@@ -915,6 +944,7 @@ pub(crate) fn render_prometheus(r: &NodeReport) -> String {
         if last_repair.has_samples() {
             last_repair.write(&mut out);
         }
+        skipped.write(&mut out);
     }
     out
 }
