@@ -386,6 +386,46 @@ fn assert_refused(n: &Node, extra: &[&str], needle: &str) {
     assert!(!n.ready().exists());
 }
 
+/// A refused install removes nothing: the readiness file of an earlier install stays while
+/// its entry does (here `--conflist` names a list that does not exist), and a `--cache-dir`
+/// that does not exist is refused like the other dirs, before anything is written.
+#[test]
+fn a_refusal_removes_nothing_and_a_missing_cache_dir_is_refused() {
+    let n = Node::new("refuse-keeps");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[]);
+    assert!(n.ready().exists());
+    let ready = fs::read(n.ready()).unwrap();
+    let before = n.snapshot();
+    let out = n.run("install", &["--conflist", "99-nope.conflist"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("99-nope.conflist"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(n.snapshot(), before, "a refused install changed the dir");
+    assert_eq!(
+        fs::read(n.ready()).ok(),
+        Some(ready.clone()),
+        "a refused install removed or changed the readiness file"
+    );
+    let missing = n.dir.join("cnii");
+    let out = n.run("install", &["--cache-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cache-dir") && err.contains("cnii") && err.contains("no such directory"),
+        "{err}"
+    );
+    assert!(!missing.exists());
+    assert_eq!(n.snapshot(), before);
+    assert_eq!(fs::read(n.ready()).ok(), Some(ready));
+    // An existing one is taken.
+    fs::create_dir_all(&missing).unwrap();
+    n.install(&["--cache-dir", missing.to_str().unwrap()]);
+}
+
 #[test]
 fn unsafe_directories_are_refused_untouched() {
     let n = Node::new("refuse");
@@ -794,6 +834,7 @@ fn watch_runs_adopt_at_start_and_after_each_reinsert_and_again_later() {
     // Adopt on, with an empty CNI cache: adopt finds no pod. The watcher puts the node-wide
     // guard in place, so it runs in a network namespace of its own, with a /run of its own
     // (the node lock): nothing of the machine's is touched.
+    fs::create_dir_all(n.dir.join("cache")).unwrap();
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--net",
