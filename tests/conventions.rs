@@ -230,3 +230,21 @@ fn the_previous_release_archive_is_its_tag() {
         );
     }
 }
+
+/// The image's `org.opencontainers.image.source` label comes from Cargo.toml's
+/// `package.repository` (scripts/image.sh): it must be there and be a URL, and image.sh must
+/// refuse to label an image without one rather than write "unknown".
+#[test]
+fn the_image_source_label_has_a_real_url() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let toml = std::fs::read_to_string(Path::new(dir).join("Cargo.toml")).unwrap();
+    let repo = toml
+        .lines()
+        .find_map(|l| l.strip_prefix("repository = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("package.repository in Cargo.toml");
+    assert!(repo.starts_with("https://") && repo.len() > "https://".len() + 3, "{repo}");
+    assert_eq!(env!("CARGO_PKG_REPOSITORY"), repo);
+    let image = std::fs::read_to_string(Path::new(dir).join("scripts/image.sh")).unwrap();
+    assert!(!image.contains(":-unknown}\n"), "image.sh must not fall back to unknown");
+}
