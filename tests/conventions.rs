@@ -246,5 +246,8 @@ fn the_image_source_label_has_a_real_url() {
     assert!(repo.starts_with("https://") && repo.len() > "https://".len() + 3, "{repo}");
     assert_eq!(env!("CARGO_PKG_REPOSITORY"), repo);
     let image = std::fs::read_to_string(Path::new(dir).join("scripts/image.sh")).unwrap();
-    assert!(!image.contains(":-unknown}\n"), "image.sh must not fall back to unknown");
+    assert!(
+        !image.contains("source_url:-unknown"),
+        "image.sh must not fall back to unknown"
+    );
 }
