@@ -247,7 +247,7 @@ in_ns "$NODE" conntrack -L -p tcp -s "$LEGACY4" --orig-dst 169.254.169.254 2>/de
 bold "2. natguard install: the guard, natguard in the conflist, the running pods adopted"
 MARK=$(wc -l <"$CLIENT_LOG")
 in_ns "$NODE" "$BIN" install --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN_DIR" --cache-dir "$CNI_CACHE" \
-  --ready-file "$W/ready" --exempt-namespace kube-system 2>&1 | sed 's/^/  /'
+  --ready-file "$W/ready" --exempt-namespace kube-system --masquerade-outside 2>&1 | sed 's/^/  /'
 echo "the conflist now ends with natguard's entry:"
 jq -c '.plugins[] | {type} + (if .type == "natguard" then . else {} end)' "$CNI_LIST" | sed 's/^/  /'
 wait_answers "$CLIENT_LOG" "$MARK" 3 proxy
@@ -277,7 +277,7 @@ printf '  %-28s -> %-26s answered by: %s\n' \
   "default/web (from $STOLEN)" "http://169.254.169.254/" "$(get_from "$POD" "$STOLEN" 169.254.169.254)"
 echo "  ($STOLEN is an address default/web added to its own eth0; natguard knows no pod with it)"
 
-bold "4. masquerade: which source address does a remote host see?"
+bold "4. masquerade: which source address does a remote host see? (installed with --masquerade-outside)"
 printf '  %-52s sees: %s\n' \
   "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), TCP" "$(whoami "$POD" TCP4 10.10.0.2)" \
   "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), UDP" "$(whoami "$POD" UDP4 10.10.0.2)" \
@@ -285,6 +285,9 @@ printf '  %-52s sees: %s\n' \
   "remote-out 11.0.0.2   (outside), UDP" "$(whoami "$POD" UDP4 11.0.0.2)" \
   "remote-out 2001:db8:bb::2 (outside), TCP" "$(whoami "$POD" TCP6 '[2001:db8:bb::2]')"
 echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards remote-out)"
+echo "  (outside is masqueraded because this demo asked for it: --masquerade-outside, i.e."
+echo "   masquerade.masqueradeOutside true; by default natguard only keeps the pod's address"
+echo "   towards nonMasqueradeCIDRs and leaves everything else to the primary plugin)"
 
 bold "5. nft list table inet natguard (in the node namespace)"
 in_ns "$NODE" nft list table inet natguard

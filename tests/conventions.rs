@@ -243,7 +243,10 @@ fn the_image_source_label_has_a_real_url() {
         .find_map(|l| l.strip_prefix("repository = \""))
         .and_then(|l| l.strip_suffix('"'))
         .expect("package.repository in Cargo.toml");
-    assert!(repo.starts_with("https://") && repo.len() > "https://".len() + 3, "{repo}");
+    assert!(
+        repo.starts_with("https://") && repo.len() > "https://".len() + 3,
+        "{repo}"
+    );
     assert_eq!(env!("CARGO_PKG_REPOSITORY"), repo);
     let image = std::fs::read_to_string(Path::new(dir).join("scripts/image.sh")).unwrap();
     assert!(

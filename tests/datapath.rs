@@ -270,6 +270,41 @@ fn masquerade_disabled_keeps_pod_source_everywhere() {
     ok(chain.del(&pod.att), "DEL");
 }
 
+/// natguard's shipped default (`masqueradeOutside` false): it changes no pod's egress beyond
+/// the exceptions. Outside nonMasqueradeCIDRs the pod keeps its address while nothing else
+/// masquerades, and gets the other component's masquerade where one does; towards
+/// nonMasqueradeCIDRs it keeps its address even where the other component would masquerade it.
+#[test]
+fn by_default_natguard_masquerades_nothing_the_primary_would_not() {
+    let (w, chain) = world(
+        "masq-default",
+        "1.0.0",
+        json!({ "masquerade": { "masqueradeOutside": false } }),
+    );
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_sees(&pod, REMOTE_OUT4, pod.v4);
+    assert_sees(&pod, REMOTE_OUT6, pod.v6);
+    assert_sees(&pod, REMOTE_IN4, pod.v4);
+    assert_sees(&pod, REMOTE_IN6, pod.v6);
+    assert_metadata(&pod, "proxy");
+    // Another component masquerades everything outside the pod network.
+    other_masquerade(&w, "iptables-nft", "ip6tables-nft");
+    let late = w.add_pod(&chain, "late", "default");
+    for p in [&pod, &late] {
+        assert_sees(p, REMOTE_OUT4, NODE_OUT4);
+        assert_sees(p, REMOTE_OUT6, NODE_OUT6);
+        assert_sees(p, REMOTE_IN4, p.v4);
+        assert_sees(p, REMOTE_IN6, p.v6);
+    }
+    let table = w.table().unwrap();
+    assert!(
+        !table.contains("counter masquerade"),
+        "natguard's own MASQUERADE:\n{table}"
+    );
+    ok(chain.del(&late.att), "DEL");
+    ok(chain.del(&pod.att), "DEL");
+}
+
 fn other_masquerade(w: &World, v4: &str, v6: &str) {
     w.on_node(&format!(
         "{v4} -t nat -A POSTROUTING ! -d 10.244.0.0/16 -j MASQUERADE"

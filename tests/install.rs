@@ -426,6 +426,57 @@ fn a_refusal_removes_nothing_and_a_missing_cache_dir_is_refused() {
     n.install(&["--cache-dir", missing.to_str().unwrap()]);
 }
 
+/// A misspelling of one of natguard's own top-level keys (`"metdata"`) is refused before
+/// anything is written (with it every default would apply); another unknown key is warned
+/// about by `install` and `install --check`; an entry that does not set
+/// `masquerade.masqueradeOutside` is told the default changed.
+#[test]
+fn unknown_top_level_keys_are_named_at_once() {
+    let n = Node::new("entry-keys");
+    n.write("10-calico.conflist", CALICO);
+    let cfg = n.dir.join("natguard.json");
+    fs::write(
+        &cfg,
+        r#"{"metdata":{"mode":"deny"},"masquerade":{"masqueradeOutside":false}}"#,
+    )
+    .unwrap();
+    let before = n.snapshot();
+    let out = n.run("install", &["--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"metdata\"") && err.contains("did you mean \"metadata\""),
+        "{err}"
+    );
+    assert_eq!(n.snapshot(), before);
+    assert!(!n.ready().exists());
+
+    fs::write(
+        &cfg,
+        r#"{"frobnicate":1,"masquerade":{"masqueradeOutside":false}}"#,
+    )
+    .unwrap();
+    for extra in [&[][..], &["--check"][..]] {
+        let mut args = vec!["--config", cfg.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = n.run("install", &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("\"frobnicate\": unknown top-level key"),
+            "{extra:?}: {}",
+            text(&out)
+        );
+        assert!(!err.contains("masqueradeOutside is not set"), "{err}");
+    }
+    fs::write(&cfg, r#"{"metadata":{"mode":"deny"}}"#).unwrap();
+    let out = n.install(&["--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("masquerade.masqueradeOutside is not set"),
+        "{err}"
+    );
+}
+
 #[test]
 fn unsafe_directories_are_refused_untouched() {
     let n = Node::new("refuse");
