@@ -53,6 +53,26 @@ const NETNSA_NSID: u16 = 1;
 const NETNSA_FD: u16 = 3;
 /// `NETNSA_NSID` of a namespace that has no id here yet; as a request, "pick one".
 const NETNSA_NSID_NOT_ASSIGNED: i32 = -1;
+const RTM_NEWTFILTER: u16 = 44;
+const RTM_GETTFILTER: u16 = 46;
+/// `struct tcmsg`: family, padding, ifindex, handle, parent, info.
+const TCMSG_LEN: usize = 20;
+const TCM_IFINDEX_OFFSET: usize = 4;
+const TCM_PARENT_OFFSET: usize = 12;
+const TCA_KIND: u16 = 1;
+const TCA_OPTIONS: u16 = 2;
+/// `TCA_BPF_NAME` and `TCA_BPF_FLAGS` (`TCA_BPF_FLAG_ACT_DIRECT`) of a `bpf` classifier.
+const TCA_BPF_NAME: u16 = 7;
+const TCA_BPF_FLAGS: u16 = 8;
+const TCA_BPF_FLAG_ACT_DIRECT: u32 = 1;
+/// `TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS / TC_H_MIN_EGRESS)`: the hooks of a `clsact` qdisc
+/// (the ingress one also of an `ingress` qdisc).
+pub const TC_INGRESS: u32 = 0xFFFF_FFF2;
+pub const TC_EGRESS: u32 = 0xFFFF_FFF3;
+/// Actions that take a packet off its path: `mirred` (redirect or mirror to another device)
+/// and `bpf` (a program that may return `TC_ACT_REDIRECT`).
+const STEERING_ACTIONS: [&str; 2] = ["mirred", "bpf"];
+
 /// A link lookup answers at once; this only bounds a kernel that does not.
 pub const REPLY_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -92,6 +112,79 @@ fn getlink_request(b: &mut MsgBuf, name: &str, target: Option<i32>) {
         b.attr(IFLA_TARGET_NETNSID, &id.to_ne_bytes());
     }
     b.end();
+}
+
+/// An `RTM_GETTFILTER` dump of the filters on hook `parent` ([`TC_INGRESS`], [`TC_EGRESS`]) of
+/// the interface with index `index`.
+fn getfilter_dump_request(b: &mut MsgBuf, index: u32, parent: u32) {
+    b.begin_header(RTM_GETTFILTER, super::netlink::NLM_F_DUMP);
+    let mut tcm = [0u8; TCMSG_LEN];
+    tcm[TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4].copy_from_slice(&index.to_ne_bytes());
+    tcm[TCM_PARENT_OFFSET..TCM_PARENT_OFFSET + 4].copy_from_slice(&parent.to_ne_bytes());
+    b.bytes(&tcm);
+    b.end();
+}
+
+/// The strings of nested attributes under `attrs` (a few levels down) that name one of
+/// [`STEERING_ACTIONS`]: the kinds (`TCA_ACT_KIND`) of a filter's actions, wherever its
+/// classifier nests them.
+fn steering_actions(attrs: &Attrs<'_>, depth: usize, out: &mut Vec<String>) {
+    for a in attrs.clone() {
+        let text = a.payload.strip_suffix(&[0]).unwrap_or(&[]);
+        if let Some(k) = STEERING_ACTIONS.iter().find(|k| k.as_bytes() == text) {
+            if !out.iter().any(|o| o == k) {
+                out.push((*k).to_string());
+            }
+        } else if depth > 0 && a.payload.len() >= 4 {
+            steering_actions(&a.nested(), depth - 1, out);
+        }
+    }
+}
+
+/// What a filter dump's replies install that can steer packets around netfilter, one line
+/// each: a `bpf` classifier (named, with direct action or not) and any filter with a `mirred`
+/// or `bpf` action.
+fn steering_filters(msgs: &[Msg], index: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in msgs.iter().filter(|m| m.msg_type == RTM_NEWTFILTER) {
+        let ifindex = m
+            .body
+            .get(TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        if ifindex != Some(index) {
+            continue;
+        }
+        let attrs = Attrs::new(m.body.get(TCMSG_LEN..).unwrap_or(&[]));
+        let Some(kind) = attrs.get(TCA_KIND).map(|k| k.str().to_string()) else {
+            continue;
+        };
+        let opts = attrs.get(TCA_OPTIONS).map(|o| o.nested());
+        let mut actions = Vec::new();
+        if let Some(o) = &opts {
+            steering_actions(o, 3, &mut actions);
+        }
+        if kind == "bpf" {
+            let o = opts.as_ref();
+            let name = o
+                .and_then(|o| o.get(TCA_BPF_NAME))
+                .map(|n| format!(" {}", n.str()))
+                .unwrap_or_default();
+            let direct = o
+                .and_then(|o| o.get(TCA_BPF_FLAGS))
+                .and_then(|f| f.payload.get(..4))
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .is_some_and(|f| f & TCA_BPF_FLAG_ACT_DIRECT != 0);
+            let da = if direct { ", direct action" } else { "" };
+            out.push(format!("a bpf filter{name}{da}"));
+        } else if !actions.is_empty() {
+            out.push(format!(
+                "a {kind} filter with a {} action",
+                actions.join(" and a ")
+            ));
+        }
+    }
+    out.dedup();
+    out
 }
 
 /// An `RTM_GETNSID` (the id) or `RTM_NEWNSID` (assign one, the kernel's pick) request about
@@ -327,6 +420,30 @@ impl Links {
         }
     }
 
+    /// What on interface `index`'s tc hooks (`clsact` or `ingress` qdisc) can steer its packets
+    /// around the node's netfilter: `bpf` classifiers and filters with a redirecting action,
+    /// each named with its hook. Empty when there is none (or no such qdisc).
+    pub fn tc_steering(&mut self, index: u32) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (parent, hook) in [(TC_INGRESS, "ingress"), (TC_EGRESS, "egress")] {
+            let msgs = match self.sock.request_retry(
+                &|b| getfilter_dump_request(b, index, parent),
+                "list the interface's tc filters",
+            ) {
+                Ok(m) => m,
+                // No such hook (no clsact qdisc): nothing there.
+                Err(e) if matches!(e.errno(), Some(libc::EINVAL | libc::ENOENT)) => continue,
+                Err(e) => return Err(e),
+            };
+            out.extend(
+                steering_filters(&msgs, index)
+                    .into_iter()
+                    .map(|f| format!("{f} on its tc {hook} hook")),
+            );
+        }
+        Ok(out)
+    }
+
     /// Looks the interface with index `index` up: its name and its facts; `None` when there is
     /// no such interface.
     pub fn link_by_index(&mut self, index: u32) -> Result<Option<(String, Link)>> {
@@ -440,6 +557,61 @@ mod tests {
         assert_eq!(
             nsid_reply(&reply(RTM_NEWLINK, IFINFOMSG_LEN, &|_| {})),
             None
+        );
+    }
+
+    #[test]
+    fn a_filter_dump_names_bpf_classifiers_and_redirecting_actions() {
+        let mut b = MsgBuf::new(4);
+        getfilter_dump_request(&mut b, 9, TC_INGRESS);
+        let m = one(&b);
+        assert_eq!(m.msg_type, RTM_GETTFILTER);
+        assert_eq!(
+            m.flags & super::super::netlink::NLM_F_DUMP,
+            super::super::netlink::NLM_F_DUMP
+        );
+        assert_eq!(
+            &m.body[TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4],
+            &9u32.to_ne_bytes()
+        );
+        assert_eq!(
+            &m.body[TCM_PARENT_OFFSET..TCM_PARENT_OFFSET + 4],
+            &TC_INGRESS.to_ne_bytes()
+        );
+        let filter = |ifindex: u32, kind: &str, opts: &dyn Fn(&mut MsgBuf)| {
+            let mut b = MsgBuf::new(1);
+            b.begin_header(RTM_NEWTFILTER, 0);
+            let mut tcm = [0u8; TCMSG_LEN];
+            tcm[TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4].copy_from_slice(&ifindex.to_ne_bytes());
+            b.bytes(&tcm);
+            b.attr_str(TCA_KIND, kind);
+            let o = b.nest_begin(TCA_OPTIONS);
+            opts(&mut b);
+            b.nest_end(o);
+            b.end();
+            parse_msgs(b.as_bytes())
+        };
+        let mut msgs = filter(9, "bpf", &|b| {
+            b.attr_str(TCA_BPF_NAME, "cil_from_container");
+            b.attr(TCA_BPF_FLAGS, &TCA_BPF_FLAG_ACT_DIRECT.to_ne_bytes());
+        });
+        // matchall with a mirred action: TCA_MATCHALL_ACT (2) > prio 1 > TCA_ACT_KIND (1).
+        msgs.extend(filter(9, "matchall", &|b| {
+            let acts = b.nest_begin(2);
+            let prio = b.nest_begin(1);
+            b.attr_str(1, "mirred");
+            b.nest_end(prio);
+            b.nest_end(acts);
+        }));
+        // A filter without a steering action, and another interface's filter.
+        msgs.extend(filter(9, "u32", &|b| b.attr(1, &[1, 0, 0, 0])));
+        msgs.extend(filter(8, "bpf", &|_| {}));
+        assert_eq!(
+            steering_filters(&msgs, 9),
+            vec![
+                "a bpf filter cil_from_container, direct action".to_string(),
+                "a matchall filter with a mirred action".to_string(),
+            ]
         );
     }
 
