@@ -345,7 +345,12 @@ fn a_lone_conf_becomes_a_list() {
         n.install(&["--mode", "deny"]);
         assert!(!n.conf(&format!("10-mynet.{ext}")).exists());
         let v = parse(&n.read("10-mynet.conflist"));
-        assert_eq!(keys(&v), ["cniVersion", "name", "plugins"]);
+        // The config as it was, for uninstall to put back.
+        assert_eq!(
+            keys(&v),
+            ["cniVersion", "name", "plugins", "natguard.io/convertedFrom"]
+        );
+        assert_eq!(v["natguard.io/convertedFrom"]["text"], conf);
         assert_eq!(v["cniVersion"], "0.4.0");
         assert_eq!(v["name"], "mynet");
         assert_eq!(
@@ -621,18 +626,29 @@ fn uninstall_removes_only_natguard() {
     let out = n.run("uninstall", &[]);
     assert!(out.status.success(), "{}", text(&out));
 
-    // A converted .conf stays a list, without natguard.
+    // A converted .conf is restored byte for byte, its list removed.
     let n = Node::new("uninstall-conv");
-    n.write(
-        "10-mynet.conf",
-        r#"{"cniVersion":"0.3.1","name":"mynet","type":"ptp","ipMasq":true}"#,
-    );
+    let conf =
+        "{ \"cniVersion\": \"0.3.1\",\n  \"name\":\"mynet\", \"type\":\"ptp\",\"ipMasq\":true}\n";
+    n.write("10-mynet.conf", conf);
     n.install(&[]);
+    assert!(!n.conf("10-mynet.conf").exists());
+    assert!(n.conf("10-mynet.conflist").exists());
+    assert!(n.run("uninstall", &[]).status.success());
+    assert_eq!(n.read("10-mynet.conf"), conf);
+    assert!(!n.conf("10-mynet.conflist").exists());
+    // One whose list the agent changed since stays a list, without natguard and the record.
+    let n = Node::new("uninstall-conv-changed");
+    n.write("10-mynet.conf", conf);
+    n.install(&[]);
+    let mut list = parse(&n.read("10-mynet.conflist"));
+    list["plugins"][0]["ipMasq"] = json!(false);
+    n.write("10-mynet.conflist", &list.to_string());
     assert!(n.run("uninstall", &[]).status.success());
     assert!(!n.conf("10-mynet.conf").exists());
     assert_eq!(
         parse(&n.read("10-mynet.conflist")),
-        json!({"cniVersion":"0.3.1","name":"mynet","plugins":[{"type":"ptp","ipMasq":true}]})
+        json!({"cniVersion":"0.3.1","name":"mynet","plugins":[{"type":"ptp","ipMasq":false}]})
     );
 }
 

@@ -164,15 +164,21 @@ fn merge_config_file(entry: &mut Map<String, Value>, path: &Path) -> Result<()> 
 }
 
 /// Checks natguard's entry with the plugin's own parser before it is written into a list, so
-/// that a bad value fails here rather than at every pod's ADD, and says what the entry may not
-/// mean as written ([`entry_warnings`]).
+/// that a bad value fails here rather than at every pod's ADD; a misspelling of natguard's own
+/// keys is refused too ([`entry_warnings`]).
 pub(crate) fn validate_entry(entry: &Value) -> Result<crate::config::Config> {
     let cfg =
         crate::config::parse_plugin_config(entry).map_err(|e| e.context("natguard's entry"))?;
-    for w in entry_warnings(entry)? {
+    entry_warnings(entry)?;
+    Ok(cfg)
+}
+
+/// Logs what natguard's entry may not mean as written ([`entry_warnings`]), once logging has
+/// its format.
+pub(crate) fn warn_about_entry(entry: &Value) {
+    for w in entry_warnings(entry).unwrap_or_default() {
         crate::warn!("natguard's entry: {w}");
     }
-    Ok(cfg)
 }
 
 /// natguard's own top-level keys.

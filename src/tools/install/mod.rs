@@ -62,6 +62,7 @@ pub fn install_cli(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     start_logging("install", opts.log_format);
+    entry::warn_about_entry(&opts.entry);
     let result = match opts.mode {
         RunMode::Check => return check(&opts),
         RunMode::Once => dirs_exist(&opts).and_then(|_| install_once(&opts)),
