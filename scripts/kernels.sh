@@ -23,7 +23,7 @@ KERNELS_DIR=$REPO/scripts/kernels
 export PATH=$PATH:/usr/sbin:/sbin
 
 ALL_KERNELS="bullseye bookworm trixie"
-ALL_TESTS="process datapath conntrack recovery security kernel_features"
+ALL_TESTS="process datapath conntrack recovery security endpoints kernel_features"
 KERNELS=$ALL_KERNELS
 TESTS=$ALL_TESTS
 TEST_ARGS=""

@@ -1103,9 +1103,128 @@ mod tests {
             c.metadata.addresses,
             vec![
                 "169.254.169.254".parse::<IpAddr>().unwrap(),
+                "fd20:ce::254".parse().unwrap(),
                 "169.254.169.252".parse().unwrap()
             ]
         );
+    }
+
+    #[test]
+    fn every_cloud_s_preset_parses_by_its_name() {
+        type Endpoints = Vec<(String, Vec<u16>, &'static str)>;
+        let cases: [(&str, Endpoints); 12] = [
+            (
+                "oracle",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd00:c1::a9fe:a9fe".into(), vec![80], "proxy"),
+                ],
+            ),
+            (
+                "scaleway",
+                vec![
+                    ("169.254.42.42".into(), vec![80], "proxy"),
+                    ("fd00:42::42".into(), vec![80], "proxy"),
+                ],
+            ),
+            ("tencent", vec![("169.254.0.23".into(), vec![80], "proxy")]),
+            (
+                "akamai",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd00:a9fe:a9fe::1".into(), vec![80], "proxy"),
+                ],
+            ),
+            (
+                "linode",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd00:a9fe:a9fe::1".into(), vec![80], "proxy"),
+                ],
+            ),
+            (
+                "digitalocean",
+                vec![("169.254.169.254".into(), vec![80], "proxy")],
+            ),
+            (
+                "hetzner",
+                vec![("169.254.169.254".into(), vec![80], "proxy")],
+            ),
+            (
+                "ibm",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("169.254.169.254".into(), vec![443], "deny"),
+                ],
+            ),
+            (
+                "exoscale",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("169.254.169.254".into(), vec![8080], "deny"),
+                ],
+            ),
+            ("vultr", vec![("169.254.169.254".into(), vec![80], "proxy")]),
+            (
+                "huawei",
+                vec![("169.254.169.254".into(), vec![80], "proxy")],
+            ),
+            (
+                "gcp",
+                vec![
+                    ("169.254.169.254".into(), vec![80], "proxy"),
+                    ("fd20:ce::254".into(), vec![80], "proxy"),
+                    ("169.254.169.252".into(), vec![988, 987], "allow"),
+                ],
+            ),
+        ];
+        for (name, want) in cases {
+            assert_eq!(
+                endpoints_of(json!({"metadata":{"preset":name}})),
+                want,
+                "preset {name}"
+            );
+        }
+        // `linode` is Akamai's preset under its former name, and says so.
+        let c = netconf_from_value(&conf(json!({"metadata":{"preset":"linode"}})))
+            .unwrap()
+            .natguard;
+        assert_eq!(
+            c.metadata.preset.unwrap().describe(),
+            "preset akamai (from the config)"
+        );
+        // A deny network denies the proxied port and keeps the denied one denied.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"ibm","mode":"deny"}})),
+            vec![
+                ("169.254.169.254".into(), vec![80], "deny"),
+                ("169.254.169.254".into(), vec![443], "deny"),
+            ]
+        );
+        // An explicit entry for the address replaces both of the preset's rows for it.
+        assert_eq!(
+            endpoints_of(json!({"metadata":{"preset":"exoscale","endpoints":[
+                {"address":"169.254.169.254","ports":[80,8080],"mode":"deny"}]}})),
+            vec![("169.254.169.254".into(), vec![80, 8080], "deny")]
+        );
+        // Every new cloud's address is refused as a proxy, whatever the network's preset.
+        for (field, addr, what) in [
+            ("proxyIPv6", "fd20:ce::254", "GCP metadata server (IPv6)"),
+            ("proxyIPv6", "fd00:c1::a9fe:a9fe", "Oracle Cloud"),
+            ("proxyIPv4", "169.254.42.42", "Scaleway"),
+            ("proxyIPv6", "fd00:42::42", "Scaleway"),
+            ("proxyIPv4", "169.254.0.23", "Tencent Cloud"),
+            ("proxyIPv6", "fd00:a9fe:a9fe::1", "Akamai"),
+        ] {
+            let err = netconf_from_value(&conf(json!({"metadata":{field: addr}})))
+                .err()
+                .unwrap_or_else(|| panic!("{field} {addr} accepted as a proxy"))
+                .to_string();
+            assert!(
+                err.contains(&format!("metadata.{field}")) && err.contains(what),
+                "{field} {addr}: {err}"
+            );
+        }
     }
 
     #[test]
@@ -1121,6 +1240,23 @@ mod tests {
         });
         assert_eq!(m.preset.as_ref().unwrap().cloud, Some(Cloud::Azure));
         assert!(m.endpoints.iter().any(|e| e.mode == EndpointMode::Deny));
+        // Oracle's asset tag: its preset, with the IPv6 address of its IMDS.
+        let m = parse(crate::clouds::Dmi {
+            sys_vendor: "QEMU".into(),
+            chassis_asset_tag: "OracleCloud.com".into(),
+            ..Default::default()
+        });
+        assert_eq!(
+            m.preset.as_ref().unwrap().describe(),
+            "preset oracle (auto, from chassis_asset_tag \"OracleCloud.com\")"
+        );
+        assert_eq!(
+            m.addresses,
+            vec![
+                "169.254.169.254".parse::<IpAddr>().unwrap(),
+                "fd00:c1::a9fe:a9fe".parse().unwrap()
+            ]
+        );
         // Nothing recognized: today's default endpoints, and the choice says so.
         let m = parse(crate::clouds::Dmi::default());
         assert_eq!(m.endpoints, Config::default().metadata.endpoints);
@@ -1162,7 +1298,10 @@ mod tests {
                 "metadata.ports: cannot be combined",
             ),
             (json!({"metadata":{"preset":"Azure"}}), "metadata.preset: \"Azure\""),
-            (json!({"metadata":{"preset":"ibm"}}), "\"ibm\" is not one of"),
+            (
+                json!({"metadata":{"preset":"ovh"}}),
+                "metadata.preset: \"ovh\" is not one of \"aws\", \"gcp\", \"azure\", \"alibaba\", \"openstack\", \"oracle\", \"scaleway\", \"tencent\", \"akamai\", \"digitalocean\", \"hetzner\", \"ibm\", \"exoscale\", \"vultr\", \"huawei\", \"auto\"",
+            ),
             (
                 json!({"metadata":{"endpoints":[{"address":"168.63.129.16","mode":"block"}]}}),
                 "metadata.endpoints[0].mode: \"block\" is not one of",

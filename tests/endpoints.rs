@@ -272,12 +272,15 @@ fn aws_preset_proxies_imds_and_leaves_the_pod_identity_agent_reachable() {
 
 const GCP: &[Ep] = &[
     ep("169.254.169.254", 80, Want::Proxied),
+    ep("fd20:ce::254", 80, Want::Proxied),
     ep("169.254.169.252", 988, Want::Reached),
     ep("169.254.169.252", 987, Want::Reached),
 ];
 
-/// GCP: the metadata server proxied, GKE's node-local metadata server (988, 987) left to the
-/// pods, as Workload Identity redirects them there.
+/// GCP: the metadata server proxied on both families (a default pod of this dual-stack network
+/// never reaches the real server at [fd20:ce::254]:80: not one SYN arrives there), GKE's
+/// node-local metadata server (988, 987) left to the pods, as Workload Identity redirects them
+/// there.
 #[test]
 fn gcp_preset_proxies_the_metadata_server_and_leaves_gke_s_own_reachable() {
     let w = preset_world("ep-gcp", GCP);
@@ -315,6 +318,103 @@ fn openstack_preset_proxies_the_metadata_service() {
     check_preset(&w, "openstack", &chain, OPENSTACK)
         .0
         .finish("openstack preset");
+}
+
+const ORACLE: &[Ep] = &[
+    ep("169.254.169.254", 80, Want::Proxied),
+    ep("fd00:c1::a9fe:a9fe", 80, Want::Proxied),
+];
+
+/// Oracle Cloud: IMDS proxied on both families; a default pod never reaches the real server at
+/// [fd00:c1::a9fe:a9fe]:80.
+#[test]
+fn oracle_preset_proxies_imds_on_both_families() {
+    check_one_preset("ep-oracle", "oracle", ORACLE);
+}
+
+/// One preset in a world of its own: every endpoint of `eps` from a default and an exempt pod.
+fn check_one_preset(test: &str, preset: &str, eps: &[Ep]) {
+    let w = preset_world(test, eps);
+    let chain = w.chain(w.list(preset, "1.1.0", 0, Some(preset_cfg(&w, preset, json!({})))));
+    check_preset(&w, preset, &chain, eps)
+        .0
+        .finish(&format!("{preset} preset"));
+}
+
+/// Scaleway: its own metadata addresses (not 169.254.169.254), proxied on both families.
+#[test]
+fn scaleway_preset_proxies_its_metadata_addresses() {
+    check_one_preset(
+        "ep-scaleway",
+        "scaleway",
+        &[
+            ep("169.254.42.42", 80, Want::Proxied),
+            ep("fd00:42::42", 80, Want::Proxied),
+        ],
+    );
+}
+
+/// Tencent Cloud: metadata.tencentyun.com's 169.254.0.23, proxied.
+#[test]
+fn tencent_preset_proxies_its_metadata_address() {
+    check_one_preset(
+        "ep-tencent",
+        "tencent",
+        &[ep("169.254.0.23", 80, Want::Proxied)],
+    );
+}
+
+/// Akamai (Linode): the metadata service proxied on both families, its IPv6 address too.
+#[test]
+fn akamai_preset_proxies_the_metadata_service_on_both_families() {
+    check_one_preset(
+        "ep-akamai",
+        "akamai",
+        &[
+            ep("169.254.169.254", 80, Want::Proxied),
+            ep("fd00:a9fe:a9fe::1", 80, Want::Proxied),
+        ],
+    );
+}
+
+/// IBM Cloud VPC: one address, two treatments by port. HTTP (80) is proxied; the secure
+/// protocol's HTTPS (443), which no node-local proxy can answer for, is reset.
+#[test]
+fn ibm_preset_proxies_http_and_resets_https() {
+    check_one_preset(
+        "ep-ibm",
+        "ibm",
+        &[
+            ep("169.254.169.254", 80, Want::Proxied),
+            ep("169.254.169.254", 443, Want::Reset),
+        ],
+    );
+}
+
+/// Exoscale: the metadata server proxied, its password server (8080, same address) reset.
+#[test]
+fn exoscale_preset_proxies_metadata_and_resets_the_password_server() {
+    check_one_preset(
+        "ep-exoscale",
+        "exoscale",
+        &[
+            ep("169.254.169.254", 80, Want::Proxied),
+            ep("169.254.169.254", 8080, Want::Reset),
+        ],
+    );
+}
+
+/// The clouds whose only documented endpoint is 169.254.169.254:80 (and `linode`, Akamai's
+/// preset under its former name): each preset proxies it, each in a world of its own.
+#[test]
+fn presets_of_clouds_with_one_metadata_address_proxy_it() {
+    for preset in ["digitalocean", "hetzner", "vultr", "huawei", "linode"] {
+        check_one_preset(
+            &format!("ep-{preset}"),
+            preset,
+            &[ep("169.254.169.254", 80, Want::Proxied)],
+        );
+    }
 }
 
 /// Explicit entries: the same WireServer denied on one port and allowed on another, in one

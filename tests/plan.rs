@@ -243,6 +243,16 @@ fn cases() -> Vec<Case> {
             )],
         },
         Case {
+            // Oracle's IMDS on both families: the IPv6 address proxied like the IPv4 one.
+            name: "preset_oracle",
+            networks: vec![net(
+                r#"{"cniVersion":"1.0.0","name":"oci","type":"natguard",
+                    "metadata":{"preset":"oracle","exemptNamespaces":["kube-system"]}}"#,
+                both(),
+                &[DUAL, EXEMPT],
+            )],
+        },
+        Case {
             name: "long_network_name",
             networks: vec![net(
                 r#"{"cniVersion":"1.0.0","type":"natguard",

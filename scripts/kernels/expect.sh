@@ -53,6 +53,11 @@ ci_filter() {
       "vlan_tagged_claims_from_a_pod_natguard_never_saw the_bridge_guard_wakes_with_each_exempt_pod" \
       "while_the_bridge_guard_sleeps"
     ;;
+  endpoints)
+    # The IPv6 metadata addresses (GCE's fd20:ce::254, Oracle's fd00:c1::a9fe:a9fe), each with
+    # its IPv4 one, against real servers; the other presets differ only by address and port.
+    echo "gcp_preset oracle_preset"
+    ;;
   esac
 }
 
