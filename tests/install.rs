@@ -426,9 +426,12 @@ fn a_refusal_removes_nothing_and_a_missing_cache_dir_is_refused() {
     assert!(!missing.exists());
     assert_eq!(n.snapshot(), before);
     assert_eq!(fs::read(n.ready()).ok(), Some(ready));
-    // An existing one is taken.
+    // An existing one is taken, and libcni's own layout before the node's first pod made it.
     fs::create_dir_all(&missing).unwrap();
     n.install(&["--cache-dir", missing.to_str().unwrap()]);
+    let fresh = n.dir.join("var-lib/cni/results");
+    n.install(&["--cache-dir", fresh.to_str().unwrap()]);
+    assert!(!fresh.exists(), "taken, not created");
 }
 
 /// A misspelling of one of natguard's own top-level keys (`"metdata"`) is refused before

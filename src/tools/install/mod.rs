@@ -93,7 +93,17 @@ fn dirs_exist(opts: &InstallOpts) -> Result<(), Error> {
         ensure_dir(flag, dir, opts.create_dirs)?;
     }
     if let Some(cache) = &opts.cache_dir {
-        ensure_dir("--cache-dir", cache, opts.create_dirs)?;
+        // libcni makes its cache (`.../cni/results`) with a node's first pod: on a fresh node
+        // the runtimes' own path is not there yet and is taken; any other path must exist.
+        let libcni_layout = cache.ends_with("cni/results") || cache.ends_with("cni");
+        if libcni_layout && fs::symlink_metadata(cache).is_err() {
+            crate::info!(
+                "--cache-dir {}: not there yet; libcni makes it with the node's first pod",
+                cache.display()
+            );
+        } else {
+            ensure_dir("--cache-dir", cache, opts.create_dirs)?;
+        }
     }
     Ok(())
 }
