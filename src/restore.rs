@@ -25,6 +25,7 @@
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
+use crate::kernel::podside::Unseen;
 use crate::kernel::Kernel;
 use crate::plan::OwnerKey;
 use crate::prepare::{prepare_pod, Identity, Prepared};
@@ -79,11 +80,13 @@ pub enum Outcome {
     SkippedNetnsGone {
         netns: String,
     },
-    /// The network namespace is there but cannot be inspected from here (see
-    /// docs/bootstrap.md): nothing was done for the attachment.
+    /// The network namespace cannot be inspected from here (see docs/bootstrap.md): not
+    /// visible, not a network namespace, or not permitted (`why`). Nothing was done for the
+    /// attachment.
     SkippedNetnsUnreadable {
         netns: String,
         reason: String,
+        why: Unseen,
     },
     SkippedNoNatguard,
     /// Its network's list is broken ([`BrokenList`]): the attachment is left as it is.
@@ -100,6 +103,40 @@ pub enum Outcome {
     Failed {
         reason: String,
     },
+}
+
+/// Why attachments are skipped, as the `reason` label of the skip counts (`status`,
+/// `metrics`): every reason an [`Outcome`] can skip for, in the order they are shown.
+pub const SKIP_REASONS: [&str; 9] = [
+    "netns_gone",
+    "netns_not_visible",
+    "not_a_netns",
+    "not_permitted",
+    "no_natguard",
+    "no_address",
+    "unreadable_cache",
+    "broken_list",
+    "deleted",
+];
+
+impl Outcome {
+    /// The skip's reason ([`SKIP_REASONS`]); `None` for an attachment adopted or failed.
+    pub fn skip_reason(&self) -> Option<&'static str> {
+        Some(match self {
+            Outcome::SkippedNetnsGone { .. } => "netns_gone",
+            Outcome::SkippedNetnsUnreadable { why, .. } => match why {
+                Unseen::Hidden => "netns_not_visible",
+                Unseen::WrongKind => "not_a_netns",
+                Unseen::Denied => "not_permitted",
+            },
+            Outcome::SkippedNoNatguard => "no_natguard",
+            Outcome::SkippedNoAddress => "no_address",
+            Outcome::SkippedUnreadable { .. } => "unreadable_cache",
+            Outcome::SkippedBrokenList { .. } => "broken_list",
+            Outcome::SkippedDeleted => "deleted",
+            Outcome::Adopted { .. } | Outcome::Failed { .. } => return None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,13 +173,18 @@ impl fmt::Display for Entry {
             Outcome::SkippedNetnsGone { netns } => {
                 write!(
                     f,
-                    "skipped  {id}: network namespace {netns} no longer exists"
+                    "skipped  {id}: network namespace {netns} no longer exists (its file is gone; the pod has ended)"
                 )
             }
-            Outcome::SkippedNetnsUnreadable { netns, reason } => {
+            Outcome::SkippedNetnsUnreadable { netns, reason, why } => {
+                let hint = match why {
+                    Unseen::Hidden => "run natguard where the node's network namespaces are visible (the node, or a container with the node's /run/netns and /var/run/netns mounted with mountPropagation: HostToContainer)",
+                    Unseen::Denied => "natguard needs CAP_NET_ADMIN to look into a pod's network namespace",
+                    Unseen::WrongKind => "the runtime's cached sandbox path names something else than the pod's network namespace",
+                };
                 write!(
                     f,
-                    "skipped  {id}: network namespace {netns} {reason}; adopt it from where the runtime's network namespaces can be entered (the node, or a container with /run/netns mounted HostToContainer and CAP_SYS_ADMIN)"
+                    "skipped  {id}: network namespace {netns} {reason}; {hint}"
                 )
             }
             Outcome::SkippedNoNatguard => {
@@ -193,6 +235,35 @@ impl Report {
             .filter(|e| matches!(e.outcome, Outcome::Failed { .. }))
             .count()
     }
+    /// Skipped entries by reason, in [`SKIP_REASONS`] order, reasons without one left out.
+    pub fn skipped_by_reason(&self) -> Vec<(&'static str, u64)> {
+        count_reasons(self.entries.iter().filter_map(|e| e.outcome.skip_reason()))
+    }
+}
+
+/// How many of `reasons` each reason is, in [`SKIP_REASONS`] order, zeros left out.
+pub fn count_reasons<'a>(reasons: impl Iterator<Item = &'a str>) -> Vec<(&'static str, u64)> {
+    let mut n = [0u64; SKIP_REASONS.len()];
+    for r in reasons {
+        if let Some(i) = SKIP_REASONS.iter().position(|k| *k == r) {
+            n[i] += 1;
+        }
+    }
+    SKIP_REASONS
+        .iter()
+        .zip(n)
+        .filter(|(_, c)| *c > 0)
+        .map(|(k, c)| (*k, c))
+        .collect()
+}
+
+/// Skip counts in words: `2 netns_not_visible, 1 no_natguard`.
+pub fn reasons_in_words(counts: &[(&str, u64)]) -> String {
+    counts
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A network config natguard cannot read its entry from: not JSON (half-written, say), or a
@@ -484,19 +555,7 @@ pub fn run(opts: &Options) -> Result<Report> {
         if matches!(outcome, Outcome::Adopted { .. }) {
             installed.push((entry.network.clone(), owner));
         }
-        let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
-        report.entries.push(Entry {
-            file,
-            network: entry.network,
-            container_id: entry.container_id,
-            ifname: entry.ifname,
-            who: format!(
-                "{}/{}",
-                args.pod_namespace.as_deref().unwrap_or("-"),
-                args.pod_name.as_deref().unwrap_or("-")
-            ),
-            outcome,
-        });
+        report.entries.push(entry_of(file, entry, outcome));
     }
     take_back_deleted(&mut store, &installed, &deleted);
     crate::deleted::prune(&cached);
@@ -509,6 +568,23 @@ pub fn run(opts: &Options) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// The report entry of cache file `file`.
+fn entry_of(file: String, entry: CacheEntry, outcome: Outcome) -> Entry {
+    let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
+    Entry {
+        file,
+        network: entry.network,
+        container_id: entry.container_id,
+        ifname: entry.ifname,
+        who: format!(
+            "{}/{}",
+            args.pod_namespace.as_deref().unwrap_or("-"),
+            args.pod_name.as_deref().unwrap_or("-")
+        ),
+        outcome,
+    }
 }
 
 fn join_args(args: &[(String, String)]) -> String {
@@ -549,15 +625,29 @@ fn prepare_entry(
         .map_err(|e| fail(format!("cached CNI_ARGS: {e}")))?;
     let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
     if !netns.is_empty() && !Path::new(&netns).exists() {
-        return Err(Outcome::SkippedNetnsGone { netns });
+        // A namespace is gone when its file is, in a directory this process sees.
+        return Err(match crate::kernel::podside::absent_reason(&netns) {
+            Some(e) => Outcome::SkippedNetnsUnreadable {
+                netns,
+                reason: e.0,
+                why: e.1,
+            },
+            None => Outcome::SkippedNetnsGone { netns },
+        });
     }
     // The pod's identity comes from its own interface. Where this process cannot look at it
-    // (a mount namespace the runtime's later netns mounts never reached, no right to enter
-    // it), the attachment is left as it is: planned without its host side it would lose what
-    // its ADD recorded.
+    // (a mount namespace the runtime's later netns mounts never reached, no right to ask),
+    // the attachment is left as it is: planned without its host side it would lose what its
+    // ADD recorded.
     let pod_link = match crate::kernel::podside::inspect(&netns, &entry.ifname) {
         Ok(link) => link,
-        Err(e) => return Err(Outcome::SkippedNetnsUnreadable { netns, reason: e.0 }),
+        Err(e) => {
+            return Err(Outcome::SkippedNetnsUnreadable {
+                netns,
+                reason: e.0,
+                why: e.1,
+            })
+        }
     };
     // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
     let annotations = crate::policy::parse(entry.cap_args.as_ref())
@@ -647,8 +737,8 @@ pub struct Repair {
     pub networks: Vec<String>,
     /// Operations committed: 0 when everything was in place and nothing was written.
     pub ops: usize,
-    /// Cache entries skipped (network without natguard, netns gone, unreadable).
-    pub skipped: usize,
+    /// Cache entries skipped: each one's reason ([`SKIP_REASONS`]) and its report line.
+    pub skipped: Vec<(&'static str, String)>,
     /// Why attachments could not be planned or installed.
     pub failed: Vec<String>,
     /// The lists whose networks were left as they are.
@@ -722,23 +812,36 @@ pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
                 && facts.get(&m.network) == Some(&m.facts)
                 && (m.netns.is_empty() || Path::new(&m.netns).exists())
         }) {
+            // A deleted attachment is gone on purpose: not restored, and no skip to report.
             cached.insert(m.owner);
-            if deleted.contains(&m.owner) {
-                out.skipped += 1;
-            } else {
+            if !deleted.contains(&m.owner) {
                 prepared.push(m.prepared.clone());
             }
             continue;
         }
         memo.plans.remove(&path);
-        let Ok(entry) = read_cache_entry(&path) else {
-            out.skipped += 1;
-            continue;
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let entry = match read_cache_entry(&path) {
+            Ok(e) => e,
+            Err(reason) => {
+                let e = Entry {
+                    file,
+                    network: String::new(),
+                    container_id: String::new(),
+                    ifname: String::new(),
+                    who: String::new(),
+                    outcome: Outcome::SkippedUnreadable { reason },
+                };
+                out.skipped.push(("unreadable_cache", e.to_string()));
+                continue;
+            }
         };
         let owner = OwnerKey::new(&entry.network, &entry.container_id, &entry.ifname);
         cached.insert(owner);
         if deleted.contains(&owner) {
-            out.skipped += 1;
             continue;
         }
         match prepare_entry(&entry, &networks) {
@@ -767,7 +870,11 @@ pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
                 "{} {} {}: {reason}",
                 entry.network, entry.container_id, entry.ifname
             )),
-            Err(_) => out.skipped += 1,
+            Err(outcome) => {
+                let reason = outcome.skip_reason().unwrap_or("unreadable_cache");
+                let e = entry_of(file, entry, outcome);
+                out.skipped.push((reason, e.to_string()));
+            }
         }
     }
     crate::deleted::prune(&cached);

@@ -90,8 +90,14 @@ pub fn cli(args: &[String], reconcile: bool) -> i32 {
             if let Some(e) = &r.conntrack_error {
                 println!("conntrack: cleanup failed: {e}");
             }
+            let skipped = r.skipped_by_reason();
+            let why = if skipped.is_empty() {
+                String::new()
+            } else {
+                format!("; skipped: {}", crate::restore::reasons_in_words(&skipped))
+            };
             println!(
-                "{verb}: {} attachment(s) brought under policy, {} skipped, {} failed",
+                "{verb}: {} attachment(s) brought under policy, {} skipped, {} failed{why}",
                 r.adopted(),
                 r.entries.len() - r.adopted() - r.failed(),
                 r.failed()

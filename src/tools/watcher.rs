@@ -69,6 +69,9 @@ pub struct RepairStats {
     /// Whether the writer repairs: a watcher started with `--no-repair` (or `--no-adopt`) that
     /// took over an earlier watcher's record says it does not.
     pub repairing: bool,
+    /// Cache attachments the last check could not restore, by reason
+    /// ([`crate::restore::SKIP_REASONS`]; reasons without one left out).
+    pub skipped: Vec<(String, u64)>,
     /// Whether self-repair runs: the watcher that holds the lock wrote the record and repairs.
     /// Filled in by its readers ([`RepairStats::with_running`]), never stored.
     pub running: Option<bool>,
@@ -86,6 +89,7 @@ impl Default for RepairStats {
             updated: None,
             instance: None,
             repairing: true,
+            skipped: Vec::new(),
             running: None,
         }
     }
@@ -103,6 +107,11 @@ impl RepairStats {
             "updated": self.updated,
             "instance": self.instance,
             "repairing": self.repairing,
+            "skipped": self
+                .skipped
+                .iter()
+                .map(|(k, n)| (k.clone(), Value::from(*n)))
+                .collect::<serde_json::Map<String, Value>>(),
         });
         if let Some(r) = self.running {
             v["running"] = r.into();
@@ -128,6 +137,16 @@ impl RepairStats {
                 .map(str::to_string),
             // Records of watchers that always repaired have no such key.
             repairing: v.get("repairing").and_then(Value::as_bool).unwrap_or(true),
+            // A record of an older watcher has none.
+            skipped: v
+                .get("skipped")
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, n)| Some((k.clone(), n.as_u64()?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
             running: None,
         })
     }

@@ -40,7 +40,29 @@ impl Watcher {
         env: &[(&str, &str)],
         log_name: &str,
     ) -> Watcher {
-        Watcher::spawn_with(w, entry, cache_dir, env, log_name, &[], RunDir::Own)
+        Watcher::launch(w, entry, cache_dir, env, log_name, &[], RunDir::Own, false)
+    }
+
+    /// [`Watcher::spawn`], with `CAP_NET_ADMIN` as its only capability where `net_admin_only`
+    /// (the shipped DaemonSet's container).
+    pub fn spawn_as(
+        w: &World,
+        entry: &Value,
+        cache_dir: &Path,
+        env: &[(&str, &str)],
+        log_name: &str,
+        net_admin_only: bool,
+    ) -> Watcher {
+        Watcher::launch(
+            w,
+            entry,
+            cache_dir,
+            env,
+            log_name,
+            &[],
+            RunDir::Own,
+            net_admin_only,
+        )
     }
 
     /// [`Watcher::spawn`] with more arguments `extra` (`--no-repair`, say), and the
@@ -53,6 +75,20 @@ impl Watcher {
         log_name: &str,
         extra: &[&str],
         run: RunDir,
+    ) -> Watcher {
+        Watcher::launch(w, entry, cache_dir, env, log_name, extra, run, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        w: &World,
+        entry: &Value,
+        cache_dir: &Path,
+        env: &[(&str, &str)],
+        log_name: &str,
+        extra: &[&str],
+        run: RunDir,
+        net_admin_only: bool,
     ) -> Watcher {
         let dir = w.dir();
         let netd = dir.join("net.d");
@@ -80,7 +116,11 @@ impl Watcher {
             entry_file.as_os_str(),
         ];
         args.extend(extra.iter().map(std::ffi::OsStr::new));
-        let mut inv = Natguard::new()
+        let mut inv = Natguard::new();
+        if net_admin_only {
+            inv = inv.net_admin_only();
+        }
+        let mut inv = inv
             .args(&args)
             .env(&[("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")])
             .env(env);

@@ -30,6 +30,8 @@ usage: natguard install [options]
   --exempt-namespace NS        metadata.exemptNamespaces (repeatable)
   --non-masquerade-cidr CIDR   masquerade.nonMasqueradeCIDRs (repeatable)
   --no-masquerade              masquerade.enabled = false
+  --masquerade-outside         masquerade.masqueradeOutside = true (natguard masquerades everything
+                               outside nonMasqueradeCIDRs to the node's address; off by default)
   --cache-dir DIR              CNI result cache passed to `natguard adopt`
   --no-adopt                   do not run `natguard adopt` after installing (with --watch: no
                                self-repair and no metadata proxy either)
@@ -359,6 +361,10 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--no-masquerade" => {
                 no_value(&flag, &inline)?;
                 flags.no_masquerade = true
+            }
+            "--masquerade-outside" => {
+                no_value(&flag, &inline)?;
+                flags.masquerade_outside = true
             }
             other => return Err(unknown(other)),
         }

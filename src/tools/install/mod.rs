@@ -62,6 +62,7 @@ pub fn install_cli(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     start_logging("install", opts.log_format);
+    entry::warn_about_entry(&opts.entry);
     let result = match opts.mode {
         RunMode::Check => return check(&opts),
         RunMode::Once => dirs_exist(&opts).and_then(|_| install_once(&opts)),
@@ -76,9 +77,10 @@ pub fn install_cli(args: &[String]) -> i32 {
     }
 }
 
-/// The bin dir and the dir of the list to edit exist, or are created with `--create-dirs`. A
-/// path that does not exist is more often a typo than a wish: installing there would pass the
-/// readiness probe while every pod fails with "plugin not found".
+/// The bin dir, the dir of the list to edit and a `--cache-dir` given exist, or are created with
+/// `--create-dirs`. A path that does not exist is more often a typo than a wish: installing
+/// there would pass the readiness probe while every pod fails with "plugin not found", and a
+/// cache dir that is not the runtimes' would leave adopt and self-repair with no pod to find.
 fn dirs_exist(opts: &InstallOpts) -> Result<(), Error> {
     let list_dir = match &opts.conflist {
         Some(c) => atomic::parent(c).to_path_buf(),
@@ -89,6 +91,19 @@ fn dirs_exist(opts: &InstallOpts) -> Result<(), Error> {
         ("--netconf-dir", list_dir.as_path()),
     ] {
         ensure_dir(flag, dir, opts.create_dirs)?;
+    }
+    if let Some(cache) = &opts.cache_dir {
+        // libcni makes its cache (`.../cni/results`) with a node's first pod: on a fresh node
+        // the runtimes' own path is not there yet and is taken; any other path must exist.
+        let libcni_layout = cache.ends_with("cni/results") || cache.ends_with("cni");
+        if libcni_layout && fs::symlink_metadata(cache).is_err() {
+            crate::info!(
+                "--cache-dir {}: not there yet; libcni makes it with the node's first pod",
+                cache.display()
+            );
+        } else {
+            ensure_dir("--cache-dir", cache, opts.create_dirs)?;
+        }
     }
     Ok(())
 }
@@ -123,11 +138,12 @@ fn install_once(opts: &InstallOpts) -> Result<(), Error> {
     }
     // The binary goes first (the list must never name a plugin that is not there), but only
     // once the list is known to be editable.
+    // A refusal changes nothing, the readiness file included: it still says what the node's
+    // lists say (a `--conflist` that names no list says nothing about them).
     let refused = install_conflist(opts, Write::DryRun)
         .err()
         .map(|e| e.context("refusing"));
     if let Some(e) = refused {
-        set_ready(&opts.ready_file, entry_present(opts).ok().as_deref());
         return Err(e);
     }
     install_binary(&opts.bin_dir)?;
@@ -147,10 +163,7 @@ fn install_once(opts: &InstallOpts) -> Result<(), Error> {
             }
             Ok(())
         }
-        Err(e) => {
-            set_ready(&opts.ready_file, entry_present(opts).ok().as_deref());
-            Err(e.context("refusing"))
-        }
+        Err(e) => Err(e.context("refusing")),
     }
 }
 

@@ -19,10 +19,15 @@
 //! also the periodic check (every [`CHECK_EVERY`]) that catches what no notification said. Its
 //! own notifications carry natguard's name and are ignored.
 //!
+//! The first check runs at start. Every attachment a check skips is logged with its reason
+//! when it is first skipped (not again at every check while it stays skipped), and the last
+//! check's skips are counted by reason.
+//!
 //! What happened is kept in [`STATE_FILE`] (JSON, replaced atomically after every repair or
 //! check, and every [`HEARTBEAT_EVERY`] while idle, so its `updated` time is the thread's
-//! heartbeat): repairs (checks that wrote something), checks, the time and cause of the last repair
-//! and how long it took from the first notification. `natguard status` and `natguard metrics`
+//! heartbeat): repairs (checks that wrote something), checks, the time and cause of the last
+//! repair and how long it took from the first notification, and the last check's skips by
+//! reason. `natguard status` and `natguard metrics`
 //! read it; without `--watch` there is no such file and they show nothing of it. A watcher
 //! holds the node's watcher lock ([`super::record`]) before it starts here, so the record has
 //! one writer, and a new watcher continues its counts: they never go down. Readers tell a
@@ -145,7 +150,9 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     let mut burst: Option<Burst> = None;
     let mut broken_seen = Vec::new();
     let mut memo = restore::Memo::default();
-    let mut check_due = Instant::now() + CHECK_EVERY;
+    // At once: what is skipped is told (and counted) from the start.
+    let mut check_due = Instant::now();
+    let mut skipped = Skipped::default();
     let mut heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
     // When the last repair ended: the next one waits until BURST_MAX after it.
     let mut last_end: Option<Instant> = None;
@@ -178,11 +185,47 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         };
         burst = None;
         check_due = Instant::now() + CHECK_EVERY;
-        if repair_once(opts, &cause, since, &mut stats, &mut broken_seen, &mut memo) {
+        if repair_once(
+            opts,
+            &cause,
+            since,
+            &mut stats,
+            &mut broken_seen,
+            &mut memo,
+            &mut skipped,
+        ) {
             last_end = Some(Instant::now());
         }
         write_state(state_file, &mut stats);
         heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
+    }
+}
+
+/// The skips of the last check, by report line: a skip is logged when it first appears.
+#[derive(Debug, Default)]
+struct Skipped(std::collections::BTreeSet<String>);
+
+impl Skipped {
+    /// Logs the skips of `r` that the last check did not have, and counts them by reason.
+    fn note(&mut self, r: &restore::Repair, stats: &mut RepairStats) {
+        let now: std::collections::BTreeSet<String> =
+            r.skipped.iter().map(|(_, line)| line.clone()).collect();
+        for line in now.difference(&self.0) {
+            crate::warn!("self-repair: {line}");
+        }
+        if now != self.0 && !now.is_empty() {
+            let counts = restore::count_reasons(r.skipped.iter().map(|(k, _)| *k));
+            crate::warn!(
+                "self-repair: {} cached attachment(s) not restored: {}",
+                now.len(),
+                restore::reasons_in_words(&counts)
+            );
+        }
+        self.0 = now;
+        stats.skipped = restore::count_reasons(r.skipped.iter().map(|(k, _)| *k))
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect();
     }
 }
 
@@ -194,11 +237,13 @@ fn repair_once(
     stats: &mut RepairStats,
     broken_seen: &mut Vec<String>,
     memo: &mut restore::Memo,
+    skipped: &mut Skipped,
 ) -> bool {
     stats.checks += 1;
     let result = restore::repair_with(opts, memo);
     if let Ok(r) = &result {
         note_broken(&r.broken, broken_seen);
+        skipped.note(r, stats);
     }
     match result {
         Ok(r) if r.ops > 0 => {
@@ -269,7 +314,17 @@ fn what_was_checked(r: &restore::Repair) -> String {
             nets.join(", ")
         ),
     };
-    format!("{shared} and {} cached pod(s)", r.pods)
+    match r.skipped.len() {
+        0 => format!("{shared} and {} cached pod(s)", r.pods),
+        n => {
+            let counts = restore::count_reasons(r.skipped.iter().map(|(k, _)| *k));
+            format!(
+                "{shared} and {} cached pod(s) ({n} skipped: {})",
+                r.pods,
+                restore::reasons_in_words(&counts)
+            )
+        }
+    }
 }
 
 /// A watcher that does not repair (`--no-repair`, `--no-adopt`) takes over the record an
@@ -365,9 +420,13 @@ mod tests {
             updated: Some(1.6e9),
             instance: Some("7-1600000000000000000".into()),
             repairing: false,
+            skipped: vec![("netns_not_visible".into(), 2), ("no_natguard".into(), 1)],
             running: None,
         };
         assert_eq!(RepairStats::from_json(&s.to_json()), Some(s));
+        // A record of a watcher from before skips were counted has none.
+        let old = json!({"pid": 1, "repairs": 0, "checks": 1});
+        assert_eq!(RepairStats::from_json(&old).unwrap().skipped, vec![]);
         let fresh = RepairStats::default();
         assert_eq!(RepairStats::from_json(&fresh.to_json()), Some(fresh));
         assert_eq!(RepairStats::from_json(&json!({"repairs": 1})), None);

@@ -291,6 +291,7 @@ fn reload_config(opts: &mut InstallOpts) -> Option<Instant> {
     if entry == opts.entry {
         return None;
     }
+    super::entry::warn_about_entry(&entry);
     crate::info!(
         "{} changed; natguard's entry is now {}",
         file.display(),

@@ -388,6 +388,20 @@ fn write_self_repair(out: &mut String, sr: &RepairStats) {
         );
     }
     let _ = writeln!(out);
+    // What the last check could not restore: pods that are not protected until it can.
+    if !sr.skipped.is_empty() {
+        let total: u64 = sr.skipped.iter().map(|(_, n)| n).sum();
+        let why: Vec<String> = sr
+            .skipped
+            .iter()
+            .map(|(k, n)| format!("{n} {}", printable(k)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "self-repair: {total} cached attachment(s) skipped at the last check ({}); the watcher's log says which and why",
+            why.join(", ")
+        );
+    }
 }
 
 /// The watcher's metadata proxy, in one line.
@@ -983,7 +997,22 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
             proxy_requests.add(vec![what.to_string()], n);
         }
     }
+    let mut skipped = MetricFamily::new(
+        "natguard_repair_skipped_attachments",
+        Gauge,
+        &["reason"],
+        "Attachments of the CNI result cache that install --watch's last check could not \
+         restore, by reason (netns_gone, netns_not_visible, not_a_netns, not_permitted, \
+         no_natguard, no_address, unreadable_cache, broken_list, deleted).",
+    );
     if let Some(sr) = &r.self_repair {
+        // Every reason, zeros included: a series that appears later hides its first rise.
+        for reason in crate::restore::SKIP_REASONS {
+            skipped.add(vec![reason.to_string()], 0);
+        }
+        for (reason, n) in &sr.skipped {
+            skipped.add(vec![reason.clone()], *n);
+        }
         if let Some(running) = sr.running {
             watcher_running.add(vec![], u64::from(running));
         }
@@ -1066,6 +1095,7 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         if last_repair.has_samples() {
             last_repair.write(&mut out);
         }
+        skipped.write(&mut out);
         if heartbeat.has_samples() {
             heartbeat.write(&mut out);
         }
