@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test.sh: installs what the tests need on a Debian 12 machine and runs every test layer:
+#   first the Debian packages, the cloud SDKs the proxy's tests drive (boto3, google-auth and
+#   azure-identity from PyPI into target/sdk-venv: scripts/sdk-venv.sh) and the Rust toolchain;
+#   then the layers:
 #   1. cargo fmt --check
 #   2. cargo clippy --all-targets -- -D warnings
 #   3. demo: scripts/demo.sh, its output checked for every claim the README makes of it, and

@@ -380,6 +380,7 @@ fn test_sh_lists_every_layer_it_runs() {
         .join("\n");
     let not_layers = [
         "packages: ready",
+        "cloud SDKs: ready",
         "adding toolchain component",
         "cargo test summary",
         "all test layers passed",

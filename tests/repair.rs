@@ -60,9 +60,11 @@ impl Watcher {
     fn start_as(w: &World, chain: &Chain, env: &[(&str, &str)], net_admin_only: bool) -> Watcher {
         let results = w.cache_dir().join("results");
         let me = Watcher::spawn_over_as(w, chain, env, &results, "watcher.log", net_admin_only);
+        // Its first check runs at start (what it skips is told from the start): the tests
+        // count repairs and checks from after it.
         me.wait_until(
-            "the watcher to subscribe to nf_tables notifications",
-            || me.state().is_some(),
+            "the watcher to subscribe to nf_tables notifications and run its first check",
+            || me.checks() >= 1,
         );
         me
     }
