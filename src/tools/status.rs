@@ -14,7 +14,9 @@
 //! ADD, with the host-side interface from `NET-att` (the pod's bridge port, or its routed
 //! veth). Each pod's effective metadata policy is read from its record (`pol=` when an
 //! annotation decided, see [`crate::policy`]), else from the sets (exempt) and the network's
-//! mode. The counters are the rules' and the
+//! mode. Each pod's host-side interface is read for tc filters that steer its packets around
+//! netfilter (what ADD and CHECK refuse unless `metadata.acceptUnenforced`): such a pod is named
+//! and the node is reported not guarded. The counters are the rules' and the
 //! counted sets' ([`crate::store`] sums them). The presentation is [`super::report`].
 
 use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};
@@ -187,7 +189,10 @@ pub(crate) fn collect() -> Result<NodeReport> {
 /// CHECK treat it the same way.
 fn unenforced(networks: &[NetworkReport]) -> Vec<report::Unenforced> {
     let mut out = Vec::new();
-    if !networks.iter().any(|n| n.pods.iter().any(|p| p.interface.is_some())) {
+    if !networks
+        .iter()
+        .any(|n| n.pods.iter().any(|p| p.interface.is_some()))
+    {
         return out;
     }
     let mut links = match kernel::link::Links::open() {
