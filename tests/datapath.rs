@@ -357,8 +357,11 @@ fn a_tc_redirect_on_the_host_veth_is_refused_unless_accepted() {
     let chain = w.chain(w.list("steer", "1.0.0", 0, None));
     let pod = w.add_pod(&chain, "pod", "default");
     let veth = host_veth(&w, &pod);
-    // Without a filter natguard's ADD is accepted: the control.
+    // Without a filter natguard's ADD is accepted and status says guarded: the control.
     natguard_add(&w, &pod, "steer", json!({})).succeeded();
+    let clean = status_of(&w, &[]);
+    assert_eq!(clean.exit, Some(0), "{clean}");
+    assert!(!clean.stdout.contains("UNENFORCED"), "{clean}");
     w.node.run(&["tc", "qdisc", "add", "dev", &veth, "clsact"]);
     w.node.run(&[
         "tc", "filter", "add", "dev", &veth, "ingress", "u32", "match", "u32", "0", "0", "action",
@@ -403,6 +406,55 @@ fn a_tc_redirect_on_the_host_veth_is_refused_unless_accepted() {
     )
     .succeeded();
     assert!(checked.stderr.contains("accepted unguarded"), "{checked}");
+    // status names the accepted pod, its host veth and both filters, and says not guarded.
+    let st = status_of(&w, &[]);
+    assert_eq!(st.exit, Some(1), "{st}");
+    let named: Vec<&str> = st
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("UNENFORCED "))
+        .collect();
+    assert_eq!(named.len(), 1, "{st}");
+    for needle in [
+        "UNENFORCED default/pod ",
+        &format!("({veth})"),
+        "a u32 filter with a mirred action on its tc ingress hook",
+        "a u32 filter with a mirred action on its tc egress hook",
+    ] {
+        assert!(named[0].contains(needle), "{needle:?} not in {st}");
+    }
+    assert!(st.stdout.contains("unenforced: 1 pod(s)"), "{st}");
+    let js = status_of(&w, &["--json"]);
+    assert_eq!(js.exit, Some(1), "{js}");
+    let doc: Value = serde_json::from_str(&js.stdout).unwrap();
+    let u = &doc["unenforced"];
+    assert_eq!(u.as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(u[0]["pod"], "default/pod", "{doc}");
+    assert_eq!(u[0]["network"], "steer", "{doc}");
+    assert_eq!(u[0]["interface"], veth.as_str(), "{doc}");
+    assert_eq!(u[0]["found"].as_array().map(Vec::len), Some(2), "{doc}");
+    // Once the filters are gone the pod is enforced again, and status says so.
+    w.node.run(&["tc", "qdisc", "del", "dev", &veth, "clsact"]);
+    let st = status_of(&w, &[]);
+    assert_eq!(st.exit, Some(0), "{st}");
+    assert!(!st.stdout.contains("UNENFORCED"), "{st}");
+    assert!(!st.stdout.contains("unenforced:"), "{st}");
+    let js = status_of(&w, &["--json"]).succeeded();
+    let doc: Value = serde_json::from_str(&js.stdout).unwrap();
+    assert_eq!(doc.get("unenforced"), None, "{doc}");
+}
+
+/// `natguard status ARGS` on the node, over a directory of the test as `/run/natguard` (no
+/// watcher's record, the machine's untouched).
+fn status_of(w: &World, args: &[&str]) -> common::run::Invocation {
+    let run = w.dir().join("run-natguard");
+    std::fs::create_dir_all(&run).unwrap();
+    let mut all = vec!["status"];
+    all.extend_from_slice(args);
+    common::run::Natguard::new()
+        .args(&all)
+        .bind_mount(&run, "/run/natguard", common::run::Access::ReadWrite)
+        .run_in(&w.node)
 }
 
 fn other_masquerade(w: &World, v4: &str, v6: &str) {

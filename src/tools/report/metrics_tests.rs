@@ -25,12 +25,13 @@ pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
 // -----------------------------------------------------------------------------------------
 // Metrics
 
-const ALWAYS: [(&str, &str); 12] = [
+const ALWAYS: [(&str, &str); 13] = [
     ("natguard_up", "gauge"),
     ("natguard_guarded", "gauge"),
     ("natguard_per_pod_counters_available", "gauge"),
     ("natguard_networks", "gauge"),
     ("natguard_broken_lists", "gauge"),
+    ("natguard_unenforced_pods", "gauge"),
     ("natguard_pods", "gauge"),
     ("natguard_proxied_connections_total", "counter"),
     ("natguard_reset_attempts_total", "counter"),
@@ -110,7 +111,7 @@ fn metrics_parse_strictly_with_every_family() {
     );
     // A family the report has no counters for is still a series, at zero.
     assert_eq!(net("natguard_reset_attempts_total", "empty", "ipv6"), 0.0);
-    for (name, _) in &ALWAYS[6..11] {
+    for (name, _) in &ALWAYS[7..12] {
         assert_eq!(family(&metrics, name).samples.len(), 6, "{name}");
     }
     // The node-wide guard's resets, every source included: one series per family.

@@ -63,6 +63,43 @@ pub(crate) struct NodeReport {
     /// Network lists whose natguard entry cannot be read (not JSON, or an entry that does not
     /// parse): their networks are left as they are, every other one is served.
     pub broken_lists: Vec<crate::restore::BrokenList>,
+    /// Pods whose host-side interface has tc filters that steer packets around netfilter
+    /// (accepted with `metadata.acceptUnenforced`, or steered since their ADD): natguard's
+    /// rules are there but cannot enforce the metadata policy for them.
+    pub unenforced: Vec<Unenforced>,
+}
+
+/// A pod natguard cannot enforce for: what on its host-side interface steers around netfilter.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Unenforced {
+    pub network: String,
+    /// `namespace/name` as recorded at ADD (see [`PodReport`]).
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub container_id: String,
+    /// The pod's host-side interface.
+    pub interface: String,
+    /// What was found, one line each ([`crate::kernel::link::Links::tc_steering`]).
+    pub found: Vec<String>,
+}
+
+impl Unenforced {
+    /// `namespace/name` as recorded (`?` for a missing half), `None` without either.
+    fn pod(&self) -> Option<String> {
+        match (self.namespace.as_deref(), self.name.as_deref()) {
+            (None, None) => None,
+            (ns, name) => Some(format!("{}/{}", ns.unwrap_or("?"), name.unwrap_or("?"))),
+        }
+    }
+
+    /// `namespace/name`, as the pod lines say it.
+    fn who(&self) -> String {
+        who(&PodReport {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            ..PodReport::default()
+        })
+    }
 }
 
 /// The node-wide guard is in place.
@@ -307,6 +344,30 @@ fn write_pod(out: &mut String, r: &NodeReport, p: &PodReport) {
     }
 }
 
+/// The pods whose host side steers around netfilter, one line each, and how many.
+fn write_unenforced(out: &mut String, r: &NodeReport) {
+    if r.unenforced.is_empty() {
+        return;
+    }
+    for u in &r.unenforced {
+        let found: Vec<String> = u.found.iter().map(|f| printable(f)).collect();
+        let _ = writeln!(
+            out,
+            "UNENFORCED {} ({}) in network {}: {} steers its packets around netfilter",
+            u.who(),
+            printable(&u.interface),
+            printable(&u.network),
+            found.join("; ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "unenforced: {} pod(s) whose host-side interface steers packets around netfilter; \
+         natguard cannot enforce the metadata policy for them (docs/security.md)",
+        r.unenforced.len()
+    );
+}
+
 /// `natguard status`: the report in plain words.
 /// The node-wide guard: what it reset over every source, and how much of that came from no pod
 /// natguard knows (the per-pod counters name the rest).
@@ -498,6 +559,7 @@ its rules and counters could not be read"
     for b in &r.broken_lists {
         let _ = writeln!(out, "BROKEN LIST: {}", printable(&b.to_string()));
     }
+    write_unenforced(&mut out, r);
     match r.bridge_guard {
         Some(true) => {
             let _ = writeln!(
@@ -717,6 +779,22 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
             })
             .collect();
     }
+    // Only where a pod's host side steers around netfilter.
+    if !r.unenforced.is_empty() {
+        doc["unenforced"] = r
+            .unenforced
+            .iter()
+            .map(|u| {
+                json!({
+                    "pod": u.pod(),
+                    "network": u.network,
+                    "containerId": short_id(&u.container_id),
+                    "interface": u.interface,
+                    "found": u.found,
+                })
+            })
+            .collect();
+    }
     // Only where a watcher repairs: without --watch the document is unchanged.
     if let Some(sr) = &r.self_repair {
         doc["selfRepair"] = sr.to_json();
@@ -884,6 +962,13 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         "Network lists whose natguard entry cannot be read (not JSON, or an entry that does \
          not parse); their networks are left as they are (status names them).",
     );
+    let mut unenforced = MetricFamily::new(
+        "natguard_unenforced_pods",
+        Gauge,
+        &[],
+        "Pod attachments whose host-side interface has tc filters that steer packets around \
+         netfilter, so natguard cannot enforce the metadata policy for them (status names them).",
+    );
     let mut pods = MetricFamily::new(
         "natguard_pods",
         Gauge,
@@ -1033,6 +1118,7 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         per_pod.add(vec![], u64::from(r.per_pod_counters));
         networks.add(vec![], r.networks.len() as u64);
         broken_lists.add(vec![], r.broken_lists.len() as u64);
+        unenforced.add(vec![], r.unenforced.len() as u64);
     }
     for (f, n, _) in &r.guard {
         guard_reset.add(vec![family_label(*f).to_string()], *n);
@@ -1071,6 +1157,7 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         &per_pod,
         &networks,
         &broken_lists,
+        &unenforced,
         &pods,
         &proxied,
         &reset,
