@@ -23,6 +23,8 @@
 # Run as root on Debian 12. It runs in a mount namespace of its own
 # with a /run of its own, so nothing of the machine's (its /run/natguard, /etc/cni, /opt/cni,
 # /var/lib/cni, root network namespace) is read or changed; everything goes on exit.
+# NG_DEMO_SAMPLES=DIR: also save step 6's `status`, `status --json` and `metrics` in DIR
+# (scripts/docs-samples.sh compares them with docs/operations.md's samples).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -258,8 +260,9 @@ bold "2. natguard install: the guard, natguard in the conflist, the running pods
 MARK=$(wc -l <"$CLIENT_LOG")
 # The demo's cloud has no DMI strings for metadata.preset "auto": the entry names the API that
 # natguard's proxy speaks (step 4).
-echo '{"metadata": {"proxyCloud": "aws"}}' >"$W/natguard-config.json"
+echo '{"metadata": {"proxyCloud": "aws"}, "masquerade": {"masqueradeOutside": true}}' >"$W/natguard-config.json"
 echo "natguard's entry sets metadata.proxyCloud \"aws\" (this stand-in cloud has no DMI strings to detect)"
+echo "and masquerade.masqueradeOutside true (step 5 shows both sides of the masquerade policy)"
 in_ns "$NODE" "$BIN" install --netconf-dir "$NETCONF" --cni-bin-dir "$CNI_BIN_DIR" --cache-dir "$CNI_CACHE" \
   --ready-file "$W/ready" --exempt-namespace kube-system --config "$W/natguard-config.json" 2>&1 | sed 's/^/  /'
 echo "the conflist now ends with natguard's entry:"
@@ -333,7 +336,7 @@ done
 echo "  (each over IMDSv2: a token PUT, then the GET with it; default/web's token is minted by"
 echo "   natguard's proxy, which fetched the node's own token from the cloud: hop limit 1 suffices)"
 
-bold "5. masquerade: which source address does a remote host see?"
+bold "5. masquerade: which source address does a remote host see? (the entry sets masqueradeOutside)"
 printf '  %-52s sees: %s\n' \
   "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), TCP" "$(whoami "$POD" TCP4 10.10.0.2)" \
   "remote-in  10.10.0.2  (inside nonMasqueradeCIDRs), UDP" "$(whoami "$POD" UDP4 10.10.0.2)" \
@@ -341,6 +344,9 @@ printf '  %-52s sees: %s\n' \
   "remote-out 11.0.0.2   (outside), UDP" "$(whoami "$POD" UDP4 11.0.0.2)" \
   "remote-out 2001:db8:bb::2 (outside), TCP" "$(whoami "$POD" TCP6 '[2001:db8:bb::2]')"
 echo "  (the pod is $POD4 / $POD6; the node is 11.0.0.1 / 2001:db8:bb::1 towards remote-out)"
+echo "  (outside is masqueraded because this demo asked for it: masquerade.masqueradeOutside"
+echo "   true; by default natguard only keeps the pod's address"
+echo "   towards nonMasqueradeCIDRs and leaves everything else to the primary plugin)"
 
 bold "6. nft list table inet natguard (in the node namespace)"
 in_ns "$NODE" nft list table inet natguard
@@ -349,6 +355,13 @@ bold "7. natguard status: what is installed, and what natguard's counters say ab
 in_ns "$NODE" "$BIN" status
 bold "   natguard metrics (Prometheus text; install --watch --metrics-file keeps it in a file)"
 in_ns "$NODE" "$BIN" metrics
+# The samples docs/operations.md shows (scripts/docs-samples.sh): the same three outputs, saved.
+if [ -n "${NG_DEMO_SAMPLES:-}" ]; then
+  mkdir -p "$NG_DEMO_SAMPLES"
+  in_ns "$NODE" "$BIN" status >"$NG_DEMO_SAMPLES/status.txt"
+  in_ns "$NODE" "$BIN" status --json | jq . >"$NG_DEMO_SAMPLES/status.json"
+  in_ns "$NODE" "$BIN" metrics >"$NG_DEMO_SAMPLES/metrics.txt"
+fi
 
 bold "cleaning up (DEL in reverse order, namespaces removed)"
 stop_servers

@@ -22,8 +22,8 @@
 #   IMAGE_ARCH         the image's architecture, amd64 (default) or arm64; for arm64, NATGUARD_BIN
 #                      must be a static aarch64 binary (built on an arm64 host: docs/upgrade.md)
 #   IMAGE_REF          image reference (default natguard:0.2.0)
-#   IMAGE_SOURCE       org.opencontainers.image.source (default: Cargo.toml's package.repository,
-#                      else "unknown"; never the git remote, whose URL may hold credentials)
+#   IMAGE_SOURCE       org.opencontainers.image.source (default: Cargo.toml's package.repository;
+#                      never the git remote, whose URL may hold credentials; an http(s) URL)
 #   SOURCE_DATE_EPOCH  the image's "created" time and every file's mtime (default 0)
 set -euo pipefail
 
@@ -75,7 +75,8 @@ revision=$(sed -n 's/.*(revision \([^)]*\))$/\1/p' <<<"$version_line")
 [[ -n $version ]] || die "$bin --version: unexpected output: $version_line"
 revision=${revision:-unknown}
 source_url=${IMAGE_SOURCE:-$(sed -n 's/^repository *= *"\(.*\)"$/\1/p' "$root/Cargo.toml" | head -n1)}
-source_url=${source_url:-unknown}
+[[ $source_url == https://* || $source_url == http://* ]] ||
+  die "org.opencontainers.image.source must be the project's URL: set package.repository in Cargo.toml or IMAGE_SOURCE (got '${source_url}')"
 for v in "$version" "$revision" "$source_url" "$tag"; do
   # The values are written into JSON as they are: no quotes, backslashes or control characters.
   [[ $v != *[\"\\[:cntrl:]]* ]] || die "a label value may not hold quotes, backslashes or control characters: $v"

@@ -85,5 +85,16 @@ check "metrics: --metrics-port 9118 on the node's address, port \"metrics\"" met
    .env[0].valueFrom.fieldRef.fieldPath == "status.hostIP"'
 check "uninstall: natguard uninstall --stay, ready when clean" uninstall \
   '.spec.template.spec.containers[0] | .command == ["/natguard", "uninstall", "--stay"] and
-   (has("args") | not) and .readinessProbe.exec.command == ["/natguard", "uninstall", "--check"]'
+   (has("args") | not) and .readinessProbe.exec.command == ["/natguard", "uninstall", "--check"] and
+   (has("livenessProbe") | not)'
+for name in base metrics; do
+  check "$name: the host's netns dirs read-only with HostToContainer, NET_ADMIN only, no CPU limit" "$name" \
+    '.spec.template.spec as $p | $p.containers[0] as $c |
+     ([$c.volumeMounts[] | select(.mountPath == "/run/netns" or .mountPath == "/var/run/netns") |
+       select(.readOnly == true and .mountPropagation == "HostToContainer") | .name as $n |
+       $p.volumes[] | select(.name == $n and .hostPath.type == "DirectoryOrCreate") | .hostPath.path] | sort) ==
+       ["/run/netns", "/var/run/netns"] and
+     $c.securityContext.capabilities == {"drop": ["ALL"], "add": ["NET_ADMIN"]} and
+     ($c.resources.limits | has("cpu") | not) and ($c.livenessProbe.failureThreshold >= 6)'
+done
 exit "$failed"

@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # scripts/test.sh: installs what the tests need on a Debian 12 machine and runs every test layer:
+#   first the Debian packages, the cloud SDKs the proxy's tests drive (boto3, google-auth and
+#   azure-identity from PyPI into target/sdk-venv: scripts/sdk-venv.sh) and the Rust toolchain;
+#   then the layers:
 #   1. cargo fmt --check
 #   2. cargo clippy --all-targets -- -D warnings
-#   the demo (scripts/demo.sh), its output checked for every claim the README makes of it
-#   3. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
+#   3. demo: scripts/demo.sh, its output checked for every claim the README makes of it, and
+#      docs/operations.md's sample outputs compared with it (scripts/docs-samples.sh)
+#   4. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
 #      root integration tests in network namespaces: tests/datapath.rs, ...)
-#   4. the end-to-end layers in scripts/e2e/ (real runtimes: libcni, ctr, CRI, podman, image)
-#   5. the manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
+#   5. fuzz: scripts/fuzz.sh, bounded
+#   6. benchmark smoke run: scripts/bench.sh --quick (the run is checked, not the numbers)
+#   7. kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu)
+#   8. end-to-end: scripts/e2e/run-all.sh (real runtimes: libcni, ctr, CRI, podman, the image,
+#      the rendered DaemonSet through containerd's CRI and the bootstrap unit)
+#   9. manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
 #      strictly against Kubernetes 1.29 to 1.35 (scripts/manifests.sh)
 # Must run as root (network namespaces). Nothing in the root network namespace is changed.
 # Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
@@ -114,18 +122,22 @@ DEL leaves nothing of the pods behind|^after DEL: 0 lines of the table mention t
 CLAIMS
   return "$bad"
 }
-if scripts/demo.sh </dev/null >"$demo_log" 2>&1; then
+demo_samples=$(mktemp -d /tmp/ng-demo-samples.XXXXXX)
+if NG_DEMO_SAMPLES=$demo_samples scripts/demo.sh </dev/null >"$demo_log" 2>&1; then
   check_demo "$demo_log" || {
     tail -n 60 "$demo_log"
     FAILED+=("demo (scripts/demo.sh: a claim is missing from its output)")
   }
+  # docs/operations.md's samples are this run's output (normalised numbers aside).
+  NG_DEMO_SAMPLES_DIR=$demo_samples scripts/docs-samples.sh ||
+    FAILED+=("demo (docs/operations.md's samples differ: scripts/docs-samples.sh --write)")
 else
   tail -n 60 "$demo_log"
   FAILED+=("demo (scripts/demo.sh exited non-zero)")
 fi
-rm -f "$demo_log"
+rm -rf "$demo_log" "$demo_samples"
 
-# ---- 3. cargo test (every Rust test layer, root tests included) --------------------------------
+# ---- 4. cargo test (every Rust test layer, root tests included) --------------------------------
 # --no-fail-fast: a failing test binary does not keep the later ones from running; cargo still
 # exits non-zero if any of them failed.
 say "cargo test --no-fail-fast"

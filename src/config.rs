@@ -155,7 +155,13 @@ pub struct Metadata {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Masquerade {
+    /// `enabled`: the exceptions. Traffic of the network's pods to `nonMasqueradeCIDRs` keeps
+    /// the pod's address, even where another component would masquerade it.
     pub enabled: bool,
+    /// `masqueradeOutside`: natguard's own MASQUERADE of everything else (to the node's
+    /// address, as ip-masq-agent does). Off by default: installing natguard changes no pod's
+    /// egress beyond the exceptions; the primary plugin and other components decide.
+    pub masquerade_outside: bool,
     pub non_masquerade_cidrs: Vec<Cidr>,
     pub masq_link_local: bool,
     pub masq_link_local_ipv6: bool,
@@ -221,6 +227,7 @@ impl Default for Config {
             },
             masquerade: Masquerade {
                 enabled: true,
+                masquerade_outside: false,
                 non_masquerade_cidrs: DEFAULT_NON_MASQUERADE_CIDRS
                     .iter()
                     .map(|s| Cidr::parse(s).unwrap())
@@ -860,6 +867,7 @@ fn parse_masquerade(v: &Value, m: &mut Masquerade) -> Result<()> {
         o,
         &[
             "enabled",
+            "masqueradeOutside",
             "nonMasqueradeCIDRs",
             "masqLinkLocal",
             "masqLinkLocalIPv6",
@@ -868,6 +876,9 @@ fn parse_masquerade(v: &Value, m: &mut Masquerade) -> Result<()> {
     )?;
     if let Some(x) = o.get("enabled") {
         m.enabled = expect_bool("masquerade.enabled", x)?;
+    }
+    if let Some(x) = o.get("masqueradeOutside") {
+        m.masquerade_outside = expect_bool("masquerade.masqueradeOutside", x)?;
     }
     if let Some(x) = o.get("nonMasqueradeCIDRs") {
         let arr = expect_array("masquerade.nonMasqueradeCIDRs", x)?;
@@ -943,6 +954,10 @@ mod tests {
         assert_eq!(c.metadata.proxy_cloud, None);
         assert_eq!(c.masquerade.non_masquerade_cidrs.len(), 11);
         assert!(c.masquerade.random_fully && c.masquerade.enabled);
+        assert!(
+            !c.masquerade.masquerade_outside,
+            "natguard masquerades nothing outside the exceptions unless asked"
+        );
         assert!(c.conntrack.flush_on_add);
         assert_eq!(c.log_file, None);
         assert_eq!(c.log_level, crate::log::Level::Warn);

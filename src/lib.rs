@@ -5,7 +5,8 @@
 //! The code reads top-down, each layer using only the ones below it:
 //! - [`verbs`] (ADD, DEL, CHECK, GC, STATUS) and [`tools`] (`status`, `adopt`, `install`, ...):
 //!   parse, plan, hand the plan to the store, reply; an ADD that rewrote the shared objects
-//!   restores the other pods with `adopt`;
+//!   restores the other pods with `adopt`; DEL leaves a tombstone (`deleted`) so that no restore
+//!   from the runtimes' cache brings a deleted pod back;
 //! - `prepare`: one attachment validated and planned, the same for ADD and for `adopt`'s cached
 //!   results;
 //! - [`cni`]: the protocol (verbs, versions, environment, CNI_ARGS, the network configuration,
@@ -30,6 +31,7 @@ pub mod clouds;
 pub mod cni;
 pub mod config;
 pub(crate) mod ctpass;
+pub(crate) mod deleted;
 pub mod error;
 pub(crate) mod fsutil;
 pub(crate) mod ifname;

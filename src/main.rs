@@ -31,9 +31,54 @@ fn main() {
             print!("{ABOUT}\n{USAGE}");
             0
         }
+        // A word no subcommand has, typed by a person: a usage error naming it, not the CNI
+        // reply to a runtime that forgot CNI_COMMAND.
+        Some(other) if run_by_hand() => unknown_subcommand(other),
         _ => run_cni(),
     };
     std::process::exit(code);
+}
+
+/// The subcommands, for the usage error of one that is not.
+const SUBCOMMANDS: [&str; 8] = [
+    "status",
+    "metrics",
+    "adopt",
+    "reconcile",
+    "install",
+    "uninstall",
+    "version",
+    "help",
+];
+
+fn unknown_subcommand(word: &str) -> i32 {
+    let shown: String = word.chars().take(64).collect();
+    let near = SUBCOMMANDS
+        .iter()
+        .find(|s| edit_distance(s, word) <= 2)
+        .map(|s| format!(" (did you mean `natguard {s}`?)"))
+        .unwrap_or_default();
+    eprintln!(
+        "natguard: unknown subcommand {shown:?}{near}; the subcommands are {}; try `natguard help`",
+        SUBCOMMANDS.join(", ")
+    );
+    natguard::tools::EXIT_USAGE
+}
+
+/// Levenshtein distance (a transposition costs two), for short words.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().take(64).collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// No CNI variable at all: a person (or a probe) ran the binary, not a runtime. A runtime that

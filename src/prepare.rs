@@ -45,7 +45,7 @@ pub(crate) const CACHED_SANDBOX: &str = "the cached result's sandbox";
 /// Validates a primary plugin's result for `who` and plans its attachment under `cfg`; the
 /// node facts (proxy addresses, the node's own addresses, the pod's host-side interface) are
 /// looked up here, before planning. Everything is refused before the kernel is touched.
-/// The pod's own interface, inspected once from inside its network namespace
+/// The pod's own interface, inspected once as its network namespace sees it
 /// ([`kernel::podside::inspect`]); a path that is no network namespace is a CNI error naming
 /// where the path came from.
 pub(crate) fn inspect(who: &Identity<'_>) -> Result<Option<kernel::podside::PodLink>> {
@@ -98,6 +98,9 @@ pub(crate) fn prepare_pod(
             )));
         }
     }
+    if let Some(peer) = pod_link.as_ref().and_then(|l| l.peer) {
+        refuse_steered(cfg, who, peer)?;
+    }
     let host = host_side_of(cfg, who, prev, &addrs, pod_link.as_ref())?;
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
@@ -112,6 +115,56 @@ pub(crate) fn prepare_pod(
     };
     let pod = plan::plan_pod(cfg, &pod_ref, &addrs);
     Ok(Prepared { shared, pod, addrs })
+}
+
+/// A pod whose host-side veth (index `peer`) has tc filters that can steer its packets around
+/// the node's netfilter (a `bpf` classifier, as Cilium's host routing and Calico's eBPF
+/// dataplane attach with direct action; a `mirred` redirect) would be reported as guarded and
+/// reach the real metadata API: refused with code 7 unless the operator accepts unenforced
+/// pods, and then logged. tcx attachments (Linux 6.6) are not listed by a filter dump and not
+/// seen here (docs/security.md).
+fn refuse_steered(cfg: &Config, who: &Identity<'_>, peer: u32) -> Result<()> {
+    let mut links = match kernel::link::Links::open() {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(
+                "{}: cannot list the tc filters of {}'s host side: {e}",
+                who.network, who.ifname
+            );
+            return Ok(());
+        }
+    };
+    let found = match links.tc_steering(peer) {
+        Ok(f) => f,
+        Err(e) => {
+            warn!(
+                "{}: cannot list the tc filters of {}'s host side: {e}",
+                who.network, who.ifname
+            );
+            return Ok(());
+        }
+    };
+    if found.is_empty() {
+        return Ok(());
+    }
+    let name = links
+        .link_by_index(peer)
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("index {peer}"), |(n, _)| n);
+    let msg = format!(
+        "{}: the host side {name} of the pod's interface {} has {}: packets it steers bypass this node's netfilter, so natguard cannot enforce the metadata policy for them",
+        who.network,
+        who.ifname,
+        found.join("; ")
+    );
+    if !cfg.metadata.accept_unenforced {
+        return Err(Error::InvalidConfig(format!(
+            "{msg} (set metadata.acceptUnenforced to true to accept the pod unguarded)"
+        )));
+    }
+    warn!("{msg}; accepted unguarded (metadata.acceptUnenforced)");
+    Ok(())
 }
 
 /// The pod's host side as the kernel tells it ([`crate::node::host_side`]). A host-side

@@ -25,11 +25,13 @@
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
+use crate::kernel::podside::Unseen;
 use crate::kernel::Kernel;
+use crate::plan::OwnerKey;
 use crate::prepare::{prepare_pod, Identity, Prepared};
 use crate::store::{self, Store};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -78,14 +80,22 @@ pub enum Outcome {
     SkippedNetnsGone {
         netns: String,
     },
-    /// The network namespace is there but cannot be inspected from here (see
-    /// docs/bootstrap.md): nothing was done for the attachment.
+    /// The network namespace cannot be inspected from here (see docs/bootstrap.md): not
+    /// visible, not a network namespace, or not permitted (`why`). Nothing was done for the
+    /// attachment.
     SkippedNetnsUnreadable {
         netns: String,
         reason: String,
+        why: Unseen,
     },
     SkippedNoNatguard,
+    /// Its network's list is broken ([`BrokenList`]): the attachment is left as it is.
+    SkippedBrokenList {
+        file: String,
+    },
     SkippedNoAddress,
+    /// natguard's DEL has run for it; the runtime has not removed its cache entry yet.
+    SkippedDeleted,
     /// The cache file is not a readable libcni result; nothing was done for it.
     SkippedUnreadable {
         reason: String,
@@ -93,6 +103,40 @@ pub enum Outcome {
     Failed {
         reason: String,
     },
+}
+
+/// Why attachments are skipped, as the `reason` label of the skip counts (`status`,
+/// `metrics`): every reason an [`Outcome`] can skip for, in the order they are shown.
+pub const SKIP_REASONS: [&str; 9] = [
+    "netns_gone",
+    "netns_not_visible",
+    "not_a_netns",
+    "not_permitted",
+    "no_natguard",
+    "no_address",
+    "unreadable_cache",
+    "broken_list",
+    "deleted",
+];
+
+impl Outcome {
+    /// The skip's reason ([`SKIP_REASONS`]); `None` for an attachment adopted or failed.
+    pub fn skip_reason(&self) -> Option<&'static str> {
+        Some(match self {
+            Outcome::SkippedNetnsGone { .. } => "netns_gone",
+            Outcome::SkippedNetnsUnreadable { why, .. } => match why {
+                Unseen::Hidden => "netns_not_visible",
+                Unseen::WrongKind => "not_a_netns",
+                Unseen::Denied => "not_permitted",
+            },
+            Outcome::SkippedNoNatguard => "no_natguard",
+            Outcome::SkippedNoAddress => "no_address",
+            Outcome::SkippedUnreadable { .. } => "unreadable_cache",
+            Outcome::SkippedBrokenList { .. } => "broken_list",
+            Outcome::SkippedDeleted => "deleted",
+            Outcome::Adopted { .. } | Outcome::Failed { .. } => return None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -129,17 +173,34 @@ impl fmt::Display for Entry {
             Outcome::SkippedNetnsGone { netns } => {
                 write!(
                     f,
-                    "skipped  {id}: network namespace {netns} no longer exists"
+                    "skipped  {id}: network namespace {netns} no longer exists (its file is gone; the pod has ended)"
                 )
             }
-            Outcome::SkippedNetnsUnreadable { netns, reason } => {
+            Outcome::SkippedNetnsUnreadable { netns, reason, why } => {
+                let hint = match why {
+                    Unseen::Hidden => "run natguard where the node's network namespaces are visible (the node, or a container with the node's /run/netns and /var/run/netns mounted with mountPropagation: HostToContainer)",
+                    Unseen::Denied => "natguard needs CAP_NET_ADMIN to look into a pod's network namespace",
+                    Unseen::WrongKind => "the runtime's cached sandbox path names something else than the pod's network namespace",
+                };
                 write!(
                     f,
-                    "skipped  {id}: network namespace {netns} {reason}; adopt it from where the runtime's network namespaces can be entered (the node, or a container with /run/netns mounted HostToContainer and CAP_SYS_ADMIN)"
+                    "skipped  {id}: network namespace {netns} {reason}; {hint}"
                 )
             }
             Outcome::SkippedNoNatguard => {
                 write!(f, "skipped  {id}: its network does not list natguard")
+            }
+            Outcome::SkippedBrokenList { file } => {
+                write!(
+                    f,
+                    "skipped  {id}: natguard's entry in {file} does not parse; left as it is"
+                )
+            }
+            Outcome::SkippedDeleted => {
+                write!(
+                    f,
+                    "skipped  {id}: natguard's DEL has run for it (the runtime's cache entry is not removed yet)"
+                )
             }
             Outcome::SkippedNoAddress => {
                 write!(f, "skipped  {id}: the cached result has no address on it")
@@ -155,6 +216,8 @@ impl fmt::Display for Entry {
 #[derive(Debug, Default)]
 pub struct Report {
     pub entries: Vec<Entry>,
+    /// The lists whose networks were left alone.
+    pub broken: Vec<BrokenList>,
     pub conntrack_deleted: u64,
     pub conntrack_error: Option<String>,
 }
@@ -172,11 +235,91 @@ impl Report {
             .filter(|e| matches!(e.outcome, Outcome::Failed { .. }))
             .count()
     }
+    /// Skipped entries by reason, in [`SKIP_REASONS`] order, reasons without one left out.
+    pub fn skipped_by_reason(&self) -> Vec<(&'static str, u64)> {
+        count_reasons(self.entries.iter().filter_map(|e| e.outcome.skip_reason()))
+    }
 }
 
-/// natguard's config for every network whose conflist lists natguard, by network name.
+/// How many of `reasons` each reason is, in [`SKIP_REASONS`] order, zeros left out.
+pub fn count_reasons<'a>(reasons: impl Iterator<Item = &'a str>) -> Vec<(&'static str, u64)> {
+    let mut n = [0u64; SKIP_REASONS.len()];
+    for r in reasons {
+        if let Some(i) = SKIP_REASONS.iter().position(|k| *k == r) {
+            n[i] += 1;
+        }
+    }
+    SKIP_REASONS
+        .iter()
+        .zip(n)
+        .filter(|(_, c)| *c > 0)
+        .map(|(k, c)| (*k, c))
+        .collect()
+}
+
+/// Skip counts in words: `2 netns_not_visible, 1 no_natguard`.
+pub fn reasons_in_words(counts: &[(&str, u64)]) -> String {
+    counts
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A network config natguard cannot read its entry from: not JSON (half-written, say), or a
+/// natguard entry that does not parse. Its network is left as it is; every other network is
+/// served as usual, so one list's typo never disarms the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokenList {
+    pub file: PathBuf,
+    /// The list's network, when the file could be read that far.
+    pub network: Option<String>,
+    /// Why, naming the field where there is one.
+    pub reason: String,
+}
+
+impl fmt::Display for BrokenList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.network {
+            Some(n) => write!(
+                f,
+                "{} (network {n}): {}; its network is left as it is",
+                self.file.display(),
+                self.reason
+            ),
+            None => write!(f, "{}: {}", self.file.display(), self.reason),
+        }
+    }
+}
+
+/// What the netconf dir says: natguard's config of every network whose list names natguard, by
+/// network name, and the configs that could not be read.
+#[derive(Debug, Clone, Default)]
+pub struct Networks {
+    pub configs: BTreeMap<String, Config>,
+    pub broken: Vec<BrokenList>,
+}
+
+impl Networks {
+    /// Whether the attachments of `network` are left alone: its list is broken.
+    fn is_broken(&self, network: &str) -> bool {
+        self.broken
+            .iter()
+            .any(|b| b.network.as_deref() == Some(network))
+    }
+}
+
+/// natguard's config for every network whose conflist lists natguard, by network name; the
+/// lists that cannot be read are left out (see [`scan_networks`]).
 pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>> {
-    let mut out = BTreeMap::new();
+    scan_networks(netconf_dir).map(|n| n.configs)
+}
+
+/// Reads every network config of `netconf_dir`. A file that is not JSON, or whose natguard
+/// entry does not parse, is reported in [`Networks::broken`] and costs only its own network;
+/// only a directory that cannot be listed is an error.
+pub fn scan_networks(netconf_dir: &Path) -> Result<Networks> {
+    let mut out = Networks::default();
     let rd = match std::fs::read_dir(netconf_dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
@@ -193,11 +336,30 @@ pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>>
         .collect();
     files.sort();
     for path in files {
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
+        let broken = |network: Option<&str>, reason: String| BrokenList {
+            file: path.clone(),
+            network: network.map(str::to_string),
+            reason,
         };
-        let Ok(v) = serde_json::from_slice::<Value>(&bytes) else {
-            continue;
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            // Gone between the listing and the read: a rename under way.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                out.broken
+                    .push(broken(None, format!("cannot read it: {e}")));
+                continue;
+            }
+        };
+        let v = match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                out.broken.push(broken(
+                    None,
+                    format!("not JSON (half-written or corrupt): {e}"),
+                ));
+                continue;
+            }
         };
         let Some(name) = v.get("name").and_then(Value::as_str) else {
             continue;
@@ -205,16 +367,21 @@ pub fn natguard_networks(netconf_dir: &Path) -> Result<BTreeMap<String, Config>>
         let Some(plugins) = v.get("plugins").and_then(Value::as_array) else {
             continue;
         };
-        if out.contains_key(name) {
+        if out.configs.contains_key(name) || out.is_broken(name) {
             continue; // the first file by name wins, as in libcni
         }
         if let Some(entry) = plugins
             .iter()
             .find(|p| p.get("type").and_then(Value::as_str) == Some("natguard"))
         {
-            let cfg = config::parse_plugin_config(entry)
-                .map_err(|e| e.context(format!("natguard entry of {}", path.display())))?;
-            out.insert(name.to_string(), cfg);
+            match config::parse_plugin_config(entry) {
+                Ok(cfg) => {
+                    out.configs.insert(name.to_string(), cfg);
+                }
+                Err(e) => out
+                    .broken
+                    .push(broken(Some(name), format!("natguard entry: {e}"))),
+            }
         }
     }
     Ok(out)
@@ -243,8 +410,11 @@ pub fn guard_plans(
 /// Puts the shared objects of [`guard_plans`] in place (a converge where they differ, nothing
 /// written where they are intact); returns the number of operations committed.
 pub fn place_guard(netconf_dir: &Path, node_guard: Option<&Config>) -> Result<usize> {
-    let networks = natguard_networks(netconf_dir)?;
-    let plans = guard_plans(&networks, node_guard);
+    let networks = scan_networks(netconf_dir)?;
+    for b in &networks.broken {
+        crate::warn!("{b}");
+    }
+    let plans = guard_plans(&networks.configs, node_guard);
     if plans.is_empty() {
         return Ok(0);
     }
@@ -330,9 +500,15 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
 
 /// Runs adopt (or reconcile) over the cache.
 pub fn run(opts: &Options) -> Result<Report> {
-    let mut networks = natguard_networks(&opts.netconf_dir)?;
-    networks.extend(opts.known.clone());
-    let mut report = Report::default();
+    let mut networks = scan_networks(&opts.netconf_dir)?;
+    for (name, cfg) in &opts.known {
+        networks.broken.retain(|b| b.network.as_ref() != Some(name));
+        networks.configs.insert(name.clone(), cfg.clone());
+    }
+    let mut report = Report {
+        broken: networks.broken.clone(),
+        ..Report::default()
+    };
     let ct_path = crate::kernel::conntrack::Path::from_override(
         std::env::var(crate::kernel::conntrack::PATH_ENV)
             .ok()
@@ -340,11 +516,14 @@ pub fn run(opts: &Options) -> Result<Report> {
     )?;
     let mut store = store::open()?;
     // The networks' shared objects (and with them the node-wide guard) first, pods or not.
-    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    let plans = guard_plans(&networks.configs, opts.node_guard.as_ref());
     if !plans.is_empty() {
         store.apply(&plans.iter().collect::<Vec<_>>(), &[])?;
     }
     let files = cache_files(&opts.cache_dir)?;
+    let deleted = crate::deleted::read();
+    let mut cached = HashSet::new();
+    let mut installed: Vec<(String, OwnerKey)> = Vec::new();
     // Metadata flows to delete: (sources, destinations, ports), per network config.
     let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
     for path in files {
@@ -366,21 +545,20 @@ pub fn run(opts: &Options) -> Result<Report> {
                 continue;
             }
         };
-        let outcome = adopt_entry(&mut store, &entry, &networks, &mut flows);
-        let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
-        report.entries.push(Entry {
-            file,
-            network: entry.network,
-            container_id: entry.container_id,
-            ifname: entry.ifname,
-            who: format!(
-                "{}/{}",
-                args.pod_namespace.as_deref().unwrap_or("-"),
-                args.pod_name.as_deref().unwrap_or("-")
-            ),
-            outcome,
-        });
+        let owner = OwnerKey::new(&entry.network, &entry.container_id, &entry.ifname);
+        cached.insert(owner);
+        let outcome = if deleted.contains(&owner) {
+            Outcome::SkippedDeleted
+        } else {
+            adopt_entry(&mut store, &entry, &networks, &mut flows)
+        };
+        if matches!(outcome, Outcome::Adopted { .. }) {
+            installed.push((entry.network.clone(), owner));
+        }
+        report.entries.push(entry_of(file, entry, outcome));
     }
+    take_back_deleted(&mut store, &installed, &deleted);
+    crate::deleted::prune(&cached);
     if !opts.reconcile {
         for (srcs, dsts, ports) in flows {
             match store.flush_undnatted(&srcs, &dsts, &ports, ct_path) {
@@ -390,6 +568,23 @@ pub fn run(opts: &Options) -> Result<Report> {
         }
     }
     Ok(report)
+}
+
+/// The report entry of cache file `file`.
+fn entry_of(file: String, entry: CacheEntry, outcome: Outcome) -> Entry {
+    let args = CniArgs::parse(&join_args(&entry.args)).unwrap_or_default();
+    Entry {
+        file,
+        network: entry.network,
+        container_id: entry.container_id,
+        ifname: entry.ifname,
+        who: format!(
+            "{}/{}",
+            args.pod_namespace.as_deref().unwrap_or("-"),
+            args.pod_name.as_deref().unwrap_or("-")
+        ),
+        outcome,
+    }
 }
 
 fn join_args(args: &[(String, String)]) -> String {
@@ -403,9 +598,18 @@ fn join_args(args: &[(String, String)]) -> String {
 /// namespace when it is exempt. `Err` is the outcome to report instead.
 fn prepare_entry(
     entry: &CacheEntry,
-    networks: &BTreeMap<String, Config>,
+    networks: &Networks,
 ) -> std::result::Result<(Prepared, Option<String>), Outcome> {
-    let Some(cfg) = networks.get(&entry.network) else {
+    let Some(cfg) = networks.configs.get(&entry.network) else {
+        if let Some(b) = networks
+            .broken
+            .iter()
+            .find(|b| b.network.as_ref() == Some(&entry.network))
+        {
+            return Err(Outcome::SkippedBrokenList {
+                file: b.file.display().to_string(),
+            });
+        }
         return Err(Outcome::SkippedNoNatguard);
     };
     let fail = |reason: String| Outcome::Failed { reason };
@@ -421,15 +625,29 @@ fn prepare_entry(
         .map_err(|e| fail(format!("cached CNI_ARGS: {e}")))?;
     let netns = sandbox_of(&entry.result, &entry.ifname).unwrap_or_default();
     if !netns.is_empty() && !Path::new(&netns).exists() {
-        return Err(Outcome::SkippedNetnsGone { netns });
+        // A namespace is gone when its file is, in a directory this process sees.
+        return Err(match crate::kernel::podside::absent_reason(&netns) {
+            Some(e) => Outcome::SkippedNetnsUnreadable {
+                netns,
+                reason: e.0,
+                why: e.1,
+            },
+            None => Outcome::SkippedNetnsGone { netns },
+        });
     }
     // The pod's identity comes from its own interface. Where this process cannot look at it
-    // (a mount namespace the runtime's later netns mounts never reached, no right to enter
-    // it), the attachment is left as it is: planned without its host side it would lose what
-    // its ADD recorded.
+    // (a mount namespace the runtime's later netns mounts never reached, no right to ask),
+    // the attachment is left as it is: planned without its host side it would lose what its
+    // ADD recorded.
     let pod_link = match crate::kernel::podside::inspect(&netns, &entry.ifname) {
         Ok(link) => link,
-        Err(e) => return Err(Outcome::SkippedNetnsUnreadable { netns, reason: e.0 }),
+        Err(e) => {
+            return Err(Outcome::SkippedNetnsUnreadable {
+                netns,
+                reason: e.0,
+                why: e.1,
+            })
+        }
     };
     // The runtime's runtimeConfig, as libcni cached it: the pod's annotations apply as at ADD.
     let annotations = crate::policy::parse(entry.cap_args.as_ref())
@@ -457,7 +675,7 @@ fn prepare_entry(
 fn adopt_entry<K: Kernel>(
     store: &mut Store<K>,
     entry: &CacheEntry,
-    networks: &BTreeMap<String, Config>,
+    networks: &Networks,
     flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
 ) -> Outcome {
     let (p, exempt) = match prepare_entry(entry, networks) {
@@ -469,7 +687,7 @@ fn adopt_entry<K: Kernel>(
             reason: format!("installing entries: {e}"),
         };
     }
-    let cfg = &networks[&entry.network];
+    let cfg = &networks.configs[&entry.network];
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
         flows.push((
             p.addrs.clone(),
@@ -483,6 +701,32 @@ fn adopt_entry<K: Kernel>(
     }
 }
 
+/// Removes again what a restore installed for attachments whose DEL ran meanwhile: DEL writes
+/// its tombstone before it removes the entries, so an attachment tombstoned now that was not
+/// when the restore was planned may have had its DEL's removal before the restore's install.
+fn take_back_deleted<K: Kernel>(
+    store: &mut Store<K>,
+    installed: &[(String, OwnerKey)],
+    before: &HashSet<OwnerKey>,
+) {
+    if installed.is_empty() {
+        return;
+    }
+    let now = crate::deleted::read();
+    for (network, owner) in installed {
+        if now.contains(owner) && !before.contains(owner) {
+            let names = crate::plan::NetNames::new(network);
+            match store.remove_pod(&names, *owner, &mut Vec::new()) {
+                Ok(_) => crate::info!(
+                    "{network} {}: deleted while it was being restored; removed again",
+                    owner.hex()
+                ),
+                Err(e) => crate::warn!("{network} {}: removing it again: {e}", owner.hex()),
+            }
+        }
+    }
+}
+
 /// What one repair did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Repair {
@@ -493,10 +737,12 @@ pub struct Repair {
     pub networks: Vec<String>,
     /// Operations committed: 0 when everything was in place and nothing was written.
     pub ops: usize,
-    /// Cache entries skipped (network without natguard, netns gone, unreadable).
-    pub skipped: usize,
+    /// Cache entries skipped: each one's reason ([`SKIP_REASONS`]) and its report line.
+    pub skipped: Vec<(&'static str, String)>,
     /// Why attachments could not be planned or installed.
     pub failed: Vec<String>,
+    /// The lists whose networks were left as they are.
+    pub broken: Vec<BrokenList>,
     /// When the batch was committed (before the socket's release, which waits for the kernel's
     /// cleanup): the moment the policy was back.
     pub committed: Option<std::time::Instant>,
@@ -508,27 +754,135 @@ pub struct Repair {
 /// committed (one attachment over its owner limit, say), the pods are installed one by one,
 /// so one bad entry does not keep the others unprotected.
 pub fn repair(opts: &Options) -> Result<Repair> {
-    let networks = natguard_networks(&opts.netconf_dir)?;
-    let mut out = Repair::default();
+    repair_with(opts, &mut Memo::default())
+}
+
+/// What the watcher's repairs keep from one to the next: each cached attachment's plan,
+/// reused while its cache file (device, inode, mtime, size), its network's entry, the node
+/// facts its plan was made with and its network namespace are as they were. Planning a pod
+/// asks the kernel about its interface from inside its network namespace, its host side and
+/// the node's addresses; after a flush every pod is planned again, so on a node with a
+/// hundred pods that is most of a repair's CPU, and under a CPU quota most of its time. An
+/// ADD of the same attachment rewrites its cache file, so it is planned afresh. Bounded by
+/// the cache: entries whose file is gone are dropped at every repair.
+#[derive(Debug, Default)]
+pub struct Memo {
+    plans: std::collections::HashMap<PathBuf, Memoized>,
+}
+
+#[derive(Debug)]
+struct Memoized {
+    stamp: (u64, u64, i64, i64, u64),
+    owner: OwnerKey,
+    network: String,
+    netns: String,
+    cfg: Config,
+    facts: crate::plan::NodeFacts,
+    prepared: Prepared,
+}
+
+fn stamp_of(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::symlink_metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.mtime(), m.mtime_nsec(), m.len()))
+}
+
+/// [`repair`] with the plans of earlier repairs ([`Memo`]).
+pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
+    let networks = scan_networks(&opts.netconf_dir)?;
+    let facts: BTreeMap<&String, crate::plan::NodeFacts> = networks
+        .configs
+        .iter()
+        .map(|(n, cfg)| (n, crate::node::facts(cfg)))
+        .collect();
+    let mut seen: HashSet<PathBuf> = HashSet::new();
+    let mut out = Repair {
+        broken: networks.broken.clone(),
+        ..Repair::default()
+    };
     let mut prepared: Vec<Prepared> = Vec::new();
+    let deleted = crate::deleted::read();
+    let mut cached = HashSet::new();
     for path in cache_files(&opts.cache_dir)? {
-        let Ok(entry) = read_cache_entry(&path) else {
-            out.skipped += 1;
+        seen.insert(path.clone());
+        let stamp = stamp_of(&path);
+        if let Some(m) = memo.plans.get(&path).filter(|m| {
+            Some(m.stamp) == stamp
+                && networks.configs.get(&m.network) == Some(&m.cfg)
+                && facts.get(&m.network) == Some(&m.facts)
+                && (m.netns.is_empty() || Path::new(&m.netns).exists())
+        }) {
+            // A deleted attachment is gone on purpose: not restored, and no skip to report.
+            cached.insert(m.owner);
+            if !deleted.contains(&m.owner) {
+                prepared.push(m.prepared.clone());
+            }
             continue;
+        }
+        memo.plans.remove(&path);
+        let file = path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let entry = match read_cache_entry(&path) {
+            Ok(e) => e,
+            Err(reason) => {
+                let e = Entry {
+                    file,
+                    network: String::new(),
+                    container_id: String::new(),
+                    ifname: String::new(),
+                    who: String::new(),
+                    outcome: Outcome::SkippedUnreadable { reason },
+                };
+                out.skipped.push(("unreadable_cache", e.to_string()));
+                continue;
+            }
         };
+        let owner = OwnerKey::new(&entry.network, &entry.container_id, &entry.ifname);
+        cached.insert(owner);
+        if deleted.contains(&owner) {
+            continue;
+        }
         match prepare_entry(&entry, &networks) {
-            Ok((p, _)) => prepared.push(p),
+            Ok((p, _)) => {
+                if let (Some(stamp), Some(cfg), Some(f)) = (
+                    stamp,
+                    networks.configs.get(&entry.network),
+                    facts.get(&entry.network),
+                ) {
+                    memo.plans.insert(
+                        path.clone(),
+                        Memoized {
+                            stamp,
+                            owner,
+                            network: entry.network.clone(),
+                            netns: sandbox_of(&entry.result, &entry.ifname).unwrap_or_default(),
+                            cfg: cfg.clone(),
+                            facts: *f,
+                            prepared: p.clone(),
+                        },
+                    );
+                }
+                prepared.push(p)
+            }
             Err(Outcome::Failed { reason }) => out.failed.push(format!(
                 "{} {} {}: {reason}",
                 entry.network, entry.container_id, entry.ifname
             )),
-            Err(_) => out.skipped += 1,
+            Err(outcome) => {
+                let reason = outcome.skip_reason().unwrap_or("unreadable_cache");
+                let e = entry_of(file, entry, outcome);
+                out.skipped.push((reason, e.to_string()));
+            }
         }
     }
+    crate::deleted::prune(&cached);
+    memo.plans.retain(|p, _| seen.contains(p));
     out.pods = prepared.len();
     // Every network's shared objects, pods or not: after a flush on a node whose networks
     // have no pod yet, the node-wide guard comes back too.
-    let plans = guard_plans(&networks, opts.node_guard.as_ref());
+    let plans = guard_plans(&networks.configs, opts.node_guard.as_ref());
     out.networks = plans.iter().map(|p| p.names.network.clone()).collect();
     if prepared.is_empty() && plans.is_empty() {
         return Ok(out);
@@ -554,6 +908,11 @@ pub fn repair(opts: &Options) -> Result<Repair> {
             }
         }
     }
+    let installed: Vec<(String, OwnerKey)> = prepared
+        .iter()
+        .map(|p| (p.shared.names.network.clone(), p.pod.owner))
+        .collect();
+    take_back_deleted(&mut store, &installed, &deleted);
     Ok(out)
 }
 

@@ -145,6 +145,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
             if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Exempt(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
         );
     }
+    crate::deleted::forget(p.pod.owner);
     let mut store = store::open()?;
     let converged = store.apply_pod(&p.shared, &p.pod)?;
     info!(
@@ -344,6 +345,9 @@ fn cmd_del(env: &Env, conf: &NetConf, ct_path: Path) -> Result<()> {
         .filter(|ip| not_a_pod_address_here(&conf.natguard, &own, ip).is_none())
         .map(|ip| ip.addr)
         .collect();
+    // Before the entries go: a restore from the runtime's cache, which keeps the attachment
+    // until every plugin's DEL has run, must not bring them back.
+    crate::deleted::record(owner, &conf.name, &env.container_id, &env.ifname);
     let mut store = match store::open() {
         Ok(s) => s,
         Err(e) if kernel::is_unavailable(&e) => {
@@ -373,10 +377,58 @@ fn cmd_check(env: &Env, conf: &NetConf) -> Result<()> {
         Error::InvalidConfig("prevResult: missing; CHECK needs the cached result of ADD".into())
     })?;
     let who = identity(env, conf);
-    let p = prepare_pod(&conf.natguard, &who, prev, crate::prepare::inspect(&who)?)?;
+    let link = crate::prepare::inspect(&who)?;
     let mut store = store::open()?;
+    match check_against(&mut store, &conf.natguard, &who, prev, link.clone()) {
+        // A ConfigMap change converges running pods (the watcher's adopt), while a runtime
+        // may CHECK with the list of the pod's ADD: a pod that matches natguard's entry of
+        // its network in the node's list as it is now is where natguard put it.
+        Err(Error::CheckFailed(why)) => {
+            let Some((dir, current)) = current_entry(&conf.name) else {
+                return Err(Error::CheckFailed(why));
+            };
+            match check_against(&mut store, &current, &who, prev, link) {
+                Ok(()) => {
+                    info!(
+                        "CHECK: the pod follows natguard's entry of network {} in {} as it is now, \
+                         not the configuration given ({why})",
+                        conf.name,
+                        dir.display()
+                    );
+                    Ok(())
+                }
+                Err(_) => Err(Error::CheckFailed(why)),
+            }
+        }
+        r => r,
+    }
+}
+
+/// CHECK of one pod against the plan of `cfg`.
+fn check_against<K: Kernel>(
+    store: &mut Store<K>,
+    cfg: &Config,
+    who: &Identity<'_>,
+    prev: &Value,
+    link: Option<kernel::podside::PodLink>,
+) -> Result<()> {
+    let p = prepare_pod(cfg, who, prev, link)?;
     store.check_shared(&p.shared)?;
     store.check_pod(&p.shared.names, &p.pod)
+}
+
+/// natguard's entry of `network` in the node's netconf dir (the one the watcher records beside
+/// its readiness file, else the default) and that dir; `None` where no list of it names
+/// natguard or its entry does not parse.
+fn current_entry(network: &str) -> Option<(std::path::PathBuf, Config)> {
+    let ready = std::path::Path::new(crate::tools::watcher::DEFAULT_READY_FILE);
+    let dir = crate::tools::install::record::read_options(ready)
+        .map(|r| r.netconf_dir)
+        .unwrap_or_else(|| crate::restore::DEFAULT_NETCONF_DIR.into());
+    let cfg = crate::restore::natguard_networks(&dir)
+        .ok()?
+        .remove(network)?;
+    Some((dir, cfg))
 }
 
 fn cmd_gc(conf: &NetConf) -> Result<()> {

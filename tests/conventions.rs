@@ -37,6 +37,39 @@ fn run_bare_it_says_what_it_is_on_stderr_and_exits_0() {
     assert!(versions.contains("0.3.1") && versions.contains("1.1.0"));
 }
 
+/// A mistyped subcommand, run by hand (no `CNI_*` variable), is a usage error naming it, not
+/// the CNI error JSON a runtime gets.
+#[test]
+fn an_unknown_subcommand_by_hand_is_a_usage_error_naming_it() {
+    let out = natguard(&["stauts"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "no CNI reply: {out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("unknown subcommand \"stauts\"")
+            && err.contains("did you mean `natguard status`?")
+            && err.contains("natguard help"),
+        "{err}"
+    );
+    let out = natguard(&["frobnicate", "--x"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("unknown subcommand \"frobnicate\"") && !err.contains("did you mean"),
+        "{err}"
+    );
+    // With a CNI variable set it is a runtime's call: the code-4 reply as before.
+    let out = Command::new(BIN)
+        .arg("stauts")
+        .env_clear()
+        .env("CNI_CONTAINERID", "abc")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(reply["code"], 4, "{out:?}");
+}
+
 #[test]
 fn a_runtime_without_cni_command_still_gets_the_code_4_error() {
     let out = Command::new(BIN)
@@ -196,4 +229,28 @@ fn the_previous_release_archive_is_its_tag() {
             "{path}: the archive's bytes differ from the tag's"
         );
     }
+}
+
+/// The image's `org.opencontainers.image.source` label comes from Cargo.toml's
+/// `package.repository` (scripts/image.sh): it must be there and be a URL, and image.sh must
+/// refuse to label an image without one rather than write "unknown".
+#[test]
+fn the_image_source_label_has_a_real_url() {
+    let dir = env!("CARGO_MANIFEST_DIR");
+    let toml = std::fs::read_to_string(Path::new(dir).join("Cargo.toml")).unwrap();
+    let repo = toml
+        .lines()
+        .find_map(|l| l.strip_prefix("repository = \""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("package.repository in Cargo.toml");
+    assert!(
+        repo.starts_with("https://") && repo.len() > "https://".len() + 3,
+        "{repo}"
+    );
+    assert_eq!(env!("CARGO_PKG_REPOSITORY"), repo);
+    let image = std::fs::read_to_string(Path::new(dir).join("scripts/image.sh")).unwrap();
+    assert!(
+        !image.contains("source_url:-unknown"),
+        "image.sh must not fall back to unknown"
+    );
 }

@@ -1343,15 +1343,22 @@ fn unreadable_state_is_reported_not_guessed() {
 }
 
 /// Kernel APIs that answer are not natguard being installed: on a node without natguard's
-/// table, `status` says "not installed", not "ready ... 0 network(s)", and the JSON says
-/// `installed: false`; `ready` (and `natguard_up`) still say the kernel answers.
+/// table, `status` says "not installed", not "ready ... 0 network(s)", exits 1 (the node is
+/// not guarded), and the JSON says `installed: false`; `ready` (and `natguard_up`) still say
+/// the kernel answers, `natguard_guarded` says 0.
 #[test]
 fn a_node_without_natguard_is_not_installed() {
     let h = Harness::new("cntnone");
     let ns = h.netns("node");
     let tool = |args: &[&str]| common::run::Natguard::new().args(args).run_in(&ns);
     let out = tool(&["status"]);
-    assert_eq!(out.exit, Some(0), "{}", out.stdout);
+    assert_eq!(out.exit, Some(1), "{}", out.stdout);
+    let metrics = tool(&["metrics"]).stdout;
+    assert!(metrics.lines().any(|l| l == "natguard_up 1"), "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l == "natguard_guarded 0"),
+        "{metrics}"
+    );
     assert_eq!(
         out.stdout.lines().next(),
         Some(

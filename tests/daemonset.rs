@@ -7,7 +7,17 @@
 //! kubectl is installed there and not for `cargo test`. Here the rendered file is read with
 //! PyYAML (`yaml.safe_load_all`, Debian's python3-yaml), an independent YAML 1.1 parser, and
 //! checked as the JSON it turns into.
+//!
+//! The probes run as the kubelet runs them, against a real watcher in a world's node namespace
+//! (root, never skipped): they pass while the node is guarded, fail when natguard's table is
+//! deleted with the watcher frozen (SIGSTOP) and when the frozen watcher's heartbeat is old,
+//! and pass again once the watcher is let go (SIGCONT) and has repaired.
 
+mod common;
+
+use common::run::{Access, Natguard};
+use common::watcher::Watcher;
+use common::World;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::process::Command;
@@ -116,15 +126,47 @@ fn the_daemonset_runs_the_installer_with_what_it_needs_and_no_more() {
             "seLinuxOptions": {"type": "spc_t"},
         })
     );
-    // The probe reads the same file as the watcher.
+    // The probes: ready while guarded as the mounted config says (the same file as the
+    // watcher's); alive while guarded and the watcher's heartbeat is fresh, without --config
+    // so that a config the watcher refuses makes the pod unready, not restarted.
     assert_eq!(
         c["readinessProbe"]["exec"]["command"],
-        json!(["/natguard", "install", "--check", "--config", CONFIG_PATH])
+        json!([
+            "/natguard",
+            "install",
+            "--check",
+            "--health",
+            "--config",
+            CONFIG_PATH
+        ])
     );
+    assert_eq!(
+        c["livenessProbe"]["exec"]["command"],
+        json!(["/natguard", "install", "--check", "--health"])
+    );
+    // A flush is repaired in milliseconds: only a watcher that stays broken for minutes is
+    // restarted.
+    let live = &c["livenessProbe"];
+    let patience =
+        live["periodSeconds"].as_u64().unwrap() * live["failureThreshold"].as_u64().unwrap();
+    assert!(patience >= 120, "{live}");
+    // Requests, a memory limit, no CPU limit (a repair must not wait for CFS quota).
+    assert!(c["resources"]["requests"]["cpu"].is_string(), "{c}");
+    assert!(c["resources"]["limits"]["memory"].is_string(), "{c}");
+    assert!(c["resources"]["limits"].get("cpu").is_none(), "{c}");
 
-    // The host dirs: the CNI bin and netconf dirs, the CNI cache read-only, natguard's run dir;
-    // and the ConfigMap, read-only.
+    // The host dirs: the CNI bin and netconf dirs, the CNI cache read-only, natguard's run dir,
+    // the pods' network namespaces read-only and with the host's new mounts propagated; and
+    // the ConfigMap, read-only.
     let volumes = pod["volumes"].as_array().unwrap();
+    for m in c["volumeMounts"].as_array().unwrap() {
+        let netns = m["mountPath"].as_str().unwrap().ends_with("/netns");
+        assert_eq!(
+            m.get("mountPropagation").and_then(Value::as_str),
+            netns.then_some("HostToContainer"),
+            "{m}"
+        );
+    }
     let mut mounts: Vec<(String, String, bool)> = Vec::new();
     for m in c["volumeMounts"].as_array().unwrap() {
         let name = m["name"].as_str().unwrap();
@@ -152,7 +194,9 @@ fn the_daemonset_runs_the_installer_with_what_it_needs_and_no_more() {
         ("/etc/cni/net.d", "cni-netconf", false),
         ("/opt/cni/bin", "cni-bin", false),
         ("/run/natguard", "run-natguard", false),
+        ("/run/netns", "host-run-netns", true),
         ("/var/lib/cni", "cni-state", true),
+        ("/var/run/netns", "host-var-run-netns", true),
         ("configMap natguard-config", "config", true),
     ];
     let want: Vec<_> = want
@@ -233,13 +277,11 @@ fn cleanup_on_exit_is_a_documented_opt_in_the_binary_knows() {
 /// gives, so a pod is ready once its watcher has applied it.
 #[test]
 fn the_probe_checks_the_dirs_and_the_config_the_watcher_runs_with() {
-    let ds = object("DaemonSet");
-    let probe: Vec<String> = ds["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]
-        ["exec"]["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|a| a.as_str().unwrap().to_string())
+    // The entry and dirs part: without --health, which the test below covers (this watcher
+    // runs without kernel state).
+    let probe: Vec<String> = probe_command("readinessProbe")
+        .into_iter()
+        .filter(|a| a != "--health")
         .collect();
     assert_eq!(probe[0], "/natguard");
     let dir = std::env::temp_dir().join(format!("ng-ds-probe-{}", std::process::id()));
@@ -331,4 +373,153 @@ fn the_overlays_build_on_the_base() {
         assert_eq!(k["kind"], "Kustomization");
         assert_eq!(k["resources"], json!(["../../base"]), "{overlay}");
     }
+}
+
+/// A probe's command as the rendered DaemonSet gives it.
+fn probe_command(probe: &str) -> Vec<String> {
+    let ds = object("DaemonSet");
+    ds["spec"]["template"]["spec"]["containers"][0][probe]["exec"]["command"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no {probe}"))
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The readiness and liveness probes, run as the kubelet would (their commands from the rendered
+/// DaemonSet, with the watcher's `/run/natguard` and the test's config file in place of the
+/// ConfigMap's), say whether the node is guarded: they pass over a guarded node, fail once
+/// natguard's table is deleted while the watcher is frozen, fail when a frozen watcher's
+/// heartbeat is old even with the guard in place, and pass again after SIGCONT, once the
+/// watcher has repaired. `status` exits 1 while the node is unguarded, and `natguard_guarded`
+/// says 0, while `natguard_up` stays 1 (the kernel answers).
+#[test]
+fn the_probes_fail_while_the_node_is_unguarded_and_recover() {
+    let w = World::new("dsprobe");
+    let chain = w.chain(w.list("probe", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let _pod = w.add_pod(&chain, "web", "default");
+    let entry = chain.list["plugins"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["type"] == "natguard")
+        .unwrap()
+        .clone();
+    std::fs::create_dir_all(w.dir().join("net.d")).unwrap();
+    std::fs::write(
+        w.dir().join("net.d/10-probe.conflist"),
+        serde_json::to_vec_pretty(&chain.list).unwrap(),
+    )
+    .unwrap();
+    let watcher = Watcher::spawn(
+        &w,
+        &entry,
+        &w.cache_dir().join("results"),
+        &[],
+        "watcher.log",
+    );
+    let entry_file = w.dir().join("natguard-entry.json");
+    let deadline = std::time::Duration::from_secs(20);
+    let run = |args: &[String]| {
+        Natguard::new()
+            .args(args)
+            .bind_mount(&watcher.run_dir, "/run/natguard", Access::ReadWrite)
+            .run_in(&w.node)
+    };
+    let probe = |which: &str| {
+        let args: Vec<String> = probe_command(which)[1..]
+            .iter()
+            .map(|a| {
+                if a == CONFIG_PATH {
+                    entry_file.display().to_string()
+                } else {
+                    a.clone()
+                }
+            })
+            .collect();
+        run(&args)
+    };
+    let both_pass = || {
+        ["readinessProbe", "livenessProbe"]
+            .iter()
+            .all(|p| probe(p).exit == Some(0))
+    };
+    watcher.wait_for(
+        "the probes to pass over the guarded node",
+        deadline,
+        both_pass,
+    );
+    let ready = probe("readinessProbe");
+    println!("probe over the guarded node: {}", ready.stdout.trim());
+    assert!(ready.stdout.contains("guarding"), "{ready}");
+    let status = run(&["status".to_string()]);
+    assert_eq!(status.exit, Some(0), "{status}");
+
+    // Frozen: its heartbeat stops. The record rewritten as it would stand a minute and a half
+    // later (the watcher cannot write it while stopped): the guard is intact, the probes fail.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(watcher.pid() as i32, libc::SIGSTOP) };
+    let record_path = watcher.run_dir.join("repair.json");
+    let mut record: Value = serde_json::from_slice(&std::fs::read(&record_path).unwrap()).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    record["updated"] = json!(now - 90.0);
+    std::fs::write(&record_path, record.to_string()).unwrap();
+    for which in ["readinessProbe", "livenessProbe"] {
+        let out = probe(which);
+        println!(
+            "{which} with the watcher frozen: exit {:?}: {}",
+            out.exit,
+            out.stdout.trim()
+        );
+        assert_eq!(out.exit, Some(1), "{out}");
+        assert!(out.stdout.contains("frozen or wedged"), "{out}");
+    }
+    let status = run(&["status".to_string()]);
+    assert!(status.stdout.contains("is NOT RESPONDING"), "{status}");
+
+    // And the table deleted: nothing repairs it.
+    w.node.run(&["nft", "delete", "table", "inet", "natguard"]);
+    for which in ["readinessProbe", "livenessProbe"] {
+        let out = probe(which);
+        println!(
+            "{which} with the table deleted: exit {:?}: {}",
+            out.exit,
+            out.stdout.trim()
+        );
+        assert_eq!(out.exit, Some(1), "{out}");
+        assert!(
+            out.stdout.contains("NOT GUARDING: no natguard table"),
+            "{out}"
+        );
+    }
+    let status = run(&["status".to_string()]);
+    assert_eq!(status.exit, Some(1), "{status}");
+    assert!(
+        status.stdout.starts_with("natguard: not installed"),
+        "{status}"
+    );
+    let metrics = run(&["metrics".to_string()]).stdout;
+    assert!(
+        metrics.lines().any(|l| l == "natguard_guarded 0"),
+        "{metrics}"
+    );
+    assert!(metrics.lines().any(|l| l == "natguard_up 1"), "{metrics}");
+
+    // Let go: it repairs what it was told of and beats again.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(watcher.pid() as i32, libc::SIGCONT) };
+    watcher.wait_for("the probes to pass after SIGCONT", deadline, both_pass);
+    for which in ["readinessProbe", "livenessProbe"] {
+        let out = probe(which);
+        println!(
+            "{which} after SIGCONT and the repair: exit {:?}: {}",
+            out.exit,
+            out.stdout.trim()
+        );
+    }
+    let status = run(&["status".to_string()]);
+    assert_eq!(status.exit, Some(0), "{status}");
 }

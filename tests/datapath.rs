@@ -270,6 +270,193 @@ fn masquerade_disabled_keeps_pod_source_everywhere() {
     ok(chain.del(&pod.att), "DEL");
 }
 
+/// natguard's shipped default (`masqueradeOutside` false): it changes no pod's egress beyond
+/// the exceptions. Outside nonMasqueradeCIDRs the pod keeps its address while nothing else
+/// masquerades, and gets the other component's masquerade where one does; towards
+/// nonMasqueradeCIDRs it keeps its address even where the other component would masquerade it.
+#[test]
+fn by_default_natguard_masquerades_nothing_the_primary_would_not() {
+    let (w, chain) = world(
+        "masq-default",
+        "1.0.0",
+        json!({ "masquerade": { "masqueradeOutside": false } }),
+    );
+    let pod = w.add_pod(&chain, "pod", "default");
+    assert_sees(&pod, REMOTE_OUT4, pod.v4);
+    assert_sees(&pod, REMOTE_OUT6, pod.v6);
+    assert_sees(&pod, REMOTE_IN4, pod.v4);
+    assert_sees(&pod, REMOTE_IN6, pod.v6);
+    assert_metadata(&pod, "proxy");
+    // Another component masquerades everything outside the pod network.
+    other_masquerade(&w, "iptables-nft", "ip6tables-nft");
+    let late = w.add_pod(&chain, "late", "default");
+    for p in [&pod, &late] {
+        assert_sees(p, REMOTE_OUT4, NODE_OUT4);
+        assert_sees(p, REMOTE_OUT6, NODE_OUT6);
+        assert_sees(p, REMOTE_IN4, p.v4);
+        assert_sees(p, REMOTE_IN6, p.v6);
+    }
+    let table = w.table().unwrap();
+    assert!(
+        !table.contains("counter masquerade"),
+        "natguard's own MASQUERADE:\n{table}"
+    );
+    ok(chain.del(&late.att), "DEL");
+    ok(chain.del(&pod.att), "DEL");
+}
+
+/// The host-side veth of `pod` in the node namespace: the peer index its `eth0` names.
+fn host_veth(w: &World, pod: &Pod) -> String {
+    let line = pod.ns.run(&["ip", "-o", "link", "show", "eth0"]);
+    let peer = line
+        .split("@if")
+        .nth(1)
+        .and_then(|r| r.split(':').next())
+        .unwrap_or_else(|| panic!("no peer index in {line:?}"));
+    let links = w.node.run(&["ip", "-o", "link", "show"]);
+    links
+        .lines()
+        .find(|l| l.starts_with(&format!("{peer}: ")))
+        .and_then(|l| l.split(": ").nth(1))
+        .and_then(|n| n.split('@').next())
+        .unwrap_or_else(|| panic!("no interface {peer} in the node:\n{links}"))
+        .to_string()
+}
+
+/// natguard's ADD alone for `pod`, attached before by a list without it.
+fn natguard_add(w: &World, pod: &Pod, network: &str, patch: Value) -> common::run::Invocation {
+    natguard_verb(w, "ADD", pod, network, patch)
+}
+
+/// natguard's `verb` alone for `pod`, with its result as prevResult.
+fn natguard_verb(
+    w: &World,
+    verb: &str,
+    pod: &Pod,
+    network: &str,
+    patch: Value,
+) -> common::run::Invocation {
+    let mut conf = w.natguard(patch);
+    conf["cniVersion"] = json!("1.0.0");
+    conf["name"] = json!(network);
+    conf["prevResult"] = pod.result.clone();
+    common::run::Natguard::cni(
+        &Chain::env(verb, Some(&pod.att), None),
+        &serde_json::to_vec(&conf).unwrap(),
+    )
+    .run_in(&w.node)
+}
+
+/// A primary that steers the pod's packets in tc on its host-side veth (a u32 filter with a `mirred` redirect,
+/// what a BPF datapath's `bpf` filter with direct action does too) takes them around the
+/// node's netfilter: ADD refuses the pod with code 7 naming the filter, hook and interface,
+/// unless `metadata.acceptUnenforced`; CHECK refuses it the same way, and warns when accepted.
+#[test]
+fn a_tc_redirect_on_the_host_veth_is_refused_unless_accepted() {
+    let w = World::new("tc-steer");
+    let chain = w.chain(w.list("steer", "1.0.0", 0, None));
+    let pod = w.add_pod(&chain, "pod", "default");
+    let veth = host_veth(&w, &pod);
+    // Without a filter natguard's ADD is accepted and status says guarded: the control.
+    natguard_add(&w, &pod, "steer", json!({})).succeeded();
+    let clean = status_of(&w, &[]);
+    assert_eq!(clean.exit, Some(0), "{clean}");
+    assert!(!clean.stdout.contains("UNENFORCED"), "{clean}");
+    w.node.run(&["tc", "qdisc", "add", "dev", &veth, "clsact"]);
+    w.node.run(&[
+        "tc", "filter", "add", "dev", &veth, "ingress", "u32", "match", "u32", "0", "0", "action",
+        "mirred", "egress", "redirect", "dev", "to-cloud",
+    ]);
+    let inv = natguard_add(&w, &pod, "steer", json!({}));
+    inv.fails_with(
+        7,
+        &[
+            &veth,
+            "a u32 filter with a mirred action on its tc ingress hook",
+            "acceptUnenforced",
+        ],
+    );
+    // A second filter, on egress, is named too.
+    w.node.run(&[
+        "tc", "filter", "add", "dev", &veth, "egress", "u32", "match", "u32", "0", "0", "action",
+        "mirred", "egress", "mirror", "dev", "to-cloud",
+    ]);
+    natguard_add(&w, &pod, "steer", json!({}))
+        .fails_with(7, &["on its tc ingress hook", "on its tc egress hook"]);
+    let accepted = natguard_add(
+        &w,
+        &pod,
+        "steer",
+        json!({ "metadata": { "acceptUnenforced": true } }),
+    )
+    .succeeded();
+    assert!(
+        accepted.stderr.contains("accepted unguarded") && accepted.stderr.contains(&veth),
+        "{accepted}"
+    );
+    // CHECK reports the pod: refused without acceptUnenforced, warned about with it.
+    natguard_verb(&w, "CHECK", &pod, "steer", json!({}))
+        .fails_with(7, &[&veth, "mirred action on its tc ingress hook"]);
+    let checked = natguard_verb(
+        &w,
+        "CHECK",
+        &pod,
+        "steer",
+        json!({ "metadata": { "acceptUnenforced": true } }),
+    )
+    .succeeded();
+    assert!(checked.stderr.contains("accepted unguarded"), "{checked}");
+    // status names the accepted pod, its host veth and both filters, and says not guarded.
+    let st = status_of(&w, &[]);
+    assert_eq!(st.exit, Some(1), "{st}");
+    let named: Vec<&str> = st
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("UNENFORCED "))
+        .collect();
+    assert_eq!(named.len(), 1, "{st}");
+    for needle in [
+        "UNENFORCED default/pod ",
+        &format!("({veth})"),
+        "a u32 filter with a mirred action on its tc ingress hook",
+        "a u32 filter with a mirred action on its tc egress hook",
+    ] {
+        assert!(named[0].contains(needle), "{needle:?} not in {st}");
+    }
+    assert!(st.stdout.contains("unenforced: 1 pod(s)"), "{st}");
+    let js = status_of(&w, &["--json"]);
+    assert_eq!(js.exit, Some(1), "{js}");
+    let doc: Value = serde_json::from_str(&js.stdout).unwrap();
+    let u = &doc["unenforced"];
+    assert_eq!(u.as_array().map(Vec::len), Some(1), "{doc}");
+    assert_eq!(u[0]["pod"], "default/pod", "{doc}");
+    assert_eq!(u[0]["network"], "steer", "{doc}");
+    assert_eq!(u[0]["interface"], veth.as_str(), "{doc}");
+    assert_eq!(u[0]["found"].as_array().map(Vec::len), Some(2), "{doc}");
+    // Once the filters are gone the pod is enforced again, and status says so.
+    w.node.run(&["tc", "qdisc", "del", "dev", &veth, "clsact"]);
+    let st = status_of(&w, &[]);
+    assert_eq!(st.exit, Some(0), "{st}");
+    assert!(!st.stdout.contains("UNENFORCED"), "{st}");
+    assert!(!st.stdout.contains("unenforced:"), "{st}");
+    let js = status_of(&w, &["--json"]).succeeded();
+    let doc: Value = serde_json::from_str(&js.stdout).unwrap();
+    assert_eq!(doc.get("unenforced"), None, "{doc}");
+}
+
+/// `natguard status ARGS` on the node, over a directory of the test as `/run/natguard` (no
+/// watcher's record, the machine's untouched).
+fn status_of(w: &World, args: &[&str]) -> common::run::Invocation {
+    let run = w.dir().join("run-natguard");
+    std::fs::create_dir_all(&run).unwrap();
+    let mut all = vec!["status"];
+    all.extend_from_slice(args);
+    common::run::Natguard::new()
+        .args(&all)
+        .bind_mount(&run, "/run/natguard", common::run::Access::ReadWrite)
+        .run_in(&w.node)
+}
+
 fn other_masquerade(w: &World, v4: &str, v6: &str) {
     w.on_node(&format!(
         "{v4} -t nat -A POSTROUTING ! -d 10.244.0.0/16 -j MASQUERADE"

@@ -318,3 +318,100 @@ fn operations_md_documents_every_metric_and_json_key_of_the_binary() {
         "status --json keys not in docs/operations.md: {missing:?}"
     );
 }
+
+/// The README's count of `unsafe` blocks is the count in `src/`, and the libc functions its
+/// Dependencies section names are ones `src/` calls.
+#[test]
+fn the_readme_counts_what_the_code_has() {
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                rust_files(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(&Path::new(ROOT).join("src"), &mut files);
+    let code: String = files
+        .iter()
+        .map(|f| fs::read_to_string(f).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
+    // Blocks, not comments that mention them.
+    let blocks = code
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("//"))
+        .map(|l| l.matches("unsafe {").count())
+        .sum::<usize>();
+    let readme = fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let deps = readme
+        .split("## Dependencies")
+        .nth(1)
+        .expect("README.md has a Dependencies section");
+    let deps = deps.split("\n## ").next().unwrap();
+    assert!(
+        deps.contains(&format!("{blocks} blocks in `src/`")),
+        "src/ has {blocks} unsafe blocks; README.md's Dependencies section says otherwise"
+    );
+    let libc_row = deps
+        .lines()
+        .find(|l| l.starts_with("| `libc`"))
+        .expect("a libc row");
+    for name in names_after(libc_row, "(`", "`") {
+        assert!(
+            code.contains(&format!("libc::{name}")),
+            "README.md's libc row names {name}, which src/ does not call"
+        );
+    }
+}
+
+/// scripts/test.sh's header lists every layer the script runs (each `say` that starts one).
+#[test]
+fn test_sh_lists_every_layer_it_runs() {
+    let text = fs::read_to_string(Path::new(ROOT).join("scripts/test.sh")).unwrap();
+    let header: String = text
+        .lines()
+        .skip(1)
+        .take_while(|l| l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let not_layers = [
+        "packages: ready",
+        "cloud SDKs: ready",
+        "adding toolchain component",
+        "cargo test summary",
+        "all test layers passed",
+    ];
+    let layers: Vec<&str> = text
+        .lines()
+        // A layer starts at the top level; indented `say`s are inside one.
+        .filter_map(|l| l.strip_prefix("say \""))
+        .map(|l| l.split('"').next().unwrap())
+        .filter(|l| !not_layers.iter().any(|n| l.starts_with(n)))
+        .collect();
+    assert!(layers.len() >= 9, "{layers:?}");
+    for layer in &layers {
+        // The layer's name: what its line says before the first ':' or '(' .
+        let name = layer.split([':', '(']).next().unwrap().trim();
+        assert!(
+            header.contains(name),
+            "scripts/test.sh runs the layer {layer:?} but its header does not list {name:?}"
+        );
+    }
+    let numbered = header
+        .lines()
+        .filter(|l| {
+            let t = l.trim_start_matches('#').trim_start();
+            t.split_once(". ")
+                .is_some_and(|(n, _)| n.parse::<u32>().is_ok())
+        })
+        .count();
+    assert_eq!(
+        numbered,
+        layers.len(),
+        "the header's numbered list: {header}"
+    );
+}

@@ -345,7 +345,12 @@ fn a_lone_conf_becomes_a_list() {
         n.install(&["--mode", "deny"]);
         assert!(!n.conf(&format!("10-mynet.{ext}")).exists());
         let v = parse(&n.read("10-mynet.conflist"));
-        assert_eq!(keys(&v), ["cniVersion", "name", "plugins"]);
+        // The config as it was, for uninstall to put back.
+        assert_eq!(
+            keys(&v),
+            ["cniVersion", "name", "plugins", "natguard.io/convertedFrom"]
+        );
+        assert_eq!(v["natguard.io/convertedFrom"]["text"], conf);
         assert_eq!(v["cniVersion"], "0.4.0");
         assert_eq!(v["name"], "mynet");
         assert_eq!(
@@ -384,6 +389,100 @@ fn assert_refused(n: &Node, extra: &[&str], needle: &str) {
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
     assert_eq!(n.snapshot(), before, "a refused install changed the dir");
     assert!(!n.ready().exists());
+}
+
+/// A refused install removes nothing: the readiness file of an earlier install stays while
+/// its entry does (here `--conflist` names a list that does not exist), and a `--cache-dir`
+/// that does not exist is refused like the other dirs, before anything is written.
+#[test]
+fn a_refusal_removes_nothing_and_a_missing_cache_dir_is_refused() {
+    let n = Node::new("refuse-keeps");
+    n.write("10-calico.conflist", CALICO);
+    n.install(&[]);
+    assert!(n.ready().exists());
+    let ready = fs::read(n.ready()).unwrap();
+    let before = n.snapshot();
+    let out = n.run("install", &["--conflist", "99-nope.conflist"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("99-nope.conflist"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(n.snapshot(), before, "a refused install changed the dir");
+    assert_eq!(
+        fs::read(n.ready()).ok(),
+        Some(ready.clone()),
+        "a refused install removed or changed the readiness file"
+    );
+    let missing = n.dir.join("cnii");
+    let out = n.run("install", &["--cache-dir", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cache-dir") && err.contains("cnii") && err.contains("no such directory"),
+        "{err}"
+    );
+    assert!(!missing.exists());
+    assert_eq!(n.snapshot(), before);
+    assert_eq!(fs::read(n.ready()).ok(), Some(ready));
+    // An existing one is taken, and libcni's own layout before the node's first pod made it.
+    fs::create_dir_all(&missing).unwrap();
+    n.install(&["--cache-dir", missing.to_str().unwrap()]);
+    let fresh = n.dir.join("var-lib/cni/results");
+    n.install(&["--cache-dir", fresh.to_str().unwrap()]);
+    assert!(!fresh.exists(), "taken, not created");
+}
+
+/// A misspelling of one of natguard's own top-level keys (`"metdata"`) is refused before
+/// anything is written (with it every default would apply); another unknown key is warned
+/// about by `install` and `install --check`; an entry that does not set
+/// `masquerade.masqueradeOutside` is told the default changed.
+#[test]
+fn unknown_top_level_keys_are_named_at_once() {
+    let n = Node::new("entry-keys");
+    n.write("10-calico.conflist", CALICO);
+    let cfg = n.dir.join("natguard.json");
+    fs::write(
+        &cfg,
+        r#"{"metdata":{"mode":"deny"},"masquerade":{"masqueradeOutside":false}}"#,
+    )
+    .unwrap();
+    let before = n.snapshot();
+    let out = n.run("install", &["--config", cfg.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("\"metdata\"") && err.contains("did you mean \"metadata\""),
+        "{err}"
+    );
+    assert_eq!(n.snapshot(), before);
+    assert!(!n.ready().exists());
+
+    fs::write(
+        &cfg,
+        r#"{"frobnicate":1,"masquerade":{"masqueradeOutside":false}}"#,
+    )
+    .unwrap();
+    for extra in [&[][..], &["--check"][..]] {
+        let mut args = vec!["--config", cfg.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let out = n.run("install", &args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("\"frobnicate\": unknown top-level key"),
+            "{extra:?}: {}",
+            text(&out)
+        );
+        assert!(!err.contains("masqueradeOutside is not set"), "{err}");
+    }
+    fs::write(&cfg, r#"{"metadata":{"mode":"deny"}}"#).unwrap();
+    let out = n.install(&["--config", cfg.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("masquerade.masqueradeOutside is not set"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -530,18 +629,29 @@ fn uninstall_removes_only_natguard() {
     let out = n.run("uninstall", &[]);
     assert!(out.status.success(), "{}", text(&out));
 
-    // A converted .conf stays a list, without natguard.
+    // A converted .conf is restored byte for byte, its list removed.
     let n = Node::new("uninstall-conv");
-    n.write(
-        "10-mynet.conf",
-        r#"{"cniVersion":"0.3.1","name":"mynet","type":"ptp","ipMasq":true}"#,
-    );
+    let conf =
+        "{ \"cniVersion\": \"0.3.1\",\n  \"name\":\"mynet\", \"type\":\"ptp\",\"ipMasq\":true}\n";
+    n.write("10-mynet.conf", conf);
     n.install(&[]);
+    assert!(!n.conf("10-mynet.conf").exists());
+    assert!(n.conf("10-mynet.conflist").exists());
+    assert!(n.run("uninstall", &[]).status.success());
+    assert_eq!(n.read("10-mynet.conf"), conf);
+    assert!(!n.conf("10-mynet.conflist").exists());
+    // One whose list the agent changed since stays a list, without natguard and the record.
+    let n = Node::new("uninstall-conv-changed");
+    n.write("10-mynet.conf", conf);
+    n.install(&[]);
+    let mut list = parse(&n.read("10-mynet.conflist"));
+    list["plugins"][0]["ipMasq"] = json!(false);
+    n.write("10-mynet.conflist", &list.to_string());
     assert!(n.run("uninstall", &[]).status.success());
     assert!(!n.conf("10-mynet.conf").exists());
     assert_eq!(
         parse(&n.read("10-mynet.conflist")),
-        json!({"cniVersion":"0.3.1","name":"mynet","plugins":[{"type":"ptp","ipMasq":true}]})
+        json!({"cniVersion":"0.3.1","name":"mynet","plugins":[{"type":"ptp","ipMasq":false}]})
     );
 }
 
@@ -794,6 +904,7 @@ fn watch_runs_adopt_at_start_and_after_each_reinsert_and_again_later() {
     // Adopt on, with an empty CNI cache: adopt finds no pod. The watcher puts the node-wide
     // guard in place, so it runs in a network namespace of its own, with a /run of its own
     // (the node lock): nothing of the machine's is touched.
+    fs::create_dir_all(n.dir.join("cache")).unwrap();
     let mut cmd = Command::new("unshare");
     cmd.args([
         "--net",

@@ -131,6 +131,16 @@ fn cases() -> Vec<Case> {
             )],
         },
         Case {
+            // natguard's own MASQUERADE of everything outside nonMasqueradeCIDRs, asked for.
+            name: "masquerade_outside",
+            networks: vec![net(
+                r#"{"cniVersion":"1.1.0","name":"kubenet","type":"natguard",
+                    "masquerade":{"masqueradeOutside":true}}"#,
+                both(),
+                &[DUAL, V4_ONLY],
+            )],
+        },
+        Case {
             name: "masq_link_local",
             networks: vec![net(
                 r#"{"cniVersion":"1.0.0","name":"mynet","type":"natguard",

@@ -46,6 +46,8 @@ fn setup_cloud(test: &str, cloud: &str) -> Setup {
     let fake = match cloud {
         "aws" => "fake_imds.py",
         "gcp" => "fake_gce.py",
+        "oracle" => "fake_oci.py",
+        "digitalocean" => "fake_do.py",
         other => panic!("no fake upstream for {other}"),
     };
     let script = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -631,6 +633,163 @@ fn gcp_speaks_the_metadata_server_s_protocol_and_conceals_tokens_and_kube_env() 
             && !saw.contains("instance/?recursive"),
         "{saw}"
     );
+}
+
+/// Oracle's IMDSv2 through the proxy: `Authorization: Bearer Oracle` required (401 without)
+/// and sent upstream, forwarding headers refused, the instance document passed without its
+/// user data and tags, the instance principal's certificate and key and the user data
+/// concealed; the exempt pod still reaches the real API.
+#[test]
+fn oracle_speaks_imdsv2_and_conceals_instance_principal_keys_and_user_data() {
+    require_root();
+    let s = setup_cloud("proxy-oracle", "oracle");
+    let bearer = "Authorization: Bearer Oracle\r\n";
+    let g = |ns: &Netns, ep: SocketAddr, path: &str, extra: &str| {
+        raw(
+            ns,
+            ep,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n")
+                .as_bytes(),
+        )
+    };
+    for meta in [META4, META6] {
+        let ep = sa(meta, HTTP_PORT);
+        assert_eq!(
+            g(&s.pod.ns, ep, "/opc/v2/instance/region", bearer),
+            (200, "phx".into())
+        );
+        assert_eq!(
+            g(
+                &s.pod.ns,
+                ep,
+                "/opc/v2/instance/canonicalRegionName",
+                bearer
+            ),
+            (200, "us-phoenix-1".into())
+        );
+        let (st, doc) = g(&s.pod.ns, ep, "/opc/v2/instance/", bearer);
+        assert_eq!(st, 200, "{doc}");
+        let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+        assert_eq!(doc["availabilityDomain"], "Uocm:PHX-AD-1", "{doc}");
+        assert!(
+            doc.get("metadata").is_none()
+                && doc.get("freeformTags").is_none()
+                && !doc.to_string().contains(SECRET),
+            "{doc}"
+        );
+        let (st, vnics) = g(&s.pod.ns, ep, "/opc/v2/vnics/", bearer);
+        assert_eq!(st, 200, "{vnics}");
+        assert!(vnics.contains("10.0.0.5"), "{vnics}");
+        // The header is required, exactly; forwarding headers are refused.
+        for extra in ["", "Authorization: Bearer oracle\r\n"] {
+            let (st, body) = g(&s.pod.ns, ep, "/opc/v2/instance/region", extra);
+            assert_eq!(st, 401, "{extra:?}: {body}");
+            assert!(body.contains("natguard"), "{body}");
+        }
+        for fwd in [
+            "Forwarded: for=10.0.0.1\r\n",
+            "X-Forwarded-For: 10.0.0.1\r\n",
+            "X-Forwarded-Host: x\r\n",
+        ] {
+            let (st, body) = g(
+                &s.pod.ns,
+                ep,
+                "/opc/v2/instance/region",
+                &format!("{bearer}{fwd}"),
+            );
+            assert_eq!(st, 403, "{fwd:?}: {body}");
+        }
+        for p in [
+            "/opc/v2/identity/key.pem",
+            "/opc/v2/identity/cert.pem",
+            "/opc/v2/identity/",
+            "/opc/v2/instance/metadata/",
+            "/opc/v2/instance/metadata/user_data",
+            "/opc/v1/instance/",
+        ] {
+            let (st, body) = g(&s.pod.ns, ep, p, bearer);
+            assert_eq!(st, 403, "{p}: {body}");
+            assert!(
+                body.contains("natguard") && !body.contains(SECRET),
+                "{p}: {body}"
+            );
+        }
+    }
+    // Nothing concealed reached the upstream, and what did carried the header and no
+    // forwarding header.
+    let saw = s.upstream_saw();
+    assert!(saw.contains("GET /opc/v2/instance/region"), "{saw}");
+    for l in saw.lines() {
+        assert!(
+            l.ends_with("auth=Bearer Oracle fwd=no")
+                && !l.contains("identity")
+                && !l.contains("metadata")
+                && !l.contains("/opc/v1"),
+            "{saw}"
+        );
+    }
+    // The exempt pod reaches the real API, and its keys, itself.
+    let (st, body) = g(
+        &s.exempt.ns,
+        sa(META4, HTTP_PORT),
+        "/opc/v2/identity/key.pem",
+        bearer,
+    );
+    assert_eq!((st, body.as_str()), (200, "NODE-SECRET private key"));
+    let status = s.tool(&["status"]);
+    assert!(status.contains("serving oracle"), "{status}");
+}
+
+/// A cloud of plain GETs (DigitalOcean) through the proxy: what describes the droplet passes,
+/// its index is filtered, user and vendor data and the whole-document `v1.json` are concealed
+/// and never asked of the upstream.
+#[test]
+fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_data() {
+    require_root();
+    let s = setup_cloud("proxy-do", "digitalocean");
+    for meta in [META4, META6] {
+        let ep = sa(meta, HTTP_PORT);
+        assert_eq!(
+            get(&s.pod.ns, ep, "/metadata/v1/region", None),
+            (200, "nyc3".into())
+        );
+        assert_eq!(
+            get(&s.pod.ns, ep, "/metadata/v1/id", None),
+            (200, "2756294".into())
+        );
+        assert_eq!(
+            get(
+                &s.pod.ns,
+                ep,
+                "/metadata/v1/interfaces/public/0/ipv4/address",
+                None
+            ),
+            (200, "203.0.113.5".into())
+        );
+        let (st, index) = get(&s.pod.ns, ep, "/metadata/v1/", None);
+        assert_eq!(st, 200, "{index}");
+        assert_eq!(index, "id\nhostname\nregion\ninterfaces/\ndns/\ntags/\n");
+        for p in [
+            "/metadata/v1/user-data",
+            "/metadata/v1/vendor-data",
+            "/metadata/v1/public-keys",
+            "/metadata/v1.json",
+        ] {
+            let (st, body) = get(&s.pod.ns, ep, p, None);
+            assert_eq!(st, 403, "{p}: {body}");
+            assert!(
+                body.contains("natguard") && !body.contains(SECRET),
+                "{p}: {body}"
+            );
+        }
+    }
+    let saw = s.upstream_saw();
+    assert!(saw.contains("GET /metadata/v1/region"), "{saw}");
+    for bad in ["user-data", "vendor-data", "public-keys", "v1.json"] {
+        assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
+    }
+    let status = s.tool(&["status"]);
+    assert!(status.contains("serving digitalocean"), "{status}");
 }
 
 /// One raw request; the status and the whole answer (head and body).

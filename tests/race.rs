@@ -8,6 +8,10 @@
 //!   node-local proxy after at most one reconnect, never by the real server again.
 //! - [`adopt_reports_every_cache_entry_and_installs_only_what_it_should`]: `adopt` over a cache
 //!   with pods of several networks, an exempt namespace, a vanished netns and corrupt files.
+//! - [`adopt_and_reconcile_with_net_admin_only`]: `adopt`, a flush and `reconcile` with
+//!   `CAP_NET_ADMIN` as the only capability (the shipped DaemonSet's container): pods are
+//!   inspected without entering their namespaces, and what cannot be seen is skipped with the
+//!   true reason.
 //!
 //! Needs root; never skips. Every wait is bounded; nothing is asserted about time.
 
@@ -296,15 +300,25 @@ fn show(flows: &[CtEntry]) -> String {
 
 /// Runs `natguard <verb> --cache-dir … --netconf-dir …` in the node namespace.
 fn natguard_cli(node: &Netns, verb: &str, cache_dir: &Path, netconf_dir: &Path) -> Invocation {
-    Natguard::new()
-        .args(&[
-            OsStr::new(verb),
-            OsStr::new("--cache-dir"),
-            cache_dir.as_os_str(),
-            OsStr::new("--netconf-dir"),
-            netconf_dir.as_os_str(),
-        ])
-        .run_in(node)
+    natguard_cli_as(Natguard::new(), node, verb, cache_dir, netconf_dir)
+}
+
+/// [`natguard_cli`] as `inv` describes the process (its capabilities).
+fn natguard_cli_as(
+    inv: Natguard,
+    node: &Netns,
+    verb: &str,
+    cache_dir: &Path,
+    netconf_dir: &Path,
+) -> Invocation {
+    inv.args(&[
+        OsStr::new(verb),
+        OsStr::new("--cache-dir"),
+        cache_dir.as_os_str(),
+        OsStr::new("--netconf-dir"),
+        netconf_dir.as_os_str(),
+    ])
+    .run_in(node)
 }
 
 /// `natguard adopt` that must exit 0; returns its stdout.
@@ -677,7 +691,7 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
         !report.lines().any(|l| l.starts_with("failed")),
         "no entry may fail; report:\n{report}"
     );
-    let summary = "adopt: 2 attachment(s) brought under policy, 4 skipped, 0 failed";
+    let summary = "adopt: 2 attachment(s) brought under policy, 4 skipped, 0 failed; skipped: 1 netns_gone, 1 no_natguard, 2 unreadable_cache";
     assert!(
         report.lines().any(|l| l == summary),
         "expected {summary:?}; report:\n{report}"
@@ -785,4 +799,159 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
         Some(table.as_str()),
         "a second adopt changed the table"
     );
+}
+
+/// A copy of `pod`'s cache entry as container `cid`, whose sandbox is `sandbox` instead.
+fn cache_copy(cache: &Path, pod: &Pod, cid: &str, sandbox: &str) {
+    let file = std::fs::read_dir(cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            mentions(
+                &std::fs::read_to_string(p).unwrap_or_default(),
+                &pod.att.container_id,
+            )
+        })
+        .expect("the pod's cache file");
+    let mut v: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    v["containerId"] = json!(cid);
+    for i in v["result"]["interfaces"].as_array_mut().unwrap() {
+        if i.get("sandbox").is_some() {
+            i["sandbox"] = json!(sandbox);
+        }
+    }
+    std::fs::write(
+        cache.join(format!("copy-{cid}")),
+        serde_json::to_vec(&v).unwrap(),
+    )
+    .unwrap();
+}
+
+/// The shipped DaemonSet's container has `CAP_NET_ADMIN` alone. `adopt` there looks into each
+/// pod's namespace by its id from the node's (no `setns`, which needs `CAP_SYS_ADMIN`): pods
+/// are adopted, the exempt one is answered by the REAL metadata server and the other by the
+/// proxy; after `nft flush ruleset`, `reconcile` with the same capability restores both. What
+/// cannot be seen is skipped with the true reason: a namespace gone, a path whose directory
+/// this mount namespace lacks, and an empty file where a namespace was mounted (what a
+/// mount namespace without propagation shows of a namespace mounted after it was made).
+#[test]
+fn adopt_and_reconcile_with_net_admin_only() {
+    let w = World::new("adopt-netadmin");
+    // The capabilities are what the test says: a process of the same setup reports them.
+    let caps = Natguard::new()
+        .plugin(Path::new("/bin/cat"))
+        .args(&["/proc/self/status"])
+        .net_admin_only()
+        .run_in(&w.node);
+    let eff = caps
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap());
+    assert_eq!(eff, Some(1 << 12), "CAP_NET_ADMIN alone: {caps}");
+
+    let plain = w.list("ngnet", "1.0.0", 1, None);
+    let ng_list = w.list(
+        "ngnet",
+        "1.0.0",
+        1,
+        Some(w.natguard(json!({ "metadata": { "exemptNamespaces": ["kube-system"] } }))),
+    );
+    let chain = w.chain(plain);
+    let web = w.add_pod(&chain, "web", "default");
+    let creds = w.add_pod(&chain, "creds", "kube-system");
+    let gone = w.add_pod(&chain, "gone", "default");
+    w.h.delete_netns(&gone.ns);
+    let cache = cache_dir(&w);
+    let empty = w.dir().join("netns-unpropagated");
+    std::fs::write(&empty, b"").unwrap();
+    cache_copy(&cache, &web, "cid-noprop", empty.to_str().unwrap());
+    cache_copy(&cache, &web, "cid-nodir", "/nonexistent-netns-dir/cni-1234");
+    let netconf = netconf_dir(&w, &[&ng_list]);
+
+    let run = |verb: &str| {
+        let inv = natguard_cli_as(
+            Natguard::new().net_admin_only(),
+            &w.node,
+            verb,
+            &cache,
+            &netconf,
+        );
+        assert_eq!(inv.exit, Some(0), "{inv}");
+        inv.stdout
+    };
+    let report = run("adopt");
+    let expect = |report: &str, cid: &str, start: &str, texts: &[&str]| {
+        let line = line_of(report, cid);
+        for text in texts {
+            assert!(
+                line.starts_with(start) && line.contains(text),
+                "report line of {cid} should start with {start:?} and say {text:?}, got {line:?}; report:\n{report}"
+            );
+        }
+    };
+    expect(&report, &web.att.container_id, "adopted", &["ngnet"]);
+    expect(
+        &report,
+        &creds.att.container_id,
+        "adopted",
+        &["kube-system is exempt"],
+    );
+    expect(
+        &report,
+        &gone.att.container_id,
+        "skipped",
+        &["no longer exists"],
+    );
+    expect(
+        &report,
+        "cid-noprop",
+        "skipped",
+        &["empty file", "not visible", "HostToContainer"],
+    );
+    expect(
+        &report,
+        "cid-nodir",
+        "skipped",
+        &["/nonexistent-netns-dir is not there", "not visible"],
+    );
+    for cid in ["cid-noprop", "cid-nodir"] {
+        assert!(
+            !line_of(&report, cid).contains("no longer exists"),
+            "an invisible namespace is not a gone one:\n{report}"
+        );
+    }
+    let summary = "adopt: 2 attachment(s) brought under policy, 3 skipped, 0 failed; skipped: 1 netns_gone, 2 netns_not_visible";
+    assert!(
+        report.lines().any(|l| l == summary),
+        "expected {summary:?}; report:\n{report}"
+    );
+    let check_datapath = |when: &str| {
+        for (p, who) in [(&web, "proxy"), (&creds, "cloud")] {
+            for meta in [META4, META6] {
+                assert_eq!(
+                    http_get(&p.ns, sa(meta, HTTP_PORT)),
+                    body(who),
+                    "{} -> http://{}/ {when}",
+                    p.att.container_id,
+                    sa(meta, HTTP_PORT)
+                );
+            }
+        }
+    };
+    check_datapath("after adopt with CAP_NET_ADMIN only");
+
+    // A flush, then the repair with the same capability.
+    w.node.run(&["nft", "flush", "ruleset"]);
+    assert_eq!(
+        http_get(&web.ns, sa(META4, HTTP_PORT)),
+        body("cloud"),
+        "after the flush the real server answers: what the repair must close"
+    );
+    let report = run("reconcile");
+    assert!(
+        report.contains("reconcile: 2 attachment(s) brought under policy, 3 skipped, 0 failed"),
+        "{report}"
+    );
+    check_datapath("after a flush and reconcile with CAP_NET_ADMIN only");
 }

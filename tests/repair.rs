@@ -21,6 +21,10 @@
 //!   it reads as `results/`) waits for the first; the record's repairs never go down, its pid
 //!   is the live watcher's, and once both are gone `status` says the record's watcher is not
 //!   running.
+//! - **The DaemonSet's capabilities.** A watcher with `CAP_NET_ADMIN` alone restores, after a
+//!   flush, the pods that predate it and those started after it (whose namespaces reach its
+//!   mount namespace by propagation), the exempt one still answered by the real server; what
+//!   it cannot see is logged with the reason and counted in its record, `status` and `metrics`.
 //! - **Lost notifications.** A receive buffer too small for them (`NATGUARD_MONITOR_RCVBUF`):
 //!   `ENOBUFS` leads to a full check, which repairs the flush; the watcher lives on.
 //!
@@ -50,11 +54,17 @@ impl Watcher {
     }
 
     fn start_with(w: &World, chain: &Chain, env: &[(&str, &str)]) -> Watcher {
+        Watcher::start_as(w, chain, env, false)
+    }
+
+    fn start_as(w: &World, chain: &Chain, env: &[(&str, &str)], net_admin_only: bool) -> Watcher {
         let results = w.cache_dir().join("results");
-        let me = Watcher::spawn_over(w, chain, env, &results, "watcher.log");
+        let me = Watcher::spawn_over_as(w, chain, env, &results, "watcher.log", net_admin_only);
+        // Its first check runs at start (what it skips is told from the start): the tests
+        // count repairs and checks from after it.
         me.wait_until(
-            "the watcher to subscribe to nf_tables notifications",
-            || me.state().is_some(),
+            "the watcher to subscribe to nf_tables notifications and run its first check",
+            || me.checks() >= 1,
         );
         me
     }
@@ -67,6 +77,17 @@ impl Watcher {
         env: &[(&str, &str)],
         cache_dir: &Path,
         log_name: &str,
+    ) -> Watcher {
+        Watcher::spawn_over_as(w, chain, env, cache_dir, log_name, false)
+    }
+
+    fn spawn_over_as(
+        w: &World,
+        chain: &Chain,
+        env: &[(&str, &str)],
+        cache_dir: &Path,
+        log_name: &str,
+        net_admin_only: bool,
     ) -> Watcher {
         let netd = w.dir().join("net.d");
         fs::create_dir_all(&netd).unwrap();
@@ -82,7 +103,7 @@ impl Watcher {
             .find(|p| p["type"] == "natguard")
             .unwrap()
             .clone();
-        Watcher::spawn(w, &entry, cache_dir, env, log_name)
+        Watcher::spawn_as(w, &entry, cache_dir, env, log_name, net_admin_only)
     }
 
     fn repairs(&self) -> u64 {
@@ -453,6 +474,110 @@ fn lost_notifications_lead_to_a_full_check_not_a_crash() {
         watcher.log_text()
     );
     assert_eq!(metadata_of(&pod), body("proxy"));
+}
+
+/// The shipped DaemonSet's container: `CAP_NET_ADMIN` alone, the node's netns directory
+/// visible with propagation from the node. A pod that predates the watcher and pods started
+/// after it (an exempt one among them) are all restored after `nft flush ruleset`; the exempt
+/// pod is answered by the REAL metadata server, the others by the proxy. An attachment whose
+/// namespace it cannot see (an empty file where one was mounted) is logged once with that
+/// reason and counted by reason in the record, `status` and `metrics`.
+#[test]
+fn a_watcher_with_net_admin_only_restores_pods_started_before_and_after_it() {
+    let w = World::new("repair-netadmin");
+    let chain = w.chain(w.list(
+        "repair",
+        "1.0.0",
+        0,
+        Some(w.natguard(json!({ "metadata": { "exemptNamespaces": ["kube-system"] } }))),
+    ));
+    let early = w.add_pod(&chain, "early", "default");
+    let watcher = Watcher::start_as(&w, &chain, &[], true);
+    // Started after the watcher: their namespaces are mounted after its mount namespace was made.
+    let late = w.add_pod(&chain, "late", "default");
+    let creds = w.add_pod(&chain, "creds", "kube-system");
+    // An attachment whose namespace is an empty file: what a mount without propagation shows.
+    let results = w.cache_dir().join("results");
+    let src = fs::read_dir(&results)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| read(p).contains(&late.att.container_id))
+        .unwrap();
+    let mut copy: Value = serde_json::from_slice(&fs::read(&src).unwrap()).unwrap();
+    let empty = w.dir().join("netns-unpropagated");
+    fs::write(&empty, b"").unwrap();
+    copy["containerId"] = json!("cid-noprop");
+    for i in copy["result"]["interfaces"].as_array_mut().unwrap() {
+        if i.get("sandbox").is_some() {
+            i["sandbox"] = json!(empty.to_str().unwrap());
+        }
+    }
+    fs::write(
+        results.join("copy-noprop"),
+        serde_json::to_vec(&copy).unwrap(),
+    )
+    .unwrap();
+
+    let expect = |when: &str| {
+        for (p, who) in [(&early, "proxy"), (&late, "proxy"), (&creds, "cloud")] {
+            for meta in [META4, META6] {
+                assert_eq!(
+                    http_get(&p.ns, sa(meta, HTTP_PORT)),
+                    body(who),
+                    "{} -> {meta} {when}; watcher log:\n{}",
+                    p.att.container_id,
+                    watcher.log_text()
+                );
+            }
+        }
+    };
+    expect("before the flush");
+    for run in 0..2 {
+        let before = watcher.repairs();
+        w.node.run(&["nft", "flush", "ruleset"]);
+        watcher.wait_until("the repair", || watcher.repairs() > before);
+        expect(&format!(
+            "after flush {run} and the repair with CAP_NET_ADMIN only"
+        ));
+    }
+    let log = watcher.log_text();
+    assert!(
+        log.contains("and 3 cached pod(s) (1 skipped: 1 netns_not_visible)"),
+        "the repair says what it restored and what it skipped:\n{log}"
+    );
+    let skip_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("cid-noprop") && l.contains("not visible"))
+        .collect();
+    assert_eq!(
+        skip_lines.len(),
+        1,
+        "the skip is logged with its reason, once while it lasts:\n{log}"
+    );
+    assert!(
+        skip_lines[0].contains("HostToContainer"),
+        "{}",
+        skip_lines[0]
+    );
+    assert!(!log.contains("no longer exists"), "{log}");
+    assert_eq!(
+        watcher.state().unwrap()["skipped"],
+        json!({ "netns_not_visible": 1 })
+    );
+    let status = watcher.tool(&w, &["status"]);
+    assert!(
+        status.contains("1 cached attachment(s) skipped at the last check (1 netns_not_visible)"),
+        "{status}"
+    );
+    let metrics = watcher.tool(&w, &["metrics"]);
+    for (reason, n) in [
+        ("netns_not_visible", 1),
+        ("netns_gone", 0),
+        ("not_permitted", 0),
+    ] {
+        let line = format!("natguard_repair_skipped_attachments{{reason=\"{reason}\"}} {n}");
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
 }
 
 /// Without `--watch` (or with `--no-repair`) nothing repairs: the flushed policy stays gone

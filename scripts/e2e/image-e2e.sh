@@ -11,7 +11,8 @@
 #    docker.io/library/natguard:0.2.0, which is what Kubernetes resolves "natguard:0.2.0" to.
 # 3. containerd 1.6 (own root, state and socket, started inside the node netns) runs it as the
 #    DaemonSet does: host network (the node netns), the node's CNI dirs bind-mounted at
-#    /opt/cni/bin, /etc/cni/net.d, /var/lib/cni (read-only) and /run/natguard, the ConfigMap
+#    /opt/cni/bin, /etc/cni/net.d, /var/lib/cni (read-only), /run/natguard and the pods' netns
+#    dirs (read-only; the full translation of the pod template is daemonset-cri.sh), the ConfigMap
 #    (laid out as the kubelet does, ..data symlink and all) read-only at /etc/natguard, the
 #    DaemonSet's args and the metrics overlay's port, read-only root filesystem, every
 #    capability dropped but NET_ADMIN, the runtime's default seccomp profile, no new
@@ -121,12 +122,12 @@ fact() { jq -c "$1" <<<"$facts"; }
 [ "$(fact .hostNetwork)" = true ] || fail "hostNetwork $(fact .hostNetwork)"
 [ "$(fact .command)" = null ] || fail "the DaemonSet replaces the entrypoint: $(fact .command)"
 [ "$(fact .args)" = '["--config","/etc/natguard/natguard.json"]' ] || fail "args $(fact .args)"
-[ "$(fact .probe)" = '["/natguard","install","--check","--config","/etc/natguard/natguard.json"]' ] ||
+[ "$(fact .probe)" = '["/natguard","install","--check","--health","--config","/etc/natguard/natguard.json"]' ] ||
   fail "probe $(fact .probe)"
 [ "$(fact '.securityContext | {capabilities, readOnlyRootFilesystem, allowPrivilegeEscalation, privileged, seccompProfile}')" = \
   '{"capabilities":{"add":["NET_ADMIN"],"drop":["ALL"]},"readOnlyRootFilesystem":true,"allowPrivilegeEscalation":false,"privileged":false,"seccompProfile":{"type":"RuntimeDefault"}}' ] ||
   fail "securityContext $(fact .securityContext)"
-[ "$(fact .mounts)" = '[["/etc/cni/net.d","hostPath",false],["/etc/natguard","configMap",true],["/opt/cni/bin","hostPath",false],["/run/natguard","hostPath",false],["/var/lib/cni","hostPath",true]]' ] ||
+[ "$(fact .mounts)" = '[["/etc/cni/net.d","hostPath",false],["/etc/natguard","configMap",true],["/opt/cni/bin","hostPath",false],["/run/natguard","hostPath",false],["/run/netns","hostPath",true],["/var/lib/cni","hostPath",true],["/var/run/netns","hostPath",true]]' ] ||
   fail "scripts/daemonset.yaml mounts $(fact .mounts); this test mounts those below"
 [ "$(fact .nodeSelector)" = '{"kubernetes.io/arch":"amd64","kubernetes.io/os":"linux"}' ] ||
   fail "nodeSelector $(fact .nodeSelector)"
@@ -134,7 +135,7 @@ ip netns add "$NODE" || fail "ip netns add $NODE"
 defer "ip netns del '$NODE'"
 ip -n "$NODE" link set lo up
 host=$W/node # the node's filesystem, as far as the DaemonSet mounts it
-mkdir -p "$host/opt/cni/bin" "$host/etc/cni/net.d" "$host/var/lib/cni/results" "$host/run/natguard"
+mkdir -p "$host/opt/cni/bin" "$host/etc/cni/net.d" "$host/var/lib/cni/results" "$host/run/natguard" "$host/run/netns"
 # The ConfigMap volume as the kubelet lays it out: natguard.json -> ..data/natguard.json,
 # ..data -> a timestamped directory; an update swaps ..data.
 cm=$W/configmap
@@ -194,6 +195,8 @@ nsenter --net="/run/netns/$NODE" ctr --address "$CTD_SOCK" -n "$NS" run --net-ho
   --mount "$(mount_opt "$host/var/lib/cni" /var/lib/cni ro)" \
   --mount "$(mount_opt "$host/run/natguard" /run/natguard rw)" \
   --mount "$(mount_opt "$cm" /etc/natguard ro)" \
+  --mount "$(mount_opt "$host/run/netns" /run/netns ro)" \
+  --mount "$(mount_opt "$host/run/netns" /var/run/netns ro)" \
   "$REF" "$CID" "${run_args[@]}" \
   >"$W/ctr.out" 2>&1 9>&- &
 ctr_pid=$!

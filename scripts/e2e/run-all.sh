@@ -11,7 +11,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 # Every executable scripts/e2e/*.sh that calls e2e_init is a test: these first, in this
 # order, then any other in name order.
-ORDER="libcni gc-status ctr containerd-cri podman install-live upgrade"
+ORDER="libcni gc-status ctr containerd-cri daemonset-cri podman install-live upgrade"
 found=$(for f in "$HERE"/*.sh; do
   [ -x "$f" ] && grep -q '^e2e_init ' "$f" && basename "$f" .sh
 done)

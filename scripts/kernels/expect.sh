@@ -58,7 +58,7 @@ ci_filter() {
   endpoints)
     # The IPv6 metadata addresses (GCE's fd20:ce::254, Oracle's fd00:c1::a9fe:a9fe), each with
     # its IPv4 one, against real servers; the other presets differ only by address and port.
-    echo "gcp_preset oracle_preset"
+    echo "gcp_preset"
     ;;
   esac
 }

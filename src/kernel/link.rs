@@ -3,7 +3,11 @@
 //! (`RTM_GETROUTE`), for primary plugins that report no host-side interface, and whether an
 //! address is the node's own (the same route lookup, answered with a route of type
 //! `RTN_LOCAL`: one lookup per address, whatever the number of interfaces), or, where that
-//! lookup fails, every address of every interface (an `RTM_GETADDR` dump). Asked over netlink
+//! lookup fails, every address of every interface (an `RTM_GETADDR` dump); and an interface of
+//! another network namespace, asked from this one: the namespace's id here (`RTM_GETNSID`,
+//! assigned with `RTM_NEWNSID` where it has none, both given the namespace's file descriptor)
+//! names it in an `RTM_GETLINK` (`IFLA_TARGET_NETNSID`, Linux 4.20). That needs
+//! `CAP_NET_ADMIN` alone, where entering the namespace needs `CAP_SYS_ADMIN`. Asked over netlink
 //! rather than read from /sys, because /sys shows the namespace it was mounted in, not
 //! necessarily the caller's. One [`Links`] socket answers every lookup of an ADD, each reply
 //! awaited at most [`REPLY_DEADLINE`].
@@ -39,6 +43,36 @@ const IFLA_LINK_NETNSID: u16 = 37;
 const IFLA_MASTER: u16 = 10;
 const IFLA_LINKINFO: u16 = 18;
 const IFLA_INFO_KIND: u16 = 1;
+/// `IFLA_TARGET_NETNSID`: the request is about the namespace this one knows by that id.
+const IFLA_TARGET_NETNSID: u16 = 46;
+const RTM_NEWNSID: u16 = 88;
+const RTM_GETNSID: u16 = 90;
+/// `struct rtgenmsg` (the family, one byte), padded to the attributes' alignment.
+const RTGENMSG_LEN: usize = 4;
+const NETNSA_NSID: u16 = 1;
+const NETNSA_FD: u16 = 3;
+/// `NETNSA_NSID` of a namespace that has no id here yet; as a request, "pick one".
+const NETNSA_NSID_NOT_ASSIGNED: i32 = -1;
+const RTM_NEWTFILTER: u16 = 44;
+const RTM_GETTFILTER: u16 = 46;
+/// `struct tcmsg`: family, padding, ifindex, handle, parent, info.
+const TCMSG_LEN: usize = 20;
+const TCM_IFINDEX_OFFSET: usize = 4;
+const TCM_PARENT_OFFSET: usize = 12;
+const TCA_KIND: u16 = 1;
+const TCA_OPTIONS: u16 = 2;
+/// `TCA_BPF_NAME` and `TCA_BPF_FLAGS` (`TCA_BPF_FLAG_ACT_DIRECT`) of a `bpf` classifier.
+const TCA_BPF_NAME: u16 = 7;
+const TCA_BPF_FLAGS: u16 = 8;
+const TCA_BPF_FLAG_ACT_DIRECT: u32 = 1;
+/// `TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS / TC_H_MIN_EGRESS)`: the hooks of a `clsact` qdisc
+/// (the ingress one also of an `ingress` qdisc).
+pub const TC_INGRESS: u32 = 0xFFFF_FFF2;
+pub const TC_EGRESS: u32 = 0xFFFF_FFF3;
+/// Actions that take a packet off its path: `mirred` (redirect or mirror to another device)
+/// and `bpf` (a program that may return `TC_ACT_REDIRECT`).
+const STEERING_ACTIONS: [&str; 2] = ["mirred", "bpf"];
+
 /// A link lookup answers at once; this only bounds a kernel that does not.
 pub const REPLY_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -68,12 +102,114 @@ pub struct Links {
     sock: NfSocket,
 }
 
-/// An `RTM_GETLINK` request for the interface called `name`.
-fn getlink_request(b: &mut MsgBuf, name: &str) {
+/// An `RTM_GETLINK` request for the interface called `name`: in this namespace, or in the one
+/// this namespace knows by id `target`.
+fn getlink_request(b: &mut MsgBuf, name: &str, target: Option<i32>) {
     b.begin_header(RTM_GETLINK, 0);
     b.bytes(&[0u8; IFINFOMSG_LEN]); // AF_UNSPEC, any index
     b.attr_str(IFLA_IFNAME, name);
+    if let Some(id) = target {
+        b.attr(IFLA_TARGET_NETNSID, &id.to_ne_bytes());
+    }
     b.end();
+}
+
+/// An `RTM_GETTFILTER` dump of the filters on hook `parent` ([`TC_INGRESS`], [`TC_EGRESS`]) of
+/// the interface with index `index`.
+fn getfilter_dump_request(b: &mut MsgBuf, index: u32, parent: u32) {
+    b.begin_header(RTM_GETTFILTER, super::netlink::NLM_F_DUMP);
+    let mut tcm = [0u8; TCMSG_LEN];
+    tcm[TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4].copy_from_slice(&index.to_ne_bytes());
+    tcm[TCM_PARENT_OFFSET..TCM_PARENT_OFFSET + 4].copy_from_slice(&parent.to_ne_bytes());
+    b.bytes(&tcm);
+    b.end();
+}
+
+/// The strings of nested attributes under `attrs` (a few levels down) that name one of
+/// [`STEERING_ACTIONS`]: the kinds (`TCA_ACT_KIND`) of a filter's actions, wherever its
+/// classifier nests them.
+fn steering_actions(attrs: &Attrs<'_>, depth: usize, out: &mut Vec<String>) {
+    for a in attrs.clone() {
+        let text = a.payload.strip_suffix(&[0]).unwrap_or(&[]);
+        if let Some(k) = STEERING_ACTIONS.iter().find(|k| k.as_bytes() == text) {
+            if !out.iter().any(|o| o == k) {
+                out.push((*k).to_string());
+            }
+        } else if depth > 0 && a.payload.len() >= 4 {
+            steering_actions(&a.nested(), depth - 1, out);
+        }
+    }
+}
+
+/// What a filter dump's replies install that can steer packets around netfilter, one line
+/// each: a `bpf` classifier (named, with direct action or not) and any filter with a `mirred`
+/// or `bpf` action.
+fn steering_filters(msgs: &[Msg], index: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for m in msgs.iter().filter(|m| m.msg_type == RTM_NEWTFILTER) {
+        let ifindex = m
+            .body
+            .get(TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+        if ifindex != Some(index) {
+            continue;
+        }
+        let attrs = Attrs::new(m.body.get(TCMSG_LEN..).unwrap_or(&[]));
+        let Some(kind) = attrs.get(TCA_KIND).map(|k| k.str().to_string()) else {
+            continue;
+        };
+        let opts = attrs.get(TCA_OPTIONS).map(|o| o.nested());
+        let mut actions = Vec::new();
+        if let Some(o) = &opts {
+            steering_actions(o, 3, &mut actions);
+        }
+        if kind == "bpf" {
+            let o = opts.as_ref();
+            let name = o
+                .and_then(|o| o.get(TCA_BPF_NAME))
+                .map(|n| format!(" {}", n.str()))
+                .unwrap_or_default();
+            let direct = o
+                .and_then(|o| o.get(TCA_BPF_FLAGS))
+                .and_then(|f| f.payload.get(..4))
+                .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+                .is_some_and(|f| f & TCA_BPF_FLAG_ACT_DIRECT != 0);
+            let da = if direct { ", direct action" } else { "" };
+            out.push(format!("a bpf filter{name}{da}"));
+        } else if !actions.is_empty() {
+            out.push(format!(
+                "a {kind} filter with a {} action",
+                actions.join(" and a ")
+            ));
+        }
+    }
+    out.dedup();
+    out
+}
+
+/// An `RTM_GETNSID` (the id) or `RTM_NEWNSID` (assign one, the kernel's pick) request about
+/// the namespace whose file is open as descriptor `fd`.
+fn nsid_request(b: &mut MsgBuf, msg_type: u16, fd: i32) {
+    let flags = if msg_type == RTM_NEWNSID {
+        super::netlink::NLM_F_ACK
+    } else {
+        0
+    };
+    b.begin_header(msg_type, flags);
+    b.bytes(&[0u8; RTGENMSG_LEN]); // AF_UNSPEC
+    b.attr(NETNSA_FD, &(fd as u32).to_ne_bytes());
+    if msg_type == RTM_NEWNSID {
+        b.attr(NETNSA_NSID, &NETNSA_NSID_NOT_ASSIGNED.to_ne_bytes());
+    }
+    b.end();
+}
+
+/// The id an `RTM_GETNSID` reply gives; `None` when the namespace has none here.
+fn nsid_reply(msgs: &[Msg]) -> Option<i32> {
+    let m = msgs.iter().find(|m| m.msg_type == RTM_NEWNSID)?;
+    let a = Attrs::new(m.body.get(RTGENMSG_LEN..).unwrap_or(&[])).get(NETNSA_NSID)?;
+    let id = i32::from_ne_bytes(a.payload.get(..4)?.try_into().ok()?);
+    (id >= 0).then_some(id)
 }
 
 /// An `RTM_GETLINK` request for the interface with index `index`.
@@ -229,13 +365,83 @@ impl Links {
 
     /// Looks `name` up; `None` when there is no such interface.
     pub fn link(&mut self, name: &str) -> Result<Option<Link>> {
+        self.link_in(None, name)
+    }
+
+    /// The id this namespace knows the network namespace open as `ns` by, assigned first
+    /// where it has none (which needs `CAP_NET_ADMIN` here). `EINVAL` when `ns` is no
+    /// network namespace's file.
+    pub fn netnsid(&mut self, ns: std::os::fd::BorrowedFd<'_>) -> Result<i32> {
+        use std::os::fd::AsRawFd;
+        let fd = ns.as_raw_fd();
+        let get = |s: &mut Self| -> Result<Option<i32>> {
+            let mut b = s.sock.msgbuf();
+            nsid_request(&mut b, RTM_GETNSID, fd);
+            Ok(nsid_reply(
+                &s.sock.request(&b, "look up the namespace's id")?,
+            ))
+        };
+        if let Some(id) = get(self)? {
+            return Ok(id);
+        }
         let mut b = self.sock.msgbuf();
-        getlink_request(&mut b, name);
+        nsid_request(&mut b, RTM_NEWNSID, fd);
+        match self.sock.request(&b, "assign the namespace an id") {
+            // EEXIST: someone else assigned one meanwhile.
+            Err(e) if e.errno() != Some(libc::EEXIST) => return Err(e),
+            _ => {}
+        }
+        get(self)?.ok_or_else(|| {
+            crate::error::Error::netlink(
+                "the namespace has no id after one was assigned",
+                libc::ENOENT,
+            )
+        })
+    }
+
+    /// Looks `name` up in this namespace (`target` `None`) or in the one this namespace knows
+    /// by id `target`; `None` when there is no such interface. The facts are as that
+    /// namespace sees them, except [`Link::master`] and [`Link::lower`], which are names of
+    /// this namespace's and so left out for another's.
+    pub fn link_in(&mut self, target: Option<i32>, name: &str) -> Result<Option<Link>> {
+        let mut b = self.sock.msgbuf();
+        getlink_request(&mut b, name, target);
         match self.sock.request(&b, &format!("look up interface {name}")) {
-            Ok(msgs) => Ok(link_reply(&msgs)),
+            Ok(msgs) => Ok(link_reply(&msgs).map(|l| match target {
+                None => l,
+                Some(_) => Link {
+                    master: None,
+                    lower: None,
+                    ..l
+                },
+            })),
             Err(e) if e.errno() == Some(libc::ENODEV) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// What on interface `index`'s tc hooks (`clsact` or `ingress` qdisc) can steer its packets
+    /// around the node's netfilter: `bpf` classifiers and filters with a redirecting action,
+    /// each named with its hook. Empty when there is none (or no such qdisc).
+    pub fn tc_steering(&mut self, index: u32) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for (parent, hook) in [(TC_INGRESS, "ingress"), (TC_EGRESS, "egress")] {
+            let msgs = match self.sock.request_retry(
+                &|b| getfilter_dump_request(b, index, parent),
+                "list the interface's tc filters",
+            ) {
+                Ok(m) => m,
+                // No such hook (no clsact qdisc): nothing there.
+                Err(e) if matches!(e.errno(), Some(libc::EINVAL | libc::ENOENT)) => continue,
+                Err(e) => return Err(e),
+            };
+            out.extend(
+                steering_filters(&msgs, index)
+                    .into_iter()
+                    .map(|f| format!("{f} on its tc {hook} hook")),
+            );
+        }
+        Ok(out)
     }
 
     /// Looks the interface with index `index` up: its name and its facts; `None` when there is
@@ -286,7 +492,7 @@ mod tests {
     #[test]
     fn getlink_asks_by_name_with_an_empty_ifinfomsg() {
         let mut b = MsgBuf::new(7);
-        getlink_request(&mut b, "veth1234");
+        getlink_request(&mut b, "veth1234", None);
         let m = one(&b);
         assert_eq!(m.msg_type, RTM_GETLINK);
         assert_eq!(m.flags, NLM_F_REQUEST);
@@ -296,6 +502,117 @@ mod tests {
         assert_eq!(attrs.get(IFLA_IFNAME).unwrap().str(), "veth1234");
         assert_eq!(b.len() % 4, 0);
         assert_eq!(b.len(), NLMSG_HDRLEN + IFINFOMSG_LEN + 4 + 12);
+    }
+
+    #[test]
+    fn getlink_in_another_namespace_names_it_by_id() {
+        let mut b = MsgBuf::new(3);
+        getlink_request(&mut b, "eth0", Some(5));
+        let m = one(&b);
+        assert_eq!(m.msg_type, RTM_GETLINK);
+        let attrs = Attrs::new(&m.body[IFINFOMSG_LEN..]);
+        assert_eq!(attrs.get(IFLA_IFNAME).unwrap().str(), "eth0");
+        assert_eq!(
+            attrs.get(IFLA_TARGET_NETNSID).unwrap().payload,
+            &5i32.to_ne_bytes()
+        );
+    }
+
+    #[test]
+    fn nsid_requests_name_the_namespace_by_descriptor() {
+        let mut b = MsgBuf::new(9);
+        nsid_request(&mut b, RTM_GETNSID, 17);
+        let m = one(&b);
+        assert_eq!((m.msg_type, m.flags), (RTM_GETNSID, NLM_F_REQUEST));
+        assert_eq!(&m.body[..RTGENMSG_LEN], &[0u8; RTGENMSG_LEN]);
+        let attrs = Attrs::new(&m.body[RTGENMSG_LEN..]);
+        assert_eq!(attrs.get(NETNSA_FD).unwrap().payload, &17u32.to_ne_bytes());
+        assert!(attrs.get(NETNSA_NSID).is_none());
+        // Assigning asks for the kernel's pick and for an acknowledgement.
+        let mut b = MsgBuf::new(10);
+        nsid_request(&mut b, RTM_NEWNSID, 17);
+        let m = one(&b);
+        assert_eq!(
+            (m.msg_type, m.flags),
+            (
+                RTM_NEWNSID,
+                NLM_F_REQUEST | crate::kernel::netlink::NLM_F_ACK
+            )
+        );
+        let attrs = Attrs::new(&m.body[RTGENMSG_LEN..]);
+        assert_eq!(attrs.get(NETNSA_FD).unwrap().payload, &17u32.to_ne_bytes());
+        assert_eq!(
+            attrs.get(NETNSA_NSID).unwrap().payload,
+            &(-1i32).to_ne_bytes()
+        );
+        // Replies: an id, "none assigned", and a reply of another type.
+        let id = |v: i32| {
+            reply(RTM_NEWNSID, RTGENMSG_LEN, &|b| {
+                b.attr(NETNSA_NSID, &v.to_ne_bytes())
+            })
+        };
+        assert_eq!(nsid_reply(&id(0)), Some(0));
+        assert_eq!(nsid_reply(&id(7)), Some(7));
+        assert_eq!(nsid_reply(&id(-1)), None);
+        assert_eq!(
+            nsid_reply(&reply(RTM_NEWLINK, IFINFOMSG_LEN, &|_| {})),
+            None
+        );
+    }
+
+    #[test]
+    fn a_filter_dump_names_bpf_classifiers_and_redirecting_actions() {
+        let mut b = MsgBuf::new(4);
+        getfilter_dump_request(&mut b, 9, TC_INGRESS);
+        let m = one(&b);
+        assert_eq!(m.msg_type, RTM_GETTFILTER);
+        assert_eq!(
+            m.flags & super::super::netlink::NLM_F_DUMP,
+            super::super::netlink::NLM_F_DUMP
+        );
+        assert_eq!(
+            &m.body[TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4],
+            &9u32.to_ne_bytes()
+        );
+        assert_eq!(
+            &m.body[TCM_PARENT_OFFSET..TCM_PARENT_OFFSET + 4],
+            &TC_INGRESS.to_ne_bytes()
+        );
+        let filter = |ifindex: u32, kind: &str, opts: &dyn Fn(&mut MsgBuf)| {
+            let mut b = MsgBuf::new(1);
+            b.begin_header(RTM_NEWTFILTER, 0);
+            let mut tcm = [0u8; TCMSG_LEN];
+            tcm[TCM_IFINDEX_OFFSET..TCM_IFINDEX_OFFSET + 4].copy_from_slice(&ifindex.to_ne_bytes());
+            b.bytes(&tcm);
+            b.attr_str(TCA_KIND, kind);
+            let o = b.nest_begin(TCA_OPTIONS);
+            opts(&mut b);
+            b.nest_end(o);
+            b.end();
+            parse_msgs(b.as_bytes())
+        };
+        let mut msgs = filter(9, "bpf", &|b| {
+            b.attr_str(TCA_BPF_NAME, "cil_from_container");
+            b.attr(TCA_BPF_FLAGS, &TCA_BPF_FLAG_ACT_DIRECT.to_ne_bytes());
+        });
+        // matchall with a mirred action: TCA_MATCHALL_ACT (2) > prio 1 > TCA_ACT_KIND (1).
+        msgs.extend(filter(9, "matchall", &|b| {
+            let acts = b.nest_begin(2);
+            let prio = b.nest_begin(1);
+            b.attr_str(1, "mirred");
+            b.nest_end(prio);
+            b.nest_end(acts);
+        }));
+        // A filter without a steering action, and another interface's filter.
+        msgs.extend(filter(9, "u32", &|b| b.attr(1, &[1, 0, 0, 0])));
+        msgs.extend(filter(8, "bpf", &|_| {}));
+        assert_eq!(
+            steering_filters(&msgs, 9),
+            vec![
+                "a bpf filter cil_from_container, direct action".to_string(),
+                "a matchall filter with a mirred action".to_string(),
+            ]
+        );
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! What the pod's own interface is, asked inside the pod's network namespace: its kind, its
+//! What the pod's own interface is, as the pod's network namespace sees it: its kind, its
 //! MAC, its index and, for a veth, its peer's index on the node.
 //!
 //! natguard can only enforce what crosses this node's netfilter. A pod whose interface is a
@@ -15,9 +15,20 @@
 //! `/run/netns` or a `/proc/PID/ns/net` link gives. Symlinks are followed, since
 //! `/proc/PID/ns/net` is one.
 //!
-//! The lookup runs on a thread of its own that enters the namespace (a netlink socket belongs
-//! to the namespace it was opened in) and ends with the lookup, so the calling thread never
-//! changes namespace. Each reply is awaited at most [`super::link::REPLY_DEADLINE`].
+//! The namespace is asked about from the node's, without entering it: the node's namespace
+//! knows it by an id (assigned if it has none) and rtnetlink answers for it by that id
+//! ([`Links::netnsid`], [`Links::link_in`]). That needs `CAP_NET_ADMIN` and that the file be
+//! visible, which is all a DaemonSet's container with the node's `/run/netns` mounted has;
+//! entering a namespace (`setns`) needs `CAP_SYS_ADMIN` too. Only where the kernel refuses the
+//! id (a kernel without it) is the namespace entered instead, on a thread of its own that ends
+//! with the lookup (a netlink socket belongs to the namespace it was opened in), so the
+//! calling thread never changes namespace. Each reply is awaited at most
+//! [`super::link::REPLY_DEADLINE`].
+//!
+//! Why a namespace cannot be looked into is told apart ([`Unseen`]), because what to do
+//! differs: a plain file where the runtime mounted a namespace is what a mount namespace
+//! without propagation from the node shows (a DaemonSet's `/run/netns` needs
+//! `mountPropagation: HostToContainer`), a refusal is a missing capability.
 
 use super::link::Links;
 use rustix::fs::{FileType, Mode, OFlags};
@@ -39,9 +50,27 @@ pub struct PodLink {
     pub peer: Option<u32>,
 }
 
-/// Why a path handed to natguard as a network namespace is not one.
+/// Why a path handed to natguard as a network namespace cannot be looked into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unseen {
+    /// Not visible from this process's mount namespace: a plain file where the runtime
+    /// mounted the namespace (no propagation from the node), or no directory of it at all.
+    Hidden,
+    /// Something else than a network namespace is at the path (a FIFO, a directory, a device,
+    /// another kind of namespace).
+    WrongKind,
+    /// The kernel refused: a capability is missing.
+    Denied,
+}
+
+/// Why a path handed to natguard as a network namespace is not one (or cannot be looked into),
+/// in words that name the cause.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotANetns(pub String);
+pub struct NotANetns(pub String, pub Unseen);
+
+/// What an empty file where a namespace should be means.
+const PROPAGATION_HINT: &str = "what a namespace mounted after this process's mount namespace \
+     was made looks like without propagation from the node (mountPropagation: HostToContainer)";
 
 /// Opens `path` as a network namespace without blocking. `Ok(None)` when there is nothing at
 /// the path (a sandbox that is gone); an error saying what the path is when it is there but not
@@ -53,13 +82,19 @@ pub fn open_netns(path: &str) -> Result<Option<OwnedFd>, NotANetns> {
         Ok(fd) => fd,
         Err(e) if e == rustix::io::Errno::NOENT => return Ok(None),
         Err(e) => {
-            return Err(NotANetns(format!(
-                "cannot be opened ({})",
-                std::io::Error::from(e)
-            )))
+            let why = if matches!(e, rustix::io::Errno::ACCESS | rustix::io::Errno::PERM) {
+                Unseen::Denied
+            } else {
+                Unseen::WrongKind
+            };
+            return Err(NotANetns(
+                format!("cannot be opened ({})", std::io::Error::from(e)),
+                why,
+            ));
         }
     };
-    let st = rustix::fs::fstat(&fd).map_err(|e| NotANetns(format!("fstat: {e}")))?;
+    let st =
+        rustix::fs::fstat(&fd).map_err(|e| NotANetns(format!("fstat: {e}"), Unseen::WrongKind))?;
     let what = match FileType::from_raw_mode(st.st_mode) {
         FileType::Fifo => Some("a FIFO"),
         FileType::Directory => Some("a directory"),
@@ -68,16 +103,60 @@ pub fn open_netns(path: &str) -> Result<Option<OwnedFd>, NotANetns> {
         _ => None,
     };
     if let Some(what) = what {
-        return Err(NotANetns(format!("is {what}, not a network namespace")));
+        return Err(NotANetns(
+            format!("is {what}, not a network namespace"),
+            Unseen::WrongKind,
+        ));
     }
-    let fs = rustix::fs::fstatfs(&fd).map_err(|e| NotANetns(format!("fstatfs: {e}")))?;
+    let fs = rustix::fs::fstatfs(&fd)
+        .map_err(|e| NotANetns(format!("fstatfs: {e}"), Unseen::WrongKind))?;
     #[allow(clippy::unnecessary_cast)] // f_type's type differs between architectures
     if fs.f_type as u64 != NSFS_MAGIC {
+        // What `ip netns add` and the runtimes mount a namespace on, seen without the mount.
+        if st.st_size == 0 && FileType::from_raw_mode(st.st_mode) == FileType::RegularFile {
+            return Err(NotANetns(
+                format!(
+                    "is an empty file, not a network namespace (not on nsfs): not visible from \
+                     here, {PROPAGATION_HINT}"
+                ),
+                Unseen::Hidden,
+            ));
+        }
         return Err(NotANetns(
             "is a file, not a network namespace (not on nsfs)".into(),
+            Unseen::WrongKind,
         ));
     }
     Ok(Some(fd))
+}
+
+/// Why nothing is at `path`, when that is not because the namespace is gone: its directory is
+/// not there either, so this process does not see the node's namespaces at all. `None` when the
+/// directory is there (the runtime removed the namespace's file: it is gone) or for an empty
+/// path.
+pub fn absent_reason(path: &str) -> Option<NotANetns> {
+    let dir = std::path::Path::new(path).parent()?;
+    if dir.as_os_str().is_empty() || dir.is_dir() {
+        return None;
+    }
+    Some(NotANetns(
+        format!(
+            "is not visible from here: {} is not there in this mount namespace",
+            dir.display()
+        ),
+        Unseen::Hidden,
+    ))
+}
+
+impl From<super::link::Link> for PodLink {
+    fn from(l: super::link::Link) -> Self {
+        PodLink {
+            kind: l.kind,
+            mac: l.mac,
+            index: l.index,
+            peer: l.peer,
+        }
+    }
 }
 
 impl PodLink {
@@ -98,6 +177,24 @@ pub fn inspect(netns: &str, ifname: &str) -> Result<Option<PodLink>, NotANetns> 
     let Some(ns) = open_netns(netns)? else {
         return Ok(None);
     };
+    let by_id = (|| -> crate::error::Result<Option<PodLink>> {
+        let mut links = Links::open()?;
+        let id = links.netnsid(ns.as_fd())?;
+        Ok(links.link_in(Some(id), ifname)?.map(PodLink::from))
+    })();
+    match by_id {
+        Ok(found) => Ok(found),
+        // The kernel's answer for a namespace file of another kind (mount, pid, ...).
+        Err(e) if e.errno() == Some(libc::EINVAL) => Err(NotANetns(
+            "is a namespace of another kind, not a network namespace".into(),
+            Unseen::WrongKind,
+        )),
+        Err(e) => inspect_inside(&ns, ifname, &e.to_string()),
+    }
+}
+
+/// The lookup from inside the namespace, where asking by id failed (`by_id` says how).
+fn inspect_inside(ns: &OwnedFd, ifname: &str, by_id: &str) -> Result<Option<PodLink>, NotANetns> {
     std::thread::scope(|s| {
         s.spawn(|| {
             // Only this thread enters the namespace, and it ends here.
@@ -105,22 +202,34 @@ pub fn inspect(netns: &str, ifname: &str) -> Result<Option<PodLink>, NotANetns> 
                 ns.as_fd(),
                 Some(rustix::thread::LinkNameSpaceType::Network),
             );
-            if let Err(e) = entered {
-                // EINVAL: a namespace file of another kind (mount, pid, ...).
-                return Err(NotANetns(format!(
-                    "cannot be entered as a network namespace ({})",
-                    std::io::Error::from(e)
-                )));
+            match entered {
+                Ok(()) => {}
+                Err(e) if matches!(e, rustix::io::Errno::PERM | rustix::io::Errno::ACCESS) => {
+                    return Err(NotANetns(
+                        format!(
+                            "cannot be looked into: asking by namespace id failed ({by_id}) \
+                             and entering it was refused ({}; it needs CAP_SYS_ADMIN, asking by \
+                             id CAP_NET_ADMIN)",
+                            std::io::Error::from(e)
+                        ),
+                        Unseen::Denied,
+                    ))
+                }
+                Err(e) => {
+                    // EINVAL: a namespace file of another kind (mount, pid, ...).
+                    return Err(NotANetns(
+                        format!(
+                            "cannot be entered as a network namespace ({})",
+                            std::io::Error::from(e)
+                        ),
+                        Unseen::WrongKind,
+                    ));
+                }
             }
             let Ok(mut links) = Links::open() else {
                 return Ok(None);
             };
-            Ok(links.link(ifname).ok().flatten().map(|l| PodLink {
-                kind: l.kind,
-                mac: l.mac,
-                index: l.index,
-                peer: l.peer,
-            }))
+            Ok(links.link(ifname).ok().flatten().map(PodLink::from))
         })
         .join()
         .unwrap_or(Ok(None))
@@ -176,6 +285,24 @@ mod tests {
             let e = inspect(p, "eth0").unwrap_err();
             assert!(e.0.contains(word), "{p}: {e:?}");
         }
+        // An empty file is where a namespace was mounted, seen without the mount.
+        let empty = dir.join("empty");
+        std::fs::write(&empty, b"").unwrap();
+        let e = inspect(empty.to_str().unwrap(), "eth0").unwrap_err();
+        assert_eq!(e.1, Unseen::Hidden, "{e:?}");
+        assert!(e.0.contains("HostToContainer"), "{e:?}");
+        assert_eq!(
+            inspect(file.to_str().unwrap(), "eth0").unwrap_err().1,
+            Unseen::WrongKind
+        );
+        // Another kind of namespace.
+        let e = inspect("/proc/self/ns/mnt", "eth0").unwrap_err();
+        assert_eq!(e.1, Unseen::WrongKind, "{e:?}");
+        // A missing directory is invisibility, a missing file in a directory is a gone one.
+        let e = absent_reason("/nonexistent-dir/netns/x").unwrap();
+        assert_eq!(e.1, Unseen::Hidden);
+        assert!(e.0.contains("/nonexistent-dir/netns"), "{e:?}");
+        assert_eq!(absent_reason(dir.join("gone").to_str().unwrap()), None);
         assert!(open_netns("/proc/self/ns/net").unwrap().is_some());
         std::fs::remove_dir_all(&dir).unwrap();
     }

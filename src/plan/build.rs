@@ -364,6 +364,11 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                     count: Some(Count::KeptSource(f)),
                 });
             }
+            // Everything else only where asked: by default the primary and the node's other
+            // components decide (masquerade.masqueradeOutside).
+            if !cfg.masquerade.masquerade_outside {
+                continue;
+            }
             rules.push(Rule {
                 chain: ChainKind::Snat,
                 matches: vec![

@@ -418,12 +418,11 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         return refused(name, 403, "no original destination");
     };
     let target = c.target(api.query_keys());
-    let mut headers: Vec<(&str, String)> = Vec::new();
-    match api {
-        Api::Gcp => headers.push(("metadata-flavor", "Google".into())),
-        Api::Azure => headers.push(("metadata", "true".into())),
-        _ => {}
-    }
+    let mut headers: Vec<(&str, String)> = api
+        .upstream_headers()
+        .iter()
+        .map(|(k, v)| (*k, v.to_string()))
+        .collect();
     if let Some(p) = token {
         match st.node_tokens.get(&st.pool, api, upstream).await {
             Ok(t) => headers.push((p.token_header, t)),

@@ -22,6 +22,14 @@ pub enum Api {
     Azure,
     Alibaba,
     Openstack,
+    Oracle,
+    Digitalocean,
+    Hetzner,
+    Vultr,
+    Tencent,
+    /// Huawei Cloud: OpenStack's metadata service with a few paths of its own.
+    Huawei,
+    Exoscale,
 }
 
 impl Api {
@@ -34,8 +42,18 @@ impl Api {
             Cloud::Azure => Some(Api::Azure),
             Cloud::Alibaba => Some(Api::Alibaba),
             Cloud::Openstack => Some(Api::Openstack),
-            // Clouds whose metadata API natguard has no table for: refused, never passed.
-            _ => None,
+            Cloud::Oracle => Some(Api::Oracle),
+            Cloud::Digitalocean => Some(Api::Digitalocean),
+            Cloud::Hetzner => Some(Api::Hetzner),
+            Cloud::Vultr => Some(Api::Vultr),
+            Cloud::Tencent => Some(Api::Tencent),
+            Cloud::Huawei => Some(Api::Huawei),
+            Cloud::Exoscale => Some(Api::Exoscale),
+            // Clouds whose protocol needs more than a table (docs/proxy.md says what): refused,
+            // never passed. Scaleway describes the instance in one document (`/conf`) that
+            // mixes tags and SSH keys in; Akamai's token is `PUT /v1/token` with headers of its
+            // own; IBM's token request carries a JSON body and its answers a bearer token.
+            Cloud::Scaleway | Cloud::Akamai | Cloud::Ibm => None,
         }
     }
 
@@ -46,6 +64,31 @@ impl Api {
             Api::Azure => "azure",
             Api::Alibaba => "alibaba",
             Api::Openstack => "openstack",
+            Api::Oracle => "oracle",
+            Api::Digitalocean => "digitalocean",
+            Api::Hetzner => "hetzner",
+            Api::Vultr => "vultr",
+            Api::Tencent => "tencent",
+            Api::Huawei => "huawei",
+            Api::Exoscale => "exoscale",
+        }
+    }
+
+    /// The API whose rows apply after the cloud's own (Huawei's service is OpenStack's).
+    fn base(self) -> Option<Api> {
+        match self {
+            Api::Huawei => Some(Api::Openstack),
+            _ => None,
+        }
+    }
+
+    /// The headers the upstream is sent on every request: the cloud's own, never the pod's.
+    pub fn upstream_headers(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Api::Gcp => &[("metadata-flavor", "Google")],
+            Api::Azure => &[("metadata", "true")],
+            Api::Oracle => &[("authorization", "Bearer Oracle")],
+            _ => &[],
         }
     }
 
@@ -54,7 +97,7 @@ impl Api {
         match self {
             Api::Gcp => &["alt", "recursive"],
             Api::Azure => &["api-version", "format"],
-            Api::Aws | Api::Alibaba | Api::Openstack => &[],
+            _ => &[],
         }
     }
 
@@ -81,7 +124,15 @@ impl Api {
     pub fn json_conceal(self) -> &'static [&'static str] {
         match self {
             Api::Azure => &["userData", "customData"],
-            Api::Openstack => &["admin_pass", "random_seed", "meta"],
+            Api::Openstack | Api::Huawei => &["admin_pass", "random_seed", "meta"],
+            // `/opc/v2/instance/`: `metadata` and `extendedMetadata` hold user data and SSH
+            // keys, the tags are user-set.
+            Api::Oracle => &[
+                "metadata",
+                "extendedMetadata",
+                "definedTags",
+                "freeformTags",
+            ],
             _ => &[],
         }
     }
@@ -245,6 +296,111 @@ const RULES: &[(Api, &[(&str, Act)])] = &[
             ("V/meta-data/security-groups", Allow),
         ],
     ),
+    (
+        Api::Oracle,
+        &[
+            ("opc/v2/identity/**", Conceal("identity: instance principal certificates and private key")),
+            ("opc/v2/instance/metadata/**", Conceal("metadata: user data, SSH keys and user-set metadata")),
+            ("opc/v2/instance", Allow),
+            ("opc/v2/instance/availabilityDomain", Allow),
+            ("opc/v2/instance/canonicalRegionName", Allow),
+            ("opc/v2/instance/compartmentId", Allow),
+            ("opc/v2/instance/displayName", Allow),
+            ("opc/v2/instance/faultDomain", Allow),
+            ("opc/v2/instance/hostname", Allow),
+            ("opc/v2/instance/id", Allow),
+            ("opc/v2/instance/image", Allow),
+            ("opc/v2/instance/ociAdName", Allow),
+            ("opc/v2/instance/region", Allow),
+            ("opc/v2/instance/regionInfo/**", Allow),
+            ("opc/v2/instance/shape", Allow),
+            ("opc/v2/instance/shapeConfig/**", Allow),
+            ("opc/v2/instance/state", Allow),
+            ("opc/v2/instance/tenantId", Allow),
+            ("opc/v2/instance/timeCreated", Allow),
+            ("opc/v2/vnics/**", Allow),
+        ],
+    ),
+    (
+        Api::Digitalocean,
+        &[
+            ("metadata/v1/user-data", Conceal("user-data")),
+            ("metadata/v1/vendor-data", Conceal("vendor-data")),
+            ("metadata/v1.json", Conceal("v1.json: the whole document, user-data and vendor-data included")),
+            ("metadata/v1/id", Allow),
+            ("metadata/v1/hostname", Allow),
+            ("metadata/v1/region", Allow),
+            ("metadata/v1/interfaces/**", Allow),
+            ("metadata/v1/dns/**", Allow),
+            ("metadata/v1/floating_ip/**", Allow),
+            ("metadata/v1/reserved_ip/**", Allow),
+            ("metadata/v1/tags/**", Allow),
+            ("metadata/v1/features/**", Allow),
+        ],
+    ),
+    (
+        Api::Hetzner,
+        &[
+            ("hetzner/v1/userdata", Conceal("userdata")),
+            ("hetzner/v1/metadata", Conceal("the whole metadata document: public keys and vendor_data included")),
+            ("hetzner/v1/metadata/hostname", Allow),
+            ("hetzner/v1/metadata/instance-id", Allow),
+            ("hetzner/v1/metadata/public-ipv4", Allow),
+            ("hetzner/v1/metadata/private-networks", Allow),
+            ("hetzner/v1/metadata/availability-zone", Allow),
+            ("hetzner/v1/metadata/region", Allow),
+        ],
+    ),
+    (
+        Api::Vultr,
+        &[
+            ("v1.json", Conceal("v1.json: the whole document, public keys included")),
+            ("user-data/**", Conceal("user-data")),
+            ("latest/user-data", Conceal("user-data")),
+            ("v1/hostname", Allow),
+            ("v1/instanceid", Allow),
+            ("v1/instance-v2-id", Allow),
+            ("v1/region/**", Allow),
+            ("v1/interfaces/**", Allow),
+        ],
+    ),
+    (
+        Api::Tencent,
+        &[
+            ("V/meta-data/cam/**", Conceal("cam/security-credentials: CAM role credentials")),
+            ("V/user-data/**", Conceal("user-data")),
+            ("V/meta-data/instance-id", Allow),
+            ("V/meta-data/uuid", Allow),
+            ("V/meta-data/instance-name", Allow),
+            ("V/meta-data/mac", Allow),
+            ("V/meta-data/local-ipv4", Allow),
+            ("V/meta-data/public-ipv4", Allow),
+            ("V/meta-data/placement/**", Allow),
+            ("V/meta-data/network/interfaces/macs/**", Allow),
+            ("V/meta-data/payment/**", Allow),
+        ],
+    ),
+    (
+        Api::Huawei,
+        &[
+            ("openstack/V/securitykey", Conceal("securitykey: temporary AK/SK of the instance's agency")),
+        ],
+    ),
+    (
+        Api::Exoscale,
+        &[
+            ("*/user-data/**", Conceal("user-data")),
+            ("*/meta-data/availability-zone", Allow),
+            ("*/meta-data/cloud-identifier", Allow),
+            ("*/meta-data/instance-id", Allow),
+            ("*/meta-data/local-hostname", Allow),
+            ("*/meta-data/local-ipv4", Allow),
+            ("*/meta-data/public-hostname", Allow),
+            ("*/meta-data/public-ipv4", Allow),
+            ("*/meta-data/service-offering", Allow),
+            ("*/meta-data/vm-id", Allow),
+        ],
+    ),
 ];
 
 /// `latest` or a dated API version (`2021-03-23`).
@@ -299,12 +455,19 @@ fn fit(pat: &str, segs: &[String]) -> Fit {
     }
 }
 
-fn rules(api: Api) -> &'static [(&'static str, Act)] {
+fn own_rules(api: Api) -> &'static [(&'static str, Act)] {
     RULES
         .iter()
         .find(|(a, _)| *a == api)
         .map(|(_, r)| *r)
         .unwrap_or(&[])
+}
+
+/// The cloud's own rows, then its base API's.
+fn rules(api: Api) -> impl Iterator<Item = &'static (&'static str, Act)> {
+    own_rules(api)
+        .iter()
+        .chain(api.base().map(own_rules).unwrap_or(&[]).iter())
 }
 
 /// The verdict for a path of `api`.
@@ -517,7 +680,23 @@ pub fn check_request(
                 Some(v) => return Err(refuse(400, format!("format={v} is not json or text"))),
             }
         }
-        Api::Aws | Api::Alibaba | Api::Openstack => {}
+        Api::Oracle => {
+            for f in ["forwarded", "x-forwarded-for", "x-forwarded-host"] {
+                if header(f).is_some() {
+                    return Err(refuse(
+                        403,
+                        format!("a request with {f} is refused, as Oracle's IMDSv2 does"),
+                    ));
+                }
+            }
+            if header("authorization").as_deref() != Some("Bearer Oracle") {
+                return Err(refuse(
+                    401,
+                    "IMDSv2 requires the header Authorization: Bearer Oracle",
+                ));
+            }
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -740,5 +919,267 @@ mod tests {
         );
         assert_eq!(chk(Api::Azure, "/metadata/versions", &az), Ok(()));
         assert_eq!(chk(Api::Aws, "/latest/meta-data/?x=1", &h(&[])), Err(400));
+    }
+
+    #[test]
+    fn every_preset_has_a_table_or_a_reason() {
+        for c in [
+            Cloud::Oracle,
+            Cloud::Digitalocean,
+            Cloud::Hetzner,
+            Cloud::Vultr,
+            Cloud::Tencent,
+            Cloud::Huawei,
+            Cloud::Exoscale,
+        ] {
+            let api = Api::of(c).unwrap_or_else(|| panic!("{c:?} has no table"));
+            assert!(!own_rules(api).is_empty(), "{c:?}");
+            assert_eq!(api.as_str(), c.as_str());
+        }
+        for c in [Cloud::Scaleway, Cloud::Akamai, Cloud::Ibm] {
+            assert_eq!(Api::of(c), None, "{c:?}");
+        }
+    }
+
+    #[test]
+    fn the_new_clouds_pass_what_describes_the_instance() {
+        for (api, p) in [
+            (Api::Oracle, "/opc/v2/instance/"),
+            (Api::Oracle, "/opc/v2/instance/region"),
+            (Api::Oracle, "/opc/v2/instance/canonicalRegionName"),
+            (Api::Oracle, "/opc/v2/instance/availabilityDomain"),
+            (Api::Oracle, "/opc/v2/instance/faultDomain"),
+            (Api::Oracle, "/opc/v2/instance/id"),
+            (Api::Oracle, "/opc/v2/instance/shape"),
+            (Api::Oracle, "/opc/v2/instance/displayName"),
+            (Api::Oracle, "/opc/v2/instance/regionInfo/realmKey"),
+            (Api::Oracle, "/opc/v2/vnics/"),
+            (Api::Digitalocean, "/metadata/v1/id"),
+            (Api::Digitalocean, "/metadata/v1/region"),
+            (Api::Digitalocean, "/metadata/v1/hostname"),
+            (
+                Api::Digitalocean,
+                "/metadata/v1/interfaces/public/0/ipv4/address",
+            ),
+            (Api::Hetzner, "/hetzner/v1/metadata/instance-id"),
+            (Api::Hetzner, "/hetzner/v1/metadata/hostname"),
+            (Api::Hetzner, "/hetzner/v1/metadata/region"),
+            (Api::Hetzner, "/hetzner/v1/metadata/availability-zone"),
+            (Api::Hetzner, "/hetzner/v1/metadata/private-networks"),
+            (Api::Vultr, "/v1/instanceid"),
+            (Api::Vultr, "/v1/region/regioncode"),
+            (Api::Vultr, "/v1/interfaces/0/ipv4/address"),
+            (Api::Tencent, "/latest/meta-data/placement/region"),
+            (Api::Tencent, "/latest/meta-data/placement/zone"),
+            (Api::Tencent, "/latest/meta-data/instance-id"),
+            (Api::Tencent, "/latest/meta-data/payment/charge-type"),
+            (Api::Huawei, "/openstack/latest/meta_data.json"),
+            (Api::Huawei, "/openstack/latest/network_data.json"),
+            (Api::Huawei, "/latest/meta-data/instance-id"),
+            (Api::Exoscale, "/1.0/meta-data/availability-zone"),
+            (Api::Exoscale, "/latest/meta-data/instance-id"),
+            (Api::Exoscale, "/1.0/meta-data/service-offering"),
+        ] {
+            assert!(
+                matches!(v(api, p), Verdict::Pass { .. }),
+                "{api:?} {p}: {:?}",
+                v(api, p)
+            );
+        }
+        for (api, p) in [
+            (Api::Oracle, "/opc/v2/"),
+            (Api::Digitalocean, "/metadata/v1/"),
+            (Api::Hetzner, "/hetzner/v1/"),
+            (Api::Vultr, "/v1/"),
+            (Api::Tencent, "/latest/meta-data/"),
+            (Api::Huawei, "/openstack/latest/"),
+            (Api::Exoscale, "/1.0/meta-data/"),
+        ] {
+            assert_eq!(v(api, p), Verdict::Listing, "{api:?} {p}");
+        }
+    }
+
+    #[test]
+    fn the_new_clouds_conceal_credentials_and_user_data() {
+        for (api, p) in [
+            (Api::Oracle, "/opc/v2/identity/cert.pem"),
+            (Api::Oracle, "/opc/v2/identity/key.pem"),
+            (Api::Oracle, "/opc/v2/identity/intermediate.pem"),
+            (Api::Oracle, "/opc/v2/identity/"),
+            (Api::Oracle, "/opc/v2/instance/metadata/"),
+            (Api::Oracle, "/opc/v2/instance/metadata/user_data"),
+            (Api::Oracle, "/opc/v2/instance/metadata/ssh_authorized_keys"),
+            (Api::Oracle, "/opc/v2/instance/freeformTags"),
+            (Api::Oracle, "/opc/v2/volumeAttachments/"),
+            (Api::Oracle, "/opc/v1/instance/"),
+            (Api::Oracle, "/opc/v2/Identity/key.pem"),
+            (Api::Digitalocean, "/metadata/v1/user-data"),
+            (Api::Digitalocean, "/metadata/v1/vendor-data"),
+            (Api::Digitalocean, "/metadata/v1.json"),
+            (Api::Digitalocean, "/metadata/v1/public-keys"),
+            (Api::Hetzner, "/hetzner/v1/userdata"),
+            (Api::Hetzner, "/hetzner/v1/metadata"),
+            (Api::Hetzner, "/hetzner/v1/metadata/public-keys"),
+            (Api::Vultr, "/v1.json"),
+            (Api::Vultr, "/user-data/user-data"),
+            (Api::Vultr, "/latest/user-data"),
+            (Api::Vultr, "/v1/public-keys"),
+            (
+                Api::Tencent,
+                "/latest/meta-data/cam/security-credentials/role",
+            ),
+            (Api::Tencent, "/latest/meta-data/cam/"),
+            (Api::Tencent, "/latest/user-data"),
+            (Api::Huawei, "/openstack/latest/securitykey"),
+            (Api::Huawei, "/openstack/latest/user_data"),
+            (Api::Huawei, "/openstack/latest/password"),
+            (Api::Huawei, "/openstack/latest/vendor_data2.json"),
+            (Api::Exoscale, "/1.0/user-data"),
+            (Api::Exoscale, "/latest/user-data"),
+            (Api::Exoscale, "/1.0/meta-data/public-keys"),
+        ] {
+            assert!(
+                matches!(v(api, p), Verdict::Conceal(_)),
+                "{api:?} {p}: {:?}",
+                v(api, p)
+            );
+        }
+        assert_eq!(
+            v(Api::Huawei, "/openstack/latest/securitykey"),
+            Verdict::Conceal("securitykey: temporary AK/SK of the instance's agency")
+        );
+    }
+
+    #[test]
+    fn the_new_clouds_listings_never_name_what_is_concealed() {
+        let seg = |p: &str| parse(p).unwrap().segments;
+        assert_eq!(
+            filter_listing(
+                Api::Digitalocean,
+                &seg("/metadata/v1/"),
+                "id\nhostname\nuser-data\nvendor-data\npublic-keys\nregion\ninterfaces/\ndns/\nfloating_ip/\nreserved_ip/\ntags/\nfeatures/\n"
+            ),
+            "id\nhostname\nregion\ninterfaces/\ndns/\nfloating_ip/\nreserved_ip/\ntags/\nfeatures/\n"
+        );
+        assert_eq!(
+            filter_listing(Api::Hetzner, &seg("/hetzner/v1/"), "metadata\nuserdata\n"),
+            ""
+        );
+        assert_eq!(
+            filter_listing(
+                Api::Vultr,
+                &seg("/v1/"),
+                "bgp/\nhostname\ninstanceid\ninterfaces/\npublic-keys\nregion/\ntags/\n"
+            ),
+            "hostname\ninstanceid\ninterfaces/\nregion/\n"
+        );
+        assert_eq!(
+            filter_listing(
+                Api::Tencent,
+                &seg("/latest/meta-data/"),
+                "cam/\ninstance-id\nplacement/\napp-id\n"
+            ),
+            "instance-id\nplacement/\n"
+        );
+        assert_eq!(
+            filter_listing(
+                Api::Huawei,
+                &seg("/openstack/latest/"),
+                "meta_data.json\nnetwork_data.json\nsecuritykey\nuser_data\npassword\n"
+            ),
+            "meta_data.json\nnetwork_data.json\n"
+        );
+        assert_eq!(
+            filter_listing(
+                Api::Exoscale,
+                &seg("/1.0/meta-data/"),
+                "availability-zone\ninstance-id\npublic-keys\nvm-id\n"
+            ),
+            "availability-zone\ninstance-id\nvm-id\n"
+        );
+        assert_eq!(
+            filter_listing(
+                Api::Oracle,
+                &seg("/opc/v2/"),
+                "instance/\nidentity/\nvnics/\nvolumeAttachments/\n"
+            ),
+            "instance/\nvnics/\n"
+        );
+        let mut j = serde_json::json!({
+            "id": "ocid1.instance.oc1.x",
+            "region": "phx",
+            "metadata": {"user_data": "c2VjcmV0", "ssh_authorized_keys": "ssh-rsa A"},
+            "extendedMetadata": {"k": "v"},
+            "definedTags": {"ns": {"k": "v"}},
+            "freeformTags": {"k": "v"}
+        });
+        filter_json(&mut j, Api::Oracle.json_conceal());
+        assert_eq!(
+            j,
+            serde_json::json!({"id": "ocid1.instance.oc1.x", "region": "phx"})
+        );
+        let mut j = serde_json::json!({"uuid": "u", "meta": {"k": "secret"}, "admin_pass": "p"});
+        filter_json(&mut j, Api::Huawei.json_conceal());
+        assert_eq!(j, serde_json::json!({"uuid": "u"}));
+    }
+
+    #[test]
+    fn oracle_protocol_is_checked() {
+        let chk = |pairs: &'static [(&'static str, &'static str)]| {
+            let c = parse("/opc/v2/instance/region").unwrap();
+            let verdict = judge(Api::Oracle, &c.segments);
+            let h = move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            };
+            check_request(Api::Oracle, &c, &verdict, &h).map_err(|r| r.status)
+        };
+        assert_eq!(chk(&[("authorization", "Bearer Oracle")]), Ok(()));
+        assert_eq!(chk(&[]), Err(401));
+        assert_eq!(chk(&[("authorization", "Bearer oracle")]), Err(401));
+        assert_eq!(chk(&[("authorization", "")]), Err(401));
+        for f in ["forwarded", "x-forwarded-for", "x-forwarded-host"] {
+            let hs: &'static [(&'static str, &'static str)] = match f {
+                "forwarded" => &[
+                    ("authorization", "Bearer Oracle"),
+                    ("forwarded", "for=1.2.3.4"),
+                ],
+                "x-forwarded-for" => &[
+                    ("authorization", "Bearer Oracle"),
+                    ("x-forwarded-for", "1.2.3.4"),
+                ],
+                _ => &[
+                    ("authorization", "Bearer Oracle"),
+                    ("x-forwarded-host", "h"),
+                ],
+            };
+            assert_eq!(chk(hs), Err(403), "{f}");
+        }
+        assert_eq!(
+            Api::Oracle.upstream_headers(),
+            &[("authorization", "Bearer Oracle")]
+        );
+        let c = parse("/opc/v2/instance/?x=1").unwrap();
+        let verdict = judge(Api::Oracle, &c.segments);
+        let auth = |k: &str| (k == "authorization").then(|| "Bearer Oracle".to_string());
+        assert_eq!(
+            check_request(Api::Oracle, &c, &verdict, &auth).map_err(|r| r.status),
+            Err(400)
+        );
+        // The clouds with plain GETs and no session tokens.
+        for api in [
+            Api::Digitalocean,
+            Api::Hetzner,
+            Api::Vultr,
+            Api::Tencent,
+            Api::Huawei,
+            Api::Exoscale,
+        ] {
+            assert_eq!(api.token(), None, "{api:?}");
+            assert!(api.query_keys().is_empty(), "{api:?}");
+            assert!(api.upstream_headers().is_empty(), "{api:?}");
+        }
     }
 }

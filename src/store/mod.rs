@@ -151,6 +151,12 @@ impl<K: Kernel> Store<K> {
         self
     }
 
+    /// Whether natguard's DEL has run for `owner` ([`crate::deleted`]); asked under the node lock.
+    /// Only the node's real store keeps such records.
+    fn deleted(&self, owner: OwnerKey) -> bool {
+        matches!(self.locking, Locking::Node) && crate::deleted::is_deleted(owner)
+    }
+
     /// The node-wide lock, waited for at most [`crate::lock::WAIT`] (then code 11).
     fn lock(&self) -> Result<Option<Lock>> {
         match self.locking {
@@ -179,6 +185,9 @@ impl<K: Kernel> Store<K> {
     /// then other pods' entries may have gone with them, and the caller restores them.
     pub fn apply_pod(&mut self, shared: &SharedPlan, pod: &PodPlan) -> Result<Converged> {
         let _lock = self.lock()?;
+        if self.deleted(pod.owner) {
+            return Ok(Converged::No);
+        }
         // Someone else's commit after the read (a flush, a deleted table) makes the kernel
         // refuse the batch; it is then read and built again (`view`).
         // The comparison is skipped when nothing has committed since a verb found this
@@ -349,6 +358,13 @@ impl<K: Kernel> Store<K> {
         pods: &[(&SharedPlan, &PodPlan)],
     ) -> Result<usize> {
         let _lock = self.lock()?;
+        // Restored pods whose DEL natguard has run meanwhile stay deleted.
+        let pods: Vec<(&SharedPlan, &PodPlan)> = pods
+            .iter()
+            .copied()
+            .filter(|(_, p)| !self.deleted(p.owner))
+            .collect();
+        let pods = pods.as_slice();
         let mut networks: Vec<&SharedPlan> = Vec::new();
         for s in shared.iter().copied().chain(pods.iter().map(|(s, _)| *s)) {
             if !networks.iter().any(|n| n.names.network == s.names.network) {

@@ -1,6 +1,8 @@
 //! `natguard adopt` and `natguard reconcile`: the command lines over [`crate::restore`], which
 //! brings pods that got no ADD from natguard under policy from the runtimes' CNI result cache.
-//! Each prints one line per attachment and a summary; the exit code is 1 when any failed.
+//! Each prints one line per attachment and a summary; the exit code is 1 when any failed. A list
+//! whose natguard entry does not parse is named on a line of its own; its network is left as it
+//! is and the others are served (exit 0).
 
 use crate::error::Result;
 use crate::restore::{results_dir, run, Options};
@@ -72,6 +74,10 @@ pub fn cli(args: &[String], reconcile: bool) -> i32 {
     }
     match run(&opts) {
         Ok(r) => {
+            // A broken list costs its own network only: named here, not a failure of the run.
+            for b in &r.broken {
+                println!("broken   {b}");
+            }
             for e in &r.entries {
                 println!("{e}");
             }
@@ -84,8 +90,14 @@ pub fn cli(args: &[String], reconcile: bool) -> i32 {
             if let Some(e) = &r.conntrack_error {
                 println!("conntrack: cleanup failed: {e}");
             }
+            let skipped = r.skipped_by_reason();
+            let why = if skipped.is_empty() {
+                String::new()
+            } else {
+                format!("; skipped: {}", crate::restore::reasons_in_words(&skipped))
+            };
             println!(
-                "{verb}: {} attachment(s) brought under policy, {} skipped, {} failed",
+                "{verb}: {} attachment(s) brought under policy, {} skipped, {} failed{why}",
                 r.adopted(),
                 r.entries.len() - r.adopted() - r.failed(),
                 r.failed()

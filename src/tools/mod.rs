@@ -4,6 +4,7 @@
 
 pub mod adopt;
 pub(crate) mod cli;
+pub use cli::EXIT_USAGE;
 pub mod install;
 pub mod metrics;
 pub(crate) mod report;

@@ -14,29 +14,42 @@
 //! ADD, with the host-side interface from `NET-att` (the pod's bridge port, or its routed
 //! veth). Each pod's effective metadata policy is read from its record (`pol=` when an
 //! annotation decided, see [`crate::policy`]), else from the sets (exempt) and the network's
-//! mode. The counters are the rules' and the
+//! mode. Each pod's host-side interface is read for tc filters that steer its packets around
+//! netfilter (what ADD and CHECK refuse unless `metadata.acceptUnenforced`): such a pod is named
+//! and the node is reported not guarded. The counters are the rules' and the
 //! counted sets' ([`crate::store`] sums them). The presentation is [`super::report`].
 
 use super::report::{self, FamilyCounters, NetworkReport, NodeReport, PodReport};
 use crate::error::Result;
+use crate::kernel;
 use crate::plan::{self, Count, Family};
 use crate::store;
 use crate::tools::cli::{options_or_exit, parse_switches};
+use crate::warn;
+use std::collections::BTreeMap;
 
 pub fn cli(args: &[String]) -> i32 {
     let json = match options_or_exit("status", USAGE, parse_switches(args, &["--json"])) {
         Ok(switches) => !switches.is_empty(),
         Err(code) => return code,
     };
-    let (r, code) = collect_or_unreadable();
+    let (r, unreadable) = collect_or_unreadable();
+    // 0 only where the node-wide guard is in place and enforces for every pod: a node natguard
+    // does not guard (no table, chains missing, state unreadable, a pod's host side steering
+    // around netfilter) is exit 1, as the docs' exit codes say.
+    let code = if unreadable == 0
+        && r.installation == Some(store::Installation::Guarding)
+        && r.unenforced.is_empty()
+    {
+        EXIT_GUARDED
+    } else {
+        EXIT_NOT_GUARDED
+    };
     if json {
         println!("{}", report::render_json(&r));
     } else {
         print!("{}", report::render_text(&r));
-        print!(
-            "{}",
-            preset_lines(std::path::Path::new(crate::restore::DEFAULT_NETCONF_DIR))
-        );
+        print!("{}", preset_lines(&netconf_dir()));
     }
     code
 }
@@ -60,7 +73,15 @@ fn preset_lines(netconf_dir: &std::path::Path) -> String {
 const USAGE: &str = "usage: natguard status [--json]
   prints what natguard has installed on this node and what its rules stopped
   --json   the same report as one JSON document (see docs/operations.md, \"natguard status --json\")
+exit codes: 0 natguard guards this node (its table and the node-wide guard are in place),
+  1 it does not (not installed, guard chains missing, its state cannot be read, or a pod's
+  host-side interface steers packets around netfilter), 2 usage error
 ";
+
+/// `status` exits 0 only where natguard guards the node.
+const EXIT_GUARDED: i32 = 0;
+/// Not installed, the guard incomplete, or natguard's state unreadable.
+const EXIT_NOT_GUARDED: i32 = 1;
 
 /// The node's report; when natguard's state cannot be read at all, a report that says why
 /// (not ready, no networks) and exit code 1.
@@ -75,10 +96,12 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 networks: Vec::new(),
                 guard: Vec::new(),
                 unreadable: true,
+                unenforced: Vec::new(),
                 self_repair: read_self_repair(),
                 proxy: read_proxy(),
                 installation: None,
                 bridge_guard: None,
+                broken_lists: broken_lists(),
             },
             1,
         ),
@@ -88,10 +111,26 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
 /// The record of the node's `install --watch`, if one runs (or ran) with the default
 /// readiness file.
 fn read_self_repair() -> Option<report::RepairStats> {
-    use crate::tools::watcher::{read_state, watcher_running, DEFAULT_READY_FILE, STATE_FILE};
-    let mut sr = read_state(std::path::Path::new(STATE_FILE))?;
-    sr.running = watcher_running(std::path::Path::new(DEFAULT_READY_FILE));
-    Some(sr)
+    use crate::tools::watcher::{read_state, DEFAULT_READY_FILE, STATE_FILE};
+    let sr = read_state(std::path::Path::new(STATE_FILE))?;
+    Some(sr.with_running(std::path::Path::new(DEFAULT_READY_FILE)))
+}
+
+/// The netconf dir the node's watcher runs with (recorded beside its readiness file), else the
+/// default.
+fn netconf_dir() -> std::path::PathBuf {
+    use crate::tools::watcher::DEFAULT_READY_FILE;
+    crate::tools::install::record::read_options(std::path::Path::new(DEFAULT_READY_FILE))
+        .map(|r| r.netconf_dir)
+        .unwrap_or_else(|| crate::restore::DEFAULT_NETCONF_DIR.into())
+}
+
+/// The lists of the netconf dir whose natguard entry cannot be read: their networks are left
+/// as they are (see [`crate::restore::BrokenList`]).
+fn broken_lists() -> Vec<crate::restore::BrokenList> {
+    crate::restore::scan_networks(&netconf_dir())
+        .map(|n| n.broken)
+        .unwrap_or_default()
 }
 
 /// The record of the watcher's metadata proxy, if one serves (or served) with the default
@@ -117,10 +156,12 @@ pub(crate) fn collect() -> Result<NodeReport> {
         networks: Vec::new(),
         guard: Vec::new(),
         unreadable: false,
+        unenforced: Vec::new(),
         self_repair: read_self_repair(),
         proxy: read_proxy(),
         installation: Some(store.installation()?),
         bridge_guard: store.bridge_guard_awake()?,
+        broken_lists: broken_lists(),
     };
     let node = store.node_counts()?;
     r.guard = Family::ALL
@@ -136,7 +177,70 @@ pub(crate) fn collect() -> Result<NodeReport> {
         r.per_pod_counters &= st.per_pod_counters;
         r.networks.push(network_report(&st));
     }
+    r.unenforced = unenforced(&r.networks);
     Ok(r)
+}
+
+/// The pods whose host-side interface has tc filters that steer packets around netfilter
+/// ([`kernel::link::Links::tc_steering`], as ADD and CHECK refuse them): accepted with
+/// `metadata.acceptUnenforced`, or steered since their ADD. Read at report time, one filter
+/// dump per hook of each interface (an interface several pods share is read once), with the
+/// netlink socket's deadlines. What cannot be read is warned about and not reported: ADD and
+/// CHECK treat it the same way.
+fn unenforced(networks: &[NetworkReport]) -> Vec<report::Unenforced> {
+    let mut out = Vec::new();
+    if !networks
+        .iter()
+        .any(|n| n.pods.iter().any(|p| p.interface.is_some()))
+    {
+        return out;
+    }
+    let mut links = match kernel::link::Links::open() {
+        Ok(l) => l,
+        Err(e) => {
+            warn!("cannot list the tc filters of the pods' host sides: {e}");
+            return out;
+        }
+    };
+    let mut found: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for net in networks {
+        for p in &net.pods {
+            let Some(iface) = &p.interface else { continue };
+            if !found.contains_key(iface) {
+                let f = match links.link_in(None, iface) {
+                    // Gone (the pod with it): nothing steers it.
+                    Ok(None) => Ok(Vec::new()),
+                    Ok(Some(l)) => links.tc_steering(l.index),
+                    Err(e) => Err(e),
+                };
+                let f = f.unwrap_or_else(|e| {
+                    warn!("cannot list the tc filters of {iface}: {e}");
+                    Vec::new()
+                });
+                found.insert(iface.clone(), f);
+            }
+            let steering = &found[iface];
+            if !steering.is_empty() {
+                out.push(report::Unenforced {
+                    network: net.name.clone(),
+                    namespace: p.namespace.clone(),
+                    name: p.name.clone(),
+                    container_id: p.container_id.clone(),
+                    interface: iface.clone(),
+                    found: steering.clone(),
+                });
+            }
+        }
+    }
+    out.sort_by(|a, b| {
+        (&a.network, &a.namespace, &a.name, &a.container_id).cmp(&(
+            &b.network,
+            &b.namespace,
+            &b.name,
+            &b.container_id,
+        ))
+    });
+    out
 }
 
 fn network_report(st: &store::NetworkState) -> NetworkReport {

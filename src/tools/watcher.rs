@@ -29,8 +29,24 @@ pub fn state_file_beside(ready_file: &Path) -> PathBuf {
     parent(ready_file).join("repair.json")
 }
 
+/// How often the self-repair thread rewrites its record while idle: the record's `updated`
+/// is the watcher's heartbeat.
+pub const HEARTBEAT_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+/// How old a running watcher's heartbeat may be before `install --check --health` (the
+/// DaemonSet's probes) and `status` call the watcher stuck: six missed beats, so a slow node
+/// or a long repair never trips it.
+pub const HEARTBEAT_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Seconds since `updated` (a Unix time), never negative.
+pub fn age_of(updated: f64) -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| (d.as_secs_f64() - updated).max(0.0))
+        .unwrap_or(0.0)
+}
+
 /// What the watcher has repaired so far.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RepairStats {
     pub pid: u32,
     /// Repairs: checks that wrote something.
@@ -43,11 +59,40 @@ pub struct RepairStats {
     pub last_repair_ms: Option<f64>,
     /// Who changed natguard's tables before the last repair.
     pub last_cause: Option<String>,
-    /// Unix time the record was last written, in seconds.
+    /// Unix time the record was last written, in seconds: the watcher's heartbeat (it is
+    /// rewritten at least every [`HEARTBEAT_EVERY`] while the watcher runs).
     pub updated: Option<f64>,
-    /// Whether the watcher that wrote the record still runs: filled in by its readers from the
-    /// watcher's lock (see [`watcher_running`]), never stored.
+    /// The writer's [`instance`]: the lock holder is the writer only if the instance it
+    /// records beside its lock (`install.json`) is the same (pids repeat across containers: a
+    /// DaemonSet's watcher is often pid 1).
+    pub instance: Option<String>,
+    /// Whether the writer repairs: a watcher started with `--no-repair` (or `--no-adopt`) that
+    /// took over an earlier watcher's record says it does not.
+    pub repairing: bool,
+    /// Cache attachments the last check could not restore, by reason
+    /// ([`crate::restore::SKIP_REASONS`]; reasons without one left out).
+    pub skipped: Vec<(String, u64)>,
+    /// Whether self-repair runs: the watcher that holds the lock wrote the record and repairs.
+    /// Filled in by its readers ([`RepairStats::with_running`]), never stored.
     pub running: Option<bool>,
+}
+
+impl Default for RepairStats {
+    fn default() -> Self {
+        RepairStats {
+            pid: 0,
+            repairs: 0,
+            checks: 0,
+            last_repair: None,
+            last_repair_ms: None,
+            last_cause: None,
+            updated: None,
+            instance: None,
+            repairing: true,
+            skipped: Vec::new(),
+            running: None,
+        }
+    }
 }
 
 impl RepairStats {
@@ -60,6 +105,13 @@ impl RepairStats {
             "lastRepairMs": self.last_repair_ms,
             "lastCause": self.last_cause,
             "updated": self.updated,
+            "instance": self.instance,
+            "repairing": self.repairing,
+            "skipped": self
+                .skipped
+                .iter()
+                .map(|(k, n)| (k.clone(), Value::from(*n)))
+                .collect::<serde_json::Map<String, Value>>(),
         });
         if let Some(r) = self.running {
             v["running"] = r.into();
@@ -79,9 +131,58 @@ impl RepairStats {
                 .and_then(Value::as_str)
                 .map(str::to_string),
             updated: v.get("updated").and_then(Value::as_f64),
+            instance: v
+                .get("instance")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            // Records of watchers that always repaired have no such key.
+            repairing: v.get("repairing").and_then(Value::as_bool).unwrap_or(true),
+            // A record of an older watcher has none.
+            skipped: v
+                .get("skipped")
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, n)| Some((k.clone(), n.as_u64()?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
             running: None,
         })
     }
+
+    /// The record with [`RepairStats::running`] filled in from the watcher lock beside
+    /// `ready_file`: self-repair runs when the lock's holder is the record's writer and that
+    /// writer repairs. A record without an instance (an older watcher's) is taken to be the
+    /// holder's.
+    pub fn with_running(mut self, ready_file: &Path) -> RepairStats {
+        self.running = match lock_holder(ready_file) {
+            Holder::Unknown => None,
+            Holder::None => Some(false),
+            Holder::Held(holder) => Some(
+                self.repairing
+                    && match (&self.instance, holder) {
+                        (Some(mine), Some(theirs)) => *mine == theirs,
+                        (None, _) => true,
+                        (Some(_), None) => false,
+                    },
+            ),
+        };
+        self
+    }
+}
+
+/// This process's identity as a watcher: its pid and start time, written beside the lock it
+/// holds (`install.json`) and into the record it writes.
+pub fn instance() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        format!("{}-{t}", std::process::id())
+    })
 }
 
 /// The watcher's record, if a watcher has written one; `None` without `--watch` (or when the
@@ -97,6 +198,33 @@ pub fn read_state(path: &Path) -> Option<RepairStats> {
 /// `watch.lock` beside the readiness file.
 pub(crate) fn lock_file_beside(ready_file: &Path) -> PathBuf {
     parent(ready_file).join("watch.lock")
+}
+
+/// Who holds the watcher lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holder {
+    /// Cannot be told (the lock file cannot be opened although it is there).
+    Unknown,
+    /// No watcher runs.
+    None,
+    /// A watcher holds it, with the [`instance`] its lock file names, if any.
+    Held(Option<String>),
+}
+
+/// Who holds the watcher lock beside `ready_file` now.
+pub fn lock_holder(ready_file: &Path) -> Holder {
+    match watcher_running(ready_file) {
+        None => Holder::Unknown,
+        Some(false) => Holder::None,
+        // The holder records its instance in `install.json` once it holds the lock.
+        Some(true) => Holder::Held(
+            std::fs::read(parent(ready_file).join("install.json"))
+                .ok()
+                .filter(|b| b.len() <= 64 * 1024)
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|v| v.get("instance")?.as_str().map(str::to_string)),
+        ),
+    }
 }
 
 /// Whether a watcher holds the lock beside `ready_file` now; `None` when that cannot be told

@@ -481,6 +481,25 @@ impl Chain {
         Ok(())
     }
 
+    /// [`Chain::del`], with `between(plugin type)` called after each plugin's DEL: before the
+    /// next plugin's DEL and before the cache entry is removed, the gap in which a restore from
+    /// the cache sees an attachment that an earlier DEL removed.
+    pub fn del_pausing(&self, att: &Attachment, between: &mut dyn FnMut(&str)) -> CniResult<()> {
+        let prev = if version_at_least(self.version(), "0.4.0") {
+            self.cached_result(att)
+        } else {
+            None
+        };
+        for plugin in self.plugins().iter().rev() {
+            let ty = Self::plugin_type(plugin);
+            let conf = self.build(plugin, prev.as_ref(), Some(att), &[]);
+            self.invoke(&ty, "DEL", &conf, Some(att), None)?;
+            between(&ty);
+        }
+        let _ = fs::remove_file(self.cache_path(att));
+        Ok(())
+    }
+
     /// CHECK every plugin in order with the cached result (libcni: cniVersion >= 0.4.0 and a
     /// cached result are required; `disableCheck` skips it).
     pub fn check(&self, att: &Attachment) -> CniResult<()> {

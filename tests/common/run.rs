@@ -4,7 +4,9 @@
 //! [`Natguard`] describes one invocation: arguments, exactly this environment (nothing is
 //! inherited, except by the other plugins, as libcni passes the runtime's own on), exactly this
 //! stdin (or none at all), and optionally a seccomp filter (fault
-//! injection), one more directory bind-mounted over a path, and a cgroup to join. The child
+//! injection), one more directory bind-mounted over a path, a cgroup to join, and the
+//! capabilities a DaemonSet's container has (`CAP_NET_ADMIN` alone: the bounding set cut to it
+//! before exec, as a container runtime does, so root's exec gets no other). The child
 //! joins the network namespace between fork and exec (`setns(2)` in `pre_exec`), so the test
 //! process never moves and no `nsenter` or `ip netns exec` sits between the test and natguard.
 //!
@@ -140,6 +142,7 @@ pub struct Natguard {
     seccomp: Option<Seccomp>,
     mount: Option<BindMount>,
     cgroup: Option<PathBuf>,
+    net_admin_only: bool,
     bound: Duration,
 }
 
@@ -161,6 +164,7 @@ impl Natguard {
             seccomp: None,
             mount: None,
             cgroup: None,
+            net_admin_only: false,
             bound: INVOCATION_BOUND,
         }
     }
@@ -228,6 +232,13 @@ impl Natguard {
         self
     }
 
+    /// Runs with `CAP_NET_ADMIN` as its only capability, as the shipped DaemonSet's container
+    /// does (after the mounts, which need more).
+    pub fn net_admin_only(mut self) -> Natguard {
+        self.net_admin_only = true;
+        self
+    }
+
     /// Another deadline than [`INVOCATION_BOUND`].
     pub fn bound(mut self, bound: Duration) -> Natguard {
         self.bound = bound;
@@ -264,6 +275,9 @@ impl Natguard {
         }
         if let Some(c) = &self.cgroup {
             s.push_str(&format!(" in cgroup {}", c.display()));
+        }
+        if self.net_admin_only {
+            s.push_str(" with CAP_NET_ADMIN only");
         }
         match &self.stdin {
             Some(data) => {
@@ -479,7 +493,78 @@ struct ChildSetup {
     /// (source, target, read-only)
     mount: Option<(CString, CString, bool)>,
     cgroup_procs: Option<CString>,
+    net_admin_only: bool,
     seccomp: Option<Vec<libc::sock_filter>>,
+}
+
+/// `CAP_NET_ADMIN` (linux/capability.h).
+const CAP_NET_ADMIN: libc::c_ulong = 12;
+/// Above every capability a kernel has; `PR_CAPBSET_DROP` of an unknown one fails with EINVAL.
+const CAP_BEYOND: libc::c_ulong = 64;
+
+/// `struct __user_cap_header_struct` and `__user_cap_data_struct` (version 3: two of them).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// Leaves `CAP_NET_ADMIN` as the only capability the next exec can give: the bounding set cut
+/// to it, the inheritable and ambient sets emptied. Between fork and exec.
+///
+/// # Safety
+/// Plain syscalls on stack data.
+unsafe fn keep_only_net_admin() -> io::Result<()> {
+    for cap in 0..CAP_BEYOND {
+        if cap != CAP_NET_ADMIN
+            && libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) != 0
+            && *libc::__errno_location() != libc::EINVAL
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    if libc::prctl(
+        libc::PR_CAP_AMBIENT,
+        libc::PR_CAP_AMBIENT_CLEAR_ALL,
+        0,
+        0,
+        0,
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    let mut hdr = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    if libc::syscall(
+        libc::SYS_capget,
+        &mut hdr as *mut CapHeader,
+        data.as_mut_ptr(),
+    ) != 0
+    {
+        return Err(io::Error::last_os_error());
+    }
+    for d in &mut data {
+        d.inheritable = 0;
+    }
+    if libc::syscall(libc::SYS_capset, &mut hdr as *mut CapHeader, data.as_ptr()) != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn check(rc: libc::c_int) -> io::Result<()> {
@@ -507,6 +592,7 @@ impl ChildSetup {
                 )
             }),
             cgroup_procs: inv.cgroup.as_ref().map(|p| c_path(p.as_os_str())),
+            net_admin_only: inv.net_admin_only,
             seccomp: inv.seccomp.as_ref().map(|s| s.0.clone()),
         }
     }
@@ -550,6 +636,9 @@ impl ChildSetup {
                 if !written {
                     return Err(err);
                 }
+            }
+            if self.net_admin_only {
+                keep_only_net_admin()?;
             }
             if let Some(p) = &self.seccomp {
                 let fprog = libc::sock_fprog {

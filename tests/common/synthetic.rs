@@ -290,7 +290,9 @@ impl SynPod {
 pub fn fixed_proxy_cfg(patch: Value) -> Value {
     let mut c = json!({
         "type": "natguard",
-        "metadata": { "proxyIPv4": "10.0.0.1", "proxyIPv6": "fd00::1" }
+        "metadata": { "proxyIPv4": "10.0.0.1", "proxyIPv6": "fd00::1" },
+        // natguard's own masquerade too, so its rules are among those the tests check.
+        "masquerade": { "masqueradeOutside": true }
     });
     merge(&mut c, &patch);
     c

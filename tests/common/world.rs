@@ -151,7 +151,8 @@ impl World {
     pub fn natguard(&self, patch: Value) -> Value {
         let mut conf = json!({
             "type": "natguard",
-            "masquerade": { "nonMasqueradeCIDRs": non_masq() },
+            // natguard's own masquerade too, so the worlds' tests see both behaviours.
+            "masquerade": { "nonMasqueradeCIDRs": non_masq(), "masqueradeOutside": true },
             "logFile": self.dir().join("natguard.log"),
         });
         merge(&mut conf, &patch);

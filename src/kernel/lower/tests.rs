@@ -147,6 +147,8 @@ fn converge_batch_matches_its_golden_annotation() {
     let mut cfg = Config::default();
     cfg.metadata.exempt_namespaces = vec!["kube-system".into()];
     cfg.metadata.log_denied = true;
+    // Every kind of rule, natguard's own masquerade included.
+    cfg.masquerade.masquerade_outside = true;
     let node = NodeFacts {
         proxy_v4: Some("10.0.0.1".parse().unwrap()),
         proxy_v6: Some("fd00::1".parse().unwrap()),

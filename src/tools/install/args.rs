@@ -30,6 +30,8 @@ usage: natguard install [options]
   --exempt-namespace NS        metadata.exemptNamespaces (repeatable)
   --non-masquerade-cidr CIDR   masquerade.nonMasqueradeCIDRs (repeatable)
   --no-masquerade              masquerade.enabled = false
+  --masquerade-outside         masquerade.masqueradeOutside = true (natguard masquerades everything
+                               outside nonMasqueradeCIDRs to the node's address; off by default)
   --cache-dir DIR              CNI result cache passed to `natguard adopt`
   --no-adopt                   do not run `natguard adopt` after installing (with --watch: no
                                self-repair and no metadata proxy either)
@@ -61,6 +63,13 @@ usage: natguard install [options]
                                without --cni-bin-dir/--netconf-dir/--conflist it checks the dirs
                                the running `install --watch` recorded beside the ready file;
                                with --config, also that the active list's entry is that config's
+  --health                     with --check: also that natguard guards the node (its table, the
+                               node-wide guard's chains and sets and every natguard network's
+                               shared objects are in the kernel as the config plans them) and
+                               that the watcher's self-repair is alive (its heartbeat in
+                               repair.json beside the ready file is fresh): the DaemonSet's
+                               readiness and liveness probe
+  --max-age SECONDS            with --health: the oldest heartbeat that passes (default 60)
 Flags override the same fields of --config. With neither, the entry is {\"type\":\"natguard\"}.
 With --watch, a change of the --config file (a ConfigMap update too) is validated and, when it
 parses, becomes natguard's entry in the active list; a config that does not is logged and the
@@ -116,6 +125,9 @@ pub(crate) struct InstallOpts {
     pub(crate) metrics_pod_labels: bool,
     /// `--log-format`, else the entry's `logFormat`.
     pub(crate) log_format: Format,
+    /// `--check --health [--max-age SECONDS]`: also the kernel guard and the watcher's
+    /// heartbeat, no older than this.
+    pub(crate) health: Option<Duration>,
 }
 
 /// `--metrics-file PATH [--metrics-interval SECONDS]`.
@@ -129,6 +141,10 @@ pub(crate) struct MetricsFile {
 pub(crate) const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(30);
 /// The longest `--metrics-interval` (a day): beyond it the file is stale for any alert.
 const MAX_METRICS_INTERVAL_SECS: u64 = 86_400;
+/// `--max-age` bounds: at least two heartbeats apart (a heartbeat is written every 10 s), at
+/// most an hour.
+const MIN_MAX_AGE_SECS: u64 = 20;
+const MAX_MAX_AGE_SECS: u64 = 3600;
 
 /// The three ways install runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,6 +200,8 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut metrics_pod_labels = false;
     let mut metrics_address: Option<IpAddr> = None;
     let mut log_format: Option<Format> = None;
+    let mut health = false;
+    let mut max_age: Option<Duration> = None;
 
     let mut it = Args::new(args);
     while let Some((flag, inline)) = it.next_flag() {
@@ -227,6 +245,23 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--check" => {
                 no_value(&flag, &inline)?;
                 check = true
+            }
+            "--health" => {
+                no_value(&flag, &inline)?;
+                health = true
+            }
+            "--max-age" => {
+                let v = it.value(&flag, inline)?;
+                match v.parse::<u64>() {
+                    Ok(n) if (MIN_MAX_AGE_SECS..=MAX_MAX_AGE_SECS).contains(&n) => {
+                        max_age = Some(Duration::from_secs(n))
+                    }
+                    _ => {
+                        return Err(usage(format!(
+                            "--max-age {v:?}: expected whole seconds, {MIN_MAX_AGE_SECS} to {MAX_MAX_AGE_SECS}"
+                        )))
+                    }
+                }
             }
             "--metrics-pod-labels" => {
                 no_value(&flag, &inline)?;
@@ -327,6 +362,10 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
                 no_value(&flag, &inline)?;
                 flags.no_masquerade = true
             }
+            "--masquerade-outside" => {
+                no_value(&flag, &inline)?;
+                flags.masquerade_outside = true
+            }
             other => return Err(unknown(other)),
         }
     }
@@ -356,6 +395,13 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
             "--create-dirs and --check exclude each other: a probe creates nothing",
         ));
     }
+    if health && mode != RunMode::Check {
+        return Err(usage("--health needs --check: it is a probe"));
+    }
+    if max_age.is_some() && !health {
+        return Err(usage("--max-age needs --health"));
+    }
+    let health = health.then(|| max_age.unwrap_or(crate::tools::watcher::HEARTBEAT_MAX_AGE));
     if metrics_interval.is_some() && metrics_file.is_none() {
         return Err(usage("--metrics-interval needs --metrics-file"));
     }
@@ -410,6 +456,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         metrics_listen,
         metrics_pod_labels,
         log_format,
+        health,
     }))
 }
 

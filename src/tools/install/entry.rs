@@ -28,6 +28,8 @@ pub(crate) struct EntryFlags {
     pub(crate) exempt_namespaces: Vec<String>,
     pub(crate) non_masquerade_cidrs: Vec<String>,
     pub(crate) no_masquerade: bool,
+    /// `--masquerade-outside`: `masquerade.masqueradeOutside = true`.
+    pub(crate) masquerade_outside: bool,
 }
 
 pub(crate) fn check_cidr(s: &str) -> Result<()> {
@@ -77,6 +79,9 @@ pub(crate) fn build_entry(config_file: Option<&Path>, flags: &EntryFlags) -> Res
     let mut masq = Vec::new();
     if flags.no_masquerade {
         masq.push(("enabled", Value::Bool(false)));
+    }
+    if flags.masquerade_outside {
+        masq.push(("masqueradeOutside", Value::Bool(true)));
     }
     if !flags.non_masquerade_cidrs.is_empty() {
         masq.push((
@@ -159,15 +164,172 @@ fn merge_config_file(entry: &mut Map<String, Value>, path: &Path) -> Result<()> 
 }
 
 /// Checks natguard's entry with the plugin's own parser before it is written into a list, so
-/// that a bad value fails here rather than at every pod's ADD.
+/// that a bad value fails here rather than at every pod's ADD; a misspelling of natguard's own
+/// keys is refused too ([`entry_warnings`]).
 pub(crate) fn validate_entry(entry: &Value) -> Result<crate::config::Config> {
-    crate::config::parse_plugin_config(entry).map_err(|e| e.context("natguard's entry"))
+    let cfg =
+        crate::config::parse_plugin_config(entry).map_err(|e| e.context("natguard's entry"))?;
+    entry_warnings(entry)?;
+    Ok(cfg)
+}
+
+/// Logs what natguard's entry may not mean as written ([`entry_warnings`]), once logging has
+/// its format.
+pub(crate) fn warn_about_entry(entry: &Value) {
+    for w in entry_warnings(entry).unwrap_or_default() {
+        crate::warn!("natguard's entry: {w}");
+    }
+}
+
+/// natguard's own top-level keys.
+const OWN_KEYS: [&str; 7] = [
+    "metadata",
+    "masquerade",
+    "conntrack",
+    "logFile",
+    "logLevel",
+    "logFileMaxSize",
+    "logFormat",
+];
+
+/// Top-level keys a runtime or a meta plugin puts in a plugin's entry: the CNI spec's
+/// (`cniVersion`, `name`, `type`, `capabilities`, `runtimeConfig`, `args`, `prevResult`, the
+/// well-known `ipMasq`, `ipam`, `dns`), libcni's `cni.dev/...` and `runtimeConfig` keys,
+/// CRI-O's and Multus's (`cniVersion`, `name` and `kubeconfig`-style keys of their own).
+const RUNTIME_KEYS: [&str; 12] = [
+    "cniVersion",
+    "name",
+    "type",
+    "capabilities",
+    "runtimeConfig",
+    "args",
+    "prevResult",
+    "ipMasq",
+    "ipam",
+    "dns",
+    "disableCheck",
+    "kubeconfig",
+];
+
+/// What natguard's entry may not mean as written: a top-level key that is neither natguard's
+/// nor a runtime's is warned about (a runtime may add keys natguard does not know); one that is
+/// a misspelling of natguard's own (`metdata`) is refused, since every default would apply
+/// silently in its place. And a `masquerade` section that relies on 0.2.0's default of
+/// masquerading everything outside nonMasqueradeCIDRs is told the default changed.
+pub(crate) fn entry_warnings(entry: &Value) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let Some(obj) = entry.as_object() else {
+        return Ok(out);
+    };
+    for k in obj.keys() {
+        if OWN_KEYS.contains(&k.as_str())
+            || RUNTIME_KEYS.contains(&k.as_str())
+            || k.contains('/')
+            || k.contains('.')
+        {
+            continue; // natguard's, a runtime's, or a namespaced key (cni.dev/..., example.com/...)
+        }
+        if let Some(near) = OWN_KEYS
+            .iter()
+            .find(|o| k.len() > 3 && edit_distance(&o.to_lowercase(), &k.to_lowercase()) <= 2)
+        {
+            return Err(usage(format!(
+                "natguard's entry: {k:?}: unknown key; did you mean {near:?}? (with it misspelt \
+                 every default of {near:?} would apply)"
+            )));
+        }
+        out.push(format!(
+            "{k:?}: unknown top-level key, ignored (natguard's own are {}; a runtime's are kept \
+             as they are)",
+            OWN_KEYS.join(", ")
+        ));
+    }
+    let masq = obj.get("masquerade").and_then(Value::as_object);
+    let enabled = masq
+        .and_then(|m| m.get("enabled"))
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    if enabled && !masq.is_some_and(|m| m.contains_key("masqueradeOutside")) {
+        out.push(
+            "masquerade.masqueradeOutside is not set: natguard masquerades only what the \
+             exceptions need (traffic to nonMasqueradeCIDRs keeps the pod's address) and no longer \
+             everything else, as 0.2.0 did by default; set masquerade.masqueradeOutside to true to \
+             keep 0.2.0's masquerade, or false to say this is meant (docs/upgrade.md)"
+                .into(),
+        );
+    }
+    Ok(out)
+}
+
+/// Levenshtein distance, for short keys.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_misspelt_own_key_is_refused_and_an_unknown_one_warned_about() {
+        let e = entry_warnings(&json!({"type":"natguard","metdata":{"mode":"deny"}})).unwrap_err();
+        let t = e.to_string();
+        assert!(
+            t.contains("\"metdata\"") && t.contains("did you mean \"metadata\""),
+            "{t}"
+        );
+        assert!(entry_warnings(&json!({"Masquerade":{}})).is_err());
+        let w = entry_warnings(&json!({"type":"natguard","frobnicate":1,
+            "masquerade":{"masqueradeOutside":true}}))
+        .unwrap();
+        assert!(
+            w.len() == 1 && w[0].contains("\"frobnicate\": unknown top-level key"),
+            "{w:?}"
+        );
+        // A runtime's and namespaced keys say nothing.
+        let quiet = json!({"cniVersion":"1.0.0","name":"n","type":"natguard","capabilities":{},
+            "runtimeConfig":{},"args":{"cni":{}},"prevResult":{},"cni.dev/x":1,"dns":{},
+            "metadata":{},"masquerade":{"masqueradeOutside":false}});
+        let _ = &quiet;
+        assert_eq!(entry_warnings(&quiet).unwrap(), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_masquerade_section_without_masquerade_outside_is_told_the_default_changed() {
+        let w =
+            entry_warnings(&json!({"masquerade":{"nonMasqueradeCIDRs":["10.0.0.0/8"]}})).unwrap();
+        assert!(
+            w.len() == 1 && w[0].contains("masqueradeOutside is not set"),
+            "{w:?}"
+        );
+        assert_eq!(
+            entry_warnings(&json!({})).unwrap().len(),
+            1,
+            "the defaults changed too"
+        );
+        for quiet in [
+            json!({"masquerade":{"masqueradeOutside":true}}),
+            json!({"masquerade":{"enabled":false}}),
+        ] {
+            assert_eq!(
+                entry_warnings(&quiet).unwrap(),
+                Vec::<String>::new(),
+                "{quiet}"
+            );
+        }
+    }
 
     #[test]
     fn flags_build_the_entry() {

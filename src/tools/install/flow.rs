@@ -125,6 +125,10 @@ fn converted_from(list: &Loaded, single: &Loaded) -> bool {
             if p.len() == 2 && is_natguard(&p[1]))
 }
 
+/// The key of a converted list that keeps the lone config it was made from: `file` (its name)
+/// and `text` (its bytes).
+pub(crate) const CONVERTED_FROM: &str = "natguard.io/convertedFrom";
+
 /// Turns a lone plugin config into a list of the same basename with natguard after it.
 fn convert_single(opts: &InstallOpts, l: &Loaded, write: Write) -> Result<PathBuf> {
     check_single(l)?;
@@ -178,6 +182,15 @@ fn convert_single(opts: &InstallOpts, l: &Loaded, write: Write) -> Result<PathBu
     list.insert(
         "plugins".into(),
         Value::Array(vec![Value::Object(plugin), opts.entry.clone()]),
+    );
+    // The config as it was, for `uninstall` to put back byte for byte (runtimes ignore a list's
+    // keys they do not know).
+    list.insert(
+        CONVERTED_FROM.into(),
+        serde_json::json!({
+            "file": path.file_name().unwrap_or_default().to_string_lossy(),
+            "text": l.text,
+        }),
     );
     if write == Write::DryRun {
         return Ok(new_path);

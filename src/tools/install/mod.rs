@@ -62,6 +62,7 @@ pub fn install_cli(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     start_logging("install", opts.log_format);
+    entry::warn_about_entry(&opts.entry);
     let result = match opts.mode {
         RunMode::Check => return check(&opts),
         RunMode::Once => dirs_exist(&opts).and_then(|_| install_once(&opts)),
@@ -76,9 +77,10 @@ pub fn install_cli(args: &[String]) -> i32 {
     }
 }
 
-/// The bin dir and the dir of the list to edit exist, or are created with `--create-dirs`. A
-/// path that does not exist is more often a typo than a wish: installing there would pass the
-/// readiness probe while every pod fails with "plugin not found".
+/// The bin dir, the dir of the list to edit and a `--cache-dir` given exist, or are created with
+/// `--create-dirs`. A path that does not exist is more often a typo than a wish: installing
+/// there would pass the readiness probe while every pod fails with "plugin not found", and a
+/// cache dir that is not the runtimes' would leave adopt and self-repair with no pod to find.
 fn dirs_exist(opts: &InstallOpts) -> Result<(), Error> {
     let list_dir = match &opts.conflist {
         Some(c) => atomic::parent(c).to_path_buf(),
@@ -89,6 +91,19 @@ fn dirs_exist(opts: &InstallOpts) -> Result<(), Error> {
         ("--netconf-dir", list_dir.as_path()),
     ] {
         ensure_dir(flag, dir, opts.create_dirs)?;
+    }
+    if let Some(cache) = &opts.cache_dir {
+        // libcni makes its cache (`.../cni/results`) with a node's first pod: on a fresh node
+        // the runtimes' own path is not there yet and is taken; any other path must exist.
+        let libcni_layout = cache.ends_with("cni/results") || cache.ends_with("cni");
+        if libcni_layout && fs::symlink_metadata(cache).is_err() {
+            crate::info!(
+                "--cache-dir {}: not there yet; libcni makes it with the node's first pod",
+                cache.display()
+            );
+        } else {
+            ensure_dir("--cache-dir", cache, opts.create_dirs)?;
+        }
     }
     Ok(())
 }
@@ -123,11 +138,12 @@ fn install_once(opts: &InstallOpts) -> Result<(), Error> {
     }
     // The binary goes first (the list must never name a plugin that is not there), but only
     // once the list is known to be editable.
+    // A refusal changes nothing, the readiness file included: it still says what the node's
+    // lists say (a `--conflist` that names no list says nothing about them).
     let refused = install_conflist(opts, Write::DryRun)
         .err()
         .map(|e| e.context("refusing"));
     if let Some(e) = refused {
-        set_ready(&opts.ready_file, entry_present(opts).ok().as_deref());
         return Err(e);
     }
     install_binary(&opts.bin_dir)?;
@@ -147,10 +163,7 @@ fn install_once(opts: &InstallOpts) -> Result<(), Error> {
             }
             Ok(())
         }
-        Err(e) => {
-            set_ready(&opts.ready_file, entry_present(opts).ok().as_deref());
-            Err(e.context("refusing"))
-        }
+        Err(e) => Err(e.context("refusing")),
     }
 }
 
@@ -186,14 +199,108 @@ fn check(opts: &InstallOpts) -> i32 {
             EXIT_FAILED
         }
         Ok(p) => {
-            println!("ready: natguard is in {}", p.display());
-            EXIT_OK
+            // A broken list costs only its own network: ready, and the line says which.
+            let broken: Vec<String> = crate::restore::scan_networks(&opts.netconf_dir)
+                .map(|n| n.broken.iter().map(|b| b.to_string()).collect())
+                .unwrap_or_default();
+            let broken = if broken.is_empty() {
+                String::new()
+            } else {
+                format!("; BROKEN LIST(S): {}", broken.join("; "))
+            };
+            match opts.health.map(|max_age| health(&opts, max_age)) {
+                Some(Err(why)) => {
+                    println!("not ready: {why}{broken}");
+                    EXIT_FAILED
+                }
+                Some(Ok(what)) => {
+                    println!("ready: natguard is in {}; {what}{broken}", p.display());
+                    EXIT_OK
+                }
+                None => {
+                    println!("ready: natguard is in {}{broken}", p.display());
+                    EXIT_OK
+                }
+            }
         }
         Err(e) => {
             println!("not ready: {e}");
             EXIT_FAILED
         }
     }
+}
+
+/// `--check --health`: natguard guards the node as its config plans it, and the watcher that
+/// keeps it so is alive. The guard is compared with the plans a repair would apply (every
+/// natguard network's shared objects, each with the node-wide guard, or the guard alone from
+/// the entry where no conflist lists natguard yet), so a table someone deleted or emptied, a
+/// chain unhooked or a set gone fails it; the watcher's heartbeat (its self-repair record,
+/// rewritten every [`crate::tools::watcher::HEARTBEAT_EVERY`]) must be younger than
+/// `max_age`, so a watcher frozen (SIGSTOP) or wedged fails it too, while the guard is still
+/// there. Both pass again once the watcher has repaired the tables or been restarted.
+fn health(opts: &InstallOpts, max_age: std::time::Duration) -> Result<String, String> {
+    use crate::tools::watcher::{age_of, read_state, state_file_beside, watcher_running};
+    let mut store =
+        crate::store::open().map_err(|e| format!("cannot read natguard's state: {e}"))?;
+    match store.installation() {
+        Ok(crate::store::Installation::Guarding) => {}
+        Ok(crate::store::Installation::NoTable) => {
+            return Err("NOT GUARDING: no natguard table on this node".into())
+        }
+        Ok(crate::store::Installation::Incomplete { missing }) => {
+            return Err(format!(
+                "NOT GUARDING: table inet natguard lacks the node-wide guard's chain(s) {}",
+                missing.join(", ")
+            ))
+        }
+        Err(e) => return Err(format!("cannot read natguard's state: {e}")),
+    }
+    let networks = crate::restore::natguard_networks(&opts.netconf_dir).map_err(|e| {
+        format!(
+            "cannot read the conflists of {}: {e}",
+            opts.netconf_dir.display()
+        )
+    })?;
+    // Where no conflist lists natguard yet, the guard alone is planned from the entry: only
+    // with --config is that the entry the watcher placed (without it, the liveness probe's
+    // way, the chains above are what is checked).
+    let entry = opts
+        .config_file
+        .as_ref()
+        .and_then(|_| flow::entry_config(opts));
+    let plans = crate::restore::guard_plans(&networks, entry.as_ref());
+    for plan in &plans {
+        store
+            .check_shared(plan)
+            .map_err(|e| format!("NOT GUARDING as configured: {e}"))?;
+    }
+    let state_file = state_file_beside(&opts.ready_file);
+    let Some(record) = read_state(&state_file) else {
+        return Err(format!(
+            "no self-repair record at {}: no `install --watch` with self-repair runs here",
+            state_file.display()
+        ));
+    };
+    if watcher_running(&opts.ready_file) != Some(true) {
+        return Err(format!(
+            "the watcher (pid {}) is not running: nothing repairs natguard's tables",
+            record.pid
+        ));
+    }
+    let age = record.updated.map_or(f64::INFINITY, age_of);
+    if age > max_age.as_secs_f64() {
+        return Err(format!(
+            "the watcher (pid {}) runs but its last heartbeat was {age:.0} s ago (more than {} s): \
+             it is frozen or wedged, and would not repair a flush",
+            record.pid,
+            max_age.as_secs()
+        ));
+    }
+    Ok(format!(
+        "guarding ({} natguard network(s), as configured); watcher pid {} alive (heartbeat {age:.0} s ago)",
+        networks.len(),
+        record.pid
+    ))
 }
 
 /// Whether natguard's entry in the list at `path` is `entry`.

@@ -118,6 +118,9 @@ pub(crate) fn write_options(opts: &InstallOpts) {
         "cniBinDir": opts.bin_dir,
         "netconfDir": opts.netconf_dir,
         "conflist": opts.conflist,
+        // Which watcher holds the lock, as its repair record names it (pids repeat across
+        // containers): readers tell the record of the running watcher by it.
+        "instance": crate::tools::watcher::instance(),
     });
     if let Err(e) = write_atomic(&path, format!("{doc}\n").as_bytes(), 0o644, None, &|| true) {
         crate::warn!("cannot record the watcher's directories for --check: {e}");

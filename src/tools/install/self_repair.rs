@@ -19,9 +19,15 @@
 //! also the periodic check (every [`CHECK_EVERY`]) that catches what no notification said. Its
 //! own notifications carry natguard's name and are ignored.
 //!
+//! The first check runs at start. Every attachment a check skips is logged with its reason
+//! when it is first skipped (not again at every check while it stays skipped), and the last
+//! check's skips are counted by reason.
+//!
 //! What happened is kept in [`STATE_FILE`] (JSON, replaced atomically after every repair or
-//! check): repairs (checks that wrote something), checks, the time and cause of the last repair
-//! and how long it took from the first notification. `natguard status` and `natguard metrics`
+//! check, and every [`HEARTBEAT_EVERY`] while idle, so its `updated` time is the thread's
+//! heartbeat): repairs (checks that wrote something), checks, the time and cause of the last
+//! repair and how long it took from the first notification, and the last check's skips by
+//! reason. `natguard status` and `natguard metrics`
 //! read it; without `--watch` there is no such file and they show nothing of it. A watcher
 //! holds the node's watcher lock ([`super::record`]) before it starts here, so the record has
 //! one writer, and a new watcher continues its counts: they never go down. Readers tell a
@@ -44,6 +50,7 @@ pub const QUIET: Duration = Duration::from_millis(10);
 pub const BURST_MAX: Duration = Duration::from_millis(200);
 /// The periodic check without notifications: a backstop, as the timers of other agents are.
 pub const CHECK_EVERY: Duration = Duration::from_secs(60);
+pub use crate::tools::watcher::HEARTBEAT_EVERY;
 pub use crate::tools::watcher::{read_state, state_file_beside, RepairStats};
 
 /// A burst of notifications that demand a repair.
@@ -130,6 +137,8 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
     }
     let mut stats = RepairStats {
         pid: std::process::id(),
+        instance: Some(crate::tools::watcher::instance().to_string()),
+        repairing: true,
         ..previous.unwrap_or_default()
     };
     write_state(state_file, &mut stats);
@@ -139,7 +148,12 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         BURST_MAX.as_millis()
     );
     let mut burst: Option<Burst> = None;
-    let mut check_due = Instant::now() + CHECK_EVERY;
+    let mut broken_seen = Vec::new();
+    let mut memo = restore::Memo::default();
+    // At once: what is skipped is told (and counted) from the start.
+    let mut check_due = Instant::now();
+    let mut skipped = Skipped::default();
+    let mut heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
     // When the last repair ended: the next one waits until BURST_MAX after it.
     let mut last_end: Option<Instant> = None;
     let due = |b: &Burst, last_end: Option<Instant>| match last_end {
@@ -150,7 +164,8 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
         let deadline = burst
             .as_ref()
             .map_or(check_due, |b| due(b, last_end))
-            .min(check_due);
+            .min(check_due)
+            .min(heartbeat_due);
         if wait_readable(m.fd(), deadline.saturating_duration_since(Instant::now())) {
             let v = m.drain();
             burst = extend(burst, v, Instant::now());
@@ -162,14 +177,55 @@ fn run(mut m: Monitor, opts: &restore::Options, state_file: &Path) {
             _ => None,
         };
         let Some((cause, since)) = cause else {
+            if now >= heartbeat_due {
+                write_state(state_file, &mut stats);
+                heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
+            }
             continue;
         };
         burst = None;
         check_due = Instant::now() + CHECK_EVERY;
-        if repair_once(opts, &cause, since, &mut stats) {
+        if repair_once(
+            opts,
+            &cause,
+            since,
+            &mut stats,
+            &mut broken_seen,
+            &mut memo,
+            &mut skipped,
+        ) {
             last_end = Some(Instant::now());
         }
         write_state(state_file, &mut stats);
+        heartbeat_due = Instant::now() + HEARTBEAT_EVERY;
+    }
+}
+
+/// The skips of the last check, by report line: a skip is logged when it first appears.
+#[derive(Debug, Default)]
+struct Skipped(std::collections::BTreeSet<String>);
+
+impl Skipped {
+    /// Logs the skips of `r` that the last check did not have, and counts them by reason.
+    fn note(&mut self, r: &restore::Repair, stats: &mut RepairStats) {
+        let now: std::collections::BTreeSet<String> =
+            r.skipped.iter().map(|(_, line)| line.clone()).collect();
+        for line in now.difference(&self.0) {
+            crate::warn!("self-repair: {line}");
+        }
+        if now != self.0 && !now.is_empty() {
+            let counts = restore::count_reasons(r.skipped.iter().map(|(k, _)| *k));
+            crate::warn!(
+                "self-repair: {} cached attachment(s) not restored: {}",
+                now.len(),
+                restore::reasons_in_words(&counts)
+            );
+        }
+        self.0 = now;
+        stats.skipped = restore::count_reasons(r.skipped.iter().map(|(k, _)| *k))
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect();
     }
 }
 
@@ -179,9 +235,17 @@ fn repair_once(
     cause: &Verdict,
     since: Instant,
     stats: &mut RepairStats,
+    broken_seen: &mut Vec<String>,
+    memo: &mut restore::Memo,
+    skipped: &mut Skipped,
 ) -> bool {
     stats.checks += 1;
-    match restore::repair(opts) {
+    let result = restore::repair_with(opts, memo);
+    if let Ok(r) = &result {
+        note_broken(&r.broken, broken_seen);
+        skipped.note(r, stats);
+    }
+    match result {
         Ok(r) if r.ops > 0 => {
             let committed = r.committed.unwrap_or_else(Instant::now);
             let took = committed.saturating_duration_since(since).as_secs_f64() * 1000.0;
@@ -223,6 +287,21 @@ fn repair_once(
     }
 }
 
+/// Logs the broken lists a repair left alone when they differ from the last check's (`seen`),
+/// so a list that stays broken is not logged every minute.
+fn note_broken(broken: &[restore::BrokenList], seen: &mut Vec<String>) {
+    let now: Vec<String> = broken.iter().map(|b| b.to_string()).collect();
+    if now != *seen {
+        for b in &now {
+            crate::warn!("self-repair: {b}");
+        }
+        if now.is_empty() && !seen.is_empty() {
+            crate::info!("self-repair: every network list parses again");
+        }
+    }
+    *seen = now;
+}
+
 /// What a repair covered, in words: the shared objects it checked and the pods.
 fn what_was_checked(r: &restore::Repair) -> String {
     let shared = match r.networks.as_slice() {
@@ -235,7 +314,37 @@ fn what_was_checked(r: &restore::Repair) -> String {
             nets.join(", ")
         ),
     };
-    format!("{shared} and {} cached pod(s)", r.pods)
+    match r.skipped.len() {
+        0 => format!("{shared} and {} cached pod(s)", r.pods),
+        n => {
+            let counts = restore::count_reasons(r.skipped.iter().map(|(k, _)| *k));
+            format!(
+                "{shared} and {} cached pod(s) ({n} skipped: {})",
+                r.pods,
+                restore::reasons_in_words(&counts)
+            )
+        }
+    }
+}
+
+/// A watcher that does not repair (`--no-repair`, `--no-adopt`) takes over the record an
+/// earlier watcher left, if any: its counts stay, and it says that no self-repair runs now.
+/// Without a record there is nothing to say: no file is made.
+pub fn disown(state_file: &Path) {
+    let Some(previous) = read_state(state_file) else {
+        return;
+    };
+    crate::info!(
+        "self-repair is off; the record of pid {} stays, marked as not repairing",
+        previous.pid
+    );
+    let mut stats = RepairStats {
+        pid: std::process::id(),
+        instance: Some(crate::tools::watcher::instance().to_string()),
+        repairing: false,
+        ..previous
+    };
+    write_state(state_file, &mut stats);
 }
 
 fn write_state(path: &Path, stats: &mut RepairStats) {
@@ -309,9 +418,15 @@ mod tests {
             last_repair_ms: Some(23.5),
             last_cause: Some("nft (pid 9) changed 3 object(s) of natguard's tables".into()),
             updated: Some(1.6e9),
+            instance: Some("7-1600000000000000000".into()),
+            repairing: false,
+            skipped: vec![("netns_not_visible".into(), 2), ("no_natguard".into(), 1)],
             running: None,
         };
         assert_eq!(RepairStats::from_json(&s.to_json()), Some(s));
+        // A record of a watcher from before skips were counted has none.
+        let old = json!({"pid": 1, "repairs": 0, "checks": 1});
+        assert_eq!(RepairStats::from_json(&old).unwrap().skipped, vec![]);
         let fresh = RepairStats::default();
         assert_eq!(RepairStats::from_json(&fresh.to_json()), Some(fresh));
         assert_eq!(RepairStats::from_json(&json!({"repairs": 1})), None);

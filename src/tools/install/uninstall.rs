@@ -130,11 +130,73 @@ pub(crate) fn remove_entries(path: &Path) -> Result<bool> {
         return Ok(false);
     }
     plugins.retain(|p| !is_natguard(p));
+    if restore_converted(path, &l, &want)? {
+        return Ok(true);
+    }
+    want.remove(super::flow::CONVERTED_FROM);
     let text = checked_text(cut_all(&l.text), &Value::Object(want));
     let old = l.text.as_bytes();
     write_atomic(path, text.as_bytes(), 0o644, Some(&l.meta), &|| {
         same_bytes(path, old)
     })?;
+    Ok(true)
+}
+
+/// A list natguard converted from a lone config (it keeps the config's name and bytes) that is,
+/// without natguard's entry, still that config: the config is written back byte for byte under
+/// its own name and the list removed. Ok(false) when the list is not such a conversion (or the
+/// agent changed it since), and it then stays a list.
+fn restore_converted(
+    path: &Path,
+    l: &super::netconf_dir::Loaded,
+    without: &serde_json::Map<String, Value>,
+) -> Result<bool> {
+    let Some(from) = without.get(super::flow::CONVERTED_FROM) else {
+        return Ok(false);
+    };
+    let (Some(file), Some(text)) = (
+        from.get("file").and_then(Value::as_str),
+        from.get("text").and_then(Value::as_str),
+    ) else {
+        return Ok(false);
+    };
+    // A plain file name of a config, beside the list.
+    if file.contains('/') || !(file.ends_with(".conf") || file.ends_with(".json")) {
+        return Ok(false);
+    }
+    let Ok(Value::Object(single)) = serde_json::from_str::<Value>(text) else {
+        return Ok(false);
+    };
+    let mut list = serde_json::Map::new();
+    let mut plugin = serde_json::Map::new();
+    for (k, v) in &single {
+        match k.as_str() {
+            "cniVersion" | "name" => list.insert(k.clone(), v.clone()),
+            _ => plugin.insert(k.clone(), v.clone()),
+        };
+    }
+    list.insert("plugins".into(), Value::Array(vec![Value::Object(plugin)]));
+    let mut now = without.clone();
+    now.remove(super::flow::CONVERTED_FROM);
+    if now != list {
+        return Ok(false);
+    }
+    let dir = super::atomic::parent(path);
+    let target = dir.join(file);
+    if fs::symlink_metadata(&target).is_ok() {
+        return Ok(false);
+    }
+    let old = l.text.as_bytes();
+    write_atomic(&target, text.as_bytes(), 0o644, Some(&l.meta), &|| {
+        same_bytes(path, old)
+    })?;
+    fs::remove_file(path).map_err(|e| Error::io(format!("removing {}", path.display()), e))?;
+    super::atomic::sync_dir(dir).map_err(|e| Error::io(dir.display().to_string(), e))?;
+    crate::info!(
+        "restored {} from {} as it was before natguard converted it",
+        target.display(),
+        path.display()
+    );
     Ok(true)
 }
 

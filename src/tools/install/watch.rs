@@ -140,6 +140,10 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
     };
     install_binary(&opts.bin_dir)?;
     write_options(&opts);
+    // A watcher that will not repair says so at once in the record it takes over.
+    if !(opts.adopt && opts.repair) {
+        self_repair::disown(&self_repair::state_file_beside(&opts.ready_file));
+    }
     let mut ino = Inotify::new().map_err(|e| Error::io("inotify", e))?;
     ino.add(&dir)
         .map_err(|e| Error::io(format!("watching {}", dir.display()), e))?;
@@ -287,6 +291,7 @@ fn reload_config(opts: &mut InstallOpts) -> Option<Instant> {
     if entry == opts.entry {
         return None;
     }
+    super::entry::warn_about_entry(&entry);
     crate::info!(
         "{} changed; natguard's entry is now {}",
         file.display(),

@@ -25,10 +25,13 @@ pub(super) fn value_of(m: &Metric, pairs: &[(&str, &str)]) -> f64 {
 // -----------------------------------------------------------------------------------------
 // Metrics
 
-const ALWAYS: [(&str, &str); 10] = [
+const ALWAYS: [(&str, &str); 13] = [
     ("natguard_up", "gauge"),
+    ("natguard_guarded", "gauge"),
     ("natguard_per_pod_counters_available", "gauge"),
     ("natguard_networks", "gauge"),
+    ("natguard_broken_lists", "gauge"),
+    ("natguard_unenforced_pods", "gauge"),
     ("natguard_pods", "gauge"),
     ("natguard_proxied_connections_total", "counter"),
     ("natguard_reset_attempts_total", "counter"),
@@ -61,6 +64,23 @@ fn metrics_parse_strictly_with_every_family() {
         );
     }
     assert_eq!(value_of(family(&metrics, "natguard_up"), &[]), 1.0);
+    // The kernel answering is not natguard guarding: each has its own gauge.
+    let mut unguarded = node();
+    unguarded.installation = Some(Installation::NoTable);
+    let of = |r: &NodeReport| {
+        let m = parse_exposition(&render_prometheus(r)).unwrap();
+        (
+            value_of(family(&m, "natguard_up"), &[]),
+            value_of(family(&m, "natguard_guarded"), &[]),
+        )
+    };
+    assert_eq!(of(&unguarded), (1.0, 0.0));
+    unguarded.installation = Some(Installation::Incomplete {
+        missing: vec!["judge4".into()],
+    });
+    assert_eq!(of(&unguarded), (1.0, 0.0));
+    assert_eq!(node().installation, Some(Installation::Guarding));
+    assert_eq!(of(&node()), (1.0, 1.0));
     assert_eq!(
         value_of(family(&metrics, "natguard_per_pod_counters_available"), &[]),
         1.0
@@ -91,7 +111,7 @@ fn metrics_parse_strictly_with_every_family() {
     );
     // A family the report has no counters for is still a series, at zero.
     assert_eq!(net("natguard_reset_attempts_total", "empty", "ipv6"), 0.0);
-    for (name, _) in &ALWAYS[4..9] {
+    for (name, _) in &ALWAYS[7..12] {
         assert_eq!(family(&metrics, name).samples.len(), 6, "{name}");
     }
     // The node-wide guard's resets, every source included: one series per family.
@@ -293,6 +313,7 @@ fn repairs_are_exported_only_where_a_watcher_repairs() {
         last_repair: Some(1_700_000_000.75),
         last_repair_ms: Some(21.5),
         last_cause: Some("nft (pid 9) changed 4 object(s) of natguard's tables".into()),
+        updated: Some(1_700_000_100.5),
         ..RepairStats::default()
     });
     let text = render_prometheus(&r);
@@ -303,6 +324,8 @@ fn repairs_are_exported_only_where_a_watcher_repairs() {
         "natguard_repair_checks_total 5",
         "# TYPE natguard_last_repair_timestamp_seconds gauge",
         "natguard_last_repair_timestamp_seconds 1700000000",
+        "# TYPE natguard_self_repair_heartbeat_timestamp_seconds gauge",
+        "natguard_self_repair_heartbeat_timestamp_seconds 1700000100",
     ] {
         assert!(text.lines().any(|l| l == line), "{line:?} missing:\n{text}");
     }

@@ -60,6 +60,46 @@ pub(crate) struct NodeReport {
     /// Whether the bridge guard is hooked: `Some(false)` while the bridge table sleeps (no
     /// exempt pod on a bridge, nothing to pin), `None` without a bridge table.
     pub bridge_guard: Option<bool>,
+    /// Network lists whose natguard entry cannot be read (not JSON, or an entry that does not
+    /// parse): their networks are left as they are, every other one is served.
+    pub broken_lists: Vec<crate::restore::BrokenList>,
+    /// Pods whose host-side interface has tc filters that steer packets around netfilter
+    /// (accepted with `metadata.acceptUnenforced`, or steered since their ADD): natguard's
+    /// rules are there but cannot enforce the metadata policy for them.
+    pub unenforced: Vec<Unenforced>,
+}
+
+/// A pod natguard cannot enforce for: what on its host-side interface steers around netfilter.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Unenforced {
+    pub network: String,
+    /// `namespace/name` as recorded at ADD (see [`PodReport`]).
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub container_id: String,
+    /// The pod's host-side interface.
+    pub interface: String,
+    /// What was found, one line each ([`crate::kernel::link::Links::tc_steering`]).
+    pub found: Vec<String>,
+}
+
+impl Unenforced {
+    /// `namespace/name` as recorded (`?` for a missing half), `None` without either.
+    fn pod(&self) -> Option<String> {
+        match (self.namespace.as_deref(), self.name.as_deref()) {
+            (None, None) => None,
+            (ns, name) => Some(format!("{}/{}", ns.unwrap_or("?"), name.unwrap_or("?"))),
+        }
+    }
+
+    /// `namespace/name`, as the pod lines say it.
+    fn who(&self) -> String {
+        who(&PodReport {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            ..PodReport::default()
+        })
+    }
 }
 
 /// The node-wide guard is in place.
@@ -304,6 +344,30 @@ fn write_pod(out: &mut String, r: &NodeReport, p: &PodReport) {
     }
 }
 
+/// The pods whose host side steers around netfilter, one line each, and how many.
+fn write_unenforced(out: &mut String, r: &NodeReport) {
+    if r.unenforced.is_empty() {
+        return;
+    }
+    for u in &r.unenforced {
+        let found: Vec<String> = u.found.iter().map(|f| printable(f)).collect();
+        let _ = writeln!(
+            out,
+            "UNENFORCED {} ({}) in network {}: {} steers its packets around netfilter",
+            u.who(),
+            printable(&u.interface),
+            printable(&u.network),
+            found.join("; ")
+        );
+    }
+    let _ = writeln!(
+        out,
+        "unenforced: {} pod(s) whose host-side interface steers packets around netfilter; \
+         natguard cannot enforce the metadata policy for them (docs/security.md)",
+        r.unenforced.len()
+    );
+}
+
 /// `natguard status`: the report in plain words.
 /// The node-wide guard: what it reset over every source, and how much of that came from no pod
 /// natguard knows (the per-pod counters name the rest).
@@ -343,13 +407,30 @@ fn write_guard(out: &mut String, r: &NodeReport) {
 
 /// The watcher's self-repair, in one line.
 fn write_self_repair(out: &mut String, sr: &RepairStats) {
-    if sr.running == Some(false) {
+    if !sr.repairing {
+        let _ = write!(
+            out,
+            "self-repair: OFF (install --watch pid {} runs with --no-repair or --no-adopt); before it: ",
+            sr.pid
+        );
+    } else if sr.running == Some(false) {
         let from = sr
             .updated
             .map_or_else(|| "an unknown time".to_string(), utc_time);
         let _ = write!(
             out,
             "self-repair: watcher pid {} is not running (record from {from}): ",
+            sr.pid
+        );
+    } else if let Some(age) = sr
+        .updated
+        .map(crate::tools::watcher::age_of)
+        .filter(|a| *a > crate::tools::watcher::HEARTBEAT_MAX_AGE.as_secs_f64())
+    {
+        let _ = write!(
+            out,
+            "self-repair: watcher pid {} is NOT RESPONDING (its last heartbeat was {age:.0} s \
+             ago; frozen or wedged, it repairs nothing): ",
             sr.pid
         );
     } else {
@@ -368,6 +449,20 @@ fn write_self_repair(out: &mut String, sr: &RepairStats) {
         );
     }
     let _ = writeln!(out);
+    // What the last check could not restore: pods that are not protected until it can.
+    if !sr.skipped.is_empty() {
+        let total: u64 = sr.skipped.iter().map(|(_, n)| n).sum();
+        let why: Vec<String> = sr
+            .skipped
+            .iter()
+            .map(|(k, n)| format!("{n} {}", printable(k)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "self-repair: {total} cached attachment(s) skipped at the last check ({}); the watcher's log says which and why",
+            why.join(", ")
+        );
+    }
 }
 
 /// The watcher's metadata proxy, in one line.
@@ -461,6 +556,10 @@ its rules and counters could not be read"
             );
         }
     }
+    for b in &r.broken_lists {
+        let _ = writeln!(out, "BROKEN LIST: {}", printable(&b.to_string()));
+    }
+    write_unenforced(&mut out, r);
     match r.bridge_guard {
         Some(true) => {
             let _ = writeln!(
@@ -666,6 +765,36 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
         },
         "networks": networks,
     });
+    // Only where a list is broken: on a sound node the document is unchanged.
+    if !r.broken_lists.is_empty() {
+        doc["brokenLists"] = r
+            .broken_lists
+            .iter()
+            .map(|b| {
+                json!({
+                    "file": b.file.display().to_string(),
+                    "network": b.network,
+                    "reason": b.reason,
+                })
+            })
+            .collect();
+    }
+    // Only where a pod's host side steers around netfilter.
+    if !r.unenforced.is_empty() {
+        doc["unenforced"] = r
+            .unenforced
+            .iter()
+            .map(|u| {
+                json!({
+                    "pod": u.pod(),
+                    "network": u.network,
+                    "containerId": short_id(&u.container_id),
+                    "interface": u.interface,
+                    "found": u.found,
+                })
+            })
+            .collect();
+    }
     // Only where a watcher repairs: without --watch the document is unchanged.
     if let Some(sr) = &r.self_repair {
         doc["selfRepair"] = sr.to_json();
@@ -799,6 +928,20 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         &[],
         "1 if nf_tables and conntrack netlink answer on this node, else 0.",
     );
+    let mut guarded = MetricFamily::new(
+        "natguard_guarded",
+        Gauge,
+        &[],
+        "1 if natguard guards this node (its table and the node-wide guard's chains are in \
+         place), else 0.",
+    );
+    let mut heartbeat = MetricFamily::new(
+        "natguard_self_repair_heartbeat_timestamp_seconds",
+        Gauge,
+        &[],
+        "Unix time install --watch's self-repair last wrote its record (every 10 s while it \
+         runs): a stale value is a frozen or wedged watcher.",
+    );
     let mut per_pod = MetricFamily::new(
         "natguard_per_pod_counters_available",
         Gauge,
@@ -811,6 +954,20 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         Gauge,
         &[],
         "CNI networks with natguard rules on this node.",
+    );
+    let mut broken_lists = MetricFamily::new(
+        "natguard_broken_lists",
+        Gauge,
+        &[],
+        "Network lists whose natguard entry cannot be read (not JSON, or an entry that does \
+         not parse); their networks are left as they are (status names them).",
+    );
+    let mut unenforced = MetricFamily::new(
+        "natguard_unenforced_pods",
+        Gauge,
+        &[],
+        "Pod attachments whose host-side interface has tc filters that steer packets around \
+         netfilter, so natguard cannot enforce the metadata policy for them (status names them).",
     );
     let mut pods = MetricFamily::new(
         "natguard_pods",
@@ -894,8 +1051,9 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         "natguard_self_repair_running",
         Gauge,
         &[],
-        "1 if the install --watch that keeps the self-repair record holds the watcher lock \
-         (it runs), 0 if the record is left from a watcher that exited.",
+        "1 if the install --watch that holds the watcher lock keeps the self-repair record \
+         and repairs, 0 if the record is left from a watcher that exited or the running one \
+         does not repair (--no-repair).",
     );
     let mut proxy_requests = MetricFamily::new(
         "natguard_proxy_requests_total",
@@ -924,7 +1082,22 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
             proxy_requests.add(vec![what.to_string()], n);
         }
     }
+    let mut skipped = MetricFamily::new(
+        "natguard_repair_skipped_attachments",
+        Gauge,
+        &["reason"],
+        "Attachments of the CNI result cache that install --watch's last check could not \
+         restore, by reason (netns_gone, netns_not_visible, not_a_netns, not_permitted, \
+         no_natguard, no_address, unreadable_cache, broken_list, deleted).",
+    );
     if let Some(sr) = &r.self_repair {
+        // Every reason, zeros included: a series that appears later hides its first rise.
+        for reason in crate::restore::SKIP_REASONS {
+            skipped.add(vec![reason.to_string()], 0);
+        }
+        for (reason, n) in &sr.skipped {
+            skipped.add(vec![reason.clone()], *n);
+        }
         if let Some(running) = sr.running {
             watcher_running.add(vec![], u64::from(running));
         }
@@ -933,13 +1106,19 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         if let Some(t) = sr.last_repair {
             last_repair.add(vec![], t as u64);
         }
+        if let Some(t) = sr.updated {
+            heartbeat.add(vec![], t as u64);
+        }
     }
 
     up.add(vec![], u64::from(r.ready));
     // What could not be read is left out, not reported as zero.
     if !r.unreadable {
+        guarded.add(vec![], u64::from(guarding(r)));
         per_pod.add(vec![], u64::from(r.per_pod_counters));
         networks.add(vec![], r.networks.len() as u64);
+        broken_lists.add(vec![], r.broken_lists.len() as u64);
+        unenforced.add(vec![], r.unenforced.len() as u64);
     }
     for (f, n, _) in &r.guard {
         guard_reset.add(vec![family_label(*f).to_string()], *n);
@@ -974,8 +1153,11 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
     let mut out = String::new();
     for family in [
         &up,
+        &guarded,
         &per_pod,
         &networks,
+        &broken_lists,
+        &unenforced,
         &pods,
         &proxied,
         &reset,
@@ -999,6 +1181,10 @@ pub(crate) fn render_prometheus_with(r: &NodeReport, pod_series: PodSeries) -> S
         checks.write(&mut out);
         if last_repair.has_samples() {
             last_repair.write(&mut out);
+        }
+        skipped.write(&mut out);
+        if heartbeat.has_samples() {
+            heartbeat.write(&mut out);
         }
     }
     // Only where a watcher serves the proxy.

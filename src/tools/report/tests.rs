@@ -58,10 +58,12 @@ pub(super) fn node() -> NodeReport {
     anon.name = None;
     anon.interface = None;
     NodeReport {
+        broken_lists: Vec::new(),
         ready: true,
         not_ready_reason: None,
         per_pod_counters: true,
         unreadable: false,
+        unenforced: Vec::new(),
         guard: vec![(Family::V4, 9, 2), (Family::V6, 1, 0)],
         self_repair: None,
         proxy: None,
@@ -386,12 +388,14 @@ fn text_explains_the_denied_log() {
 #[test]
 fn text_not_ready_and_empty() {
     let r = NodeReport {
+        broken_lists: Vec::new(),
         ready: false,
         not_ready_reason: Some("conntrack netlink: Operation not permitted".to_string()),
         per_pod_counters: true,
         guard: Vec::new(),
         networks: vec![],
         unreadable: false,
+        unenforced: Vec::new(),
         self_repair: None,
         proxy: None,
         installation: None,
@@ -435,10 +439,12 @@ fn text_not_ready_and_empty() {
 #[test]
 fn json_golden() {
     let r = NodeReport {
+        broken_lists: Vec::new(),
         ready: true,
         not_ready_reason: None,
         per_pod_counters: true,
         unreadable: false,
+        unenforced: Vec::new(),
         guard: Vec::new(),
         self_repair: None,
         proxy: None,
@@ -861,10 +867,97 @@ fn a_record_of_an_exited_watcher_is_shown_as_gone() {
         }),
         ..r
     };
-    assert!(render_text(&live).contains("self-repair (install --watch, pid 41): 3 repair(s)"));
+    // A running watcher whose heartbeat is old is frozen or wedged: said, not hidden.
+    let text = render_text(&live);
+    assert!(
+        text.contains("self-repair: watcher pid 41 is NOT RESPONDING (its last heartbeat was "),
+        "{text}"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let mut fresh = live.clone();
+    fresh.self_repair.as_mut().unwrap().updated = Some(now - 5.0);
+    assert!(render_text(&fresh).contains("self-repair (install --watch, pid 41): 3 repair(s)"));
     let metrics = parse_exposition(&render_prometheus(&live)).unwrap();
     assert_eq!(
         value_of(family(&metrics, "natguard_self_repair_running"), &[]),
         1.0
+    );
+}
+
+#[test]
+fn pods_steered_around_netfilter_are_named_in_text_json_and_metrics() {
+    let plain = node();
+    assert!(!render_text(&plain).contains("UNENFORCED"));
+    assert!(!render_text(&plain).contains("unenforced"));
+    assert_eq!(render_json(&plain).get("unenforced"), None);
+    let metrics = parse_exposition(&render_prometheus(&plain)).unwrap();
+    assert_eq!(
+        value_of(family(&metrics, "natguard_unenforced_pods"), &[]),
+        0.0
+    );
+    let r = NodeReport {
+        unenforced: vec![
+            Unenforced {
+                network: "pods".to_string(),
+                namespace: Some("default".to_string()),
+                name: Some("web\nUNENFORCED forged".to_string()),
+                container_id: "0123456789abcdef".to_string(),
+                interface: "veth1a2b".to_string(),
+                found: vec![
+                    "a bpf filter cil_from_container, direct action on its tc ingress hook"
+                        .to_string(),
+                    "a u32 filter with a mirred action on its tc egress hook".to_string(),
+                ],
+            },
+            Unenforced {
+                network: "pods".to_string(),
+                interface: "veth3c4d".to_string(),
+                found: vec!["a u32 filter with a mirred action on its tc ingress hook".into()],
+                ..Unenforced::default()
+            },
+        ],
+        ..node()
+    };
+    let text = render_text(&r);
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("UNENFORCED "))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "UNENFORCED default/web\\nUNENFORCED forged (veth1a2b) in network pods: a bpf filter \
+             cil_from_container, direct action on its tc ingress hook; a u32 filter with a \
+             mirred action on its tc egress hook steers its packets around netfilter",
+            "UNENFORCED (pod name not recorded) (veth3c4d) in network pods: a u32 filter with a \
+             mirred action on its tc ingress hook steers its packets around netfilter",
+        ]
+    );
+    assert!(
+        text.contains("unenforced: 2 pod(s) whose host-side interface steers packets around"),
+        "{text}"
+    );
+    let doc = render_json(&r);
+    assert_eq!(
+        doc["unenforced"][0],
+        json!({
+            "pod": "default/web\nUNENFORCED forged",
+            "network": "pods",
+            "containerId": "0123456789ab",
+            "interface": "veth1a2b",
+            "found": [
+                "a bpf filter cil_from_container, direct action on its tc ingress hook",
+                "a u32 filter with a mirred action on its tc egress hook",
+            ],
+        })
+    );
+    assert_eq!(doc["unenforced"][1]["pod"], Value::Null);
+    let metrics = parse_exposition(&render_prometheus(&r)).unwrap();
+    assert_eq!(
+        value_of(family(&metrics, "natguard_unenforced_pods"), &[]),
+        2.0
     );
 }
