@@ -8,8 +8,9 @@
 //! so the listen backlog never fills and one source cannot starve the others. The request head
 //! must arrive within `header_timeout` (hyper's header-read timeout, also between keep-alive
 //! requests), its size is bounded by `max_head`, and a connection lives at most `lifetime`. A
-//! connection that has sent nothing yet holds no HTTP state (hyper's buffers come with its
-//! first bytes), so thousands of idle ones cost little memory.
+//! connection holds hyper's state (its buffers, 16 KiB) only while a request is read and
+//! answered ([`connection`]): one that is idle, before its first request or between
+//! keep-alive requests, holds only its socket and a task, so thousands cost little memory.
 
 use super::io::{Io, Timer};
 use http_body_util::Full;
@@ -82,6 +83,7 @@ where
                     return;
                 }
             };
+            rt.spawn(trimmer());
             rt.block_on(serve());
         })
         .map(|_| ())
@@ -189,26 +191,299 @@ pub async fn serve(
         let handler = handler.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            // hyper reserves its read buffer (8 KiB) at its first read: a client that has sent
-            // nothing yet costs only this task until it does, and is closed if it never does.
+            let _ =
+                tokio::time::timeout(limits.lifetime, connection(stream, conn, limits, handler))
+                    .await;
+        });
+    }
+}
+
+/// Serves one connection, one turn of hyper's connection state per request: between requests
+/// the connection holds only its socket and this task, never hyper's buffers (8 KiB to read
+/// and 8 KiB to write), so thousands of idle keep-alive connections cost little memory.
+///
+/// Each turn starts when the client sends (within `header_timeout`, the bound on an idle
+/// connection, as hyper's header-read timeout is between keep-alive requests) and ends after
+/// a response has been written and the client has nothing more to read yet: [`Turn`] then
+/// ends hyper's reading as a clean close would, and the socket is taken back. A connection
+/// hyper itself closes (`Connection: close`, an error, a timeout, the client's close) ends
+/// here too.
+async fn connection(
+    mut stream: tokio::net::TcpStream,
+    conn: Conn,
+    limits: Limits,
+    handler: Handler,
+) {
+    let mut pending = Bytes::new();
+    loop {
+        if pending.is_empty() {
             match tokio::time::timeout(limits.header_timeout, stream.readable()).await {
                 Ok(Ok(())) => {}
                 _ => return,
             }
-            let service = hyper::service::service_fn(move |req| {
+        }
+        let _busy = Busy::enter();
+        let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let service = {
+            let handler = handler.clone();
+            let answered = answered.clone();
+            hyper::service::service_fn(move |req| {
+                // A request began: only its own response lets the turn end.
+                answered.store(false, std::sync::atomic::Ordering::Relaxed);
                 let h = handler.clone();
                 async move { Ok::<_, std::convert::Infallible>(h(req, conn).await) }
-            });
-            // Boxed: the connection's state is allocated only now, not in every waiting task.
-            let served = Box::pin(
-                hyper::server::conn::http1::Builder::new()
-                    .timer(Timer)
-                    .header_read_timeout(limits.header_timeout)
-                    .max_buf_size(limits.max_head)
-                    .keep_alive(limits.keep_alive)
-                    .serve_connection(Io(stream), service),
-            );
-            let _ = tokio::time::timeout(limits.lifetime, served).await;
-        });
+            })
+        };
+        let turn = Turn {
+            stream,
+            pending,
+            answered,
+            wrote: false,
+            parked: false,
+            closed: false,
+        };
+        // Boxed: hyper's state exists only for the turn, not in the idle task.
+        let served = Box::pin(
+            hyper::server::conn::http1::Builder::new()
+                .timer(Timer)
+                .header_read_timeout(limits.header_timeout)
+                .max_buf_size(limits.max_head)
+                .keep_alive(limits.keep_alive)
+                .serve_connection(Io(turn), service)
+                .without_shutdown(),
+        );
+        let parts = match served.await {
+            Ok(p) => p,
+            Err(_) => return,
+        };
+        let Io(turn) = parts.io;
+        if !turn.parked || turn.closed {
+            // hyper ended the connection itself: close it as hyper would have.
+            let mut s = turn.stream;
+            let _ = tokio::io::AsyncWriteExt::shutdown(&mut s).await;
+            return;
+        }
+        stream = turn.stream;
+        // Copied: hyper's read-ahead is a view of its whole read buffer, which it would keep.
+        pending = Bytes::copy_from_slice(&parts.read_buf);
+    }
+}
+
+/// How many turns are being served, process-wide, and whether one ended since the allocator
+/// last gave memory back.
+static BUSY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How many turns ended with the connection idle (for the tests).
+#[cfg(test)]
+static PARKED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// One turn being served.
+struct Busy;
+
+impl Busy {
+    fn enter() -> Busy {
+        BUSY.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        BUSY.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        ENDED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Every 100 ms, once turns have ended and none is being served (the servers are quiet), the
+/// allocator gives the pages freed since back to the kernel: after a burst of thousands of
+/// requests at once the turns' buffers are free, and an idle server's resident memory is what
+/// its idle connections hold, not the burst's high-water mark.
+async fn trimmer() {
+    use std::sync::atomic::Ordering::Relaxed;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if BUSY.load(Relaxed) == 0 && ENDED.swap(false, Relaxed) {
+            // SAFETY: malloc_trim only returns free pages of the allocator's arenas.
+            unsafe { libc::malloc_trim(0) };
+        }
+    }
+}
+
+/// A connection's socket for one turn of hyper: bytes hyper read ahead in the previous turn
+/// first, then the socket. Once a response has been written and flushed and the client has
+/// sent nothing since, a read that would wait reads as the end of the stream instead
+/// (`parked`): hyper, idle between requests, ends the turn as on a client's clean close.
+struct Turn {
+    stream: tokio::net::TcpStream,
+    pending: Bytes,
+    /// Set when a response was flushed, cleared when a request begins (the service) or bytes
+    /// arrive.
+    answered: Arc<std::sync::atomic::AtomicBool>,
+    wrote: bool,
+    parked: bool,
+    /// The client closed (a real end of stream).
+    closed: bool,
+}
+
+impl tokio::io::AsyncRead for Turn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        use std::task::Poll;
+        if !self.pending.is_empty() {
+            let n = self.pending.len().min(buf.remaining());
+            let head = self.pending.split_to(n);
+            buf.put_slice(&head);
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut self.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() == before {
+                    self.closed = true;
+                } else {
+                    self.answered.store(false, Relaxed);
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending if self.answered.load(Relaxed) => {
+                #[cfg(test)]
+                PARKED.fetch_add(1, Relaxed);
+                self.parked = true;
+                Poll::Ready(Ok(()))
+            }
+            other => other,
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Turn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.wrote = true;
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = Pin::new(&mut self.stream).poll_flush(cx);
+        if matches!(r, std::task::Poll::Ready(Ok(()))) && self.wrote {
+            self.wrote = false;
+            self.answered
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            // hyper read (and found nothing) before it wrote: polled again, it reads once
+            // more, and that read ends the turn.
+            cx.waker().wake_by_ref();
+        }
+        r
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// A server answering every request with `ok`, on a port of the loopback.
+    fn server() -> SocketAddr {
+        let (tx, rx) = std::sync::mpsc::channel();
+        spawn("http-test", move || async move {
+            let l = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            tx.send(l.local_addr().unwrap()).unwrap();
+            let handler: Handler = Arc::new(|_req, _conn| Box::pin(async { text(200, "ok") }));
+            let limits = Limits {
+                max_conns: 16,
+                per_source: 16,
+                header_timeout: Duration::from_secs(5),
+                lifetime: Duration::from_secs(30),
+                max_head: 16 * 1024,
+                keep_alive: true,
+            };
+            serve(l, limits, handler, |_| None).await;
+        })
+        .unwrap();
+        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+    }
+
+    /// Reads until `n` whole answers arrived (or the stream ends); returns what was read.
+    fn answers(s: &mut std::net::TcpStream, n: usize) -> String {
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while String::from_utf8_lossy(&got).matches("\r\n\r\nok").count() < n {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => got.extend_from_slice(&buf[..k]),
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    const REQ: &[u8] = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n";
+
+    #[test]
+    fn keep_alive_requests_are_served_in_turns_whole_split_and_pipelined() {
+        let addr = server();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        // One request, then another on the same connection once the first turn has ended.
+        s.write_all(REQ).unwrap();
+        assert_eq!(answers(&mut s, 1).matches(" 200 OK").count(), 1);
+        // The first turn ends, hyper's state dropped, with the connection open and idle.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while PARKED.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no turn ended idle");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        s.write_all(REQ).unwrap();
+        assert_eq!(answers(&mut s, 1).matches(" 200 OK").count(), 1);
+        // A head in two pieces: the second turn waits for the rest.
+        s.write_all(&REQ[..10]).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        s.write_all(&REQ[10..]).unwrap();
+        assert_eq!(answers(&mut s, 1).matches(" 200 OK").count(), 1);
+        // Three pipelined requests in one write: three answers, in order.
+        let three = [REQ, REQ, REQ].concat();
+        s.write_all(&three).unwrap();
+        assert_eq!(answers(&mut s, 3).matches(" 200 OK").count(), 3);
+        // Connection: close ends the connection after its answer.
+        s.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let last = answers(&mut s, 1);
+        assert_eq!(last.matches(" 200 OK").count(), 1, "{last}");
+        let mut rest = Vec::new();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        assert_eq!(
+            s.read_to_end(&mut rest).unwrap(),
+            0,
+            "the connection is closed"
+        );
+    }
+
+    #[test]
+    fn an_idle_connection_is_closed_after_the_header_timeout() {
+        let addr = server();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.write_all(REQ).unwrap();
+        assert_eq!(answers(&mut s, 1).matches(" 200 OK").count(), 1);
+        // Idle between requests: closed within the header timeout (5 s), not kept for ever.
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut rest = Vec::new();
+        assert_eq!(s.read_to_end(&mut rest).unwrap(), 0);
     }
 }

@@ -28,16 +28,31 @@ pub const MAX_BODY: usize = 1024 * 1024;
 const NODE_TOKEN_TTL: u64 = 21600;
 const RENEW_LEFT: Duration = Duration::from_secs(NODE_TOKEN_TTL / 10);
 
-/// How many idle connections are kept per upstream, and for how long.
-pub const POOL_IDLE: usize = 32;
+/// How many idle connections are kept per upstream, and for how long: as many as requests a
+/// busy node has in flight at once (64 keep-alive clients, nginx's `keepalive 64`), so that a
+/// steady load never opens an upstream connection per request.
+pub const POOL_IDLE: usize = 128;
 pub const POOL_IDLE_FOR: Duration = Duration::from_secs(30);
+/// How many requests are sent upstream at once, over all upstreams: a burst of pods asking
+/// at once waits its turn (each within [`ANSWER_TIMEOUT`]) rather than opening a connection
+/// each to the metadata API, which throttles per instance.
+pub const IN_FLIGHT: usize = POOL_IDLE;
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
-/// Idle upstream connections, per upstream.
-#[derive(Default)]
+/// Idle upstream connections, per upstream, and the bound on requests in flight.
 pub struct Pool {
     idle: Mutex<HashMap<SocketAddr, Vec<(Sender, Instant)>>>,
+    in_flight: tokio::sync::Semaphore,
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool {
+            idle: Mutex::default(),
+            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT),
+        }
+    }
 }
 
 impl Pool {
@@ -101,6 +116,15 @@ pub async fn send(
     target: &str,
     headers: &[(&str, String)],
 ) -> Result<Answer, String> {
+    let _permit = tokio::time::timeout(ANSWER_TIMEOUT, pool.in_flight.acquire())
+        .await
+        .map_err(|_| {
+            format!(
+                "{upstream}: no request slot within {} s ({IN_FLIGHT} in flight)",
+                ANSWER_TIMEOUT.as_secs()
+            )
+        })?
+        .map_err(|e| format!("{upstream}: {e}"))?;
     if let Some(kept) = pool.take(upstream) {
         if let Ok(a) = attempt(pool, kept, upstream, method.clone(), target, headers).await {
             return Ok(a);
