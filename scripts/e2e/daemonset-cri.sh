@@ -140,7 +140,9 @@ spec -r '.configMap | to_entries[] | @base64' | while read -r kv; do
 done
 ln -s ..v1 "$cm/..data"
 CONFIG_JSON=$(cat "$cm/..v1/natguard.json") || fail "the ConfigMap has no natguard.json"
-masq=$(jq -r '.masquerade.enabled // true' <<<"$CONFIG_JSON")
+# natguard masquerades outside nonMasqueradeCIDRs only where the ConfigMap asks for it
+# (masquerade.masqueradeOutside, false by default): otherwise the remote sees the pod.
+masq=$(jq -r '(.masquerade.enabled != false) and (.masquerade.masqueradeOutside == true)' <<<"$CONFIG_JSON")
 jq -e --arg ns "$EXEMPT_NS" '.metadata.exemptNamespaces | index($ns)' <<<"$CONFIG_JSON" >/dev/null &&
   fail "the ConfigMap already names $EXEMPT_NS"
 # The test's exempt namespace: the ConfigMap as an operator edits it (one field added).
