@@ -333,11 +333,14 @@ natguard_bin() {
   echo "$REPO/target/x86_64-unknown-linux-gnu/release/natguard"
 }
 
-# natguard_conf [EXTRA_JSON]: natguard's entry for a conflist (defaults plus an exempt namespace).
+# natguard_conf [EXTRA_JSON]: natguard's entry for a conflist (defaults plus an exempt namespace,
+# and masqueradeOutside: the layers' bridges masquerade nothing, and check_probe checks both
+# sides of natguard's masquerade policy).
 natguard_conf() {
   jq -cn --arg log "$W/natguard.log" --arg ex "$EXEMPT_NS" --argjson extra "${1:-{\}}" \
     '{type: "natguard", capabilities: {"io.kubernetes.cri.pod-annotations": true},
-      metadata: {mode: "proxy", exemptNamespaces: [$ex]}, logFile: $log} * $extra'
+      metadata: {mode: "proxy", exemptNamespaces: [$ex]}, masquerade: {masqueradeOutside: true},
+      logFile: $log} * $extra'
 }
 
 # bridge_conf BRIDGE SUBNET [IPMASQ]: Debian's bridge + host-local (default IPAM dir).

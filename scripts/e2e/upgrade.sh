@@ -94,7 +94,10 @@ jq -n --arg net "$NET" --argjson br "$(bridge_conf cni0 10.244.9.0/24)" \
   '{cniVersion: "1.0.0", name: $net, plugins: [$br]}' >"$W/template.conflist"
 cp "$W/template.conflist" "$LIST"
 # 0.2.0's entry as the DaemonSet gets it: the ConfigMap's (every field spelt out)
-jq --arg ex "$EXEMPT_NS" '.metadata.exemptNamespaces = [$ex]' "$REPO/deploy/base/natguard.json" >"$W/natguard.json"
+# masqueradeOutside: the operator keeps 0.1.0's masquerade of everything outside the CIDRs
+# (install warns an entry that relies on the old default; docs/upgrade.md).
+jq --arg ex "$EXEMPT_NS" '.metadata.exemptNamespaces = [$ex] | .masquerade.masqueradeOutside = true' \
+  "$REPO/deploy/base/natguard.json" >"$W/natguard.json"
 
 # lib: the runtime (libcni, through tests/cnitool): the list as it is now, the node's bin dir
 # (natguard is whatever binary is there now) and libcni's cache in /var/lib/cni
