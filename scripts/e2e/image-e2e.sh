@@ -67,9 +67,12 @@ if [ -z "${NATGUARD_BIN:-}" ]; then
     [ "$revision" = unknown ] || fail "built outside a git checkout, the binary names revision $revision"
   fi
 fi
-want=$(jq -cnS --arg v "$crate_version" --arg r "$revision" '{
+# The source label is Cargo.toml's repository unless IMAGE_SOURCE says otherwise.
+source=$(sed -n 's/^repository = "\(.*\)"$/\1/p' "$REPO/Cargo.toml")
+[ -n "$source" ] || fail "Cargo.toml names no repository"
+want=$(jq -cnS --arg v "$crate_version" --arg r "$revision" --arg s "$source" '{
   "org.opencontainers.image.licenses": "Apache-2.0", "org.opencontainers.image.revision": $r,
-  "org.opencontainers.image.source": "unknown", "org.opencontainers.image.title": "natguard",
+  "org.opencontainers.image.source": $s, "org.opencontainers.image.title": "natguard",
   "org.opencontainers.image.version": $v}')
 [ "$labels" = "$want" ] || fail "image labels: $labels, want $want"
 # The source label is an input like the binary: it changes the config, and so the digest.
