@@ -31,7 +31,7 @@ pub fn dir() -> PathBuf {
 /// libcni's cache entry of an attachment in the runtimes' default cache:
 /// `<cache>/<network>-<container ID>-<ifname>`.
 fn cache_entry(network: &str, container_id: &str, ifname: &str) -> PathBuf {
-    Path::new(crate::restore::DEFAULT_CACHE_DIR).join(format!("{network}-{container_id}-{ifname}"))
+    Path::new(crate::cni::DEFAULT_CACHE_DIR).join(format!("{network}-{container_id}-{ifname}"))
 }
 
 /// Records that natguard's DEL runs for `owner`; called before the attachment's entries are
@@ -116,9 +116,7 @@ fn prune_gone() {
         let name = text.trim();
         let gone = name.is_empty()
             || name.contains('/')
-            || !Path::new(crate::restore::DEFAULT_CACHE_DIR)
-                .join(name)
-                .exists();
+            || !Path::new(crate::cni::DEFAULT_CACHE_DIR).join(name).exists();
         if gone {
             let _ = std::fs::remove_file(e.path());
         }

@@ -36,7 +36,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
+pub use crate::cni::DEFAULT_CACHE_DIR;
 /// Where runtimes look for network configs unless configured otherwise.
 pub const DEFAULT_NETCONF_DIR: &str = "/etc/cni/net.d";
 /// Cache files larger than this are not results.

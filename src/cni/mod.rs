@@ -128,6 +128,10 @@ pub fn error_reply(version: Option<CniVersion>, err: &Error) -> Value {
     })
 }
 
+/// Where libcni keeps a runtime's results: one file per attachment (network, container,
+/// interface), removed by the runtime after the DEL of every plugin.
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/cni/results";
+
 #[cfg(test)]
 mod tests {
     use super::*;
