@@ -20,7 +20,8 @@
 //! existed. That costs one kernel walk per metadata address, however many pods there are.
 //! Reconcile installs the same entries and touches no flow. Both are idempotent and report one
 //! entry per attachment. [`repair`] is reconcile in one batch, for `install --watch`'s
-//! self-repair; [`place_guard`] puts the shared objects in place whatever pods there are.
+//! self-repair; [`place_guard`] is the same batch with the node-wide guard planned from
+//! natguard's entry where no list names natguard yet.
 
 use crate::cni::{self, CniArgs};
 use crate::config::{self, Config, MetadataMode};
@@ -408,18 +409,25 @@ pub fn guard_plans(
 }
 
 /// Puts the shared objects of [`guard_plans`] in place (a converge where they differ, nothing
-/// written where they are intact); returns the number of operations committed.
-pub fn place_guard(netconf_dir: &Path, node_guard: Option<&Config>) -> Result<usize> {
-    let networks = scan_networks(netconf_dir)?;
-    for b in &networks.broken {
+/// written where they are intact) and, in the same batch, the entries of every live attachment
+/// of the CNI cache `cache_dir` ([`repair`]): a network whose objects are converged (another
+/// release's, a changed entry) is never left without its running pods' entries, not even for
+/// the instant before the adopt that follows. Returns the number of operations committed.
+pub fn place_guard(
+    netconf_dir: &Path,
+    cache_dir: &Path,
+    node_guard: Option<&Config>,
+) -> Result<usize> {
+    let r = repair(&Options {
+        cache_dir: cache_dir.to_path_buf(),
+        netconf_dir: netconf_dir.to_path_buf(),
+        node_guard: node_guard.cloned(),
+        ..Options::default()
+    })?;
+    for b in &r.broken {
         crate::warn!("{b}");
     }
-    let plans = guard_plans(&networks.configs, node_guard);
-    if plans.is_empty() {
-        return Ok(0);
-    }
-    let shared: Vec<_> = plans.iter().collect();
-    store::open()?.apply(&shared, &[])
+    Ok(r.ops)
 }
 
 /// One libcni cache entry (`cniCacheV1`).

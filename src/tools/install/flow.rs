@@ -231,12 +231,18 @@ pub(crate) fn entry_config(opts: &InstallOpts) -> Option<crate::config::Config> 
 }
 
 /// Puts the node-wide guard in place: the shared objects of every network whose conflist
-/// lists natguard, or, where none does yet, the guard alone from natguard's entry. From then
-/// on metadata TCP of every pod natguard has not seen is reset, on a node that has no pod and
-/// no natguard network yet. Nothing is written when it is intact.
+/// lists natguard, or, where none does yet, the guard alone from natguard's entry, with the
+/// entries of the running pods in the same batch (a converged network never lacks them). From
+/// then on metadata TCP of every pod natguard has not seen is reset, on a node that has no pod
+/// and no natguard network yet. Nothing is written when it is intact.
 pub(crate) fn place_guard(opts: &InstallOpts) -> Result<()> {
     let cfg = entry_config(opts);
-    let n = crate::restore::place_guard(&opts.netconf_dir, cfg.as_ref())
+    let given = opts
+        .cache_dir
+        .clone()
+        .unwrap_or_else(|| crate::restore::DEFAULT_CACHE_DIR.into());
+    let cache_dir = crate::restore::results_dir(&given);
+    let n = crate::restore::place_guard(&opts.netconf_dir, &cache_dir, cfg.as_ref())
         .map_err(|e| e.context("putting the node-wide metadata guard in place"))?;
     if n > 0 {
         crate::info!("the node-wide metadata guard is in place ({n} change(s) committed)");
