@@ -70,9 +70,14 @@ pub fn own_among(addrs: &[IpAddr]) -> Vec<IpAddr> {
     if addrs.is_empty() {
         return Vec::new();
     }
-    let Ok(mut links) = link::Links::open() else {
-        return Vec::new();
-    };
+    match link::Links::open() {
+        Ok(mut links) => own_among_with(&mut links, addrs),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// [`own_among`] on the caller's rtnetlink socket.
+pub fn own_among_with(links: &mut link::Links, addrs: &[IpAddr]) -> Vec<IpAddr> {
     let mut own = Vec::new();
     for &a in addrs {
         match links.is_local(a) {
@@ -110,20 +115,25 @@ pub struct HostFinding {
 /// it is the one the guard keys the pod by (found by the node's route to the pod's first
 /// address); the port stays the bridge port. A route that leaves by anything else (an uplink)
 /// changes nothing.
-pub fn host_side(names: &[String], addrs: &[IpAddr], pod: Option<&PodLink>) -> HostFinding {
-    let Ok(mut links) = link::Links::open() else {
+pub fn host_side(
+    links: Option<&mut link::Links>,
+    names: &[String],
+    addrs: &[IpAddr],
+    pod: Option<&PodLink>,
+) -> HostFinding {
+    let Some(links) = links else {
         return HostFinding {
             side: Err("no rtnetlink socket to look the host side up with".into()),
             foreign: Vec::new(),
         };
     };
-    let peer = pod_peer(&mut links, pod);
+    let peer = pod_peer(links, pod);
     let side = peer.clone().map(|(veth, bridge)| match bridge {
         Some(bridge) => {
             let iface = addrs
                 .iter()
                 .find_map(|a| links.route_oif(*a).ok().flatten())
-                .and_then(|oif| bridge_ip_device(&mut links, &oif, bridge, veth))
+                .and_then(|oif| bridge_ip_device(links, &oif, bridge, veth))
                 .unwrap_or(bridge);
             HostSide {
                 iface,
@@ -145,9 +155,8 @@ pub fn host_side(names: &[String], addrs: &[IpAddr], pod: Option<&PodLink>) -> H
             // The pod's veth, its bridge, or another IP device of that bridge (the bridge
             // plugin's `vlan` gateway `BRIDGE.VLAN`, which its result lists) is the pod's.
             let ours = n == veth
-                || bridge.is_some_and(|b| {
-                    n == b || bridge_ip_device(&mut links, name, b, veth).is_some()
-                });
+                || bridge
+                    .is_some_and(|b| n == b || bridge_ip_device(links, name, b, veth).is_some());
             // A name the kernel does not know names nothing natguard could use.
             if !ours && matches!(links.link(name), Ok(Some(_))) {
                 foreign.push(name.clone());

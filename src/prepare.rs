@@ -69,7 +69,14 @@ pub(crate) fn prepare_pod(
 ) -> Result<Prepared> {
     crate::policy::refuse_unenforceable(cfg, &who.annotations)?;
     let ips = cni::prev_result::check_shape(prev, who.ifname)?;
-    let own = crate::node::own_among(&ips.iter().map(|ip| ip.addr).collect::<Vec<_>>());
+    // One rtnetlink socket for every lookup of the node's side: its addresses, the tc filters
+    // and the host side of the pod's interface.
+    let mut links = kernel::link::Links::open().ok();
+    let addrs_of_result: Vec<IpAddr> = ips.iter().map(|ip| ip.addr).collect();
+    let own = match links.as_mut() {
+        Some(l) if !addrs_of_result.is_empty() => crate::node::own_among_with(l, &addrs_of_result),
+        _ => Vec::new(),
+    };
     if let Some((ip, why)) = ips
         .iter()
         .find_map(|ip| not_a_pod_address_here(cfg, &own, ip).map(|why| (ip, why)))
@@ -99,9 +106,9 @@ pub(crate) fn prepare_pod(
         }
     }
     if let Some(peer) = pod_link.as_ref().and_then(|l| l.peer) {
-        refuse_steered(cfg, who, peer)?;
+        refuse_steered(cfg, who, links.as_mut(), peer)?;
     }
-    let host = host_side_of(cfg, who, prev, &addrs, pod_link.as_ref())?;
+    let host = host_side_of(cfg, who, prev, &addrs, pod_link.as_ref(), links.as_mut())?;
     let shared = plan::plan_shared(who.network, cfg, &node);
     let pod_ref = PodRef {
         network: who.network,
@@ -123,24 +130,33 @@ pub(crate) fn prepare_pod(
 /// reach the real metadata API: refused with code 7 unless the operator accepts unenforced
 /// pods, and then logged. tcx attachments (Linux 6.6) are not listed by a filter dump and not
 /// seen here (docs/security.md).
-fn refuse_steered(cfg: &Config, who: &Identity<'_>, peer: u32) -> Result<()> {
-    let mut links = match kernel::link::Links::open() {
-        Ok(l) => l,
-        Err(e) => {
-            warn!(
-                "{}: cannot list the tc filters of {}'s host side: {e}",
-                who.network, who.ifname
-            );
-            return Ok(());
-        }
+fn refuse_steered(
+    cfg: &Config,
+    who: &Identity<'_>,
+    links: Option<&mut kernel::link::Links>,
+    peer: u32,
+) -> Result<()> {
+    // What cannot be listed cannot be shown clean: refused like a steered pod (fail closed).
+    let listed = match links {
+        Some(l) => l
+            .tc_steering(peer)
+            .map(|f| (f, l))
+            .map_err(|e| e.to_string()),
+        None => Err("no rtnetlink socket".into()),
     };
-    let found = match links.tc_steering(peer) {
-        Ok(f) => f,
+    let (found, links) = match listed {
+        Ok(x) => x,
         Err(e) => {
-            warn!(
-                "{}: cannot list the tc filters of {}'s host side: {e}",
+            let msg = format!(
+                "{}: the tc filters of the host side of {} cannot be listed ({e}): natguard cannot tell whether they steer its packets around netfilter",
                 who.network, who.ifname
             );
+            if !cfg.metadata.accept_unenforced {
+                return Err(Error::InvalidConfig(format!(
+                    "{msg} (set metadata.acceptUnenforced to true to accept such pods unguarded)"
+                )));
+            }
+            warn!("{msg}; accepted (metadata.acceptUnenforced)");
             return Ok(());
         }
     };
@@ -178,8 +194,9 @@ fn host_side_of(
     prev: &Value,
     addrs: &[IpAddr],
     pod: Option<&kernel::podside::PodLink>,
+    links: Option<&mut kernel::link::Links>,
 ) -> Result<Option<plan::HostSide>> {
-    let found = crate::node::host_side(&cni::prev_result::host_interfaces(prev), addrs, pod);
+    let found = crate::node::host_side(links, &cni::prev_result::host_interfaces(prev), addrs, pod);
     if let Some(name) = found.foreign.first() {
         let msg = format!(
             "prevResult.interfaces: {:?} is not the host side of {}'s interface {} (not a veth whose peer is the pod's interface, nor that veth's bridge)",
