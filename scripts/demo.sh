@@ -2,7 +2,7 @@
 # scripts/demo.sh: natguard's main job, shown in throwaway network namespaces.
 #
 #   pod ──┐                      ┌── cloud       169.254.169.254, fd00:ec2::254  (answers "cloud";
-#         │                      │               IMDSv2 for /latest/, tests/common/fake_imds.py)
+#         │                      │               IMDSv2 for /latest/, tests/proxy/fake_aws.py)
 #  exempt ┼─ cni0 ─ node ────────┼── remote-in   10.10.0.2  (inside nonMasqueradeCIDRs)
 #   pod ──┘   (proxy on :8181,   └── remote-out  11.0.0.2, 2001:db8:bb::2  (outside)
 #              answers "proxy")
@@ -125,8 +125,9 @@ table inet node-agent {
 NFT
 
 # The "real metadata server": "cloud" at /, an IMDSv2 API (tokens required) under /latest/.
-serve "$CLOUD" python3 -u "$REPO/tests/common/fake_imds.py" 80 "$W/cloud-requests.log" cloud
-wait_port "$CLOUD" tcp 80 2
+serve "$CLOUD" python3 -u "$REPO/tests/proxy/fake_aws.py" --port 80 --log "$W/cloud-requests.jsonl" \
+  --banner cloud
+wait_port "$CLOUD" tcp 80 1
 # A stand-in for a node-local proxy until natguard's own is served (step 4).
 keepalive_server "$NODE" 8181 proxy
 STANDIN_PID=$SERVED_PID

@@ -112,11 +112,11 @@ outside, IPv6 TCP is masqueraded to the node|remote-out 2001:db8:bb::2 .*TCP +se
 status says the node is guarded|^natguard: guarding \(the node-wide metadata guard is in place
 status says the bridge guard pins the exempt pod|^bridge guard: awake \(it pins the exempt pods on bridges
 status reports the network|^network demo: mode proxy
-a default pod gets its region over IMDSv2 from natguard's proxy|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/placement/region +answered: 200 us-test-1$
-a default pod gets its zone over IMDSv2 from natguard's proxy|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/placement/availability-zone +answered: 200 us-test-1a$
-over IPv6 too|default/web \(fd00:10:244::[0-9a-f]+\) +-> /latest/meta-data/placement/region +answered: 200 us-test-1$
+a default pod gets its region over IMDSv2 from natguard's proxy|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/placement/region +answered: 200 eu-west-3$
+a default pod gets its zone over IMDSv2 from natguard's proxy|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/placement/availability-zone +answered: 200 eu-west-3b$
+over IPv6 too|default/web \(fd00:10:244::[0-9a-f]+\) +-> /latest/meta-data/placement/region +answered: 200 eu-west-3$
 a default pod is refused the credentials with natguard's 403|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/iam/security-credentials/ +answered: 403 natguard: concealed
-the exempt pod gets the real API|kube-system/creds \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/iam/security-credentials/ +answered: 200 node-role$
+the exempt pod gets the real API|kube-system/creds \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/iam/security-credentials/ +answered: 200 natguard-node-role$
 status says natguard's proxy serves|^metadata proxy \(pid [0-9]+\): serving aws
 DEL leaves nothing of the pods behind|^after DEL: 0 lines of the table mention the pods$
 CLAIMS

@@ -1,32 +1,42 @@
 //! natguard's own metadata proxy, served by `install --watch`, end to end (root; each test
 //! builds its own namespaces): pods' metadata TCP is DNATed by natguard's rules to the proxy,
-//! which asks a REAL upstream in the cloud namespace (tests/common/fake_imds.py, IMDSv2
-//! required: it answers only requests carrying the token it minted for the node) and conceals
+//! which asks a REAL upstream in the cloud namespace (tests/proxy/fake_aws.py, IMDSv2
+//! required: it answers only requests carrying a token it minted, the node's) and conceals
 //! what the AWS allow-list withholds. Its token answers leave with a hop limit of 1, as on an
 //! instance with `HttpPutResponseHopLimit: 1`: only the node gets a token from it. The upstream
-//! logs every request it saw, so each test also shows that no concealed path ever reached it.
+//! records every request it saw (`common::fake`), so each test also shows that no concealed
+//! path ever reached it. The other clouds' tests run tests/proxy/fake_<cloud>.py the same way.
 
 mod common;
 
+use common::fake::Fake;
 use common::run::{Access, Natguard};
 use common::watcher::Watcher;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// What the upstream holds that must never reach a default pod.
-const SECRET: &str = "NODE-SECRET";
+/// In every secret the fake upstreams hold (`LEAK_MARKER` in tests/proxy/fakemeta.py): what must
+/// never reach a default pod.
+const SECRET: &str = "NATGUARDLEAKMARKER";
+/// The fake AWS's instance role (tests/proxy/fake_aws.py) and the start of its temporary access
+/// key ids.
+const ROLE: &str = "natguard-node-role";
+const ACCESS_KEY_ID: &str = "ASIA";
+/// The fake AWS's region and zone.
+const REGION: &str = "eu-west-3";
+const ZONE: &str = "eu-west-3b";
 
 struct Setup {
     w: World,
     pod: Pod,
     exempt: Pod,
     watcher: Watcher,
-    upstream_log: std::path::PathBuf,
+    cloud: &'static str,
+    fake: Fake,
 }
 
 /// A world whose cloud is the IMDSv2 fake, a natguard network with kube-system exempt and the
@@ -36,37 +46,16 @@ fn setup(test: &str) -> Setup {
 }
 
 /// [`setup`] with the proxy speaking `cloud`'s API against that cloud's fake upstream.
-fn setup_cloud(test: &str, cloud: &str) -> Setup {
-    require_tools(&["python3"]);
+fn setup_cloud(test: &str, cloud: &'static str) -> Setup {
     let w = World::new(test);
     w.stop_proxy();
-    w.h.stop(&w.cloud_http);
-    let upstream_log = w.dir().join("upstream.log");
-    fs::write(&upstream_log, "").unwrap();
-    let fake = match cloud {
-        "aws" => "fake_imds.py",
-        "gcp" => "fake_gce.py",
-        "oracle" => "fake_oci.py",
-        "digitalocean" => "fake_do.py",
-        other => panic!("no fake upstream for {other}"),
+    // AWS with hop limit 1; the other clouds' protocols have no such setting.
+    let more: &[&str] = if cloud == "aws" {
+        &["--hop-limit", "1"]
+    } else {
+        &[]
     };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/common")
-        .join(fake);
-    w.h.spawn(
-        &w.cloud,
-        "fake-upstream",
-        &[
-            "env",
-            "FAKE_IMDS_HOP_LIMIT=1",
-            "python3",
-            "-u",
-            script.to_str().unwrap(),
-            "80",
-            upstream_log.to_str().unwrap(),
-        ],
-    );
-    wait_listening(&w.cloud, "tcp", 80, 2);
+    let fake = Fake::start(&w, cloud, more);
     let entry = w.natguard(json!({"metadata": {
         "exemptNamespaces": ["kube-system"],
         "proxyCloud": cloud
@@ -103,7 +92,8 @@ fn setup_cloud(test: &str, cloud: &str) -> Setup {
         pod,
         exempt,
         watcher,
-        upstream_log,
+        cloud,
+        fake,
     }
 }
 
@@ -158,8 +148,37 @@ fn token(ns: &Netns, addr: SocketAddr) -> String {
 }
 
 impl Setup {
+    /// What reached the upstream, one line a request from the fake's record: `METHOD TARGET
+    /// from CLIENT`, and for AWS ` token=True|False` (whether it carried a token), for Oracle
+    /// ` auth=VALUE fwd=yes|no` (its Authorization header, whether a forwarding header came).
     fn upstream_saw(&self) -> String {
-        fs::read_to_string(&self.upstream_log).unwrap_or_default()
+        let line = |r: &Value| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            let header = |h: &str| r["headers"].get(h).map(s);
+            let mut l = format!(
+                "{} {} from {}",
+                s(&r["method"]),
+                s(&r["target"]),
+                s(&r["client"])
+            );
+            match self.cloud {
+                "aws" => {
+                    let has = header("x-aws-ec2-metadata-token").is_some();
+                    l += if has { " token=True" } else { " token=False" };
+                }
+                "oracle" => {
+                    let fwd = ["forwarded", "x-forwarded-for", "x-forwarded-host"]
+                        .iter()
+                        .any(|h| header(h).is_some());
+                    let auth = header("authorization").unwrap_or_else(|| "None".into());
+                    l += &format!(" auth={auth} fwd={}", if fwd { "yes" } else { "no" });
+                }
+                _ => {}
+            }
+            l
+        };
+        let lines: Vec<String> = self.fake.records().iter().map(line).collect();
+        lines.join("\n")
     }
 
     /// No concealed path ever reached the upstream from the proxy.
@@ -194,7 +213,7 @@ fn a_default_pod_gets_region_and_zone_over_imdsv2_and_never_the_credentials() {
                 "/latest/meta-data/placement/region",
                 Some(&t)
             ),
-            (200, "us-test-1".into())
+            (200, REGION.into())
         );
         assert_eq!(
             get(
@@ -203,7 +222,7 @@ fn a_default_pod_gets_region_and_zone_over_imdsv2_and_never_the_credentials() {
                 "/latest/meta-data/placement/availability-zone",
                 Some(&t)
             ),
-            (200, "us-test-1a".into())
+            (200, ZONE.into())
         );
         let (st, doc) = get(
             &s.pod.ns,
@@ -212,7 +231,7 @@ fn a_default_pod_gets_region_and_zone_over_imdsv2_and_never_the_credentials() {
             Some(&t),
         );
         assert_eq!(st, 200);
-        assert!(doc.contains("us-test-1"), "{doc}");
+        assert!(doc.contains(REGION), "{doc}");
         // IMDSv2 required: no token or a made-up one is 401, as the real IMDS answers.
         assert_eq!(
             get(&s.pod.ns, ep, "/latest/meta-data/placement/region", None).0,
@@ -230,7 +249,7 @@ fn a_default_pod_gets_region_and_zone_over_imdsv2_and_never_the_credentials() {
         );
         for p in [
             "/latest/meta-data/iam/security-credentials/",
-            "/latest/meta-data/iam/security-credentials/node-role",
+            "/latest/meta-data/iam/security-credentials/natguard-node-role",
             "/latest/user-data",
             "/latest/dynamic/instance-identity/pkcs7",
         ] {
@@ -327,22 +346,22 @@ fn the_hostile_corpus_never_reaches_what_is_concealed() {
     // the region itself (what follows `#` never reaches a server: it is not part of a request).
     let mut cases: Vec<(String, Vec<u8>)> = Vec::new();
     let concealed = [
-        "/latest/meta-data/iam/security-credentials/node-role",
+        "/latest/meta-data/iam/security-credentials/natguard-node-role",
         "/latest/user-data",
     ];
     let tricks = [
-        "/latest/meta-data/placement/../iam/security-credentials/node-role",
-        "/latest/meta-data/placement/%2e%2e/iam/security-credentials/node-role",
-        "/latest/meta-data/placement/%2E%2E/iam/security-credentials/node-role",
-        "/latest/meta-data/placement/%252e%252e/iam/security-credentials/node-role",
-        "/latest/meta-data/placement/.%2e/iam/security-credentials/node-role",
-        "/latest/meta-data/./iam/security-credentials/node-role",
-        "/latest/meta-data%2fiam%2fsecurity-credentials%2fnode-role",
-        "/latest/meta-data/iam%2Fsecurity-credentials/node-role",
-        "//latest/meta-data/iam/security-credentials/node-role",
-        "/latest//meta-data/iam/security-credentials/node-role",
+        "/latest/meta-data/placement/../iam/security-credentials/natguard-node-role",
+        "/latest/meta-data/placement/%2e%2e/iam/security-credentials/natguard-node-role",
+        "/latest/meta-data/placement/%2E%2E/iam/security-credentials/natguard-node-role",
+        "/latest/meta-data/placement/%252e%252e/iam/security-credentials/natguard-node-role",
+        "/latest/meta-data/placement/.%2e/iam/security-credentials/natguard-node-role",
+        "/latest/meta-data/./iam/security-credentials/natguard-node-role",
+        "/latest/meta-data%2fiam%2fsecurity-credentials%2fnatguard-node-role",
+        "/latest/meta-data/iam%2Fsecurity-credentials/natguard-node-role",
+        "//latest/meta-data/iam/security-credentials/natguard-node-role",
+        "/latest//meta-data/iam/security-credentials/natguard-node-role",
         "/latest/meta-data/placement\\..\\..\\user-data",
-        "/latest/meta-data/IAM/security-credentials/node-role",
+        "/latest/meta-data/IAM/security-credentials/natguard-node-role",
         "/Latest/user-data",
         "/LATEST/user-data",
         "/latest/User-Data",
@@ -351,7 +370,7 @@ fn the_hostile_corpus_never_reaches_what_is_concealed() {
         "/latest/meta-data/placement/region?/../../user-data",
         "/latest/meta-data/placement/region%00/../../../user-data",
         "/latest/meta-data/placement/region;/../../../user-data",
-        "/latest/meta-data/i%61m/security-credentials/node-role",
+        "/latest/meta-data/i%61m/security-credentials/natguard-node-role",
         "/latest/user%2ddata",
         "/latest/meta-data/placement/%c0%ae%c0%ae/%c0%ae%c0%ae/user-data",
         "/latest/meta-data/placement/\u{ff0e}\u{ff0e}/\u{ff0e}\u{ff0e}/user-data",
@@ -446,10 +465,10 @@ fn the_hostile_corpus_never_reaches_what_is_concealed() {
     let mut failures = Vec::new();
     for (name, req) in &cases {
         let (st, body) = raw(&s.pod.ns, ep, req);
-        let leaked = body.contains(SECRET) || body.contains("node-role") || body.contains("AKIA");
+        let leaked = body.contains(SECRET) || body.contains(ROLE) || body.contains(ACCESS_KEY_ID);
         let may_serve =
             name.starts_with("smuggling") || name == "bare LF" || name.starts_with("served:");
-        let region_only = body.is_empty() || body.starts_with("us-test-1");
+        let region_only = body.is_empty() || body.starts_with(REGION);
         if leaked || (200..300).contains(&st) && (!may_serve || !region_only) {
             failures.push(format!("{name}: {st} {body:?}"));
         }
@@ -524,7 +543,7 @@ fn a_thousand_idle_connections_delay_neither_another_pod_nor_self_repair() {
             "/latest/meta-data/placement/region",
             Some(&t)
         ),
-        (200, "us-test-1".into())
+        (200, REGION.into())
     );
     let took = start.elapsed();
     assert!(
@@ -579,7 +598,10 @@ fn gcp_speaks_the_metadata_server_s_protocol_and_conceals_tokens_and_kube_env() 
     let flavor = "Metadata-Flavor: Google\r\n";
     let (st, text) = g("/computeMetadata/v1/instance/zone", flavor);
     assert_eq!(st, 200, "{text}");
-    assert!(text.ends_with("projects/1/zones/us-test1-a"), "{text}");
+    assert!(
+        text.ends_with("projects/123456789012/zones/europe-west1-b"),
+        "{text}"
+    );
     let head = text.to_ascii_lowercase();
     assert!(
         head.contains("metadata-flavor: google") && head.contains("server: metadata server for vm"),
@@ -735,7 +757,11 @@ fn oracle_speaks_imdsv2_and_conceals_instance_principal_keys_and_user_data() {
         "/opc/v2/identity/key.pem",
         bearer,
     );
-    assert_eq!((st, body.as_str()), (200, "NODE-SECRET private key"));
+    assert_eq!(st, 200, "{body}");
+    assert!(
+        body.starts_with("-----BEGIN RSA PRIVATE KEY-----") && body.contains(SECRET),
+        "{body}"
+    );
     let status = s.tool(&["status"]);
     assert!(status.contains("serving oracle"), "{status}");
 }
@@ -768,7 +794,10 @@ fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_da
         );
         let (st, index) = get(&s.pod.ns, ep, "/metadata/v1/", None);
         assert_eq!(st, 200, "{index}");
-        assert_eq!(index, "id\nhostname\nregion\ninterfaces/\ndns/\ntags/\n");
+        assert_eq!(
+            index,
+            "id\nhostname\nregion\ninterfaces/\ndns/\nfloating_ip/\nreserved_ip/\ntags/\nfeatures/\n"
+        );
         for p in [
             "/metadata/v1/user-data",
             "/metadata/v1/vendor-data",

@@ -26,14 +26,17 @@
 //! them and the SDK prints the leak marker), so the test would see a leak. `the_fakes_and_sdks_are_faithful_from_the_node` proves the fakes and the
 //! SDKs without natguard: the node asks the fake directly and gets everything, and the fakes
 //! enforce their protocol (tokens, headers, api-versions) on raw requests;
-//! `the_alibaba_and_openstack_fakes_keep_their_protocol` does the same for the two fakes no
-//! SDK test uses (Alibaba's hardening-mode tokens, Nova's OpenStack and EC2 APIs).
+//! `the_alibaba_and_openstack_fakes_keep_their_protocol` and
+//! `the_oracle_and_digitalocean_fakes_keep_their_protocol` do the same for the fakes no SDK
+//! test uses (Alibaba's hardening-mode tokens, Nova's OpenStack and EC2 APIs, Oracle's IMDSv2,
+//! DigitalOcean's plain GETs).
 //!
 //! The SDKs live in a virtualenv that `scripts/sdk-venv.sh` makes (scripts/test.sh runs it);
 //! `$NATGUARD_SDK_PYTHON` names another interpreter. Needs root; never skips.
 
 mod common;
 
+use common::fake::Fake;
 use common::watcher::Watcher;
 use common::*;
 use serde_json::{json, Value};
@@ -87,95 +90,6 @@ fn sdk_python() -> PathBuf {
         p.display()
     );
     p
-}
-
-/// A fake upstream in the world's cloud namespace, on port 80 of the metadata addresses.
-struct Fake {
-    log: PathBuf,
-    pid: u32,
-}
-
-impl Fake {
-    fn start(w: &World, cloud: Cloud) -> Fake {
-        Fake::start_named(w, cloud.name(), &[])
-    }
-
-    /// `tests/proxy/fake_<name>.py` on port 80 of the cloud namespace, with more arguments.
-    fn start_named(w: &World, name: &str, more: &[&str]) -> Fake {
-        require_tools(&["python3"]);
-        w.h.stop(&w.cloud_http);
-        let log = w.dir().join(format!("fake-{name}.jsonl"));
-        fs::write(&log, "").unwrap();
-        let script = proxy_dir().join(format!("fake_{name}.py"));
-        let port = HTTP_PORT.to_string();
-        let mut args = vec![
-            "python3",
-            "-u",
-            script.to_str().unwrap(),
-            "--port",
-            &port,
-            "--log",
-            log.to_str().unwrap(),
-        ];
-        args.extend_from_slice(more);
-        let pid = w.h.spawn(&w.cloud, &format!("fake-{name}"), &args);
-        wait_listening(&w.cloud, "tcp", HTTP_PORT, 1);
-        Fake { log, pid }
-    }
-
-    /// Stops the fake and waits until its port is free.
-    fn stop(&self, w: &World) {
-        w.h.kill(self.pid);
-        let end = Instant::now() + deadline(READY_TIMEOUT);
-        let listening = || {
-            !w.cloud
-                .run(&["ss", "-Hltn", &format!("sport = :{HTTP_PORT}")])
-                .trim()
-                .is_empty()
-        };
-        while listening() {
-            assert!(
-                Instant::now() < end,
-                "the fake on port {HTTP_PORT} did not stop"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// Every request the fake received, as it recorded them.
-    fn records(&self) -> Vec<Value> {
-        fs::read_to_string(&self.log)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("fake log line {l}: {e}")))
-            .collect()
-    }
-
-    fn credentials(&self) -> usize {
-        self.records()
-            .iter()
-            .filter(|r| r["credential"] == true)
-            .count()
-    }
-
-    /// Forgets what was recorded so far.
-    fn clear(&self) {
-        fs::write(&self.log, "").unwrap();
-    }
-
-    fn dump(&self) -> String {
-        self.records()
-            .iter()
-            .map(|r| {
-                format!(
-                    "{} {} {} -> {}",
-                    r["client"], r["method"], r["target"], r["status"]
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n")
-    }
 }
 
 /// Runs `sdk_probe.py <cloud>` in `ns` with a clean environment plus `env`; its JSON report.
@@ -271,7 +185,7 @@ struct Node {
 
 fn node_with_proxy(test: &str, cloud: Cloud, fake_args: &[&str]) -> Node {
     let w = World::new(test);
-    let fake = Fake::start_named(&w, cloud.name(), fake_args);
+    let fake = Fake::start(&w, cloud.name(), fake_args);
     // natguard serves the proxy port itself now; the world's stand-in must not answer there.
     w.stop_proxy();
     let entry = w.natguard(json!({
@@ -538,7 +452,7 @@ fn the_fakes_and_sdks_are_faithful_from_the_node() {
     let w = World::new("sdk-fakes");
     let node = &w.node;
     for cloud in [Cloud::Aws, Cloud::Gcp, Cloud::Azure] {
-        let fake = Fake::start(&w, cloud);
+        let fake = Fake::start(&w, cloud.name(), &[]);
         let r = probe(&w, node, cloud, &[]);
         let got = ok(&r, "credentials").to_string();
         assert!(got.contains(LEAK_MARKER), "{}: {got}", cloud.name());
@@ -654,7 +568,7 @@ fn the_alibaba_and_openstack_fakes_keep_their_protocol() {
     let w = World::new("sdk-fakes2");
     let node = &w.node;
 
-    let fake = Fake::start_named(&w, "alibaba", &[]);
+    let fake = Fake::start(&w, "alibaba", &[]);
     let md = "GET /latest/meta-data/region-id HTTP/1.1\nHost: x\n";
     assert_eq!(status(node, md), 403, "hardening mode: no token");
     let put = "PUT /latest/api/token HTTP/1.1\nHost: x\nContent-Length: 0\n";
@@ -681,7 +595,7 @@ fn the_alibaba_and_openstack_fakes_keep_their_protocol() {
     assert_eq!(fake.credentials(), 1, "{}", fake.dump());
     fake.stop(&w);
 
-    let fake = Fake::start_named(&w, "openstack", &[]);
+    let fake = Fake::start(&w, "openstack", &[]);
     let (code, _, body) = raw(node, "GET /openstack HTTP/1.1\nHost: x\n");
     assert_eq!(code, 200);
     assert!(body.lines().any(|l| l == "latest"), "{body}");
@@ -708,6 +622,83 @@ fn the_alibaba_and_openstack_fakes_keep_their_protocol() {
         status(
             node,
             "POST /openstack/latest/meta_data.json HTTP/1.1\nHost: x\nContent-Length: 0\n"
+        ),
+        405
+    );
+    fake.stop(&w);
+}
+
+/// The Oracle and DigitalOcean fakes (natguard's proxy tests use them, no SDK test does):
+/// their protocol on raw requests from the node, and their credential count.
+#[test]
+fn the_oracle_and_digitalocean_fakes_keep_their_protocol() {
+    let w = World::new("sdk-fakes3");
+    let node = &w.node;
+
+    let fake = Fake::start(&w, "oracle", &[]);
+    let region = "GET /opc/v2/instance/region HTTP/1.1\nHost: x\n";
+    assert_eq!(status(node, region), 401, "no Authorization");
+    let bearer = |req: &str| format!("{req}Authorization: Bearer Oracle\n");
+    assert_eq!(raw(node, &bearer(region)).2, "phx");
+    for fwd in [
+        "Forwarded: for=10.0.0.1",
+        "X-Forwarded-For: 10.0.0.1",
+        "X-Forwarded-Host: x",
+    ] {
+        assert_eq!(
+            status(node, &format!("{}{fwd}\n", bearer(region))),
+            403,
+            "{fwd}"
+        );
+    }
+    assert_eq!(
+        status(node, &bearer("GET /opc/v1/instance/ HTTP/1.1\nHost: x\n")),
+        404,
+        "IMDSv1 disabled"
+    );
+    let vnic = "GET /opc/v2/vnics/0/privateIp HTTP/1.1\nHost: x\n";
+    assert_eq!(raw(node, &bearer(vnic)).2, "10.0.0.5");
+    assert_eq!(fake.credentials(), 0, "{}", fake.dump());
+    let doc = raw(node, &bearer("GET /opc/v2/instance/ HTTP/1.1\nHost: x\n")).2;
+    let v: Value = serde_json::from_str(&doc).unwrap();
+    assert!(
+        v["metadata"]["user_data"]
+            .as_str()
+            .unwrap()
+            .contains(LEAK_MARKER),
+        "{v}"
+    );
+    let key = raw(
+        node,
+        &bearer("GET /opc/v2/identity/key.pem HTTP/1.1\nHost: x\n"),
+    )
+    .2;
+    assert!(key.contains(LEAK_MARKER), "{key}");
+    assert_eq!(fake.credentials(), 2, "{}", fake.dump());
+    fake.stop(&w);
+
+    let fake = Fake::start(&w, "digitalocean", &[]);
+    let (code, _, index) = raw(node, "GET /metadata/v1/ HTTP/1.1\nHost: x\n");
+    assert_eq!(code, 200);
+    assert!(
+        index.lines().any(|l| l == "user-data") && index.lines().any(|l| l == "interfaces/"),
+        "{index}"
+    );
+    assert_eq!(
+        raw(node, "GET /metadata/v1/region HTTP/1.1\nHost: x\n").2,
+        "nyc3"
+    );
+    assert_eq!(fake.credentials(), 0);
+    let ud = raw(node, "GET /metadata/v1/user-data HTTP/1.1\nHost: x\n").2;
+    assert!(ud.contains(LEAK_MARKER));
+    let v: Value =
+        serde_json::from_str(&raw(node, "GET /metadata/v1.json HTTP/1.1\nHost: x\n").2).unwrap();
+    assert_eq!(v["droplet_id"], 2756294);
+    assert_eq!(fake.credentials(), 2, "{}", fake.dump());
+    assert_eq!(
+        status(
+            node,
+            "POST /metadata/v1/ HTTP/1.1\nHost: x\nContent-Length: 0\n"
         ),
         405
     );

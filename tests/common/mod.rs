@@ -4,7 +4,8 @@
 //! the root namespace. A [`Harness`] owns every namespace, process and temporary directory it
 //! created and removes them when dropped, also when a test panics.
 //!
-//! Pieces (everything but `run`, `synthetic`, `attack` and `exposition` is re-exported here):
+//! Pieces (everything but `run`, `synthetic`, `attack`, `exposition`, `watcher` and `fake` is
+//! re-exported here):
 //! - `netns`: [`Harness`] / [`Netns`]: namespaces, `ip` topology helpers, processes inside
 //!   namespaces, and the servers: an HTTP responder with a fixed body (busybox httpd) and a
 //!   TCP/UDP "who am I" echo that answers with the client's source address as it saw it (socat).
@@ -23,6 +24,7 @@
 //! - [`exposition`]: the tests' one Prometheus text parser (strict), also included by the
 //!   report's unit tests in `src/`.
 //! - [`watcher`]: a running `natguard install --watch` in the node namespace.
+//! - [`fake`]: the fake cloud metadata upstreams (`tests/proxy/`) and their request records.
 //! - here: running commands, requiring root and tools, reading nft and conntrack state.
 #![allow(dead_code)]
 
@@ -30,6 +32,7 @@ pub mod attack;
 mod chain;
 mod clients;
 pub mod exposition;
+pub mod fake;
 mod netns;
 pub mod run;
 pub mod synthetic;

@@ -28,8 +28,10 @@ What it follows, from AWS's documentation (EC2 User Guide):
 Every credential answer (role credentials, identity credentials) is counted in the log
 (fakemeta.py) and carries fakemeta.LEAK_MARKER; so does user data, which holds secrets too.
 
-    fake_aws.py --port 80 --log FILE [--imdsv1] [--hop-limit N]
-    (--imdsv1: HttpTokens optional; --hop-limit: HttpPutResponseHopLimit)
+    fake_aws.py --port 80 --log FILE [--imdsv1] [--hop-limit N] [--banner WORD]
+    (--imdsv1: HttpTokens optional; --hop-limit: HttpPutResponseHopLimit; --banner: `GET /`
+    answers WORD without a token, so that scripts/demo.sh's plain clients can tell the real
+    server from a proxy)
 """
 
 import json
@@ -141,9 +143,10 @@ class Aws(Fake):
 
     server_header = "EC2ws"
 
-    def __init__(self, imdsv1=False, hop_limit=None):
+    def __init__(self, imdsv1=False, hop_limit=None, banner=None):
         self.imdsv1 = imdsv1
         self.hop_limit = hop_limit
+        self.banner = banner
         self.tokens = {}
         self.lock = threading.Lock()
 
@@ -152,6 +155,8 @@ class Aws(Fake):
             if req.method != "PUT":
                 return Answer(405, "", headers={"Allow": "PUT"})
             return self.token(req)
+        if self.banner is not None and req.path == "/" and req.method in ("GET", "HEAD"):
+            return Answer(200, self.banner + "\n")
         if req.method not in ("GET", "HEAD"):
             return Answer(405, "", headers={"Allow": "GET, HEAD, PUT"})
         token = req.headers.get("X-aws-ec2-metadata-token")
@@ -210,4 +215,9 @@ if __name__ == "__main__":
         if not 1 <= hops <= 64:
             sys.exit(f"--hop-limit {hops}: AWS allows 1 to 64")
         del args[i:i + 2]
-    serve(Aws(imdsv1=imdsv1, hop_limit=hops), args)
+    banner = None
+    if "--banner" in args:
+        i = args.index("--banner")
+        banner = args[i + 1]
+        del args[i:i + 2]
+    serve(Aws(imdsv1=imdsv1, hop_limit=hops, banner=banner), args)

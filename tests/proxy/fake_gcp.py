@@ -18,8 +18,9 @@ What it follows, from Google Cloud's documentation (Compute Engine, "About VM me
   recursive listing holds aliases, email and scopes, never its token.
 - project/project-id, project/numeric-project-id, instance/zone (projects/NUM/zones/ZONE),
   instance/id, name, hostname, machine-type, instance/attributes/ (GKE's kube-env, cluster-name,
-  cluster-location; startup-script), instance/service-accounts/default/{email,scopes,aliases,
-  token,identity}. token answers {"access_token", "expires_in", "token_type": "Bearer"};
+  cluster-location; startup-script), instance/network-interfaces/0/ (ip, mac, mtu, network,
+  gateway, subnetmask; recursively a JSON list, one object per interface),
+  instance/service-accounts/default/{email,scopes,aliases,token,identity}. token answers {"access_token", "expires_in", "token_type": "Bearer"};
   identity needs a non-empty `audience` (400 without) and answers a signed JWT.
 
 Token and identity answers count as credentials in the log (fakemeta.py) and carry
@@ -96,6 +97,14 @@ TREE = {
         "hostname": "gke-natguard-default-pool-1a2b3c4d-x1y2.c.natguard-test-project.internal",
         "machine-type": f"projects/{NUMERIC}/machineTypes/e2-standard-4",
         "zone": f"projects/{NUMERIC}/zones/{ZONE}",
+        "network-interfaces": {"0": {
+            "gateway": "10.128.0.1",
+            "ip": "10.128.0.5",
+            "mac": "42:01:0a:80:00:05",
+            "mtu": "1460",
+            "network": f"projects/{NUMERIC}/networks/default",
+            "subnetmask": "255.255.240.0",
+        }},
         "attributes": {
             "cluster-location": ZONE,
             "cluster-name": "natguard",
@@ -117,7 +126,10 @@ def _camel(key):
 
 
 def _recursive(node, found_secret):
-    """A directory as JSON, the way the server gives it: no tokens, keys in camelCase."""
+    """A directory as JSON, the way the server gives it: no tokens, keys in camelCase, a
+    directory of numbered entries (network-interfaces/) as a list."""
+    if node and all(k.isdigit() for k in node):
+        return [_recursive(node[k], found_secret) for k in sorted(node, key=int)]
     out = {}
     for k, v in node.items():
         if callable(v):
@@ -168,7 +180,7 @@ class Gcp(Fake):
             if req.q("recursive", "false").lower() == "true":
                 found = []
                 body = _recursive(node, found)
-                if req.q("alt") == "text":
+                if req.q("alt") == "text" and isinstance(body, dict):
                     text = "\n".join(f"{k} {v}" for k, v in body.items() if not isinstance(v, dict))
                     return Answer(200, text, headers=FLAVOR, credential=bool(found))
                 return json_answer(200, body, headers=FLAVOR, credential=bool(found))

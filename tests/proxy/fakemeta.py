@@ -1,4 +1,5 @@
-"""The common part of the fake metadata upstreams (fake_aws.py, fake_gcp.py, fake_azure.py).
+"""The common part of the fake metadata upstreams (tests/proxy/fake_<cloud>.py), which
+tests/proxy.rs and tests/proxy_sdks.rs run in the cloud namespace.
 
 A fake is a threaded HTTP/1.1 server (keep-alive, like the clouds' own metadata servers) on one
 port of every address of its network namespace, IPv4 and IPv6 (one dual-stack socket). Each
@@ -173,4 +174,4 @@ def listing(names):
 
 
 if __name__ == "__main__":
-    sys.exit("fakemeta.py is a module; run fake_aws.py, fake_gcp.py or fake_azure.py")
+    sys.exit("fakemeta.py is a module; run one of the fake_<cloud>.py beside it")
