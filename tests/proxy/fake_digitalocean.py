@@ -22,11 +22,7 @@ log (fakemeta.py) and carry fakemeta.LEAK_MARKER; so do the public keys.
 
 import json
 
-from fakemeta import LEAK_MARKER, Answer, Fake, json_answer, serve
-
-
-class Secret(str):
-    """A value that is a secret: an answer holding it counts as a credential."""
+from fakemeta import LEAK_MARKER, Answer, Fake, Secret, json_answer, serve
 
 
 USER_DATA = Secret(f"#cloud-config\nruncmd:\n- echo {LEAK_MARKER} > /root/secret\n")

@@ -36,7 +36,7 @@ import re
 import secrets
 import time
 
-from fakemeta import LEAK_MARKER, Answer, Fake, json_answer, serve
+from fakemeta import LEAK_MARKER, Answer, Fake, Secret, json_answer, serve
 
 PROJECT = "natguard-test-project"
 NUMERIC = "123456789012"
@@ -72,10 +72,6 @@ def _identity(req):
         LEAK_MARKER + secrets.token_urlsafe(64),
     ])
     return Answer(200, jwt, headers=FLAVOR, credential=True)
-
-
-class Secret(str):
-    """A value that is a secret: an answer holding it counts as a credential."""
 
 
 SERVICE_ACCOUNT = {

@@ -46,6 +46,10 @@ class Answer:
         self.credential = credential
 
 
+class Secret(str):
+    """A value that is a secret: an answer holding it counts as a credential."""
+
+
 def json_answer(status, obj, **kw):
     return Answer(status, json.dumps(obj, indent=2), content_type="application/json", **kw)
 
