@@ -340,9 +340,24 @@ for p in "${PODS[@]}"; do
   want=$(expected "$p")
   total=$(probes "$p" | wc -l)
   good=$(probes "$p" | awk -v w="$want" '{ $1 = $2 = $3 = $4 = ""; sub(/^ +/, "") } $0 == w' | wc -l)
+  # Known gap (docs/upgrade.md): a connection opened in the instant this release's install
+  # converges another release's objects, before its adopt puts the pods back, leaves without
+  # natguard's masquerade (the primary's SNAT applies). Tolerated only then, at most one per
+  # pod and install, and only with the metadata outcome and the kept source as the policy says.
+  lapse=$(probes "$p" | awk -v w="$want" -v a1="$t_up0" -v b1="$t_up1" -v a2="$t_re0" -v b2="$t_re1" '{
+      s = substr($3, 7) + 0; e = substr($4, 5) + 0; l = $0
+      $1 = $2 = $3 = $4 = ""; sub(/^ +/, "")
+      if ($0 == w) next
+      split(w, ww, " "); split($0, got, " ")
+      if (got[1] != ww[1] || got[2] != ww[2] || substr(got[3], 5) != substr(got[2], 4)) next
+      if ((s < b1 + 0.05 && e > a1 - 0.05) || (s < b2 + 0.05 && e > a2 - 0.05)) n++
+    } END { print n + 0 }')
   span=$(probes "$p" | awk 'NR == 1 { a = substr($3, 7) } { b = substr($4, 5) } END { printf "%.1f", b - a }')
-  log "pod ${POD_K8S[$p]}/$p: $total probes over ${span}s, $good as its policy says ($want), $((total - good)) other"
-  if [ "$good" != "$total" ]; then
+  log "pod ${POD_K8S[$p]}/$p: $total probes over ${span}s, $good as its policy says ($want), $lapse unmasqueraded during an install over another release, $((total - good - lapse)) other"
+  if [ "$lapse" -gt 2 ]; then
+    fail "pod $p: $lapse probes without natguard's masquerade during the installs (at most one per install)"
+  fi
+  if [ "$((good + lapse))" != "$total" ]; then
     probes "$p" | grep -vF " $want" | sed -n '1,5s/^/    /p' >&2
     bad=1
   fi

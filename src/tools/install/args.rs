@@ -130,6 +130,19 @@ pub(crate) struct InstallOpts {
     pub(crate) health: Option<Duration>,
 }
 
+impl InstallOpts {
+    /// The CNI cache as given (libcni's default without `--cache-dir`), and where its result
+    /// files are ([`crate::restore::results_dir`]: the `results` dir of a cache root).
+    pub(crate) fn cache_dirs(&self) -> (PathBuf, PathBuf) {
+        let given = self
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| crate::restore::DEFAULT_CACHE_DIR.into());
+        let results = crate::restore::results_dir(&given);
+        (given, results)
+    }
+}
+
 /// `--metrics-file PATH [--metrics-interval SECONDS]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MetricsFile {

@@ -237,11 +237,7 @@ pub(crate) fn entry_config(opts: &InstallOpts) -> Option<crate::config::Config> 
 /// and no natguard network yet. Nothing is written when it is intact.
 pub(crate) fn place_guard(opts: &InstallOpts) -> Result<()> {
     let cfg = entry_config(opts);
-    let given = opts
-        .cache_dir
-        .clone()
-        .unwrap_or_else(|| crate::restore::DEFAULT_CACHE_DIR.into());
-    let cache_dir = crate::restore::results_dir(&given);
+    let (_, cache_dir) = opts.cache_dirs();
     let n = crate::restore::place_guard(&opts.netconf_dir, &cache_dir, cfg.as_ref())
         .map_err(|e| e.context("putting the node-wide metadata guard in place"))?;
     if n > 0 {

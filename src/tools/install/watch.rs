@@ -158,11 +158,7 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
     let mut adopt_due = reconcile(&opts, Pass::First);
     // Self-repair touches the kernel, as adopt does: `--no-adopt` turns both off.
     if opts.adopt && opts.repair {
-        let given = opts
-            .cache_dir
-            .clone()
-            .unwrap_or_else(|| crate::restore::DEFAULT_CACHE_DIR.into());
-        let cache_dir = crate::restore::results_dir(&given);
+        let (given, cache_dir) = opts.cache_dirs();
         if cache_dir != given {
             crate::info!(
                 "{} is the CNI cache root; self-repair reads its results in {}",
