@@ -24,6 +24,14 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 
 say() { printf '\n==> %s\n' "$*"; }
+# layer TITLE: says TITLE and starts its clock; the previous layer's time is kept for the summary
+# printed at the end (one line per layer, in seconds).
+TIMES=() LAYER="" LAYER_T0=$SECONDS
+layer() {
+  [ -z "$LAYER" ] || TIMES+=("$(printf '%6ss  %s' "$((SECONDS - LAYER_T0))" "$LAYER")")
+  LAYER=${1%%:*} LAYER_T0=$SECONDS
+  [ -z "$1" ] || say "$1"
+}
 die() {
   printf 'scripts/test.sh: %s\n' "$*" >&2
   exit 1
@@ -50,6 +58,7 @@ PACKAGES=(
 )
 # shellcheck source=scripts/packages.sh
 . "$REPO/scripts/packages.sh"
+layer "set-up: Debian packages, the cloud SDKs, the Rust toolchain"
 ensure_packages "${PACKAGES[@]}"
 say "packages: ready"
 
@@ -74,16 +83,16 @@ export RUST_BACKTRACE=1
 FAILED=()
 
 # ---- 1-2. format and lints ---------------------------------------------------------------------
-say "cargo fmt --check"
+layer "cargo fmt --check"
 cargo fmt --check || FAILED+=("cargo fmt --check")
 
-say "cargo clippy --all-targets -- -D warnings"
+layer "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings || FAILED+=("cargo clippy")
 
 # ---- the demo: the README's first command, checked line by line ---------------------------------
 # Each check is a claim the README makes of the demo's output; a demo that exits 0 but no longer
 # shows one of them fails here.
-say "demo: scripts/demo.sh (and the claims its output carries)"
+layer "demo: scripts/demo.sh (and the claims its output carries)"
 demo_log=$(mktemp /tmp/ng-demo-out.XXXXXX)
 check_demo() { # LOG: every claim, one line each; non-zero if one is missing
   local log=$1 bad=0 claim pattern
@@ -140,7 +149,7 @@ rm -rf "$demo_log" "$demo_samples"
 # ---- 4. cargo test (every Rust test layer, root tests included) --------------------------------
 # --no-fail-fast: a failing test binary does not keep the later ones from running; cargo still
 # exits non-zero if any of them failed.
-say "cargo test --no-fail-fast"
+layer "cargo test --no-fail-fast"
 log=$(mktemp /tmp/ng-cargo-test.XXXXXX)
 trap 'rm -f "$log"' EXIT
 set +e
@@ -167,23 +176,26 @@ awk '
 # An end-to-end layer is an executable scripts/e2e/*.sh that calls `e2e_init` (helpers such as
 # scripts/lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
 # Add other kinds of layers (benchmarks with assertions, ...) below in the same way.
-say "fuzz: scripts/fuzz.sh (bounded)"
+layer "fuzz: scripts/fuzz.sh (bounded)"
 FUZZ_SECONDS=${FUZZ_SECONDS:-60} scripts/fuzz.sh </dev/null || FAILED+=("fuzz (scripts/fuzz.sh)")
 
-say "benchmark smoke run: scripts/bench.sh --quick (numbers are not checked, the run is)"
+layer "benchmark smoke run: scripts/bench.sh --quick (numbers are not checked, the run is)"
 scripts/bench.sh --quick --out "$(mktemp -d /tmp/ng-bench-smoke.XXXXXX)" </dev/null >/dev/null ||
   FAILED+=("bench smoke (scripts/bench.sh --quick)")
 
-say "kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu; docs/kernels.md)"
+layer "kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu; docs/kernels.md)"
 scripts/kernels.sh --ci </dev/null || FAILED+=("kernels (scripts/kernels.sh --ci)")
 
-say "end-to-end: scripts/e2e/run-all.sh"
+layer "end-to-end: scripts/e2e/run-all.sh"
 scripts/e2e/run-all.sh </dev/null || FAILED+=("e2e (scripts/e2e/run-all.sh)")
 
-say "manifests: scripts/manifests.sh (kubectl kustomize, kubernetes-validate --strict, 1.29-1.35)"
+layer "manifests: scripts/manifests.sh (kubectl kustomize, kubernetes-validate --strict, 1.29-1.35)"
 scripts/manifests.sh </dev/null || FAILED+=("manifests (scripts/manifests.sh)")
 
 # ---- result ------------------------------------------------------------------------------------
+layer ""
+say "time per layer (the whole run: $((SECONDS / 60)) min $((SECONDS % 60)) s)"
+printf '%s\n' "${TIMES[@]}"
 if ((${#FAILED[@]})); then
   say "FAILED: ${FAILED[*]}"
   exit 1
