@@ -136,8 +136,13 @@ for k in $KERNELS; do
     FAILED+=("$suite")
     continue
   fi
-  tests="" budget=0
+  # With --ci, the binaries CI runs on this kernel (ci_runs); otherwise every one asked for.
+  KTESTS=""
   for t in $TESTS; do
+    if ((CI_MODE == 0)) || ci_runs "$suite" "$t"; then KTESTS+=" $t"; fi
+  done
+  tests="" budget=0
+  for t in $KTESTS; do
     tests+=" $t=${BIN[$t]}"
     budget=$((budget + $(test_budget "$t")))
   done
@@ -145,7 +150,7 @@ for k in $KERNELS; do
     printf 'NGK_SUITE=%q\nNGK_KVER=%q\nNGK_KDIR=%q\nNGK_REPO=%q\n' "$suite" "$kver" "$kdir" "$REPO"
     printf 'NGK_GUEST=%q\n' "$KERNELS_DIR/guest.sh"
     printf 'NGK_TESTS=%q\n' "$tests"
-    for t in $TESTS; do
+    for t in $KTESTS; do
       if ((CI_MODE)); then printf 'NGK_FILTER_%s=%q\n' "$t" "$(ci_filter "$t")"; fi
     done
     printf 'NGK_MODULES=%q\n' "${GUEST_MODULES[*]}"
@@ -180,7 +185,7 @@ for k in $KERNELS; do
     FAILED+=("$suite")
     continue
   fi
-  for t in $TESTS; do
+  for t in $KTESTS; do
     read -r _ passed failed tsecs rc < <(grep -E "^$t " "$out/results" || echo "$t - - 0 none")
     if [ "$rc" = 0 ]; then
       status=ok

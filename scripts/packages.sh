@@ -13,8 +13,10 @@ ensure_packages() {
   done
   ((${#missing[@]})) || return 0
   printf 'installing: %s\n' "${missing[*]}" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Another install holding dpkg's lock is waited for (bounded), not a failure.
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 update -q
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q \
+    --no-install-recommends "${missing[@]}"
 }
 
 ensure_cargo() {

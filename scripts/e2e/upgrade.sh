@@ -5,7 +5,9 @@
 # 0.1.0 is built (cargo build --release --locked, in a target dir under /tmp) from its git tag
 # v0.1.0, or, in a checkout without the tag, from tests/fixtures/natguard-0.1.0-src.tar.gz (the
 # tag's files: tests/conventions.rs checks they are the same); the log says which.
-# NG_E2E_OLD_BIN=PATH uses a 0.1.0 binary built before instead. The node runs in a mount
+# NG_E2E_OLD_BIN=PATH uses a 0.1.0 binary built before instead; `upgrade.sh --build-old DIR`
+# only builds it (in DIR) and prints its path, for a caller that builds before it runs the
+# layers (scripts/test.sh). The node runs in a mount
 # namespace of its own with empty tmpfs mounts on /etc/cni, /opt/cni, /var/lib/cni and /run/natguard, so
 # natguard's default paths are the node's, as on a real node, and nothing of the machine's is
 # read or changed. Pods are started and removed by libcni (tests/cnitool) through the active
@@ -37,6 +39,37 @@ OLD_VERSION=0.1.0
 OLD_FALLBACK=$REPO/tests/fixtures/natguard-$OLD_VERSION-src.tar.gz
 OLD_FILES=(src Cargo.toml Cargo.lock build.rs .cargo/config.toml)
 
+# build_old DIR: builds 0.1.0 in DIR from its tag or the fixture; prints the binary's path.
+build_old() {
+  local build=$1 rev t0 bin v
+  mkdir -p "$build/src"
+  if command -v git >/dev/null && rev=$(git -C "$REPO" rev-parse -q --verify "$OLD_TAG^{commit}" 2>/dev/null); then
+    git -C "$REPO" archive "$OLD_TAG" -- "${OLD_FILES[@]}" | tar -x -C "$build/src" ||
+      fail "git archive $OLD_TAG"
+    log "$OLD_VERSION's source: the git tag $OLD_TAG (commit ${rev:0:12})" >&2
+  else
+    [ -f "$OLD_FALLBACK" ] || fail "no git tag $OLD_TAG in $REPO and no $OLD_FALLBACK"
+    tar -xzf "$OLD_FALLBACK" -C "$build/src" || fail "unpacking $OLD_FALLBACK"
+    log "$OLD_VERSION's source: ${OLD_FALLBACK#"$REPO"/} (this checkout has no tag $OLD_TAG)" >&2
+  fi
+  t0=$(date +%s.%N)
+  (cd "$build/src" && cargo build --release --locked --target-dir "$build/target") >"$build/build.log" 2>&1 ||
+    fail "cargo build of $OLD_VERSION: $(tail -n 20 "$build/build.log")"
+  bin=$build/target/x86_64-unknown-linux-gnu/release/natguard
+  v=$("$bin" version) || fail "$bin version"
+  [[ $v == "natguard $OLD_VERSION "* ]] || fail "the binary built from $OLD_VERSION's source says: $v"
+  log "built $v in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')s" >&2
+  echo "$bin"
+}
+
+if [ "${1:-}" = --build-old ]; then
+  T=upgrade LOG_TAG="e2e upgrade"
+  [ -n "${2:-}" ] || fail "usage: $0 --build-old DIR"
+  need cargo tar
+  build_old "$2"
+  exit 0
+fi
+
 if [ "${NG_UPGRADE_INSIDE:-}" != 1 ]; then
   T=upgrade
   [ "$(id -u)" = 0 ] || fail "must run as root"
@@ -51,23 +84,8 @@ if [ "${NG_UPGRADE_INSIDE:-}" != 1 ]; then
   fi
   BUILD=$(mktemp -d /tmp/ng-e2e-upgrade-build.XXXXXX)
   trap 'rm -rf "$BUILD"' EXIT
-  mkdir "$BUILD/src"
-  if command -v git >/dev/null && rev=$(git -C "$REPO" rev-parse -q --verify "$OLD_TAG^{commit}" 2>/dev/null); then
-    git -C "$REPO" archive "$OLD_TAG" -- "${OLD_FILES[@]}" | tar -x -C "$BUILD/src" ||
-      fail "git archive $OLD_TAG"
-    log "$OLD_VERSION's source: the git tag $OLD_TAG (commit ${rev:0:12})"
-  else
-    [ -f "$OLD_FALLBACK" ] || fail "no git tag $OLD_TAG in $REPO and no $OLD_FALLBACK"
-    tar -xzf "$OLD_FALLBACK" -C "$BUILD/src" || fail "unpacking $OLD_FALLBACK"
-    log "$OLD_VERSION's source: ${OLD_FALLBACK#"$REPO"/} (this checkout has no tag $OLD_TAG)"
-  fi
-  t0=$(date +%s.%N)
-  (cd "$BUILD/src" && cargo build --release --locked --target-dir "$BUILD/target") >"$BUILD/build.log" 2>&1 ||
-    fail "cargo build of $OLD_VERSION: $(tail -n 20 "$BUILD/build.log")"
-  old_bin=$BUILD/target/x86_64-unknown-linux-gnu/release/natguard
-  v=$("$old_bin" version) || fail "$old_bin version"
-  [[ $v == "natguard $OLD_VERSION "* ]] || fail "the binary built from $OLD_VERSION's source says: $v"
-  log "built $v in $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.0f", b - a }')s; this release: $("$new_bin" version)"
+  old_bin=$(build_old "$BUILD")
+  log "this release: $("$new_bin" version)"
   NG_UPGRADE_INSIDE=1 NATGUARD_BIN=$new_bin OLD_BIN=$old_bin "$0"
   exit $?
 fi
