@@ -46,21 +46,21 @@ impl Kept {
     }
 }
 
-/// Answers per (upstream, canonical target).
+/// Answers per upstream and canonical target.
 #[derive(Default)]
 pub struct Cache {
-    kept: HashMap<(SocketAddr, String), (Instant, usize, Kept)>,
+    kept: HashMap<SocketAddr, HashMap<String, (Instant, usize, Kept)>>,
     bytes: usize,
 }
 
 impl Cache {
     /// The answer kept for `target` at `upstream`, if it is younger than [`KEEP_FOR`].
     pub fn get(&mut self, upstream: SocketAddr, target: &str, now: Instant) -> Option<Kept> {
-        let key = (upstream, target.to_string());
-        match self.kept.get(&key) {
+        let of = self.kept.get_mut(&upstream)?;
+        match of.get(target) {
             Some((at, _, k)) if now.saturating_duration_since(*at) < KEEP_FOR => Some(k.clone()),
             Some(_) => {
-                if let Some((_, cost, _)) = self.kept.remove(&key) {
+                if let Some((_, cost, _)) = of.remove(target) {
                     self.bytes -= cost;
                 }
                 None
@@ -76,26 +76,31 @@ impl Cache {
             return;
         }
         let cost = answer.cost(target);
-        let key = (upstream, target.to_string());
-        if let Some((_, old, _)) = self.kept.remove(&key) {
+        if let Some((_, old, _)) = self.kept.get_mut(&upstream).and_then(|m| m.remove(target)) {
             self.bytes -= old;
         }
         if self.bytes + cost > MAX_BYTES {
             let mut freed = 0;
-            self.kept.retain(|_, (at, c, _)| {
-                let live = now.saturating_duration_since(*at) < KEEP_FOR;
-                if !live {
-                    freed += *c;
-                }
-                live
-            });
+            for of in self.kept.values_mut() {
+                of.retain(|_, (at, c, _)| {
+                    let live = now.saturating_duration_since(*at) < KEEP_FOR;
+                    if !live {
+                        freed += *c;
+                    }
+                    live
+                });
+            }
+            self.kept.retain(|_, of| !of.is_empty());
             self.bytes -= freed;
             if self.bytes + cost > MAX_BYTES {
                 return;
             }
         }
         self.bytes += cost;
-        self.kept.insert(key, (now, cost, answer));
+        self.kept
+            .entry(upstream)
+            .or_default()
+            .insert(target.to_string(), (now, cost, answer));
     }
 
     /// Bytes held (for the tests).
