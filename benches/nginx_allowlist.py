@@ -7,7 +7,10 @@
   on the list answer 403. nginx matches `location`s on the normalised path (percent-decoding,
   dot segments, merged slashes), as natguard decides on the canonical request. What nginx
   cannot do is filter a directory listing (natguard hides concealed entries), so listings are
-  refused here: the benchmark asks for a leaf.
+  refused here: the benchmark asks for a leaf. Like natguard's proxy (src/proxy/cache.rs),
+  it keeps whole 200 answers of the allowed paths for a second (`proxy_cache`, its keys in
+  shared memory, one request per path upstream at a time), so both are measured doing the same
+  work.
 - `upstream_conf`: the benchmark's upstream, nginx serving files, the token PUT answered by
   `return 200`.
 
@@ -69,9 +72,13 @@ def proxy_conf(prefix, listen, upstream, idle, workers=1):
                      for r in CONCEALED)
     allow = "\n".join(f"""        location ~ "{r}" {{
             limit_except GET {{ deny all; }}
+            proxy_cache imds;
+            proxy_cache_valid 200 1s;
+            proxy_cache_lock on;
             proxy_pass http://imds;
         }}""" for r in ALLOWED)
     return _common(prefix, "nginx-proxy", idle, workers) + f"""
+    proxy_cache_path {prefix}/nginx-proxy-cache keys_zone=imds:1m max_size=4m inactive=10s;
     upstream imds {{
         server {upstream};
         keepalive 64;

@@ -313,6 +313,48 @@ fn a_default_pod_gets_region_and_zone_over_imdsv2_and_never_the_credentials() {
         .contains("concealed GET \"/latest/user-data\" for default/web"));
 }
 
+/// However often pods ask, the metadata API is asked for a path at most once a second: what
+/// the proxy passed is kept for a second (src/proxy/cache.rs). What it conceals is decided on
+/// every request and never kept: each ask is concealed again and none reaches the upstream.
+#[test]
+fn the_metadata_api_is_asked_at_most_once_a_second_per_path_however_often_pods_ask() {
+    require_root();
+    let s = setup("proxy-kept");
+    let path = "/latest/meta-data/placement/region";
+    let asked = |s: &Setup| {
+        let saw = s.upstream_saw();
+        saw.lines()
+            .filter(|l| l.starts_with(&format!("GET {path} ")))
+            .count()
+    };
+    let before = asked(&s);
+    let t0 = Instant::now();
+    const ASKS: usize = 40;
+    for i in 0..ASKS {
+        // Both families and both pods' tokens: one kept answer per endpoint and path.
+        let ep = sa(if i % 2 == 0 { META4 } else { META6 }, HTTP_PORT);
+        let t = token(&s.pod.ns, ep);
+        assert_eq!(get(&s.pod.ns, ep, path, Some(&t)), (200, REGION.into()));
+        let (st, body) = get(
+            &s.pod.ns,
+            ep,
+            "/latest/meta-data/iam/security-credentials/",
+            Some(&t),
+        );
+        assert_eq!(st, 403, "ask {i}: {body}");
+        assert!(!body.contains(ROLE), "{body}");
+    }
+    let secs = t0.elapsed().as_secs() as usize;
+    let n = asked(&s) - before;
+    // One per endpoint (two) and second at most; without the kept answers, one per ask.
+    assert!(
+        (2..=2 * (secs + 1)).contains(&n),
+        "{ASKS} asks in {secs} s reached the upstream {n} times:\n{}",
+        s.upstream_saw()
+    );
+    s.assert_upstream_clean();
+}
+
 #[test]
 fn connections_natguard_did_not_redirect_are_refused() {
     require_root();

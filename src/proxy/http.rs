@@ -239,6 +239,8 @@ async fn connection(
             pending,
             answered,
             wrote: false,
+            linger: None,
+            lingering: false,
             parked: false,
             closed: false,
         };
@@ -273,6 +275,14 @@ async fn connection(
 /// last gave memory back.
 static BUSY: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 static ENDED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// How long a turn stays after its answer for the client's next request: a client that keeps
+/// its connection busy (one request after another) is served by one turn, without building
+/// hyper's state anew per request. Shorter than any header timeout.
+const LINGER: Duration = Duration::from_millis(20);
+/// Above this many turns at once, a turn ends as soon as it has answered: lingering turns never
+/// hold more than this many connections' buffers (a few MiB), whatever the number of clients.
+const LINGER_MAX: usize = 256;
 
 /// How many turns ended with the connection idle (for the tests).
 #[cfg(test)]
@@ -312,8 +322,9 @@ async fn trimmer() {
 
 /// A connection's socket for one turn of hyper: bytes hyper read ahead in the previous turn
 /// first, then the socket. Once a response has been written and flushed and the client has
-/// sent nothing since, a read that would wait reads as the end of the stream instead
-/// (`parked`): hyper, idle between requests, ends the turn as on a client's clean close.
+/// sent nothing for [`LINGER`] since (at once when more than [`LINGER_MAX`] turns are being
+/// served), a read that would wait reads as the end of the stream instead (`parked`): hyper,
+/// idle between requests, ends the turn as on a client's clean close.
 struct Turn {
     stream: tokio::net::TcpStream,
     pending: Bytes,
@@ -321,6 +332,10 @@ struct Turn {
     /// arrive.
     answered: Arc<std::sync::atomic::AtomicBool>,
     wrote: bool,
+    /// While answered (`lingering`): when the turn ends if the client sends nothing more. One
+    /// timer per turn, set again for each answer.
+    linger: Option<Pin<Box<tokio::time::Sleep>>>,
+    lingering: bool,
     parked: bool,
     /// The client closed (a real end of stream).
     closed: bool,
@@ -347,10 +362,25 @@ impl tokio::io::AsyncRead for Turn {
                     self.closed = true;
                 } else {
                     self.answered.store(false, Relaxed);
+                    self.lingering = false;
                 }
                 Poll::Ready(Ok(()))
             }
             Poll::Pending if self.answered.load(Relaxed) => {
+                let stay = BUSY.load(Relaxed) <= LINGER_MAX && {
+                    let until = tokio::time::Instant::now() + LINGER;
+                    let first = !std::mem::replace(&mut self.lingering, true);
+                    let timer = self
+                        .linger
+                        .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+                    if first {
+                        timer.as_mut().reset(until);
+                    }
+                    timer.as_mut().poll(cx).is_pending()
+                };
+                if stay {
+                    return Poll::Pending;
+                }
                 #[cfg(test)]
                 PARKED.fetch_add(1, Relaxed);
                 self.parked = true;

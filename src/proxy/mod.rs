@@ -12,11 +12,14 @@
 //! 2. what is asked: the request target read into its canonical form ([`canon`]), judged
 //!    by the cloud's allow-list ([`rules`]) and protocol;
 //! 3. the upstream is only the endpoint the pod first connected to, asked with a request the
-//!    proxy builds ([`upstream`]); listings and documents are filtered on the way back.
+//!    proxy builds ([`upstream`]); listings and documents are filtered on the way back. What
+//!    was passed is served again for a second ([`cache`]): the same target gets the same
+//!    answer for every pod the proxy serves it to.
 //!
 //! Counters of every result go to a record beside the watcher's readiness file
 //! (`proxy.json`), which `status` and `metrics` read from another process.
 
+mod cache;
 pub mod canon;
 pub mod http;
 mod io;
@@ -88,6 +91,7 @@ struct State {
     tokens: Mutex<tokens::Tokens>,
     node_tokens: upstream::NodeTokens,
     pool: upstream::Pool,
+    cache: Mutex<cache::Cache>,
     counts: [AtomicU64; 4],
     log: Mutex<LogBudget>,
 }
@@ -149,6 +153,7 @@ pub fn start(opts: Options) -> std::io::Result<()> {
         tokens: Mutex::default(),
         node_tokens: upstream::NodeTokens::default(),
         pool: upstream::Pool::default(),
+        cache: Mutex::default(),
         counts: Default::default(),
         log: Mutex::default(),
     });
@@ -418,6 +423,15 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         return refused(name, 403, "no original destination");
     };
     let target = c.target(api.query_keys());
+    let kept =
+        st.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(upstream, &target, Instant::now());
+    if let Some(k) = kept {
+        st.count(Outcome::Served);
+        return reply(&method, k);
+    }
     let mut headers: Vec<(&str, String)> = api
         .upstream_headers()
         .iter()
@@ -455,22 +469,40 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
             }
         }
     }
-    st.count(Outcome::Served);
-    let mut r = Response::new(Full::new(if method == Method::HEAD {
-        Bytes::new()
-    } else {
-        body.clone()
-    }));
-    *r.status_mut() =
-        hyper::StatusCode::from_u16(answer.status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+    let mut passed = Vec::with_capacity(PASSED_HEADERS.len());
     for k in PASSED_HEADERS {
         if let Some(v) = answer.headers.get(*k) {
-            r.headers_mut().insert(*k, v.clone());
+            passed.push((hyper::header::HeaderName::from_static(k), v.clone()));
         }
     }
-    if method == Method::HEAD {
+    let k = cache::Kept {
+        status: answer.status,
+        headers: passed,
+        body,
+    };
+    st.cache.lock().unwrap_or_else(|e| e.into_inner()).put(
+        upstream,
+        &target,
+        k.clone(),
+        Instant::now(),
+    );
+    st.count(Outcome::Served);
+    reply(&method, k)
+}
+
+/// The pod's answer: `k` as it is, or its head alone for HEAD.
+fn reply(method: &Method, k: cache::Kept) -> Reply {
+    let head = *method == Method::HEAD;
+    let len = k.body.len();
+    let mut r = Response::new(Full::new(if head { Bytes::new() } else { k.body }));
+    *r.status_mut() =
+        hyper::StatusCode::from_u16(k.status).unwrap_or(hyper::StatusCode::BAD_GATEWAY);
+    for (name, v) in k.headers {
+        r.headers_mut().insert(name, v);
+    }
+    if head {
         r.headers_mut()
-            .insert(hyper::header::CONTENT_LENGTH, body.len().into());
+            .insert(hyper::header::CONTENT_LENGTH, len.into());
     }
     r
 }

@@ -437,18 +437,19 @@ enum Fit {
 }
 
 fn fit(pat: &str, segs: &[String]) -> Fit {
-    let p: Vec<&str> = pat.split('/').collect();
-    for (i, ps) in p.iter().enumerate() {
-        if *ps == "**" {
+    let mut n = 0;
+    for ps in pat.split('/') {
+        if ps == "**" {
             return Fit::Match(true);
         }
-        match segs.get(i) {
+        match segs.get(n) {
             None => return Fit::Ancestor,
             Some(s) if seg_matches(ps, s) => {}
             Some(_) => return Fit::None,
         }
+        n += 1;
     }
-    if segs.len() == p.len() {
+    if segs.len() == n {
         Fit::Match(false)
     } else {
         Fit::None
