@@ -9,12 +9,20 @@
 //! filtered), and only after the request was judged: who asks and what is concealed are
 //! decided for every request, never by the cache. The cache is bounded in bytes, so it never
 //! grows with the node's history: an answer that does not fit is simply not kept.
+//!
+//! When an answer is missing (the first ask, or a second after the last), the first request
+//! asks the upstream and the others for the same target wait for its answer ([`InFlight`]),
+//! within the upstream's deadline: a busy node sends one request upstream per path, not one
+//! per waiting pod, at each second.
 
 use hyper::body::Bytes;
 use hyper::header::{HeaderName, HeaderValue};
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
 
 /// How long an answer is served again.
 pub const KEEP_FOR: Duration = Duration::from_secs(1);
@@ -110,6 +118,55 @@ impl Cache {
     }
 }
 
+/// Targets being asked upstream, per upstream and target.
+#[derive(Default)]
+pub struct InFlight {
+    asking: Mutex<HashMap<(SocketAddr, String), Arc<Notify>>>,
+}
+
+/// What a request does about a missing answer.
+pub enum Ask<'a> {
+    /// It asks the upstream; the others are woken when this is dropped.
+    Lead(Leader<'a>),
+    /// Another request is asking: wait for it (then look in the cache again).
+    Wait(OwnedNotified),
+}
+
+/// The request asking the upstream for a target.
+pub struct Leader<'a> {
+    of: &'a InFlight,
+    key: (SocketAddr, String),
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        let mut asking = self.of.asking.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = asking.remove(&self.key) {
+            n.notify_waiters();
+        }
+    }
+}
+
+impl InFlight {
+    /// Whether this request asks the upstream for `target` or waits for another's answer.
+    pub fn ask(&self, upstream: SocketAddr, target: &str) -> Ask<'_> {
+        let key = (upstream, target.to_string());
+        let mut asking = self.asking.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = asking.get(&key) {
+            // Made while the lock is held: the leader's wake-up cannot come before it.
+            return Ask::Wait(n.clone().notified_owned());
+        }
+        asking.insert(key.clone(), Arc::new(Notify::new()));
+        Ask::Lead(Leader { of: self, key })
+    }
+
+    /// Targets being asked (for the tests).
+    #[cfg(test)]
+    fn asking(&self) -> usize {
+        self.asking.lock().unwrap().len()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,6 +202,35 @@ mod tests {
         // A second later it is gone, and its bytes with it.
         assert_eq!(c.get(up(), path, t0 + KEEP_FOR), None);
         assert_eq!(c.held(), 0);
+    }
+
+    #[test]
+    fn one_request_asks_the_upstream_and_the_others_wait_for_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let f = InFlight::default();
+            let Ask::Lead(leader) = f.ask(up(), "/a") else {
+                panic!("the first request does not lead")
+            };
+            let Ask::Wait(waiting) = f.ask(up(), "/a") else {
+                panic!("a second request for the same target leads too")
+            };
+            // Another target, or another upstream, is asked on its own.
+            assert!(matches!(f.ask(up(), "/b"), Ask::Lead(_)));
+            assert_eq!(f.asking(), 1, "a dropped leader is no longer asking");
+            let other: SocketAddr = "[fd00:ec2::254]:80".parse().unwrap();
+            assert!(matches!(f.ask(other, "/a"), Ask::Lead(_)));
+            // The waiter is woken when the leader is done, whatever its outcome.
+            drop(leader);
+            tokio::time::timeout(Duration::from_secs(10), waiting)
+                .await
+                .expect("the waiting request was not woken");
+            assert_eq!(f.asking(), 0);
+            assert!(matches!(f.ask(up(), "/a"), Ask::Lead(_)));
+        });
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod canon;
 pub mod http;
 mod io;
 pub mod pods;
+pub mod record;
 pub mod rules;
 mod tokens;
 mod upstream;
@@ -39,7 +40,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use crate::tools::watcher::ProxyRecord;
+pub use record::ProxyRecord;
 
 /// The bounds of the proxy's connections: enough for every pod of a node at once, with no
 /// source able to take more than a share.
@@ -92,6 +93,7 @@ struct State {
     node_tokens: upstream::NodeTokens,
     pool: upstream::Pool,
     cache: Mutex<cache::Cache>,
+    asking: cache::InFlight,
     counts: [AtomicU64; 4],
     log: Mutex<LogBudget>,
 }
@@ -154,6 +156,7 @@ pub fn start(opts: Options) -> std::io::Result<()> {
         node_tokens: upstream::NodeTokens::default(),
         pool: upstream::Pool::default(),
         cache: Mutex::default(),
+        asking: cache::InFlight::default(),
         counts: Default::default(),
         log: Mutex::default(),
     });
@@ -423,15 +426,29 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         return refused(name, 403, "no original destination");
     };
     let target = c.target(api.query_keys());
-    let kept =
+    let kept = |st: &State| {
         st.cache
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get(upstream, &target, Instant::now());
-    if let Some(k) = kept {
+            .get(upstream, &target, Instant::now())
+    };
+    if let Some(k) = kept(&st) {
         st.count(Outcome::Served);
         return reply(&method, k);
     }
+    // One request asks the upstream for a missing answer; the others wait for it (once, within
+    // the upstream's deadline) and ask themselves only if it was not kept (not a 200).
+    let _leader = match st.asking.ask(upstream, &target) {
+        cache::Ask::Lead(l) => Some(l),
+        cache::Ask::Wait(w) => {
+            let _ = tokio::time::timeout(upstream::ANSWER_TIMEOUT, w).await;
+            if let Some(k) = kept(&st) {
+                st.count(Outcome::Served);
+                return reply(&method, k);
+            }
+            None
+        }
+    };
     let mut headers: Vec<(&str, String)> = api
         .upstream_headers()
         .iter()
