@@ -7,17 +7,18 @@
 #   2. cargo clippy --all-targets -- -D warnings
 #   3. demo: scripts/demo.sh, its output checked for every claim the README makes of it, and
 #      docs/operations.md's sample outputs compared with it (scripts/docs-samples.sh)
-#   4. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
+#   4. fuzz: scripts/fuzz.sh, bounded
+#   5. benchmark smoke run: scripts/bench.sh --quick (the run is checked, not the numbers)
+#   6. builds for the root tests and the end-to-end layers (the test binaries, this release,
+#      the CRI client, the previous release)
+#   7. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
 #      root integration tests in network namespaces: tests/datapath.rs, ...)
-#   5. fuzz: scripts/fuzz.sh, bounded
-#   6. benchmark smoke run: scripts/bench.sh --quick (the run is checked, not the numbers)
-#   7. builds for the end-to-end layers (this release, the CRI client, the previous release)
 #   8. end-to-end: scripts/e2e/run-all.sh (real runtimes: libcni, ctr, CRI, podman, the image,
 #      the rendered DaemonSet through containerd's CRI and the bootstrap unit)
 #   9. manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
 #      strictly against Kubernetes 1.29 to 1.35 (scripts/manifests.sh)
 #  10. kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu), started in the
-#      background before 8 and waited for after 9
+#      background after 6 and waited for after 9
 #   Each layer's time is printed at the end.
 # Must run as root (network namespaces). Nothing in the root network namespace is changed.
 # Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
@@ -152,12 +153,52 @@ else
 fi
 rm -rf "$demo_log" "$demo_samples"
 
+# ---- 4. further layers --------------------------------------------------------------------------
+# >>> Other test layers are called here. <<<
+# An end-to-end layer is an executable scripts/e2e/*.sh that calls `e2e_init` (helpers such as
+# scripts/lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
+# Add other kinds of layers (benchmarks with assertions, ...) below in the same way.
+layer "fuzz: scripts/fuzz.sh (bounded)"
+FUZZ_SECONDS=${FUZZ_SECONDS:-60} scripts/fuzz.sh </dev/null || FAILED+=("fuzz (scripts/fuzz.sh)")
+
+layer "benchmark smoke run: scripts/bench.sh --quick (numbers are not checked, the run is)"
+scripts/bench.sh --quick --out "$(mktemp -d /tmp/ng-bench-smoke.XXXXXX)" </dev/null >/dev/null ||
+  FAILED+=("bench smoke (scripts/bench.sh --quick)")
+
+# The kernel layer keeps both cores busy under emulation for about twenty minutes, while the
+# root tests and the end-to-end layers mostly wait for namespaces, runtimes and daemons: they
+# run side by side. Everything they build (the test binaries, this release, the CRI client, the
+# previous release for the upgrade layer) is built first, so no compiler competes with the VMs;
+# the VMs run at a lower priority (nice 10, scripts/kernels.sh), so the tests beside them keep
+# their pace.
+layer "builds for the root tests and the end-to-end layers (before the kernel layer starts beside them)"
+old_release=$(mktemp -d /tmp/ng-old-release.XXXXXX)
+if cargo test --no-run -q && cargo build --release -q && (cd tests/cri-client && cargo build --release -q) &&
+  NG_E2E_OLD_BIN=$(scripts/e2e/upgrade.sh --build-old "$old_release"); then
+  export NG_E2E_OLD_BIN
+else
+  FAILED+=("builds for the end-to-end layers")
+fi
+
+say "kernels: scripts/kernels.sh --ci started in the background (its report follows the manifests)"
+log=$(mktemp /tmp/ng-cargo-test.XXXXXX)
+kernels_log=$(mktemp /tmp/ng-kernels.XXXXXX)
+kernels_t0=$SECONDS
+scripts/kernels.sh --ci </dev/null >"$kernels_log" 2>&1 &
+kernels_pid=$!
+trap 'rm -f "$log"; kill "$kernels_pid" 2>/dev/null || true' EXIT
+# cargo holds its build lock while `cargo test` runs: the kernel layer first finds its (already
+# built) test binaries, then it says where its logs go; only then does cargo test start (bounded).
+for _ in $(seq 600); do
+  grep -q '^==> logs:' "$kernels_log" && break
+  kill -0 "$kernels_pid" 2>/dev/null || break
+  sleep 0.5
+done
+
 # ---- 4. cargo test (every Rust test layer, root tests included) --------------------------------
 # --no-fail-fast: a failing test binary does not keep the later ones from running; cargo still
 # exits non-zero if any of them failed.
 layer "cargo test --no-fail-fast"
-log=$(mktemp /tmp/ng-cargo-test.XXXXXX)
-trap 'rm -f "$log"' EXIT
 set +e
 cargo test --no-fail-fast 2>&1 | tee "$log"
 cargo_status=${PIPESTATUS[0]}
@@ -177,39 +218,6 @@ awk '
 ' "$log"
 [ "$cargo_status" -eq 0 ] || FAILED+=("cargo test")
 
-# ---- 4. further layers --------------------------------------------------------------------------
-# >>> Other test layers are called here. <<<
-# An end-to-end layer is an executable scripts/e2e/*.sh that calls `e2e_init` (helpers such as
-# scripts/lib.sh or busybox-image.sh are not layers). Each runs on its own and exits non-zero on failure.
-# Add other kinds of layers (benchmarks with assertions, ...) below in the same way.
-layer "fuzz: scripts/fuzz.sh (bounded)"
-FUZZ_SECONDS=${FUZZ_SECONDS:-60} scripts/fuzz.sh </dev/null || FAILED+=("fuzz (scripts/fuzz.sh)")
-
-layer "benchmark smoke run: scripts/bench.sh --quick (numbers are not checked, the run is)"
-scripts/bench.sh --quick --out "$(mktemp -d /tmp/ng-bench-smoke.XXXXXX)" </dev/null >/dev/null ||
-  FAILED+=("bench smoke (scripts/bench.sh --quick)")
-
-# The kernel layer keeps both cores busy under emulation for about twenty minutes, while the
-# end-to-end layers mostly wait for runtimes and daemons: the two run side by side. What the
-# end-to-end layers build (this release, the CRI client, the previous release for the upgrade
-# layer) is built first, so no compiler competes with the VMs; the VMs run at a lower priority
-# (nice 10, scripts/kernels.sh), so the end-to-end layers' real runtimes keep their pace.
-layer "builds for the end-to-end layers (before the kernel layer starts beside them)"
-old_release=$(mktemp -d /tmp/ng-old-release.XXXXXX)
-if cargo build --release -q && (cd tests/cri-client && cargo build --release -q) &&
-  NG_E2E_OLD_BIN=$(scripts/e2e/upgrade.sh --build-old "$old_release"); then
-  export NG_E2E_OLD_BIN
-else
-  FAILED+=("builds for the end-to-end layers")
-fi
-
-say "kernels: scripts/kernels.sh --ci started in the background (its report follows the manifests)"
-kernels_log=$(mktemp /tmp/ng-kernels.XXXXXX)
-kernels_t0=$SECONDS
-scripts/kernels.sh --ci </dev/null >"$kernels_log" 2>&1 &
-kernels_pid=$!
-trap 'rm -f "$log"; kill "$kernels_pid" 2>/dev/null || true' EXIT
-
 layer "end-to-end: scripts/e2e/run-all.sh"
 scripts/e2e/run-all.sh </dev/null || FAILED+=("e2e (scripts/e2e/run-all.sh)")
 
@@ -223,7 +231,7 @@ cat "$kernels_log"
 rm -f "$kernels_log"
 rm -rf "$old_release"
 ((kernels_status == 0)) || FAILED+=("kernels (scripts/kernels.sh --ci)")
-say "kernels: $((SECONDS - kernels_t0)) s from its start, beside the end-to-end and manifests layers"
+say "kernels: $((SECONDS - kernels_t0)) s from its start, beside cargo test, the end-to-end and manifests layers"
 
 # ---- result ------------------------------------------------------------------------------------
 layer ""
