@@ -122,7 +122,8 @@ report() { # kernel test passed failed seconds status
 # guest powers off or DEADLINE seconds pass. A watchdog reads the guest's console and results
 # meanwhile and stops the VM early, setting vm_end: `lockup` when the guest kernel reports a CPU
 # stuck for 120 s or more (a soft lockup of the emulated machine: nothing runs any more),
-# `stalled` when no test binary ended for STALL seconds; `done` otherwise. qrc: qemu's status.
+# `stalled` when no test binary ended for STALL seconds (plus the benchmark's budget with
+# --bench: the benchmark writes no result until it ends); `done` otherwise. qrc: qemu's status.
 STALL=1500
 lockup_line() { grep -m1 -oE 'soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \[[^]]*\]' "$1" 2>/dev/null || echo "a soft lockup"; }
 run_vm() {
@@ -146,7 +147,7 @@ run_vm() {
     if [ "$size" != "$last_size" ]; then last_size=$size last_change=$now; fi
     if grep -qE 'soft lockup - CPU#[0-9]+ stuck for ([0-9]{4,}|[2-9][0-9]{2}|1[2-9][0-9])s' "$out/console.log" 2>/dev/null; then
       vm_end=lockup
-    elif ((now - last_change > STALL)); then
+    elif ((now - last_change > STALL + BENCH_BUDGET)); then
       vm_end=stalled
     fi
     if [ "$vm_end" != done ]; then

@@ -346,6 +346,20 @@ fn the_metadata_api_is_asked_at_most_once_a_second_per_path_however_often_pods_a
     }
     let secs = t0.elapsed().as_secs() as usize;
     let n = asked(&s) - before;
+    // A kept answer is never what decides who gets it: while the region is kept, a request
+    // without a token is 401, the pod straight to the proxy's port (not DNATed) and the node
+    // (no record of it) are refused, as without the cache.
+    let ep = sa(META4, HTTP_PORT);
+    let t = token(&s.pod.ns, ep);
+    assert_eq!(get(&s.pod.ns, ep, path, Some(&t)), (200, REGION.into()));
+    assert_eq!(get(&s.pod.ns, ep, path, None).0, 401);
+    let proxy = sa(NODE_OUT4, PROXY_PORT);
+    let (st, body) = get(&s.pod.ns, proxy, path, Some(&t));
+    assert_eq!(st, 403, "{body}");
+    assert!(!body.contains(REGION), "{body}");
+    let (st, body) = get(&s.w.node, proxy, path, Some(&t));
+    assert_eq!(st, 403, "{body}");
+    assert!(!body.contains(REGION), "{body}");
     // One per endpoint (two) and second at most; without the kept answers, one per ask.
     assert!(
         (2..=2 * (secs + 1)).contains(&n),

@@ -426,29 +426,34 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         return refused(name, 403, "no original destination");
     };
     let target = c.target(api.query_keys());
-    let kept = |st: &State| {
-        st.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(upstream, &target, Instant::now())
-    };
-    if let Some(k) = kept(&st) {
-        st.count(Outcome::Served);
-        return reply(&method, k);
-    }
-    // One request asks the upstream for a missing answer; the others wait for it (once, within
-    // the upstream's deadline) and ask themselves only if it was not kept (not a 200).
-    let _leader = match st.asking.ask(upstream, &target) {
-        cache::Ask::Lead(l) => Some(l),
-        cache::Ask::Wait(w) => {
-            let _ = tokio::time::timeout(upstream::ANSWER_TIMEOUT, w).await;
-            if let Some(k) = kept(&st) {
-                st.count(Outcome::Served);
-                return reply(&method, k);
-            }
-            None
+    // A kept answer; when there is none, one request asks the upstream and the others wait
+    // for it (once, within the upstream's deadline), then ask themselves only if it was not
+    // kept (not a 200).
+    let mut leader = None;
+    for first in [true, false] {
+        let kept = st.cache.lock().unwrap_or_else(|e| e.into_inner()).get(
+            upstream,
+            &target,
+            Instant::now(),
+        );
+        if let Some(k) = kept {
+            st.count(Outcome::Served);
+            return reply(&method, k);
         }
-    };
+        if !first {
+            break;
+        }
+        match st.asking.ask(upstream, &target) {
+            cache::Ask::Lead(l) => {
+                leader = Some(l);
+                break;
+            }
+            cache::Ask::Wait(w) => {
+                let _ = tokio::time::timeout(upstream::ANSWER_TIMEOUT, w).await;
+            }
+        }
+    }
+    let _leader = leader;
     let mut headers: Vec<(&str, String)> = api
         .upstream_headers()
         .iter()
