@@ -66,6 +66,8 @@ die() {
 . "$KERNELS_DIR/initramfs.sh"
 # shellcheck source=scripts/kernels/expect.sh
 . "$KERNELS_DIR/expect.sh"
+# shellcheck source=scripts/kernels/vm.sh
+. "$KERNELS_DIR/vm.sh"
 
 # The VM runs the host's binaries: the root tests' tools, and what only the kernel layer needs.
 ensure_packages qemu-system-x86 busybox-static xz-utils ipvsadm \
@@ -118,50 +120,6 @@ report() { # kernel test passed failed seconds status
   echo "$l"
 }
 
-# run_vm KDIR OUT DEADLINE: boots the kernel of KDIR with OUT's initramfs and env, until the
-# guest powers off or DEADLINE seconds pass. A watchdog reads the guest's console and results
-# meanwhile and stops the VM early, setting vm_end: `lockup` when the guest kernel reports a CPU
-# stuck for 120 s or more (a soft lockup of the emulated machine: nothing runs any more),
-# `stalled` when no test binary ended for STALL seconds (plus the benchmark's budget with
-# --bench: the benchmark writes no result until it ends); `done` otherwise. qrc: qemu's status.
-STALL=1500
-lockup_line() { grep -m1 -oE 'soft lockup - CPU#[0-9]+ stuck for [0-9]+s! \[[^]]*\]' "$1" 2>/dev/null || echo "a soft lockup"; }
-run_vm() {
-  local kdir=$1 out=$2 deadline=$3 pid last_change now size last_size=-1
-  nice -n 10 timeout --kill-after=10 "$deadline" qemu-system-x86_64 \
-    -accel tcg -cpu max -m 2048 -smp 2 -nographic -no-reboot -nic none \
-    -kernel "$kdir/vmlinuz" -initrd "$out/initramfs.gz" \
-    -append "console=ttyS0 panic=-1 rdinit=/init loglevel=4 mitigations=off" \
-    -fsdev local,id=hostroot,path=/,security_model=none,readonly=on \
-    -device virtio-9p-pci,fsdev=hostroot,mount_tag=hostroot \
-    -fsdev local,id=ngkout,path="$out",security_model=none \
-    -device virtio-9p-pci,fsdev=ngkout,mount_tag=ngkout \
-    -device virtio-rng-pci \
-    -serial file:"$out/console.log" -monitor none </dev/null >"$out/qemu.log" 2>&1 &
-  pid=$!
-  vm_end=done last_change=$(date +%s)
-  while kill -0 "$pid" 2>/dev/null; do
-    sleep 5
-    now=$(date +%s)
-    size=$(stat -c %s "$out/results" 2>/dev/null || echo 0)
-    if [ "$size" != "$last_size" ]; then last_size=$size last_change=$now; fi
-    if grep -qE 'soft lockup - CPU#[0-9]+ stuck for ([0-9]{4,}|[2-9][0-9]{2}|1[2-9][0-9])s' "$out/console.log" 2>/dev/null; then
-      vm_end=lockup
-    elif ((now - last_change > STALL + BENCH_BUDGET)); then
-      vm_end=stalled
-    fi
-    if [ "$vm_end" != done ]; then
-      pkill -KILL -P "$pid" 2>/dev/null || true
-      kill -KILL "$pid" 2>/dev/null || true
-      break
-    fi
-  done
-  set +e
-  wait "$pid"
-  qrc=$?
-  set -e
-}
-
 for k in $KERNELS; do
   suite=$(suite_of "$k")
   kdir=$CACHE/$suite
@@ -199,7 +157,8 @@ for k in $KERNELS; do
     done
     printf 'NGK_MODULES=%q\n' "${GUEST_MODULES[*]}"
     printf 'NGK_EXPECT=%q\n' "$(kernel_expect "$suite")"
-    printf 'NATGUARD_TEST_TIME_FACTOR=%q\nNGK_BINARY_TIMEOUT=%q\n' "$TIME_FACTOR" "$((budget * 2))"
+    printf 'NATGUARD_TEST_TIME_FACTOR=%q\n' "$TIME_FACTOR"
+    for t in $KTESTS; do printf 'NGK_TIMEOUT_%s=%q\n' "$t" "$(($(test_budget "$t") * 2))"; done
     if ((BENCH)); then
       printf 'NGK_BENCH=%q\nNGK_BENCH_BIN=%q\nNGK_BENCH_TOOLS=%q\nNGK_BENCH_TIMEOUT=%q\n' \
         "$BENCH_ARGS" "$RELEASE" /ngk-out/tools "$BENCH_BUDGET"
@@ -208,30 +167,18 @@ for k in $KERNELS; do
   # The guest's /tmp is its own: the tools reach it in its output directory (/ngk-out).
   if ((BENCH)); then mkdir -p "$out/tools" && cp "$TOOLS"/* "$out/tools/"; fi
   deadline=$((budget * 2 + BENCH_BUDGET + 300))
-  for attempt in 1 2; do
-    echo "==> $suite: booting $kver (qemu, TCG, -m 2048 -smp 2)"
-    start=$(date +%s)
-    run_vm "$kdir" "$out" "$deadline"
-    secs=$(($(date +%s) - start))
-    [ "$vm_end" = lockup ] && ((attempt == 1)) || break
-    # The emulated kernel's CPUs locked up (seen under TCG, in no test's code): the VM is
-    # booted once more, from the start; a second lockup fails the kernel.
-    echo "==> $suite: $kver locked up after ${secs}s ($(lockup_line "$out/console.log")); booting it once more"
-    mkdir -p "$out/lockup-1"
-    for f in console.log qemu.log results results.done facts $(printf '%s.log ' $KTESTS); do
-      [ ! -e "$out/$f" ] || mv "$out/$f" "$out/lockup-1/"
-    done
-  done
-  if [ "$vm_end" = lockup ]; then
-    report "$suite" "(kernel)" - - "$secs" "FAILED: $kver locked up twice ($(lockup_line "$out/console.log"); see $out/console.log)"
+  boot_kernel "$suite" "$kver" "$kdir" "$out" "$deadline"
+  console=$out/console.log
+  [ "$vm_end" = done ] || console=$out/boot-$boots/console.log
+  if [ "$vm_end" != done ]; then
+    report "$suite" "(kernel)" - - "$secs" "FAILED: $boots boots stopped by the watchdog ($vm_history; see $out/boot-*/console.log)"
     FAILED+=("$suite")
-  elif [ "$vm_end" = stalled ]; then
-    report "$suite" "(kernel)" - - "$secs" "FAILED: no test binary ended for ${STALL}s; the VM was stopped (see $out/console.log)"
-    FAILED+=("$suite")
+  elif [ -n "$vm_history" ]; then
+    report "$suite" "(kernel)" - - "$secs" "ok on boot $boots ($vm_history; see $out/boot-*/console.log)"
   fi
   if [ ! -f "$out/results" ]; then
-    reason=$(grep -m1 -E 'ngk-init:|Kernel panic|not syncing' "$out/console.log" 2>/dev/null || true)
-    report "$suite" "(kernel)" - - "$secs" "FAILED: $kver did not boot to the tests (qemu status $qrc${reason:+; $reason}; see $out/console.log)"
+    reason=$(grep -m1 -E 'ngk-init:|Kernel panic|not syncing' "$console" 2>/dev/null || true)
+    report "$suite" "(kernel)" - - "$secs" "FAILED: $kver did not boot to the tests (qemu status $qrc${reason:+; $reason}; see $console)"
     FAILED+=("$suite")
     continue
   fi
@@ -240,7 +187,7 @@ for k in $KERNELS; do
     if [ "$rc" = 0 ]; then
       status=ok
     elif [ "$rc" = none ]; then
-      status="FAILED: did not run (the VM stopped first; see $out/console.log)"
+      status="FAILED: did not run (the VM stopped first; see $console)"
     elif [ "$rc" = 124 ]; then
       status="FAILED: killed at its deadline (see $out/$t.log)"
     else

@@ -5,20 +5,22 @@
 #   then the layers:
 #   1. cargo fmt --check
 #   2. cargo clippy --all-targets -- -D warnings
-#   3. demo: scripts/demo.sh, its output checked for every claim the README makes of it, and
+#   3. kernel layer watchdog: scripts/kernels/vm-test.sh (the VM watchdog and resume of
+#      scripts/kernels/vm.sh, against a fake qemu)
+#   4. demo: scripts/demo.sh, its output checked for every claim the README makes of it, and
 #      docs/operations.md's sample outputs compared with it (scripts/docs-samples.sh)
-#   4. fuzz: scripts/fuzz.sh, bounded
-#   5. benchmark smoke run: scripts/bench.sh --quick (the run is checked, not the numbers)
-#   6. builds for the root tests and the end-to-end layers (the test binaries, this release,
+#   5. fuzz: scripts/fuzz.sh, bounded
+#   6. benchmark smoke run: scripts/bench.sh --quick (the run is checked, not the numbers)
+#   7. builds for the root tests and the end-to-end layers (the test binaries, this release,
 #      the CRI client, the previous release)
-#   7. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
+#   8. cargo test --no-fail-fast (unit tests, config/protocol/plan tests without root, and the
 #      root integration tests in network namespaces: tests/datapath.rs, ...)
-#   8. end-to-end: scripts/e2e/run-all.sh (real runtimes: libcni, ctr, CRI, podman, the image,
+#   9. end-to-end: scripts/e2e/run-all.sh (real runtimes: libcni, ctr, CRI, podman, the image,
 #      the rendered DaemonSet through containerd's CRI and the bootstrap unit)
-#   9. manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
+#  10. manifests: deploy/base and its overlays rendered with kubectl kustomize and validated
 #      strictly against Kubernetes 1.29 to 1.35 (scripts/manifests.sh)
-#  10. kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu), started in the
-#      background after 6 and waited for after 9
+#  11. kernels: scripts/kernels.sh --ci (Debian's 5.10, 6.1 and 6.12 under qemu), started in the
+#      background after 7 and waited for after 10
 #   Each layer's time is printed at the end.
 # Must run as root (network namespaces). Nothing in the root network namespace is changed.
 # Exit status: 0 only if every layer passed. Nothing is skipped: a missing prerequisite fails.
@@ -95,6 +97,9 @@ cargo fmt --check || FAILED+=("cargo fmt --check")
 
 layer "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings || FAILED+=("cargo clippy")
+
+layer "kernel layer watchdog: scripts/kernels/vm-test.sh (a fake qemu)"
+scripts/kernels/vm-test.sh || FAILED+=("kernel layer watchdog (scripts/kernels/vm-test.sh)")
 
 # ---- the demo: the README's first command, checked line by line ---------------------------------
 # Each check is a claim the README makes of the demo's output; a demo that exits 0 but no longer

@@ -15,8 +15,8 @@ GUEST_MODULES=(veth bridge 8021q vxlan ipip ip_gre ip6_gre ip6_tunnel sit fou fo
   iptable_raw iptable_mangle ip6table_nat ip6table_filter ip6table_raw ip6table_mangle
   ip_tables ip6_tables x_tables nf_nat_ftp tun overlay)
 
-# Seconds one test binary may take in the VM at most (a deadline, not a measurement; the run's
-# deadline is twice the sum).
+# Seconds one test binary is given in the VM (a deadline, not a measurement): the guest ends a
+# binary at twice its budget, a boot's deadline is twice the sum.
 test_budget() {
   case $1 in
   process) echo 300 ;;

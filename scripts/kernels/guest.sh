@@ -2,7 +2,10 @@
 # scripts/kernels/guest.sh: runs as PID 1 inside a kernel layer VM (after scripts/kernels/init),
 # in the host's filesystem under a tmpfs overlay. /ngk-out (the host's output directory for this
 # kernel, writable) holds `env` (what to run) and receives one log per test binary, `results`
-# (one line per binary: name, passed, failed, seconds, status) and `facts`.
+# (one line per binary: name, passed, failed, seconds, status), `facts`, and what the host's
+# watchdog reads (scripts/kernels/vm.sh): `heartbeat` (the uptime, every 5 s) and `current` (the
+# binary running and its deadline). A binary that has a line in `results` already (the VM was
+# booted again after the emulated machine stopped) is not run again.
 set -u
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 . /ngk-out/env
@@ -18,6 +21,8 @@ trap poweroff_now EXIT
 log() { echo "ngk-guest: [$(cut -d' ' -f1 /proc/uptime)s] $*" >/dev/console; }
 
 log "root ready"
+# The heartbeat: a process of its own, so that it stops only when the emulated machine does.
+(while :; do cut -d' ' -f1 /proc/uptime >"$OUT/heartbeat"; sleep 5; done) &
 
 # The root is the guest's own tmpfs (scripts/kernels/init): /run, /tmp and /var start empty,
 # nothing of the host's /run/natguard, /var/lib/cni, ... is there.
@@ -68,15 +73,21 @@ sysctl -qw net.netfilter.nf_conntrack_max=1048576
 cd "$NGK_REPO"
 export NATGUARD_TEST_TIME_FACTOR RUST_BACKTRACE=1 NGK_SUITE NGK_KVER
 export NATGUARD_KERNEL_EXPECT="$NGK_EXPECT"
-: >"$OUT/results"
+touch "$OUT/results"
 for entry in $NGK_TESTS; do
   name=${entry%%=*} bin=${entry#*=}
+  if grep -q "^$name " "$OUT/results"; then
+    log "$name ended in an earlier boot"
+    continue
+  fi
   start=$(date +%s)
   log "running $name"
-  filter_var=NGK_FILTER_$name
+  filter_var=NGK_FILTER_$name timeout_var=NGK_TIMEOUT_$name
+  echo "$name ${!timeout_var}" >"$OUT/current"
   # shellcheck disable=SC2086 # the filters are words
-  timeout "$NGK_BINARY_TIMEOUT" "$bin" ${!filter_var:-} >"$OUT/$name.log" 2>&1
+  timeout --kill-after=30 "${!timeout_var}" "$bin" ${!filter_var:-} >"$OUT/$name.log" 2>&1
   rc=$?
+  : >"$OUT/current"
   secs=$(($(date +%s) - start))
   line=$(grep -E '^test result:' "$OUT/$name.log" | tail -n1)
   passed=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line")
@@ -84,14 +95,16 @@ for entry in $NGK_TESTS; do
   echo "$name ${passed:--} ${failed:--} $secs $rc" >>"$OUT/results"
   sync
 done
-if [ -n "${NGK_BENCH+x}" ]; then
+if [ -n "${NGK_BENCH+x}" ] && [ ! -e "$OUT/bench.rc" ]; then
   log "running scripts/bench.sh $NGK_BENCH"
   start=$(date +%s)
+  echo "bench $NGK_BENCH_TIMEOUT" >"$OUT/current"
   # shellcheck disable=SC2086 # the arguments are words
   NG_BENCH_TOOLS=$NGK_BENCH_TOOLS timeout "$NGK_BENCH_TIMEOUT" scripts/bench.sh \
     --bin "$NGK_BENCH_BIN" --out "$OUT/bench" $NGK_BENCH >"$OUT/bench.log" 2>&1
   echo $? >"$OUT/bench.rc"
   echo $(($(date +%s) - start)) >"$OUT/bench.secs"
+  : >"$OUT/current"
   sync
 fi
 echo done >>"$OUT/results.done"
