@@ -149,7 +149,8 @@ fn token(ns: &Netns, addr: SocketAddr) -> String {
 
 impl Setup {
     /// What reached the upstream, one line a request from the fake's record: `METHOD TARGET
-    /// from CLIENT`, and for AWS ` token=True|False` (whether it carried a token), for Oracle
+    /// from CLIENT`, and for AWS and Akamai ` token=True|False` (whether it carried a token; for
+    /// Akamai also ` accept=VALUE` when it asked for one), for Oracle
     /// ` auth=VALUE fwd=yes|no` (its Authorization header, whether a forwarding header came).
     fn upstream_saw(&self) -> String {
         let line = |r: &Value| {
@@ -165,6 +166,13 @@ impl Setup {
                 "aws" => {
                     let has = header("x-aws-ec2-metadata-token").is_some();
                     l += if has { " token=True" } else { " token=False" };
+                }
+                "akamai" => {
+                    let has = header("metadata-token").is_some();
+                    l += if has { " token=True" } else { " token=False" };
+                    if let Some(a) = header("accept") {
+                        l += &format!(" accept={a}");
+                    }
                 }
                 "oracle" => {
                     let fwd = ["forwarded", "x-forwarded-for", "x-forwarded-host"]
@@ -875,6 +883,105 @@ fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_da
     }
     let status = s.tool(&["status"]);
     assert!(status.contains("serving digitalocean"), "{status}");
+}
+
+/// Akamai's metadata service through the proxy: its own token protocol (`PUT /v1/token` with
+/// `Metadata-Token-Expiry-Seconds`, then `Metadata-Token`; 401 without), text or JSON as the pod
+/// asks (each kept apart), the instance and network passed without the user-set tags, user
+/// data and SSH keys concealed and never asked of the upstream, which only ever sees the node's
+/// own token.
+#[test]
+fn akamai_speaks_its_token_protocol_and_conceals_user_data_ssh_keys_and_tags() {
+    require_root();
+    let s = setup_cloud("proxy-akamai", "akamai");
+    let put = |ep: SocketAddr, more: &str| {
+        raw(
+            &s.pod.ns,
+            ep,
+            format!("PUT /v1/token HTTP/1.1\r\nHost: x\r\n{more}Content-Length: 0\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+    };
+    let get_as = |ep: SocketAddr, path: &str, more: &str| {
+        raw(
+            &s.pod.ns,
+            ep,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n{more}Connection: close\r\n\r\n").as_bytes(),
+        )
+    };
+    for meta in [META4, META6] {
+        let ep = sa(meta, HTTP_PORT);
+        // No token: 401, as the service answers; the token path wants its TTL header.
+        assert_eq!(get_as(ep, "/v1/instance", "").0, 401);
+        assert_eq!(put(ep, "").0, 400);
+        assert_eq!(put(ep, "Metadata-Token-Expiry-Seconds: 90000\r\n").0, 400);
+        let (st, tok) = put(ep, "Metadata-Token-Expiry-Seconds: 60\r\n");
+        assert_eq!(st, 200, "{tok}");
+        let auth = format!("Metadata-Token: {}\r\n", tok.trim());
+        let (st, arr) = put(
+            ep,
+            "Metadata-Token-Expiry-Seconds: 60\r\nAccept: application/json\r\n",
+        );
+        assert_eq!(st, 200, "{arr}");
+        let arr: Value = serde_json::from_str(&arr).expect("a JSON token answer");
+        let tok2 = arr[0].as_str().expect("a JSON array holding the token");
+        // The instance as text, then as JSON: each as asked (kept apart), neither with the tags.
+        let (st, text) = get_as(ep, "/v1/instance", &auth);
+        assert_eq!(st, 200, "{text}");
+        assert!(
+            text.contains("region: us-ord\n") && text.contains("specs.vcpus: 2\n"),
+            "{text}"
+        );
+        assert!(!text.contains("tags") && !text.contains(SECRET), "{text}");
+        let (st, doc) = get_as(
+            ep,
+            "/v1/instance",
+            &format!("Metadata-Token: {tok2}\r\nAccept: application/json\r\n"),
+        );
+        assert_eq!(st, 200, "{doc}");
+        let doc: Value = serde_json::from_str(&doc).expect("the instance as JSON");
+        assert_eq!(doc["region"], "us-ord");
+        assert_eq!(doc["type"], "g6-standard-2");
+        assert!(doc.get("tags").is_none(), "{doc}");
+        let (st, net) = get_as(ep, "/v1/network", &auth);
+        assert_eq!(st, 200, "{net}");
+        assert!(net.contains("ipv4.public: 172.232.10.5/32"), "{net}");
+        for p in ["/v1/user-data", "/v1/ssh-keys"] {
+            let (st, body) = get_as(ep, p, &auth);
+            assert_eq!(st, 403, "{p}: {body}");
+            assert!(
+                body.contains("natguard") && !body.contains(SECRET),
+                "{p}: {body}"
+            );
+        }
+        // A token of another cloud's protocol is not one.
+        assert_eq!(
+            get_as(
+                ep,
+                "/v1/instance",
+                &format!("X-aws-ec2-metadata-token: {}\r\n", tok.trim())
+            )
+            .0,
+            401
+        );
+    }
+    let saw = s.upstream_saw();
+    assert!(
+        saw.contains("PUT /v1/token"),
+        "the node asked for its token:\n{saw}"
+    );
+    assert!(
+        saw.contains("GET /v1/instance") && saw.contains("accept=application/json"),
+        "{saw}"
+    );
+    for l in saw.lines().filter(|l| l.starts_with("GET")) {
+        assert!(l.contains("token=True"), "without the node's token: {l}");
+    }
+    for bad in ["user-data", "ssh-keys"] {
+        assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
+    }
+    let status = s.tool(&["status"]);
+    assert!(status.contains("serving akamai"), "{status}");
 }
 
 /// One raw request; the status and the whole answer (head and body).

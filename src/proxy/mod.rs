@@ -348,7 +348,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         Some(first.to_str().unwrap_or("").to_string())
     };
     let token = api.token();
-    if let Some(p) = token.filter(|_| rules::is_token_path(&c)) {
+    // The pod's choice of JSON or text, where the API has one; any other Accept is text.
+    let json = api.negotiates_json()
+        && header("accept").is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if let Some(p) = token.filter(|p| p.is_token_path(&c)) {
         if method != Method::PUT {
             return refused(name, 405, "the token path takes PUT only");
         }
@@ -376,7 +379,16 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
             .unwrap_or_else(|e| e.into_inner())
             .mint(src, Duration::from_secs(ttl));
         st.count(Outcome::Served);
-        let mut r = text(200, t);
+        let mut r = if json {
+            let mut r = text(200, serde_json::json!([t]).to_string());
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static("application/json"),
+            );
+            r
+        } else {
+            text(200, t)
+        };
         if let Ok(v) = hyper::header::HeaderValue::from_str(&ttl.to_string()) {
             r.headers_mut().insert(p.ttl_header, v);
         }
@@ -426,16 +438,22 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         return refused(name, 403, "no original destination");
     };
     let target = c.target(api.query_keys());
+    // What the answer depends on: the target, and the variant where the API has two.
+    let key = if json {
+        format!("{target} json")
+    } else {
+        target.clone()
+    };
     // A kept answer; when there is none, one request asks the upstream and the others wait
     // for it (once, within the upstream's deadline), then ask themselves only if it was not
     // kept (not a 200).
     let mut leader = None;
     for first in [true, false] {
-        let kept = st.cache.lock().unwrap_or_else(|e| e.into_inner()).get(
-            upstream,
-            &target,
-            Instant::now(),
-        );
+        let kept =
+            st.cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(upstream, &key, Instant::now());
         if let Some(k) = kept {
             st.count(Outcome::Served);
             return reply(&method, k);
@@ -443,7 +461,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         if !first {
             break;
         }
-        match st.asking.ask(upstream, &target) {
+        match st.asking.ask(upstream, &key) {
             cache::Ask::Lead(l) => {
                 leader = Some(l);
                 break;
@@ -459,6 +477,9 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         .iter()
         .map(|(k, v)| (*k, v.to_string()))
         .collect();
+    if json {
+        headers.push(("accept", "application/json".to_string()));
+    }
     if let Some(p) = token {
         match st.node_tokens.get(&st.pool, api, upstream).await {
             Ok(t) => headers.push((p.token_header, t)),
@@ -484,11 +505,25 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         if verdict == Verdict::Listing {
             let s = String::from_utf8_lossy(&body);
             body = Bytes::from(rules::filter_listing(api, &c.segments, &s));
-        } else if !api.json_conceal().is_empty() {
-            if let Ok(mut v) = serde_json::from_slice::<serde_json::Value>(&body) {
-                rules::filter_json(&mut v, api.json_conceal());
-                body = Bytes::from(v.to_string());
+        } else if json || !api.negotiates_json() {
+            if !api.json_conceal().is_empty() {
+                match serde_json::from_slice::<serde_json::Value>(&body) {
+                    Ok(mut v) => {
+                        rules::filter_json(&mut v, api.json_conceal());
+                        body = Bytes::from(v.to_string());
+                    }
+                    // Asked for JSON, so the concealed keys cannot be found otherwise.
+                    Err(_) if json => {
+                        let e = "the answer to Accept: application/json is not JSON";
+                        st.note(Outcome::UpstreamError, name, src, &method, &raw_target, e);
+                        return no(502, &format!("the metadata API: {e}"));
+                    }
+                    Err(_) => {}
+                }
             }
+        } else if !api.text_conceal().is_empty() {
+            let s = String::from_utf8_lossy(&body);
+            body = Bytes::from(rules::filter_text_lines(&s, api.text_conceal()));
         }
     }
     let mut passed = Vec::with_capacity(PASSED_HEADERS.len());
@@ -504,7 +539,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
     };
     st.cache.lock().unwrap_or_else(|e| e.into_inner()).put(
         upstream,
-        &target,
+        &key,
         k.clone(),
         Instant::now(),
     );

@@ -30,6 +30,8 @@ pub enum Api {
     /// Huawei Cloud: OpenStack's metadata service with a few paths of its own.
     Huawei,
     Exoscale,
+    /// Akamai Cloud (Linode): a session token from `PUT /v1/token`, answers in text or JSON.
+    Akamai,
 }
 
 impl Api {
@@ -49,11 +51,12 @@ impl Api {
             Cloud::Tencent => Some(Api::Tencent),
             Cloud::Huawei => Some(Api::Huawei),
             Cloud::Exoscale => Some(Api::Exoscale),
+            Cloud::Akamai => Some(Api::Akamai),
             // Clouds whose protocol needs more than a table (docs/proxy.md says what): refused,
             // never passed. Scaleway describes the instance in one document (`/conf`) that
-            // mixes tags and SSH keys in; Akamai's token is `PUT /v1/token` with headers of its
-            // own; IBM's token request carries a JSON body and its answers a bearer token.
-            Cloud::Scaleway | Cloud::Akamai | Cloud::Ibm => None,
+            // mixes tags and SSH keys in; IBM's token request carries a JSON body and its
+            // answers a bearer token.
+            Cloud::Scaleway | Cloud::Ibm => None,
         }
     }
 
@@ -71,6 +74,7 @@ impl Api {
             Api::Tencent => "tencent",
             Api::Huawei => "huawei",
             Api::Exoscale => "exoscale",
+            Api::Akamai => "akamai",
         }
     }
 
@@ -101,21 +105,48 @@ impl Api {
         }
     }
 
-    /// The session-token protocol (IMDSv2 and Alibaba's hardened mode): (token path's
-    /// segments, TTL header, token header, longest TTL).
+    /// The session-token protocol: AWS's IMDSv2, Alibaba's hardened mode, Akamai's tokens.
     pub fn token(self) -> Option<TokenProtocol> {
         match self {
             Api::Aws => Some(TokenProtocol {
+                path: &["latest", "api", "token"],
                 ttl_header: "x-aws-ec2-metadata-token-ttl-seconds",
                 token_header: "x-aws-ec2-metadata-token",
                 max_ttl: 21600,
+                node_ttl: 21600,
             }),
             Api::Alibaba => Some(TokenProtocol {
+                path: &["latest", "api", "token"],
                 ttl_header: "x-aliyun-ecs-metadata-token-ttl-seconds",
                 token_header: "x-aliyun-ecs-metadata-token",
                 max_ttl: 21600,
+                node_ttl: 21600,
+            }),
+            // The longest TTL is natguard's own bound (a day): the pod's token is the proxy's,
+            // never the cloud's. The node asks for an hour, what Akamai's own clients ask for.
+            Api::Akamai => Some(TokenProtocol {
+                path: &["v1", "token"],
+                ttl_header: "metadata-token-expiry-seconds",
+                token_header: "metadata-token",
+                max_ttl: 86400,
+                node_ttl: 3600,
             }),
             _ => None,
+        }
+    }
+
+    /// Whether the API answers JSON to `Accept: application/json` (and text otherwise): the
+    /// one request header of the pod's that reaches the upstream, as one of two variants.
+    pub fn negotiates_json(self) -> bool {
+        self == Api::Akamai
+    }
+
+    /// Lines removed from the text answers of allowed paths (`key: value` documents that mix
+    /// what describes the instance with what the user set), by their key's first word.
+    pub fn text_conceal(self) -> &'static [&'static str] {
+        match self {
+            Api::Akamai => &["tags"],
+            _ => &[],
         }
     }
 
@@ -133,6 +164,8 @@ impl Api {
                 "definedTags",
                 "freeformTags",
             ],
+            // `/v1/instance`: the tags are user-set.
+            Api::Akamai => &["tags"],
             _ => &[],
         }
     }
@@ -141,14 +174,44 @@ impl Api {
 /// A cloud's session-token protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenProtocol {
+    /// The token path's segments (`PUT /latest/api/token`, `PUT /v1/token`).
+    pub path: &'static [&'static str],
+    /// The request header that asks for a TTL in seconds.
     pub ttl_header: &'static str,
+    /// The header every other request carries the token in.
     pub token_header: &'static str,
+    /// The longest TTL a pod may ask the proxy for.
     pub max_ttl: u64,
+    /// The TTL the node asks the upstream for its own token.
+    pub node_ttl: u64,
 }
 
-/// The token path: `PUT /latest/api/token` on both clouds that have one.
-pub fn is_token_path(c: &Canon) -> bool {
-    !c.dir && c.query.is_empty() && c.segments == ["latest", "api", "token"]
+impl TokenProtocol {
+    /// Whether `c` is the token path (exactly: no trailing slash, no query).
+    pub fn is_token_path(&self, c: &Canon) -> bool {
+        !c.dir && c.query.is_empty() && c.segments == self.path
+    }
+
+    /// The token path as a request target.
+    pub fn target(&self) -> String {
+        let mut t = String::new();
+        for s in self.path {
+            t.push('/');
+            t.push_str(s);
+        }
+        t
+    }
+}
+
+/// `body` (a text answer) without the lines whose key is one of `keys`: `key: value`,
+/// `key.sub: value` or `key[0]: value`, as Akamai's text documents write them.
+pub fn filter_text_lines(body: &str, keys: &[&str]) -> String {
+    body.split_inclusive('\n')
+        .filter(|line| {
+            let key = line.split([':', '.', '[']).next().unwrap_or("").trim();
+            !keys.contains(&key)
+        })
+        .collect()
 }
 
 /// What a path gets.
@@ -399,6 +462,15 @@ const RULES: &[(Api, &[(&str, Act)])] = &[
             ("*/meta-data/public-ipv4", Allow),
             ("*/meta-data/service-offering", Allow),
             ("*/meta-data/vm-id", Allow),
+        ],
+    ),
+    (
+        Api::Akamai,
+        &[
+            ("v1/user-data/**", Conceal("user-data")),
+            ("v1/ssh-keys/**", Conceal("ssh-keys: the users allowed to log in and their public keys")),
+            ("v1/instance", Allow),
+            ("v1/network", Allow),
         ],
     ),
 ];
@@ -932,12 +1004,13 @@ mod tests {
             Cloud::Tencent,
             Cloud::Huawei,
             Cloud::Exoscale,
+            Cloud::Akamai,
         ] {
             let api = Api::of(c).unwrap_or_else(|| panic!("{c:?} has no table"));
             assert!(!own_rules(api).is_empty(), "{c:?}");
             assert_eq!(api.as_str(), c.as_str());
         }
-        for c in [Cloud::Scaleway, Cloud::Akamai, Cloud::Ibm] {
+        for c in [Cloud::Scaleway, Cloud::Ibm] {
             assert_eq!(Api::of(c), None, "{c:?}");
         }
     }
@@ -1182,5 +1255,66 @@ mod tests {
             assert!(api.query_keys().is_empty(), "{api:?}");
             assert!(api.upstream_headers().is_empty(), "{api:?}");
         }
+    }
+
+    #[test]
+    fn akamai_passes_the_instance_and_network_and_conceals_user_data_and_ssh_keys() {
+        assert_eq!(
+            v(Api::Akamai, "/v1/instance"),
+            Verdict::Pass { subtree: false }
+        );
+        assert_eq!(
+            v(Api::Akamai, "/v1/network"),
+            Verdict::Pass { subtree: false }
+        );
+        for p in [
+            "/v1/user-data",
+            "/v1/ssh-keys",
+            "/v1/ssh-keys/root",
+            "/v1/token",
+            "/v2/instance",
+        ] {
+            assert!(matches!(v(Api::Akamai, p), Verdict::Conceal(_)), "{p}");
+        }
+        // A listing of `/v1/` would name only what passes.
+        assert_eq!(v(Api::Akamai, "/v1/"), Verdict::Listing);
+        assert_eq!(
+            filter_listing(
+                Api::Akamai,
+                &["v1".to_string()],
+                "instance\nnetwork\nssh-keys\nuser-data\n"
+            ),
+            "instance\nnetwork\n"
+        );
+        // Its token path is Akamai's own, and only exactly that.
+        let p = Api::Akamai.token().unwrap();
+        assert_eq!(p.target(), "/v1/token");
+        assert!(p.is_token_path(&parse("/v1/token").unwrap()));
+        assert!(
+            parse("/v1//token").is_err(),
+            "ambiguous: refused before any judgement"
+        );
+        for t in [
+            "/v1/token/",
+            "/v1/token?x=1",
+            "/latest/api/token",
+            "/v1/tokens",
+        ] {
+            assert!(!p.is_token_path(&parse(t).unwrap()), "{t}");
+        }
+        assert_eq!(Api::Aws.token().unwrap().target(), "/latest/api/token");
+        assert!(Api::Akamai.negotiates_json() && !Api::Aws.negotiates_json());
+    }
+
+    #[test]
+    fn text_lines_of_a_concealed_key_are_removed_whatever_their_form() {
+        let doc = "id: 1\nlabel: node-0\ntags: team-a\ntags: secret\ntags.0: x\ntags[1]: y\n\
+                   tagsx: kept\nregion: us-ord\nspecs.vcpus: 2\n";
+        assert_eq!(
+            filter_text_lines(doc, &["tags"]),
+            "id: 1\nlabel: node-0\ntagsx: kept\nregion: us-ord\nspecs.vcpus: 2\n"
+        );
+        assert_eq!(filter_text_lines("tags: a", &["tags"]), "");
+        assert_eq!(filter_text_lines("a: 1\nb: 2", &[]), "a: 1\nb: 2");
     }
 }

@@ -24,9 +24,6 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The largest upstream body passed on (metadata documents are a few KiB).
 pub const MAX_BODY: usize = 1024 * 1024;
-/// The TTL the node asks for its own tokens, and when it renews one (a tenth of it left).
-const NODE_TOKEN_TTL: u64 = 21600;
-const RENEW_LEFT: Duration = Duration::from_secs(NODE_TOKEN_TTL / 10);
 
 /// How many idle connections are kept per upstream, and for how long: as many as requests a
 /// busy node has in flight at once (64 keep-alive clients, nginx's `keepalive 64`), so that a
@@ -209,7 +206,10 @@ impl NodeTokens {
             .unwrap_or_else(|e| e.into_inner())
             .get(&upstream)
         {
-            if until.saturating_duration_since(Instant::now()) > RENEW_LEFT {
+            // Renewed with a tenth of its life left.
+            if until.saturating_duration_since(Instant::now())
+                > Duration::from_secs(p.node_ttl / 10)
+            {
                 return Ok(t.clone());
             }
         }
@@ -217,8 +217,8 @@ impl NodeTokens {
             pool,
             upstream,
             hyper::Method::PUT,
-            "/latest/api/token",
-            &[(p.ttl_header, NODE_TOKEN_TTL.to_string())],
+            &p.target(),
+            &[(p.ttl_header, p.node_ttl.to_string())],
         )
         .await?;
         let token = std::str::from_utf8(&a.body)
@@ -236,8 +236,8 @@ impl NodeTokens {
             .get(p.ttl_header)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(NODE_TOKEN_TTL)
-            .min(NODE_TOKEN_TTL);
+            .unwrap_or(p.node_ttl)
+            .min(p.node_ttl);
         self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(
             upstream,
             (token.clone(), Instant::now() + Duration::from_secs(ttl)),
