@@ -1137,6 +1137,154 @@ fn http_request(
     (code, headers, body.to_string())
 }
 
+/// Starts `install --watch --no-adopt --metrics-port PORT` with `more` in the node, its
+/// directories under `dir` (whose `net.d` and `bin` exist), logging to `dir/watch.log`, and
+/// waits until it serves.
+fn metrics_watcher(w: &World, dir: &std::path::Path, port: u16, more: &[&str]) -> Watcher {
+    let log = dir.join("watch.log");
+    let bin = natguard_bin();
+    let mut cmd = w.node.cmd(bin.to_str().unwrap());
+    // In the node's own /run: the watcher's lock and record are never the host's.
+    common::run::in_node_state(&mut cmd, &w.node);
+    cmd.args(["install", "--watch", "--no-adopt"])
+        .arg("--netconf-dir")
+        .arg(dir.join("net.d"))
+        .arg("--cni-bin-dir")
+        .arg(dir.join("bin"))
+        .arg("--ready-file")
+        .arg(dir.join("ready"))
+        .args(["--metrics-port", &port.to_string()])
+        .args(more)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).unwrap());
+    let watcher = Watcher(cmd.spawn().unwrap());
+    wait_for("the endpoint in the log", Duration::from_secs(10), || {
+        fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains(&format!(":{port}/metrics"))
+            .then_some(())
+    });
+    watcher
+}
+
+/// The scrape endpoint is no pod's: bound to every address, it answers `403` to pods behind a
+/// bridge (natguard's network) and behind a routed veth (a `ptp` network natguard is not in),
+/// on both families, and to a pod that spoofs a remote source the handshake never completes;
+/// it serves the node itself, a scraper beyond the node's uplink and one through a VXLAN
+/// tunnel, and a pod `--metrics-allow` names. Against the same watcher, one scrape each.
+#[test]
+fn the_scrape_endpoint_serves_no_pod_but_the_node_and_what_lies_beyond_it() {
+    let w = World::new("cntpods");
+    let chain = w.chain(w.list("ngscrape", "1.0.0", 0, Some(w.natguard(json!({})))));
+    let pod = w.add_pod(&chain, "web", "default");
+    let prom = w.add_pod(&chain, "prom", "monitoring");
+    // A network natguard is not in: a routed veth per pod.
+    let other =
+        w.chain(json!({"cniVersion": "1.0.0", "name": "other", "plugins": [w.ptp("other", 1)]}));
+    let routed = w.add_pod(&other, "routed", "default");
+    run(w.node.cmd("ip").args(["link", "set", "lo", "up"]));
+    // A scraper through a VXLAN tunnel over the link to remote-in (as flannel's flannel.1).
+    for (ns, local, remote, addr) in [
+        (&w.node, NODE_IN4, REMOTE_IN4, "10.99.0.1/24"),
+        (&w.remote_in, REMOTE_IN4, NODE_IN4, "10.99.0.2/24"),
+    ] {
+        let dev = if std::ptr::eq(ns, &w.node) {
+            "to-rin"
+        } else {
+            "eth0"
+        };
+        ns.run(&[
+            "ip",
+            "link",
+            "add",
+            "ngvx",
+            "type",
+            "vxlan",
+            "id",
+            "42",
+            "dstport",
+            "4789",
+            "local",
+            &local.to_string(),
+            "remote",
+            &remote.to_string(),
+            "dev",
+            dev,
+        ]);
+        ns.addr("ngvx", addr);
+        ns.run(&["ip", "link", "set", "ngvx", "up"]);
+    }
+    let dir = w.dir().join("install");
+    fs::create_dir_all(dir.join("net.d")).unwrap();
+    fs::create_dir_all(dir.join("bin")).unwrap();
+    let port = 19120;
+    let (p4, p6) = (format!("{}/32", prom.v4), format!("{}/128", prom.v6));
+    let watcher = metrics_watcher(
+        &w,
+        &dir,
+        port,
+        &[
+            "--metrics-address",
+            "::",
+            "--metrics-allow",
+            &p4,
+            "--metrics-allow",
+            &p6,
+        ],
+    );
+    let get = "GET /metrics HTTP/1.1\r\nHost: node\r\n\r\n";
+    let scrape = |ns: &Netns, to: IpAddr| http_request(ns, SocketAddr::new(to, port), get);
+    for to in [NODE_OUT4, NODE_OUT6] {
+        for (who, ns, way) in [("web", &pod.ns, "cni0"), ("routed", &routed.ns, "a veth")] {
+            let (code, _, body) = scrape(ns, to);
+            assert_eq!(code, 403, "{who} to {to}: {body}");
+            assert!(
+                body.contains("natguard serves its metrics to no pod") && body.contains(way),
+                "{who} to {to}: {body}"
+            );
+            assert!(!body.contains("natguard_"), "{who} read metrics: {body}");
+        }
+        let (code, _, body) = scrape(&prom.ns, to);
+        assert_eq!(code, 200, "the pod --metrics-allow names, to {to}: {body}");
+        assert!(body.contains("natguard_up 1"), "{body}");
+        // Beyond the node's uplink (its default routes leave by to-rout).
+        let (code, _, body) = scrape(&w.remote_out, to);
+        assert_eq!(code, 200, "remote-out to {to}: {body}");
+        // remote-in's link is a veth without a default route: as a pod's would be.
+        assert_eq!(scrape(&w.remote_in, to).0, 403, "remote-in to {to}");
+    }
+    let (code, _, body) = scrape(&w.remote_in, "10.99.0.1".parse().unwrap());
+    assert_eq!(code, 200, "through the tunnel: {body}");
+    assert_eq!(scrape(&w.node, "127.0.0.1".parse().unwrap()).0, 200);
+    assert_eq!(
+        scrape(&w.node, NODE_OUT4).0,
+        200,
+        "the node from its own address"
+    );
+
+    // A pod that takes a remote source: the node answers that address through its uplink,
+    // so the handshake never completes in the pod and nothing is read.
+    pod.ns.addr("eth0", &format!("{REMOTE_OUT4}/32"));
+    let probe = format!(
+        "import socket; s = socket.socket(); s.settimeout(3); s.bind(('{REMOTE_OUT4}', 0)); \
+         s.connect(('{NODE_OUT4}', {port})); s.sendall(b'GET /metrics HTTP/1.0\\r\\n\\r\\n'); \
+         print(s.recv(4096))"
+    );
+    let spoofed = output(pod.ns.cmd("python3").args(["-c", &probe]));
+    let said = String::from_utf8_lossy(&spoofed.stdout);
+    assert!(
+        !spoofed.status.success() && !said.contains("natguard_"),
+        "a spoofed remote source connected: {said}"
+    );
+
+    let status = watcher.stop();
+    assert!(status.success(), "watcher exit {status:?}");
+    chain.del(&pod.att).unwrap();
+    chain.del(&prom.att).unwrap();
+    other.del(&routed.att).unwrap();
+}
+
 /// `install --watch --metrics-port`: GET /metrics answers 200 with the Prometheus text format
 /// that `natguard metrics` prints, less the per-pod series (they name pods; opt-in with
 /// `--metrics-pod-labels`), read with the Prometheus client's parser, and follows the
@@ -1156,35 +1304,8 @@ fn watch_serves_metrics_over_http() {
     fs::write(&list, &template).unwrap();
     let log = dir.join("watch.log");
     let port = 19118;
-    let bin = natguard_bin();
-    let mut cmd = w.node.cmd(bin.to_str().unwrap());
-    // In the node's own /run: the watcher's lock and record are never the host's.
-    common::run::in_node_state(&mut cmd, &w.node);
-    cmd.args(["install", "--watch", "--no-adopt"])
-        .arg("--netconf-dir")
-        .arg(dir.join("net.d"))
-        .arg("--cni-bin-dir")
-        .arg(dir.join("bin"))
-        .arg("--ready-file")
-        .arg(dir.join("ready"))
-        .args([
-            "--metrics-port",
-            &port.to_string(),
-            "--metrics-address",
-            "127.0.0.1",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).unwrap());
-    let watcher = Watcher(cmd.spawn().unwrap());
+    let watcher = metrics_watcher(&w, &dir, port, &["--metrics-address", "127.0.0.1"]);
     let logged = || fs::read_to_string(&log).unwrap_or_default();
-    wait_for("the endpoint in the log", Duration::from_secs(10), || {
-        logged()
-            .contains(&format!(
-                "serving metrics on http://127.0.0.1:{port}/metrics"
-            ))
-            .then_some(())
-    });
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     let get = "GET /metrics HTTP/1.1\r\nHost: node\r\nAccept: text/plain\r\n\r\n";
 

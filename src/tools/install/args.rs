@@ -51,6 +51,9 @@ usage: natguard install [options]
   --metrics-port PORT          with --watch: serve the same metrics over HTTP, GET /metrics on
                                PORT (off by default; docs/operations.md, \"Scrape endpoint\")
   --metrics-address ADDR       with --metrics-port: the address to listen on (default 0.0.0.0)
+  --metrics-allow CIDR         with --metrics-port: also serve sources in CIDR that are behind a
+                               pod's host side (repeatable; a Prometheus pod on this node, say):
+                               by default no pod of this node is served, whatever its CNI
   --metrics-pod-labels         with --metrics-port: the scrape also lists each pod's namespace
                                and name (off by default: pods that can reach the port would read
                                every pod's identity); `natguard metrics` always lists them
@@ -121,6 +124,8 @@ pub(crate) struct InstallOpts {
     pub(crate) entry_flags: EntryFlags,
     /// `--metrics-port` and `--metrics-address`: where `--watch` serves its metrics.
     pub(crate) metrics_listen: Option<SocketAddr>,
+    /// `--metrics-allow`: sources served even where they are behind a pod's host side.
+    pub(crate) metrics_allow: Vec<crate::addr::Cidr>,
     /// `--metrics-pod-labels`: the scrape endpoint's output names pods.
     pub(crate) metrics_pod_labels: bool,
     /// `--log-format`, else the entry's `logFormat`.
@@ -211,6 +216,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     let mut create_dirs = false;
     let mut metrics_port: Option<u16> = None;
     let mut metrics_pod_labels = false;
+    let mut metrics_allow = Vec::new();
     let mut metrics_address: Option<IpAddr> = None;
     let mut log_format: Option<Format> = None;
     let mut health = false;
@@ -307,6 +313,17 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
                     _ => {
                         return Err(usage(format!(
                             "--metrics-port {v:?}: expected a port 1-65535"
+                        )))
+                    }
+                }
+            }
+            "--metrics-allow" => {
+                let v = it.value(&flag, inline)?;
+                match crate::addr::Cidr::parse(&v) {
+                    Some(c) => metrics_allow.push(c),
+                    None => {
+                        return Err(usage(format!(
+                            "--metrics-allow {v:?}: expected a CIDR (10.0.5.0/24, fd00::/64)"
                         )))
                     }
                 }
@@ -429,6 +446,9 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
     if metrics_address.is_some() && metrics_port.is_none() {
         return Err(usage("--metrics-address needs --metrics-port"));
     }
+    if !metrics_allow.is_empty() && metrics_port.is_none() {
+        return Err(usage("--metrics-allow needs --metrics-port"));
+    }
     let metrics_listen = metrics_port.map(|port| {
         SocketAddr::new(
             metrics_address.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
@@ -467,6 +487,7 @@ pub(crate) fn parse_install_args(args: &[String]) -> Result<Parsed<InstallOpts>>
         config_file,
         entry_flags: flags,
         metrics_listen,
+        metrics_allow,
         metrics_pod_labels,
         log_format,
         health,
@@ -613,6 +634,59 @@ mod tests {
             (&["--watch", "--metrics-file"][..], "needs a value"),
         ] {
             let e = metrics(bad).unwrap_err();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn metrics_allow_takes_cidrs_and_needs_metrics_port() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let allow = |a: &[&str]| match parse_install_args(&args(a)) {
+            Ok(Parsed::Run(o)) => Ok(o.metrics_allow),
+            Ok(Parsed::Help) => panic!("help"),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(
+            allow(&[
+                "--watch",
+                "--metrics-port",
+                "9118",
+                "--metrics-allow",
+                "10.0.5.7/32",
+                "--metrics-allow=fd00:5::/64",
+            ]),
+            Ok(vec![
+                crate::addr::Cidr::parse("10.0.5.7/32").unwrap(),
+                crate::addr::Cidr::parse("fd00:5::/64").unwrap(),
+            ])
+        );
+        for (bad, why) in [
+            (
+                &["--watch", "--metrics-allow", "10.0.5.7/32"][..],
+                "needs --metrics-port",
+            ),
+            (
+                &[
+                    "--watch",
+                    "--metrics-port",
+                    "9118",
+                    "--metrics-allow",
+                    "10.0.5.7",
+                ][..],
+                "--metrics-allow \"10.0.5.7\": expected a CIDR",
+            ),
+            (
+                &[
+                    "--watch",
+                    "--metrics-port",
+                    "9118",
+                    "--metrics-allow",
+                    "10.0.5.0/33",
+                ][..],
+                "expected a CIDR",
+            ),
+        ] {
+            let e = allow(bad).unwrap_err();
             assert!(e.contains(why), "{bad:?}: {e}");
         }
     }

@@ -14,10 +14,22 @@
 //! pod); any other path is `404`, any other method `405`. The metrics are collected at each
 //! scrape on tokio's blocking pool, as the `metrics` command does, so a scrape sees the
 //! kernel's counters of that moment.
+//!
+//! Pods are not served ([`pod_side`]): a request whose source the node routes back to through
+//! a veth or a bridge (a pod's host side or pods' bridge, whatever the CNI) that carries none
+//! of the node's default routes is answered `403`, unless `--metrics-allow` names the source;
+//! the node itself (loopback, its own addresses) and whatever lies beyond its uplinks (the
+//! interfaces of its default routes, a veth or a bridge too on a node that is a container or
+//! bridges its NIC), NICs, tunnels and VLANs (other nodes, a remote Prometheus) are served. The route back is
+//! what the source's TCP handshake went through, so a pod cannot pass for a remote source by
+//! spoofing one: the handshake's answer would not reach it. A source whose route cannot be
+//! looked up is refused (fail closed).
 
+use crate::addr::Cidr;
 use crate::error::{Error, Result};
+use crate::kernel::link::Links;
 use crate::proxy::http::{self, text, Limits};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,8 +50,9 @@ const LIMITS: Limits = Limits {
     keep_alive: false,
 };
 
-/// Binds `addr` and answers scrapes on a thread of its own from then on.
-pub(crate) fn start(addr: SocketAddr, pod_labels: bool) -> Result<()> {
+/// Binds `addr` and answers scrapes on a thread of its own from then on; sources in `allow`
+/// are served wherever they are.
+pub(crate) fn start(addr: SocketAddr, pod_labels: bool, allow: Vec<Cidr>) -> Result<()> {
     // Bound here, so a port that is taken is the caller's error at once.
     let std_listener = std::net::TcpListener::bind(addr)
         .map_err(|e| Error::io(format!("--metrics-port: listening on {addr}"), e))?;
@@ -55,11 +68,14 @@ pub(crate) fn start(addr: SocketAddr, pod_labels: bool) -> Result<()> {
                 return;
             }
         };
-        let handler: http::Handler = Arc::new(move |req, _conn| {
+        let allow = Arc::new(allow);
+        let handler: http::Handler = Arc::new(move |req, conn| {
             Box::pin(answer(
                 req.method().clone(),
                 req.uri().path().to_string(),
                 pod_labels,
+                conn.peer.ip(),
+                allow.clone(),
             ))
         });
         http::serve(listener, LIMITS, handler, |_| None).await;
@@ -86,7 +102,98 @@ fn route(method: &str, path: &str) -> Route {
     }
 }
 
-async fn answer(method: hyper::Method, path: String, pod_labels: bool) -> http::Reply {
+/// Why `peer` is refused as a pod, or `None` when it is served: see the module's docs.
+fn pod_side(peer: IpAddr, allow: &[Cidr]) -> Option<String> {
+    let peer = match peer {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+        v4 => v4,
+    };
+    if peer.is_loopback()
+        || allow
+            .iter()
+            .any(|c| crate::addr::contains(c.addr, c.prefix, peer))
+    {
+        return None;
+    }
+    let look = || -> Result<Option<String>> {
+        let mut links = Links::open()?;
+        if links.is_local(peer)? {
+            return Ok(None);
+        }
+        let Some(oif) = links.route_oif(peer)? else {
+            return Ok(Some(format!("the node has no route back to {peer}")));
+        };
+        let Some(link) = links.link(&oif)? else {
+            return Ok(Some(format!("{oif}, the way back to {peer}, is gone")));
+        };
+        // The node's default routes leave by its uplinks: a bridge that carries one (a NIC
+        // enslaved to it) or a veth that does (a node that is a container) is the way to the
+        // network, not to pods.
+        let mut uplinks = Vec::new();
+        for probe in [
+            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
+            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
+        ] {
+            if let Ok(Some(o)) = links.route_oif(probe) {
+                uplinks.push(o);
+            }
+        }
+        Ok(judge_way_back(
+            peer,
+            &oif,
+            link.kind.as_deref(),
+            link.is_bridge,
+            &uplinks,
+        ))
+    };
+    match look() {
+        Ok(why) => why,
+        Err(e) => Some(format!("cannot tell whether {peer} is a pod ({e})")),
+    }
+}
+
+/// Whether the way back to `peer`, interface `oif` (of `kind`), is a pod's host side.
+fn judge_way_back(
+    peer: IpAddr,
+    oif: &str,
+    kind: Option<&str>,
+    is_bridge: bool,
+    uplinks: &[String],
+) -> Option<String> {
+    if uplinks.iter().any(|u| u == oif) {
+        return None;
+    }
+    if kind == Some("veth") {
+        return Some(format!(
+            "{peer} is behind {oif}, a veth that carries none of the node's default routes: a pod's host side"
+        ));
+    }
+    if is_bridge {
+        return Some(format!(
+            "{peer} is behind {oif}, a bridge that carries none of the node's default routes: pods' bridge"
+        ));
+    }
+    None
+}
+
+async fn answer(
+    method: hyper::Method,
+    path: String,
+    pod_labels: bool,
+    peer: IpAddr,
+    allow: Arc<Vec<Cidr>>,
+) -> http::Reply {
+    let refused = tokio::task::spawn_blocking(move || pod_side(peer, &allow))
+        .await
+        .unwrap_or_else(|_| Some(format!("cannot tell whether {peer} is a pod")));
+    if let Some(why) = refused {
+        return text(
+            403,
+            format!(
+                "natguard serves its metrics to no pod ({why}; --metrics-allow admits a source)\n"
+            ),
+        );
+    }
     match route(method.as_str(), &path) {
         Route::Metrics { head_only } => {
             let body = tokio::task::spawn_blocking(move || {
@@ -135,5 +242,37 @@ mod tests {
         assert_eq!(route("GET", "/"), Route::NotFound);
         assert_eq!(route("GET", "/metricsx"), Route::NotFound);
         assert_eq!(route("POST", "/metrics"), Route::MethodNotAllowed);
+    }
+
+    #[test]
+    fn pods_host_sides_are_refused_and_the_ways_beyond_the_node_are_served() {
+        let p: IpAddr = "10.1.2.3".parse().unwrap();
+        let up = ["eth0".to_string(), "br0".to_string()];
+        // A veth is a pod's host side, whatever the CNI calls it.
+        for oif in ["veth1234", "cali5678", "lxcabc", "eni9"] {
+            assert!(judge_way_back(p, oif, Some("veth"), false, &up).is_some());
+        }
+        // A bridge without a default route is pods' bridge; one with it is the uplink.
+        assert!(judge_way_back(p, "cni0", Some("bridge"), true, &up)
+            .is_some_and(|w| w.contains("cni0")));
+        assert!(judge_way_back(p, "br0", Some("bridge"), true, &up).is_none());
+        // A node that is a container: its uplink is a veth.
+        let kind_node = ["eth0".to_string()];
+        assert!(judge_way_back(p, "eth0", Some("veth"), false, &kind_node).is_none());
+        assert!(judge_way_back(p, "veth1", Some("veth"), false, &kind_node).is_some());
+        // NICs, VLANs, tunnels: beyond the node.
+        for (oif, kind) in [
+            ("eth0", None),
+            ("eth0.100", Some("vlan")),
+            ("flannel.1", Some("vxlan")),
+            ("tunl0", Some("ipip")),
+            ("wg0", Some("wireguard")),
+        ] {
+            assert_eq!(judge_way_back(p, oif, kind, false, &up), None, "{oif}");
+        }
+        // Loopback and allowed sources need no lookup.
+        assert_eq!(pod_side("127.0.0.1".parse().unwrap(), &[]), None);
+        assert_eq!(pod_side("::ffff:127.0.0.1".parse().unwrap(), &[]), None);
+        assert_eq!(pod_side(p, &[Cidr::parse("10.1.2.0/24").unwrap()]), None);
     }
 }

@@ -181,7 +181,9 @@ pub(crate) fn run(given: &InstallOpts) -> Result<()> {
     }
     if let Some(addr) = opts.metrics_listen {
         // A port that cannot be bound is logged; the watcher's work goes on without it.
-        if let Err(e) = super::serve::start(addr, opts.metrics_pod_labels) {
+        if let Err(e) =
+            super::serve::start(addr, opts.metrics_pod_labels, opts.metrics_allow.clone())
+        {
             crate::warn!("{e}; serving no metrics");
         }
     }
