@@ -984,6 +984,56 @@ fn akamai_speaks_its_token_protocol_and_conceals_user_data_ssh_keys_and_tags() {
     assert!(status.contains("serving akamai"), "{status}");
 }
 
+/// Scaleway's metadata through the proxy: `/conf` as shell variables and, with `format=json`,
+/// as JSON (each kept apart), both without the users' SSH keys and the user-set tags; user data
+/// concealed and never asked of the upstream; a `format` Scaleway does not have refused.
+#[test]
+fn scaleway_passes_conf_without_ssh_keys_and_tags_and_conceals_user_data() {
+    require_root();
+    let s = setup_cloud("proxy-scw", "scaleway");
+    for meta in [META4, META6] {
+        let ep = sa(meta, HTTP_PORT);
+        let (st, text) = get(&s.pod.ns, ep, "/conf", None);
+        assert_eq!(st, 200, "{text}");
+        for want in [
+            "ZONE=fr-par-2\n",
+            "COMMERCIAL_TYPE=PRO2-XS\n",
+            "PRIVATE_IP=10.64.20.5\n",
+        ] {
+            assert!(text.contains(want), "{want}: {text}");
+        }
+        assert!(
+            !text.contains("SSH_PUBLIC_KEYS") && !text.contains("TAGS") && !text.contains(SECRET),
+            "{text}"
+        );
+        let (st, doc) = get(&s.pod.ns, ep, "/conf?format=json", None);
+        assert_eq!(st, 200, "{doc}");
+        let doc: Value = serde_json::from_str(&doc).expect("the instance as JSON");
+        assert_eq!(doc["zone"], "fr-par-2");
+        assert_eq!(doc["location"]["zone_id"], "par2");
+        assert!(
+            doc.get("ssh_public_keys").is_none() && doc.get("tags").is_none(),
+            "{doc}"
+        );
+        for p in ["/user_data", "/user_data/cloud-init", "/conf?format=yaml"] {
+            let (st, body) = get(&s.pod.ns, ep, p, None);
+            assert!(st == 403 || st == 400, "{p}: {st} {body}");
+            assert!(
+                body.contains("natguard") && !body.contains(SECRET),
+                "{p}: {body}"
+            );
+        }
+    }
+    let saw = s.upstream_saw();
+    assert!(
+        saw.contains("GET /conf from") && saw.contains("GET /conf?format=json"),
+        "{saw}"
+    );
+    assert!(!saw.contains("user_data") && !saw.contains("yaml"), "{saw}");
+    let status = s.tool(&["status"]);
+    assert!(status.contains("serving scaleway"), "{status}");
+}
+
 /// One raw request; the status and the whole answer (head and body).
 fn raw_head(ns: &Netns, addr: SocketAddr, request: &[u8]) -> (u16, String) {
     let request = request.to_vec();

@@ -505,25 +505,28 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         if verdict == Verdict::Listing {
             let s = String::from_utf8_lossy(&body);
             body = Bytes::from(rules::filter_listing(api, &c.segments, &s));
-        } else if json || !api.negotiates_json() {
-            if !api.json_conceal().is_empty() {
+        } else {
+            let form = api.answer_form(&c, json);
+            if form == rules::Form::Text {
+                if !api.text_conceal().is_empty() {
+                    let s = String::from_utf8_lossy(&body);
+                    body = Bytes::from(rules::filter_text_lines(&s, api.text_conceal()));
+                }
+            } else if !api.json_conceal().is_empty() {
                 match serde_json::from_slice::<serde_json::Value>(&body) {
                     Ok(mut v) => {
                         rules::filter_json(&mut v, api.json_conceal());
                         body = Bytes::from(v.to_string());
                     }
-                    // Asked for JSON, so the concealed keys cannot be found otherwise.
-                    Err(_) if json => {
-                        let e = "the answer to Accept: application/json is not JSON";
+                    // JSON was asked for, so the concealed keys cannot be found otherwise.
+                    Err(_) if form == rules::Form::Json => {
+                        let e = "the answer asked for as JSON is not JSON";
                         st.note(Outcome::UpstreamError, name, src, &method, &raw_target, e);
                         return no(502, &format!("the metadata API: {e}"));
                     }
                     Err(_) => {}
                 }
             }
-        } else if !api.text_conceal().is_empty() {
-            let s = String::from_utf8_lossy(&body);
-            body = Bytes::from(rules::filter_text_lines(&s, api.text_conceal()));
         }
     }
     let mut passed = Vec::with_capacity(PASSED_HEADERS.len());

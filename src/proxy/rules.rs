@@ -32,6 +32,8 @@ pub enum Api {
     Exoscale,
     /// Akamai Cloud (Linode): a session token from `PUT /v1/token`, answers in text or JSON.
     Akamai,
+    /// Scaleway: the instance in one document, `/conf`, as shell variables or JSON.
+    Scaleway,
 }
 
 impl Api {
@@ -52,11 +54,11 @@ impl Api {
             Cloud::Huawei => Some(Api::Huawei),
             Cloud::Exoscale => Some(Api::Exoscale),
             Cloud::Akamai => Some(Api::Akamai),
-            // Clouds whose protocol needs more than a table (docs/proxy.md says what): refused,
-            // never passed. Scaleway describes the instance in one document (`/conf`) that
-            // mixes tags and SSH keys in; IBM's token request carries a JSON body and its
-            // answers a bearer token.
-            Cloud::Scaleway | Cloud::Ibm => None,
+            Cloud::Scaleway => Some(Api::Scaleway),
+            // A cloud whose protocol needs more than a table (docs/proxy.md says what): refused,
+            // never passed. IBM's token request carries a JSON body and its answers a bearer
+            // token.
+            Cloud::Ibm => None,
         }
     }
 
@@ -75,6 +77,7 @@ impl Api {
             Api::Huawei => "huawei",
             Api::Exoscale => "exoscale",
             Api::Akamai => "akamai",
+            Api::Scaleway => "scaleway",
         }
     }
 
@@ -101,6 +104,7 @@ impl Api {
         match self {
             Api::Gcp => &["alt", "recursive"],
             Api::Azure => &["api-version", "format"],
+            Api::Scaleway => &["format"],
             _ => &[],
         }
     }
@@ -141,12 +145,27 @@ impl Api {
         self == Api::Akamai
     }
 
-    /// Lines removed from the text answers of allowed paths (`key: value` documents that mix
-    /// what describes the instance with what the user set), by their key's first word.
+    /// Lines removed from the text answers of allowed paths (`key: value` or `KEY=VALUE`
+    /// documents that mix what describes the instance with what the user set), by their key
+    /// ([`filter_text_lines`]).
     pub fn text_conceal(self) -> &'static [&'static str] {
         match self {
             Api::Akamai => &["tags"],
+            Api::Scaleway => &["SSH_PUBLIC_KEYS", "TAGS"],
             _ => &[],
+        }
+    }
+
+    /// What an answer to `c` is, where the API has two forms: JSON when the pod asked for it
+    /// (`accept_json`: Akamai's `Accept: application/json`; Scaleway's `format=json`), else
+    /// text; [`Form::Either`] for the APIs that have one form per path.
+    pub fn answer_form(self, c: &Canon, accept_json: bool) -> Form {
+        match self {
+            Api::Akamai if accept_json => Form::Json,
+            Api::Akamai => Form::Text,
+            Api::Scaleway if c.get("format") == Some("json") => Form::Json,
+            Api::Scaleway => Form::Text,
+            _ => Form::Either,
         }
     }
 
@@ -166,6 +185,8 @@ impl Api {
             ],
             // `/v1/instance`: the tags are user-set.
             Api::Akamai => &["tags"],
+            // `/conf?format=json`: the users' SSH keys; the tags are user-set.
+            Api::Scaleway => &["ssh_public_keys", "tags"],
             _ => &[],
         }
     }
@@ -203,13 +224,27 @@ impl TokenProtocol {
     }
 }
 
-/// `body` (a text answer) without the lines whose key is one of `keys`: `key: value`,
-/// `key.sub: value` or `key[0]: value`, as Akamai's text documents write them.
+/// The form of an answer (see [`Api::answer_form`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    Json,
+    Text,
+    /// Whatever the path answers: JSON documents are filtered where they parse.
+    Either,
+}
+
+/// `body` (a text answer) without the lines whose key is one of `keys` or starts with one of
+/// them and then `.`, `[` or `_`: `key: value`, `key.sub: value`, `key[0]: value` (Akamai),
+/// `KEY=VALUE`, `KEY_0_SUB=VALUE` (Scaleway). The key is what comes before the line's first
+/// `:` or `=`.
 pub fn filter_text_lines(body: &str, keys: &[&str]) -> String {
     body.split_inclusive('\n')
         .filter(|line| {
-            let key = line.split([':', '.', '[']).next().unwrap_or("").trim();
-            !keys.contains(&key)
+            let key = line.split([':', '=']).next().unwrap_or("").trim();
+            !keys.iter().any(|k| {
+                key.strip_prefix(k)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with(['.', '[', '_']))
+            })
         })
         .collect()
 }
@@ -462,6 +497,13 @@ const RULES: &[(Api, &[(&str, Act)])] = &[
             ("*/meta-data/public-ipv4", Allow),
             ("*/meta-data/service-offering", Allow),
             ("*/meta-data/vm-id", Allow),
+        ],
+    ),
+    (
+        Api::Scaleway,
+        &[
+            ("user_data/**", Conceal("user_data: user data (cloud-init and the user's keys)")),
+            ("conf", Allow),
         ],
     ),
     (
@@ -753,6 +795,10 @@ pub fn check_request(
                 Some(v) => return Err(refuse(400, format!("format={v} is not json or text"))),
             }
         }
+        Api::Scaleway => match c.get("format") {
+            None | Some("json") => {}
+            Some(v) => return Err(refuse(400, format!("format={v} is not json"))),
+        },
         Api::Oracle => {
             for f in ["forwarded", "x-forwarded-for", "x-forwarded-host"] {
                 if header(f).is_some() {
@@ -1005,14 +1051,13 @@ mod tests {
             Cloud::Huawei,
             Cloud::Exoscale,
             Cloud::Akamai,
+            Cloud::Scaleway,
         ] {
             let api = Api::of(c).unwrap_or_else(|| panic!("{c:?} has no table"));
             assert!(!own_rules(api).is_empty(), "{c:?}");
             assert_eq!(api.as_str(), c.as_str());
         }
-        for c in [Cloud::Scaleway, Cloud::Ibm] {
-            assert_eq!(Api::of(c), None, "{c:?}");
-        }
+        assert_eq!(Api::of(Cloud::Ibm), None);
     }
 
     #[test]
@@ -1316,5 +1361,38 @@ mod tests {
         );
         assert_eq!(filter_text_lines("tags: a", &["tags"]), "");
         assert_eq!(filter_text_lines("a: 1\nb: 2", &[]), "a: 1\nb: 2");
+    }
+
+    #[test]
+    fn scaleway_passes_conf_without_keys_and_tags_and_conceals_user_data() {
+        assert_eq!(v(Api::Scaleway, "/conf"), Verdict::Pass { subtree: false });
+        for p in ["/user_data", "/user_data/cloud-init", "/state", "/conf/x"] {
+            assert!(matches!(v(Api::Scaleway, p), Verdict::Conceal(_)), "{p}");
+        }
+        let text = "COMMERCIAL_TYPE=DEV1-S\nSSH_PUBLIC_KEYS=1\nSSH_PUBLIC_KEYS_0_KEY='ssh-ed25519 AAAA= u'\n\
+                    SSH_PUBLIC_KEYS_0_FINGERPRINT=256 MD5:aa:bb\nTAGS=1\nTAGS_0=team\nZONE=fr-par-1\n\
+                    IPV6_ADDRESS=2001:bc8::1\n";
+        assert_eq!(
+            filter_text_lines(text, Api::Scaleway.text_conceal()),
+            "COMMERCIAL_TYPE=DEV1-S\nZONE=fr-par-1\nIPV6_ADDRESS=2001:bc8::1\n"
+        );
+        let conf = parse("/conf").unwrap();
+        let json = parse("/conf?format=json").unwrap();
+        assert_eq!(Api::Scaleway.answer_form(&conf, true), Form::Text);
+        assert_eq!(Api::Scaleway.answer_form(&json, false), Form::Json);
+        assert_eq!(Api::Akamai.answer_form(&conf, true), Form::Json);
+        assert_eq!(Api::Aws.answer_form(&json, true), Form::Either);
+        let h = |_: &str| None;
+        assert!(check_request(Api::Scaleway, &json, &Verdict::Pass { subtree: false }, &h).is_ok());
+        let bad = parse("/conf?format=yaml").unwrap();
+        assert_eq!(
+            check_request(Api::Scaleway, &bad, &Verdict::Pass { subtree: false }, &h)
+                .map_err(|r| r.status),
+            Err(400)
+        );
+        let other = parse("/conf?recursive=true").unwrap();
+        assert!(
+            check_request(Api::Scaleway, &other, &Verdict::Pass { subtree: false }, &h).is_err()
+        );
     }
 }
