@@ -202,7 +202,10 @@ pub fn start(opts: Options) -> std::io::Result<()> {
                     upstream_error: counts[3],
                     running: None,
                 };
-                r.write(&record);
+                // On the blocking pool: the write syncs the file and its directory, which can
+                // take milliseconds, and every connection of this thread would wait for it.
+                let at = record.clone();
+                let _ = tokio::task::spawn_blocking(move || r.write(&at)).await;
                 last = Some(counts);
             }
             tokio::time::sleep(Duration::from_secs(1)).await;
