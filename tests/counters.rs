@@ -993,24 +993,16 @@ fn watch_keeps_the_metrics_file() {
     let textfile_dir = dir.join("textfile");
     let prom = textfile_dir.join("natguard.prom");
     let log = dir.join("watch.log");
-    let bin = natguard_bin();
-    let mut cmd = w.node.cmd(bin.to_str().unwrap());
-    // In the node's own /run: the watcher's lock and record are never the host's.
-    common::run::in_node_state(&mut cmd, &w.node);
-    cmd.args(["install", "--watch", "--no-adopt"])
-        .arg("--netconf-dir")
-        .arg(dir.join("net.d"))
-        .arg("--cni-bin-dir")
-        .arg(dir.join("bin"))
-        .arg("--ready-file")
-        .arg(dir.join("ready"))
-        .arg("--metrics-file")
-        .arg(&prom)
-        .args(["--metrics-interval", "1"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).unwrap());
-    let watcher = Watcher(cmd.spawn().unwrap());
+    let watcher = spawn_watcher(
+        &w,
+        &dir,
+        &[
+            "--metrics-file",
+            prom.to_str().unwrap(),
+            "--metrics-interval",
+            "1",
+        ],
+    );
     let logged = || fs::read_to_string(&log).unwrap_or_default();
 
     // The directory does not exist yet: the write fails, is logged once, and is retried.
@@ -1137,11 +1129,9 @@ fn http_request(
     (code, headers, body.to_string())
 }
 
-/// Starts `install --watch --no-adopt --metrics-port PORT` with `more` in the node, its
-/// directories under `dir` (whose `net.d` and `bin` exist), logging to `dir/watch.log`, and
-/// waits until it serves.
-fn metrics_watcher(w: &World, dir: &std::path::Path, port: u16, more: &[&str]) -> Watcher {
-    let log = dir.join("watch.log");
+/// Starts `install --watch --no-adopt` with `more` in the node, its directories under `dir`
+/// (whose `net.d` and `bin` exist), logging to `dir/watch.log`.
+fn spawn_watcher(w: &World, dir: &std::path::Path, more: &[&str]) -> Watcher {
     let bin = natguard_bin();
     let mut cmd = w.node.cmd(bin.to_str().unwrap());
     // In the node's own /run: the watcher's lock and record are never the host's.
@@ -1153,12 +1143,20 @@ fn metrics_watcher(w: &World, dir: &std::path::Path, port: u16, more: &[&str]) -
         .arg(dir.join("bin"))
         .arg("--ready-file")
         .arg(dir.join("ready"))
-        .args(["--metrics-port", &port.to_string()])
         .args(more)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).unwrap());
-    let watcher = Watcher(cmd.spawn().unwrap());
+        .stderr(fs::File::create(dir.join("watch.log")).unwrap());
+    Watcher(cmd.spawn().unwrap())
+}
+
+/// [`spawn_watcher`] with `--metrics-port PORT` and `more`, once it serves.
+fn metrics_watcher(w: &World, dir: &std::path::Path, port: u16, more: &[&str]) -> Watcher {
+    let log = dir.join("watch.log");
+    let port_arg = port.to_string();
+    let mut args = vec!["--metrics-port", port_arg.as_str()];
+    args.extend_from_slice(more);
+    let watcher = spawn_watcher(w, dir, &args);
     wait_for("the endpoint in the log", Duration::from_secs(10), || {
         fs::read_to_string(&log)
             .unwrap_or_default()
