@@ -47,15 +47,21 @@ fn setup(test: &str) -> Setup {
 
 /// [`setup`] with the proxy speaking `cloud`'s API against that cloud's fake upstream.
 fn setup_cloud(test: &str, cloud: &'static str) -> Setup {
+    setup_fake(test, cloud, &[])
+}
+
+/// [`setup_cloud`] with `extra` arguments for the fake upstream.
+fn setup_fake(test: &str, cloud: &'static str, extra: &[&str]) -> Setup {
     let w = World::new(test);
     w.stop_proxy();
     // AWS with hop limit 1; the other clouds' protocols have no such setting.
-    let more: &[&str] = if cloud == "aws" {
-        &["--hop-limit", "1"]
+    let mut more: Vec<&str> = if cloud == "aws" {
+        vec!["--hop-limit", "1"]
     } else {
-        &[]
+        vec![]
     };
-    let fake = Fake::start(&w, cloud, more);
+    more.extend_from_slice(extra);
+    let fake = Fake::start(&w, cloud, &more);
     let entry = w.natguard(json!({"metadata": {
         "exemptNamespaces": ["kube-system"],
         "proxyCloud": cloud
@@ -883,6 +889,38 @@ fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_da
     }
     let status = s.tool(&["status"]);
     assert!(status.contains("serving digitalocean"), "{status}");
+}
+
+/// Pods asking at once for an answer the proxy does not have yet cost the metadata API one
+/// request: one asks, the others wait for its answer (src/proxy/cache.rs, `InFlight`). The
+/// upstream takes a second to answer the path, so every ask arrives while the first is out;
+/// the kept answers alone would send each of them upstream.
+#[test]
+fn pods_asking_at_once_for_a_missing_answer_cost_the_metadata_api_one_request() {
+    require_root();
+    let path = "/latest/meta-data/placement/availability-zone";
+    let s = setup_fake("proxy-flight", "aws", &["--slow", path, "1"]);
+    let ep = sa(META4, HTTP_PORT);
+    let t = token(&s.pod.ns, ep);
+    const ASKS: usize = 16;
+    let answers: Vec<(u16, String)> = std::thread::scope(|sc| {
+        let asks: Vec<_> = (0..ASKS)
+            .map(|_| sc.spawn(|| get(&s.pod.ns, ep, path, Some(&t))))
+            .collect();
+        asks.into_iter().map(|a| a.join().unwrap()).collect()
+    });
+    for a in &answers {
+        assert_eq!(a, &(200, ZONE.to_string()));
+    }
+    let saw = s.upstream_saw();
+    let asked = saw
+        .lines()
+        .filter(|l| l.starts_with(&format!("GET {path} ")))
+        .count();
+    assert_eq!(
+        asked, 1,
+        "{ASKS} asks at once, upstream asked {asked} times:\n{saw}"
+    );
 }
 
 /// Akamai's metadata service through the proxy: its own token protocol (`PUT /v1/token` with

@@ -29,9 +29,10 @@ Every credential answer (role credentials, identity credentials) is counted in t
 (fakemeta.py) and carries fakemeta.LEAK_MARKER; so does user data, which holds secrets too.
 
     fake_aws.py --port 80 --log FILE [--imdsv1] [--hop-limit N] [--banner WORD]
+                [--slow PATH SECONDS]
     (--imdsv1: HttpTokens optional; --hop-limit: HttpPutResponseHopLimit; --banner: `GET /`
     answers WORD without a token, so that scripts/demo.sh's plain clients can tell the real
-    server from a proxy)
+    server from a proxy; --slow: GET PATH is answered SECONDS late, a slow metadata API)
 """
 
 import json
@@ -143,8 +144,9 @@ class Aws(Fake):
 
     server_header = "EC2ws"
 
-    def __init__(self, imdsv1=False, hop_limit=None, banner=None):
+    def __init__(self, imdsv1=False, hop_limit=None, banner=None, slow=None):
         self.imdsv1 = imdsv1
+        self.slow = slow
         self.hop_limit = hop_limit
         self.banner = banner
         self.tokens = {}
@@ -167,6 +169,8 @@ class Aws(Fake):
                 return Answer(401, "")
         elif not self.imdsv1:
             return Answer(401, "")
+        if self.slow is not None and req.path == self.slow[0]:
+            time.sleep(self.slow[1])
         return self.lookup(req.path)
 
     def token(self, req):
@@ -220,4 +224,9 @@ if __name__ == "__main__":
         i = args.index("--banner")
         banner = args[i + 1]
         del args[i:i + 2]
-    serve(Aws(imdsv1=imdsv1, hop_limit=hops, banner=banner), args)
+    slow = None
+    if "--slow" in args:
+        i = args.index("--slow")
+        slow = (args[i + 1], float(args[i + 2]))
+        del args[i:i + 3]
+    serve(Aws(imdsv1=imdsv1, hop_limit=hops, banner=banner, slow=slow), args)
