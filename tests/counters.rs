@@ -1254,6 +1254,40 @@ fn the_scrape_endpoint_serves_no_pod_but_the_node_and_what_lies_beyond_it() {
     }
     let (code, _, body) = scrape(&w.remote_in, "10.99.0.1".parse().unwrap());
     assert_eq!(code, 200, "through the tunnel: {body}");
+    // The node's link-local address on the pods' bridge, from a pod (routed by its scope,
+    // the interface it came in on, not by the table).
+    let link_local = |ns: &Netns, dev: &str| -> Option<std::net::Ipv6Addr> {
+        let out = ns.run(&[
+            "ip", "-6", "-o", "addr", "show", "dev", dev, "scope", "link",
+        ]);
+        if out.contains("tentative") {
+            return None;
+        }
+        let a = out
+            .split_whitespace()
+            .skip_while(|w| *w != "inet6")
+            .nth(1)?;
+        a.split('/').next()?.parse().ok()
+    };
+    let bridge_ll = wait_for("cni0's link-local address", Duration::from_secs(10), || {
+        link_local(&w.node, "cni0")
+    });
+    wait_for(
+        "the pod's link-local address",
+        Duration::from_secs(10),
+        || link_local(&pod.ns, "eth0"),
+    );
+    let index: u32 = pod
+        .ns
+        .run(&["ip", "-o", "link", "show", "eth0"])
+        .split(':')
+        .next()
+        .and_then(|n| n.trim().parse().ok())
+        .expect("the pod's eth0 index");
+    let to = SocketAddr::V6(std::net::SocketAddrV6::new(bridge_ll, port, 0, index));
+    let (code, _, body) = http_request(&pod.ns, to, get);
+    assert_eq!(code, 403, "a pod to the node's link-local address: {body}");
+    assert!(body.contains("cni0"), "{body}");
     assert_eq!(scrape(&w.node, "127.0.0.1".parse().unwrap()).0, 200);
     assert_eq!(
         scrape(&w.node, NODE_OUT4).0,

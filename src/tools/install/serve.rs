@@ -74,7 +74,7 @@ pub(crate) fn start(addr: SocketAddr, pod_labels: bool, allow: Vec<Cidr>) -> Res
                 req.method().clone(),
                 req.uri().path().to_string(),
                 pod_labels,
-                conn.peer.ip(),
+                conn.peer,
                 allow.clone(),
             ))
         });
@@ -103,10 +103,16 @@ fn route(method: &str, path: &str) -> Route {
 }
 
 /// Why `peer` is refused as a pod, or `None` when it is served: see the module's docs.
-fn pod_side(peer: IpAddr, allow: &[Cidr]) -> Option<String> {
-    let peer = match peer {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(peer, IpAddr::V4),
+fn pod_side(from: SocketAddr, allow: &[Cidr]) -> Option<String> {
+    let peer = match from.ip() {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(from.ip(), IpAddr::V4),
         v4 => v4,
+    };
+    // An IPv6 link-local source is routed by the interface it came in on (its scope), not
+    // by the routing table.
+    let scope = match from {
+        SocketAddr::V6(v6) if v6.ip().segments()[0] & 0xffc0 == 0xfe80 => Some(v6.scope_id()),
+        _ => None,
     };
     if peer.is_loopback()
         || allow
@@ -117,10 +123,15 @@ fn pod_side(peer: IpAddr, allow: &[Cidr]) -> Option<String> {
     }
     let look = || -> Result<Option<String>> {
         let mut links = Links::open()?;
-        if links.is_local(peer)? {
-            return Ok(None);
-        }
-        let Some(oif) = links.route_oif(peer)? else {
+        let oif = match scope {
+            Some(index) => match links.link_by_index(index)? {
+                Some((name, _)) => Some(name),
+                None => return Ok(Some(format!("{peer}'s interface (index {index}) is gone"))),
+            },
+            None if links.is_local(peer)? => return Ok(None),
+            None => links.route_oif(peer)?,
+        };
+        let Some(oif) = oif else {
             return Ok(Some(format!("the node has no route back to {peer}")));
         };
         let Some(link) = links.link(&oif)? else {
@@ -180,12 +191,12 @@ async fn answer(
     method: hyper::Method,
     path: String,
     pod_labels: bool,
-    peer: IpAddr,
+    peer: SocketAddr,
     allow: Arc<Vec<Cidr>>,
 ) -> http::Reply {
     let refused = tokio::task::spawn_blocking(move || pod_side(peer, &allow))
         .await
-        .unwrap_or_else(|_| Some(format!("cannot tell whether {peer} is a pod")));
+        .unwrap_or_else(|_| Some(format!("cannot tell whether {} is a pod", peer.ip())));
     if let Some(why) = refused {
         return text(
             403,
@@ -271,8 +282,12 @@ mod tests {
             assert_eq!(judge_way_back(p, oif, kind, false, &up), None, "{oif}");
         }
         // Loopback and allowed sources need no lookup.
-        assert_eq!(pod_side("127.0.0.1".parse().unwrap(), &[]), None);
-        assert_eq!(pod_side("::ffff:127.0.0.1".parse().unwrap(), &[]), None);
-        assert_eq!(pod_side(p, &[Cidr::parse("10.1.2.0/24").unwrap()]), None);
+        let at = |a: &str| SocketAddr::new(a.parse().unwrap(), 40000);
+        assert_eq!(pod_side(at("127.0.0.1"), &[]), None);
+        assert_eq!(pod_side(at("::ffff:127.0.0.1"), &[]), None);
+        let allowed = [Cidr::parse("10.1.2.0/24").unwrap()];
+        assert_eq!(pod_side(SocketAddr::new(p, 40000), &allowed), None);
+        // A link-local source without its interface cannot be placed: refused.
+        assert!(pod_side(at("fe80::1"), &[]).is_some_and(|w| w.contains("fe80::1")));
     }
 }
