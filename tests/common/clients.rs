@@ -100,11 +100,13 @@ pub fn parse_peer(text: &str) -> Result<IpAddr, String> {
 
 /// Asks the TCP who-am-i server at `addr` which source address it sees, from inside `ns`.
 pub fn tcp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
+    // Every caller expects the answer: its wait is a bound, stretched under emulation.
+    let wait = super::deadline(IO_TIMEOUT);
     in_netns(ns, move || {
         let go = || -> io::Result<String> {
-            let mut s = TcpStream::connect_timeout(&addr, IO_TIMEOUT)?;
-            s.set_read_timeout(Some(IO_TIMEOUT))?;
-            s.set_write_timeout(Some(IO_TIMEOUT))?;
+            let mut s = TcpStream::connect_timeout(&addr, wait)?;
+            s.set_read_timeout(Some(wait))?;
+            s.set_write_timeout(Some(wait))?;
             s.write_all(b"who\n")?;
             let mut text = String::new();
             s.read_to_string(&mut text)?;
@@ -118,8 +120,12 @@ pub fn tcp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
 }
 
 /// Asks the UDP who-am-i server at `addr` which source address it sees, from inside `ns`.
-/// The datagram is sent up to three times (the first one may wait for neighbour resolution).
+/// The datagram is sent again every third of [`IO_TIMEOUT`] (the first one may wait for
+/// neighbour resolution), until an answer comes or `deadline(IO_TIMEOUT)` has passed: every
+/// caller expects the answer, so its wait is a bound, stretched under emulation (where the
+/// server's fork of a shell per datagram can take seconds).
 pub fn udp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
+    let end = std::time::Instant::now() + super::deadline(IO_TIMEOUT);
     in_netns(ns, move || {
         let go = || -> io::Result<String> {
             let bind: SocketAddr = if addr.is_ipv4() {
@@ -131,7 +137,10 @@ pub fn udp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
             s.connect(addr)?;
             s.set_read_timeout(Some(IO_TIMEOUT / 3))?;
             let mut last = io::Error::from(io::ErrorKind::TimedOut);
-            for _ in 0..3 {
+            for i in 0.. {
+                if i >= 3 && std::time::Instant::now() >= end {
+                    break;
+                }
                 s.send(b"who\n")?;
                 let mut buf = [0u8; 512];
                 match s.recv(&mut buf) {
