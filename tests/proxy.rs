@@ -1072,6 +1072,127 @@ fn scaleway_passes_conf_without_ssh_keys_and_tags_and_conceals_user_data() {
     assert!(status.contains("serving scaleway"), "{status}");
 }
 
+/// IBM Cloud VPC's metadata service through the proxy: the identity token from a JSON request
+/// (`Metadata-Flavor: ibm`, `expires_in` in the body, `version` required) answered in IBM's
+/// JSON, then `Authorization: Bearer` on every request (401 without); the instance, its network
+/// interfaces and placement groups passed; the initialization data (SSH keys, user accounts,
+/// trusted profile), the keys and IAM tokens concealed and never asked of the upstream, which
+/// only ever sees the node's own token.
+#[test]
+fn ibm_speaks_its_identity_token_protocol_and_conceals_keys_and_iam_tokens() {
+    require_root();
+    let s = setup_cloud("proxy-ibm", "ibm");
+    let v = "version=2024-11-12";
+    let put = |ep: SocketAddr, path: &str, more: &str, body: &str| {
+        raw(
+            &s.pod.ns,
+            ep,
+            format!(
+                "PUT {path} HTTP/1.1\r\nHost: x\r\n{more}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
+        )
+    };
+    let get_as = |ep: SocketAddr, path: &str, more: &str| {
+        raw(
+            &s.pod.ns,
+            ep,
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\n{more}Connection: close\r\n\r\n").as_bytes(),
+        )
+    };
+    let flavor = "Metadata-Flavor: ibm\r\n";
+    let mut pod_tokens = Vec::new();
+    for meta in [META4, META6] {
+        let ep = sa(meta, HTTP_PORT);
+        let token_path = format!("/instance_identity/v1/token?{v}");
+        // The token request's own rules, as IBM's.
+        assert_eq!(put(ep, &token_path, "", "").0, 400, "no Metadata-Flavor");
+        assert_eq!(
+            put(ep, "/instance_identity/v1/token", flavor, "").0,
+            400,
+            "no version"
+        );
+        let (st, body) = put(ep, &token_path, flavor, r#"{"expires_in": 9999}"#);
+        assert_eq!(st, 400, "{body}");
+        assert_eq!(put(ep, &token_path, flavor, "not json").0, 400);
+        let (st, body) = put(ep, &token_path, flavor, r#"{"expires_in": 120}"#);
+        assert_eq!(st, 200, "{body}");
+        let doc: Value = serde_json::from_str(&body).expect("IBM's token answer");
+        assert_eq!(doc["expires_in"], 120, "{doc}");
+        assert!(
+            doc["expires_at"].as_str().is_some_and(|t| t.ends_with('Z')),
+            "{doc}"
+        );
+        let tok = doc["access_token"]
+            .as_str()
+            .expect("an access_token")
+            .to_string();
+        pod_tokens.push(tok.clone());
+        // The 2025-08-26 path, and no body at all (300 s).
+        let (st, body) = put(ep, &format!("/identity/v1/token?{v}"), flavor, "");
+        assert_eq!(st, 200, "{body}");
+        assert!(body.contains("\"expires_in\":300"), "{body}");
+        let auth = format!("Authorization: Bearer {tok}\r\n");
+        assert_eq!(get_as(ep, &format!("/metadata/v1/instance?{v}"), "").0, 401);
+        let (st, doc) = get_as(ep, &format!("/metadata/v1/instance?{v}"), &auth);
+        assert_eq!(st, 200, "{doc}");
+        let doc: Value = serde_json::from_str(&doc).expect("the instance");
+        assert_eq!(doc["zone"]["name"], "eu-de-2");
+        assert_eq!(doc["profile"]["name"], "bx2-2x8");
+        let (st, body) = get_as(
+            ep,
+            &format!("/metadata/v1/instance/network_interfaces?{v}"),
+            &auth,
+        );
+        assert_eq!(st, 200, "{body}");
+        assert_eq!(
+            get_as(ep, "/metadata/v1/instance", &auth).0,
+            400,
+            "no version"
+        );
+        for p in ["/metadata/v1/instance/initialization", "/metadata/v1/keys"] {
+            let (st, body) = get_as(ep, &format!("{p}?{v}"), &auth);
+            assert_eq!(st, 403, "{p}: {body}");
+            assert!(
+                body.contains("natguard") && !body.contains(SECRET),
+                "{p}: {body}"
+            );
+        }
+        let (st, body) = raw(
+            &s.pod.ns,
+            ep,
+            format!("POST /instance_identity/v1/iam_token?{v} HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n").as_bytes(),
+        );
+        assert_ne!(st, 200, "{body}");
+        assert!(!body.contains(SECRET), "{body}");
+    }
+    let saw = s.upstream_saw();
+    let records = s.fake.records();
+    let node_put = records
+        .iter()
+        .find(|r| r["method"] == "PUT")
+        .expect("the node asked for its token");
+    assert_eq!(node_put["path"], "/instance_identity/v1/token", "{saw}");
+    assert_eq!(node_put["headers"]["metadata-flavor"], "ibm", "{saw}");
+    // Every request it saw carried the node's token, never a pod's.
+    for r in records.iter().filter(|r| r["method"] == "GET") {
+        let auth = r["headers"]["authorization"].as_str().unwrap_or_default();
+        let t = auth
+            .strip_prefix("Bearer ")
+            .unwrap_or_else(|| panic!("no bearer token: {r}"));
+        assert!(
+            !pod_tokens.iter().any(|p| p == t),
+            "a pod's token reached the upstream: {r}"
+        );
+    }
+    for bad in ["initialization", "keys", "iam_token"] {
+        assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
+    }
+    let status = s.tool(&["status"]);
+    assert!(status.contains("serving ibm"), "{status}");
+}
+
 /// One raw request; the status and the whole answer (head and body).
 fn raw_head(ns: &Netns, addr: SocketAddr, request: &[u8]) -> (u16, String) {
     let request = request.to_vec();

@@ -30,7 +30,7 @@ mod tokens;
 mod upstream;
 
 use http::{text, Conn, Limits, Reply};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response};
 use rules::{Api, Verdict};
@@ -289,9 +289,11 @@ const PASSED_HEADERS: &[&str] = &[
 
 async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
     let src = conn.peer.ip();
-    let method = req.method().clone();
+    // The head is read here; the body only by a token request that has one (IBM's).
+    let (req, body) = req.into_parts();
+    let method = req.method.clone();
     let raw_target = req
-        .uri()
+        .uri
         .path_and_query()
         .map(|p| p.as_str().to_string())
         .unwrap_or_default();
@@ -317,15 +319,14 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
     }
     // The request's form: origin-form only, no body, no framing a second parser could read
     // another way.
-    if req.uri().scheme().is_some() || req.uri().authority().is_some() || method == Method::CONNECT
-    {
+    if req.uri.scheme().is_some() || req.uri.authority().is_some() || method == Method::CONNECT {
         return refused(
             name,
             400,
             "absolute-form, authority-form and CONNECT are refused: natguard is not an open proxy",
         );
     }
-    let h = req.headers();
+    let h = &req.headers;
     if h.contains_key(hyper::header::TRANSFER_ENCODING) {
         return refused(
             name,
@@ -333,14 +334,26 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
             "a request with Transfer-Encoding (a body) is refused",
         );
     }
-    let cls: Vec<_> = h.get_all(hyper::header::CONTENT_LENGTH).iter().collect();
-    if cls.len() > 1 || cls.first().is_some_and(|v| v.as_bytes() != b"0") {
-        return refused(name, 400, "a request with a body is refused");
-    }
     let c = match canon::parse(&raw_target) {
         Ok(c) => c,
         Err(why) => return refused(name, 400, &why),
     };
+    let token = api.token();
+    let token_request = token.filter(|p| p.is_token_path(api, &c));
+    // No body, but the JSON of a token request whose protocol has one, at most a KiB.
+    let cls: Vec<_> = h.get_all(hyper::header::CONTENT_LENGTH).iter().collect();
+    let length = match cls.as_slice() {
+        [] => 0,
+        [v] => match v.to_str().ok().and_then(|v| v.parse::<usize>().ok()) {
+            Some(n) => n,
+            None => return refused(name, 400, "Content-Length is not a number"),
+        },
+        _ => return refused(name, 400, "more than one Content-Length"),
+    };
+    let takes_body = token_request.is_some_and(|p| matches!(p.ttl, rules::Ttl::JsonBody { .. }));
+    if length > 0 && !(takes_body && method == Method::PUT && length <= rules::MAX_TOKEN_BODY) {
+        return refused(name, 400, "a request with a body is refused");
+    }
     let header = |k: &str| -> Option<String> {
         let mut all = h.get_all(k).iter();
         let first = all.next()?;
@@ -350,11 +363,10 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         }
         Some(first.to_str().unwrap_or("").to_string())
     };
-    let token = api.token();
     // The pod's choice of JSON or text, where the API has one; any other Accept is text.
     let json = api.negotiates_json()
         && header("accept").is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if let Some(p) = token.filter(|p| p.is_token_path(&c)) {
+    if let Some(p) = token_request {
         if method != Method::PUT {
             return refused(name, 405, "the token path takes PUT only");
         }
@@ -365,16 +377,52 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
                 "a token request with X-Forwarded-For is refused, as the cloud does",
             );
         }
-        let ttl = match header(p.ttl_header).map(|v| v.parse::<u64>()) {
-            Some(Ok(t)) if (1..=p.max_ttl).contains(&t) => t,
-            Some(_) => {
-                return refused(
-                    name,
-                    400,
-                    &format!("{} must be 1 to {}", p.ttl_header, p.max_ttl),
-                )
+        for (k, v) in p.put_headers {
+            if header(k).as_deref() != Some(v) {
+                return refused(name, 400, &format!("a token request needs {k}: {v}"));
             }
-            None => return refused(name, 400, &format!("{} is required", p.ttl_header)),
+        }
+        if let Err(r) = rules::check_request(api, &c, &Verdict::Listing, &header) {
+            return refused(name, r.status, &r.reason);
+        }
+        let range = p.min_ttl..=p.max_ttl;
+        let ttl = match p.ttl {
+            rules::Ttl::Header(h) => match header(h).map(|v| v.parse::<u64>()) {
+                Some(Ok(t)) if range.contains(&t) => t,
+                Some(_) => {
+                    let why = format!("{h} must be {} to {}", p.min_ttl, p.max_ttl);
+                    return refused(name, 400, &why);
+                }
+                None => return refused(name, 400, &format!("{h} is required")),
+            },
+            rules::Ttl::JsonBody { key, default } => {
+                let read = Limited::new(body, rules::MAX_TOKEN_BODY).collect();
+                let bytes = match tokio::time::timeout(LIMITS.header_timeout, read).await {
+                    Ok(Ok(b)) => b.to_bytes(),
+                    _ => return refused(name, 400, "the token request's body did not arrive"),
+                };
+                let asked = if bytes.is_empty() {
+                    Some(default)
+                } else {
+                    match serde_json::from_slice::<serde_json::Value>(&bytes) {
+                        Ok(serde_json::Value::Object(o)) => match o.get(key) {
+                            None => Some(default),
+                            Some(v) => v.as_u64(),
+                        },
+                        _ => None,
+                    }
+                };
+                match asked {
+                    Some(t) if range.contains(&t) => t,
+                    _ => {
+                        let why = format!(
+                            "the body must be a JSON object whose {key} is {} to {}",
+                            p.min_ttl, p.max_ttl
+                        );
+                        return refused(name, 400, &why);
+                    }
+                }
+            }
         };
         let t = st
             .tokens
@@ -382,20 +430,38 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
             .unwrap_or_else(|e| e.into_inner())
             .mint(src, Duration::from_secs(ttl));
         st.count(Outcome::Served);
-        let mut r = if json {
-            let mut r = text(200, serde_json::json!([t]).to_string());
+        let json_reply = |v: serde_json::Value| {
+            let mut r = text(200, v.to_string());
             r.headers_mut().insert(
                 hyper::header::CONTENT_TYPE,
                 hyper::header::HeaderValue::from_static("application/json"),
             );
             r
-        } else {
-            text(200, t)
         };
-        if let Ok(v) = hyper::header::HeaderValue::from_str(&ttl.to_string()) {
-            r.headers_mut().insert(p.ttl_header, v);
-        }
-        return r;
+        return match p.ttl {
+            rules::Ttl::Header(h) => {
+                let mut r = if json {
+                    json_reply(serde_json::json!([t]))
+                } else {
+                    text(200, t)
+                };
+                if let Ok(v) = hyper::header::HeaderValue::from_str(&ttl.to_string()) {
+                    r.headers_mut().insert(h, v);
+                }
+                r
+            }
+            rules::Ttl::JsonBody { .. } => {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default();
+                json_reply(serde_json::json!({
+                    "access_token": t,
+                    "created_at": crate::log::rfc3339_utc(now),
+                    "expires_at": crate::log::rfc3339_utc(now + Duration::from_secs(ttl)),
+                    "expires_in": ttl,
+                }))
+            }
+        };
     }
     if method != Method::GET && method != Method::HEAD {
         return refused(
@@ -405,7 +471,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         );
     }
     if let Some(p) = token {
-        let ok = header(p.token_header).is_some_and(|t| {
+        let ok = p.carrier.token(&header).is_some_and(|t| {
             st.tokens
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -485,7 +551,7 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
     }
     if let Some(p) = token {
         match st.node_tokens.get(&st.pool, api, upstream).await {
-            Ok(t) => headers.push((p.token_header, t)),
+            Ok(t) => headers.push(p.carrier.header(&t)),
             Err(e) => {
                 st.note(Outcome::UpstreamError, name, src, &method, &raw_target, &e);
                 return no(502, &format!("the node's session token: {e}"));

@@ -34,31 +34,29 @@ pub enum Api {
     Akamai,
     /// Scaleway: the instance in one document, `/conf`, as shell variables or JSON.
     Scaleway,
+    /// IBM Cloud VPC: a token from a JSON request, then `Authorization: Bearer`; dated versions.
+    Ibm,
 }
 
 impl Api {
-    /// The API of a cloud's preset; `None` for a cloud the proxy has no table for (every
-    /// request is then refused).
-    pub fn of(cloud: Cloud) -> Option<Api> {
+    /// The API of a cloud's preset: every preset has a table.
+    pub fn of(cloud: Cloud) -> Api {
         match cloud {
-            Cloud::Aws => Some(Api::Aws),
-            Cloud::Gcp => Some(Api::Gcp),
-            Cloud::Azure => Some(Api::Azure),
-            Cloud::Alibaba => Some(Api::Alibaba),
-            Cloud::Openstack => Some(Api::Openstack),
-            Cloud::Oracle => Some(Api::Oracle),
-            Cloud::Digitalocean => Some(Api::Digitalocean),
-            Cloud::Hetzner => Some(Api::Hetzner),
-            Cloud::Vultr => Some(Api::Vultr),
-            Cloud::Tencent => Some(Api::Tencent),
-            Cloud::Huawei => Some(Api::Huawei),
-            Cloud::Exoscale => Some(Api::Exoscale),
-            Cloud::Akamai => Some(Api::Akamai),
-            Cloud::Scaleway => Some(Api::Scaleway),
-            // A cloud whose protocol needs more than a table (docs/proxy.md says what): refused,
-            // never passed. IBM's token request carries a JSON body and its answers a bearer
-            // token.
-            Cloud::Ibm => None,
+            Cloud::Aws => Api::Aws,
+            Cloud::Gcp => Api::Gcp,
+            Cloud::Azure => Api::Azure,
+            Cloud::Alibaba => Api::Alibaba,
+            Cloud::Openstack => Api::Openstack,
+            Cloud::Oracle => Api::Oracle,
+            Cloud::Digitalocean => Api::Digitalocean,
+            Cloud::Hetzner => Api::Hetzner,
+            Cloud::Vultr => Api::Vultr,
+            Cloud::Tencent => Api::Tencent,
+            Cloud::Huawei => Api::Huawei,
+            Cloud::Exoscale => Api::Exoscale,
+            Cloud::Akamai => Api::Akamai,
+            Cloud::Scaleway => Api::Scaleway,
+            Cloud::Ibm => Api::Ibm,
         }
     }
 
@@ -78,6 +76,7 @@ impl Api {
             Api::Exoscale => "exoscale",
             Api::Akamai => "akamai",
             Api::Scaleway => "scaleway",
+            Api::Ibm => "ibm",
         }
     }
 
@@ -105,6 +104,7 @@ impl Api {
             Api::Gcp => &["alt", "recursive"],
             Api::Azure => &["api-version", "format"],
             Api::Scaleway => &["format"],
+            Api::Ibm => &["version"],
             _ => &[],
         }
     }
@@ -113,26 +113,50 @@ impl Api {
     pub fn token(self) -> Option<TokenProtocol> {
         match self {
             Api::Aws => Some(TokenProtocol {
-                path: &["latest", "api", "token"],
-                ttl_header: "x-aws-ec2-metadata-token-ttl-seconds",
-                token_header: "x-aws-ec2-metadata-token",
+                paths: &[&["latest", "api", "token"]],
+                ttl: Ttl::Header("x-aws-ec2-metadata-token-ttl-seconds"),
+                carrier: Carrier::Header("x-aws-ec2-metadata-token"),
+                put_headers: &[],
+                min_ttl: 1,
                 max_ttl: 21600,
                 node_ttl: 21600,
             }),
             Api::Alibaba => Some(TokenProtocol {
-                path: &["latest", "api", "token"],
-                ttl_header: "x-aliyun-ecs-metadata-token-ttl-seconds",
-                token_header: "x-aliyun-ecs-metadata-token",
+                paths: &[&["latest", "api", "token"]],
+                ttl: Ttl::Header("x-aliyun-ecs-metadata-token-ttl-seconds"),
+                carrier: Carrier::Header("x-aliyun-ecs-metadata-token"),
+                put_headers: &[],
+                min_ttl: 1,
                 max_ttl: 21600,
                 node_ttl: 21600,
             }),
             // The longest TTL is natguard's own bound (a day): the pod's token is the proxy's,
             // never the cloud's. The node asks for an hour, what Akamai's own clients ask for.
             Api::Akamai => Some(TokenProtocol {
-                path: &["v1", "token"],
-                ttl_header: "metadata-token-expiry-seconds",
-                token_header: "metadata-token",
+                paths: &[&["v1", "token"]],
+                ttl: Ttl::Header("metadata-token-expiry-seconds"),
+                carrier: Carrier::Header("metadata-token"),
+                put_headers: &[],
+                min_ttl: 1,
                 max_ttl: 86400,
+                node_ttl: 3600,
+            }),
+            // The identity token: `PUT /instance_identity/v1/token` (and `/identity/v1/token`
+            // from version 2025-08-26) with `Metadata-Flavor: ibm` and a JSON body whose
+            // `expires_in` is 5 to 3600 s (300 without it); the answer is JSON.
+            Api::Ibm => Some(TokenProtocol {
+                paths: &[
+                    &["instance_identity", "v1", "token"],
+                    &["identity", "v1", "token"],
+                ],
+                ttl: Ttl::JsonBody {
+                    key: "expires_in",
+                    default: 300,
+                },
+                carrier: Carrier::Bearer,
+                put_headers: &[("metadata-flavor", "ibm")],
+                min_ttl: 5,
+                max_ttl: 3600,
                 node_ttl: 3600,
             }),
             _ => None,
@@ -195,28 +219,79 @@ impl Api {
 /// A cloud's session-token protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenProtocol {
-    /// The token path's segments (`PUT /latest/api/token`, `PUT /v1/token`).
-    pub path: &'static [&'static str],
-    /// The request header that asks for a TTL in seconds.
-    pub ttl_header: &'static str,
-    /// The header every other request carries the token in.
-    pub token_header: &'static str,
-    /// The longest TTL a pod may ask the proxy for.
+    /// The token paths' segments (`PUT /latest/api/token`, `PUT /v1/token`); the node asks
+    /// the first.
+    pub paths: &'static [&'static [&'static str]],
+    /// How a token request asks for its TTL.
+    pub ttl: Ttl,
+    /// How every other request carries the token.
+    pub carrier: Carrier,
+    /// Headers a token request must carry, exactly (IBM's `Metadata-Flavor: ibm`); the node's
+    /// own token requests carry them too.
+    pub put_headers: &'static [(&'static str, &'static str)],
+    /// The TTLs a pod may ask the proxy for.
+    pub min_ttl: u64,
     pub max_ttl: u64,
     /// The TTL the node asks the upstream for its own token.
     pub node_ttl: u64,
 }
 
-impl TokenProtocol {
-    /// Whether `c` is the token path (exactly: no trailing slash, no query).
-    pub fn is_token_path(&self, c: &Canon) -> bool {
-        !c.dir && c.query.is_empty() && c.segments == self.path
+/// How a token request asks for its TTL in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ttl {
+    /// In this header, required; the answer carries it back.
+    Header(&'static str),
+    /// In this key of a JSON body (at most [`MAX_TOKEN_BODY`] bytes), `default` without it;
+    /// the answer is a JSON document (IBM's).
+    JsonBody { key: &'static str, default: u64 },
+}
+
+/// The largest body a token request may have (IBM's `{"expires_in": 3600}` and a few more keys).
+pub const MAX_TOKEN_BODY: usize = 1024;
+
+/// How a request carries its token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Carrier {
+    /// The token is this header's value.
+    Header(&'static str),
+    /// `Authorization: Bearer <token>`.
+    Bearer,
+}
+
+impl Carrier {
+    /// The token `header` (a request's headers, lower-case names) carries, if any.
+    pub fn token(&self, header: &dyn Fn(&str) -> Option<String>) -> Option<String> {
+        match self {
+            Carrier::Header(h) => header(h),
+            Carrier::Bearer => header("authorization")?
+                .strip_prefix("Bearer ")
+                .map(|t| t.trim().to_string()),
+        }
     }
 
-    /// The token path as a request target.
+    /// The header and value that carry `token`.
+    pub fn header(&self, token: &str) -> (&'static str, String) {
+        match self {
+            Carrier::Header(h) => (h, token.to_string()),
+            Carrier::Bearer => ("authorization", format!("Bearer {token}")),
+        }
+    }
+}
+
+impl TokenProtocol {
+    /// Whether `c` is a token path (exactly: no trailing slash, no query but the API's own).
+    pub fn is_token_path(&self, api: Api, c: &Canon) -> bool {
+        !c.dir
+            && c.query
+                .iter()
+                .all(|(k, _)| api.query_keys().contains(&k.as_str()))
+            && self.paths.iter().any(|p| c.segments == *p)
+    }
+
+    /// The node's token path as a request target.
     pub fn target(&self) -> String {
         let mut t = String::new();
-        for s in self.path {
+        for s in self.paths[0] {
             t.push('/');
             t.push_str(s);
         }
@@ -500,6 +575,20 @@ const RULES: &[(Api, &[(&str, Act)])] = &[
         ],
     ),
     (
+        Api::Ibm,
+        &[
+            ("instance_identity/**", Conceal("instance_identity: IAM tokens and the instance's certificates")),
+            ("identity/**", Conceal("identity: IAM tokens and the instance's certificates")),
+            ("metadata/v1/instance/initialization/**", Conceal("initialization: the SSH keys, user accounts and default trusted profile the instance was created with")),
+            ("metadata/v1/keys/**", Conceal("keys: the SSH keys the instance was created with")),
+            ("metadata/v1/instance", Allow),
+            ("metadata/v1/instance/network_interfaces/**", Allow),
+            ("metadata/v1/instance/network_attachments/**", Allow),
+            ("metadata/v1/instance/volume_attachments/**", Allow),
+            ("metadata/v1/placement_groups/**", Allow),
+        ],
+    ),
+    (
         Api::Scaleway,
         &[
             ("user_data/**", Conceal("user_data: user data (cloud-init and the user's keys)")),
@@ -516,6 +605,14 @@ const RULES: &[(Api, &[(&str, Act)])] = &[
         ],
     ),
 ];
+
+/// The first version of IBM's metadata API with identity tokens.
+pub const IBM_FIRST_VERSION: &str = "2022-03-01";
+
+/// A date `YYYY-MM-DD` (IBM's `version`).
+fn is_dated_version(s: &str) -> bool {
+    s != "latest" && is_version(s)
+}
 
 /// `latest` or a dated API version (`2021-03-23`).
 fn is_version(s: &str) -> bool {
@@ -795,6 +892,16 @@ pub fn check_request(
                 Some(v) => return Err(refuse(400, format!("format={v} is not json or text"))),
             }
         }
+        Api::Ibm => match c.get("version") {
+            Some(v) if is_dated_version(v) && v >= IBM_FIRST_VERSION => {}
+            Some(v) => {
+                return Err(refuse(
+                    400,
+                    format!("version={v} is not a date from {IBM_FIRST_VERSION} on (YYYY-MM-DD)"),
+                ))
+            }
+            None => return Err(refuse(400, "version=YYYY-MM-DD is required")),
+        },
         Api::Scaleway => match c.get("format") {
             None | Some("json") => {}
             Some(v) => return Err(refuse(400, format!("format={v} is not json"))),
@@ -1041,23 +1148,12 @@ mod tests {
     }
 
     #[test]
-    fn every_preset_has_a_table_or_a_reason() {
-        for c in [
-            Cloud::Oracle,
-            Cloud::Digitalocean,
-            Cloud::Hetzner,
-            Cloud::Vultr,
-            Cloud::Tencent,
-            Cloud::Huawei,
-            Cloud::Exoscale,
-            Cloud::Akamai,
-            Cloud::Scaleway,
-        ] {
-            let api = Api::of(c).unwrap_or_else(|| panic!("{c:?} has no table"));
+    fn every_preset_has_a_table() {
+        for c in Cloud::ALL {
+            let api = Api::of(c);
             assert!(!own_rules(api).is_empty(), "{c:?}");
             assert_eq!(api.as_str(), c.as_str());
         }
-        assert_eq!(Api::of(Cloud::Ibm), None);
     }
 
     #[test]
@@ -1334,7 +1430,7 @@ mod tests {
         // Its token path is Akamai's own, and only exactly that.
         let p = Api::Akamai.token().unwrap();
         assert_eq!(p.target(), "/v1/token");
-        assert!(p.is_token_path(&parse("/v1/token").unwrap()));
+        assert!(p.is_token_path(Api::Akamai, &parse("/v1/token").unwrap()));
         assert!(
             parse("/v1//token").is_err(),
             "ambiguous: refused before any judgement"
@@ -1345,7 +1441,7 @@ mod tests {
             "/latest/api/token",
             "/v1/tokens",
         ] {
-            assert!(!p.is_token_path(&parse(t).unwrap()), "{t}");
+            assert!(!p.is_token_path(Api::Akamai, &parse(t).unwrap()), "{t}");
         }
         assert_eq!(Api::Aws.token().unwrap().target(), "/latest/api/token");
         assert!(Api::Akamai.negotiates_json() && !Api::Aws.negotiates_json());
@@ -1393,6 +1489,60 @@ mod tests {
         let other = parse("/conf?recursive=true").unwrap();
         assert!(
             check_request(Api::Scaleway, &other, &Verdict::Pass { subtree: false }, &h).is_err()
+        );
+    }
+
+    #[test]
+    fn ibm_passes_the_instance_and_conceals_identity_keys_and_initialization() {
+        for p in [
+            "/metadata/v1/instance",
+            "/metadata/v1/instance/network_interfaces",
+            "/metadata/v1/instance/volume_attachments/0717-x",
+            "/metadata/v1/placement_groups",
+        ] {
+            assert!(matches!(v(Api::Ibm, p), Verdict::Pass { .. }), "{p}");
+        }
+        for p in [
+            "/metadata/v1/instance/initialization",
+            "/metadata/v1/keys",
+            "/metadata/v1/keys/r010-key",
+            "/instance_identity/v1/iam_token",
+            "/identity/v1/certificates",
+            "/user-data",
+        ] {
+            assert!(matches!(v(Api::Ibm, p), Verdict::Conceal(_)), "{p}");
+        }
+        let h = |_: &str| None;
+        let ok = Verdict::Pass { subtree: false };
+        let chk =
+            |t: &str| check_request(Api::Ibm, &parse(t).unwrap(), &ok, &h).map_err(|r| r.status);
+        assert_eq!(chk("/metadata/v1/instance?version=2022-03-01"), Ok(()));
+        assert_eq!(chk("/metadata/v1/instance?version=2026-01-28"), Ok(()));
+        for bad in [
+            "/metadata/v1/instance",
+            "/metadata/v1/instance?version=2021-12-31",
+            "/metadata/v1/instance?version=latest",
+            "/metadata/v1/instance?version=2024-1-1",
+            "/metadata/v1/instance?version=2024-01-01&limit=5",
+        ] {
+            assert_eq!(chk(bad), Err(400), "{bad}");
+        }
+        let p = Api::Ibm.token().unwrap();
+        assert_eq!(p.target(), "/instance_identity/v1/token");
+        for t in [
+            "/instance_identity/v1/token?version=2024-01-01",
+            "/identity/v1/token",
+        ] {
+            assert!(p.is_token_path(Api::Ibm, &parse(t).unwrap()), "{t}");
+        }
+        assert!(!p.is_token_path(Api::Ibm, &parse("/instance_identity/v1/token?x=1").unwrap()));
+        let auth = |k: &str| (k == "authorization").then(|| "Bearer abc".to_string());
+        assert_eq!(p.carrier.token(&auth), Some("abc".to_string()));
+        let basic = |k: &str| (k == "authorization").then(|| "Basic abc".to_string());
+        assert_eq!(p.carrier.token(&basic), None);
+        assert_eq!(
+            p.carrier.header("t1"),
+            ("authorization", "Bearer t1".to_string())
         );
     }
 }

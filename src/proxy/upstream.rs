@@ -12,8 +12,8 @@
 //! limit of 1, and renewed well before it expires.
 
 use super::io::Io;
-use super::rules::Api;
-use http_body_util::{BodyExt, Empty, Limited};
+use super::rules::{Api, Ttl, IBM_FIRST_VERSION};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -35,7 +35,7 @@ pub const POOL_IDLE_FOR: Duration = Duration::from_secs(30);
 /// each to the metadata API, which throttles per instance.
 pub const IN_FLIGHT: usize = POOL_IDLE;
 
-type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 /// Idle upstream connections, per upstream, and the bound on requests in flight.
 pub struct Pool {
@@ -86,7 +86,7 @@ async fn connect(upstream: SocketAddr) -> Result<Sender, String> {
         .map_err(|_| format!("connecting to {upstream} timed out"))?
         .map_err(|e| format!("connecting to {upstream}: {e}"))?;
     let _ = stream.set_nodelay(true);
-    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(Io(stream))
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(Io(stream))
         .await
         .map_err(|e| format!("{upstream}: {e}"))?;
     tokio::spawn(async move {
@@ -103,15 +103,28 @@ pub struct Answer {
     pub body: Bytes,
 }
 
-/// Sends one request (`method` `target`, `headers`) to `upstream` and reads the whole answer,
-/// on a kept connection when one is idle. A kept connection that fails (the upstream closed it
-/// meanwhile) is replaced by a new one once: metadata requests are idempotent.
+/// Sends one request (`method` `target`, `headers`, an empty body) to `upstream` and reads the
+/// whole answer, on a kept connection when one is idle. A kept connection that fails (the
+/// upstream closed it meanwhile) is replaced by a new one once: metadata requests are
+/// idempotent.
 pub async fn send(
     pool: &Pool,
     upstream: SocketAddr,
     method: hyper::Method,
     target: &str,
     headers: &[(&str, String)],
+) -> Result<Answer, String> {
+    send_body(pool, upstream, method, target, headers, Bytes::new()).await
+}
+
+/// [`send`] with `body` (a token request's JSON).
+pub async fn send_body(
+    pool: &Pool,
+    upstream: SocketAddr,
+    method: hyper::Method,
+    target: &str,
+    headers: &[(&str, String)],
+    body: Bytes,
 ) -> Result<Answer, String> {
     let _permit = tokio::time::timeout(ANSWER_TIMEOUT, pool.in_flight.acquire())
         .await
@@ -123,21 +136,30 @@ pub async fn send(
         })?
         .map_err(|e| format!("{upstream}: {e}"))?;
     if let Some(kept) = pool.take(upstream) {
-        if let Ok(a) = attempt(pool, kept, upstream, method.clone(), target, headers).await {
+        if let Ok(a) = attempt(
+            pool,
+            kept,
+            upstream,
+            (method.clone(), target),
+            headers,
+            body.clone(),
+        )
+        .await
+        {
             return Ok(a);
         }
     }
     let fresh = connect(upstream).await?;
-    attempt(pool, fresh, upstream, method, target, headers).await
+    attempt(pool, fresh, upstream, (method, target), headers, body).await
 }
 
 async fn attempt(
     pool: &Pool,
     mut sender: Sender,
     upstream: SocketAddr,
-    method: hyper::Method,
-    target: &str,
+    (method, target): (hyper::Method, &str),
     headers: &[(&str, String)],
+    body: Bytes,
 ) -> Result<Answer, String> {
     let mut req = hyper::Request::builder()
         .method(method)
@@ -147,7 +169,7 @@ async fn attempt(
         req = req.header(*k, v.as_str());
     }
     let req = req
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(body))
         .map_err(|e| format!("building the upstream request: {e}"))?;
     let answer = tokio::time::timeout(ANSWER_TIMEOUT, async {
         let resp = sender
@@ -213,31 +235,50 @@ impl NodeTokens {
                 return Ok(t.clone());
             }
         }
-        let a = send(
-            pool,
-            upstream,
-            hyper::Method::PUT,
-            &p.target(),
-            &[(p.ttl_header, p.node_ttl.to_string())],
-        )
-        .await?;
-        let token = std::str::from_utf8(&a.body)
-            .unwrap_or("")
-            .trim()
-            .to_string();
-        if a.status != 200 || token.is_empty() || token.len() > 4096 {
-            return Err(format!(
+        // The node's own token request, in the cloud's protocol.
+        let (target, mut headers, body) = match p.ttl {
+            Ttl::Header(h) => (p.target(), vec![(h, p.node_ttl.to_string())], Bytes::new()),
+            Ttl::JsonBody { key, .. } => (
+                format!("{}?version={IBM_FIRST_VERSION}", p.target()),
+                vec![("content-type", "application/json".to_string())],
+                Bytes::from(serde_json::json!({ key: p.node_ttl }).to_string()),
+            ),
+        };
+        headers.extend(p.put_headers.iter().map(|(k, v)| (*k, v.to_string())));
+        let a = send_body(pool, upstream, hyper::Method::PUT, &target, &headers, body).await?;
+        let refused = || {
+            format!(
                 "{upstream} answered the node's token request with {}",
                 a.status
-            ));
+            )
+        };
+        if a.status != 200 {
+            return Err(refused());
         }
-        let ttl = a
-            .headers
-            .get(p.ttl_header)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(p.node_ttl)
-            .min(p.node_ttl);
+        let (token, ttl) = match p.ttl {
+            Ttl::Header(h) => (
+                std::str::from_utf8(&a.body)
+                    .unwrap_or("")
+                    .trim()
+                    .to_string(),
+                a.headers
+                    .get(h)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse::<u64>().ok()),
+            ),
+            Ttl::JsonBody { .. } => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&a.body).map_err(|_| refused())?;
+                (
+                    v["access_token"].as_str().unwrap_or("").to_string(),
+                    v["expires_in"].as_u64(),
+                )
+            }
+        };
+        if token.is_empty() || token.len() > 4096 {
+            return Err(refused());
+        }
+        let ttl = ttl.unwrap_or(p.node_ttl).min(p.node_ttl);
         self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(
             upstream,
             (token.clone(), Instant::now() + Duration::from_secs(ttl)),

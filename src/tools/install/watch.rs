@@ -361,7 +361,7 @@ fn start_proxy(opts: &InstallOpts) {
             (d.cloud, d.describe())
         }
     };
-    let api = cloud.and_then(crate::proxy::rules::Api::of);
+    let api = cloud.map(crate::proxy::rules::Api::of);
     let name = match (cloud, api) {
         (Some(c), Some(_)) => format!("{} ({why})", c.as_str()),
         (Some(c), None) => format!("{} (no allow-list: every request refused)", c.as_str()),
