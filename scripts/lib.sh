@@ -450,6 +450,16 @@ set_has() {
   grep -Eq "$(ip_re "$3")" <<<"$out"
 }
 
+# set_holds NET SET IP: set_has for a condition that is waited for: false, never a failure,
+# while the set does not exist (natguard's table can exist before a network's sets: install
+# puts the node-wide guard in place first). A predicate that calls `fail` would end the script
+# from inside the wait, with the wait's stderr (and so the message) thrown away.
+set_holds() {
+  local out name=${1:+$1-}$2
+  out=$(in_node nft list set inet natguard "$name" 2>/dev/null) || return 1
+  grep -Eq "$(ip_re "$3")" <<<"$out"
+}
+
 # assert_pod_installed NET IP CID [exempt|deny]: natguard has the pod under policy (deny: the
 # pod asked for it with natguard.io/metadata).
 assert_pod_installed() {

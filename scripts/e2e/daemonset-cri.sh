@@ -276,8 +276,8 @@ read -r podD ipD < <(pod ng-after-creds "$EXEMPT_NS")
 
 # --- a flush and its repair ------------------------------------------------------------------
 in_node nft flush ruleset || fail "nft flush ruleset"
-repaired() { in_node nft list table inet natguard >/dev/null && set_has "$NET" masq4 "$ipA" && set_has "$NET" masq4 "$ipC" &&
-  set_has "" exempt4 "$ipB" && set_has "" exempt4 "$ipD"; }
+repaired() { set_holds "$NET" masq4 "$ipA" && set_holds "$NET" masq4 "$ipC" &&
+  set_holds "" exempt4 "$ipB" && set_holds "" exempt4 "$ipD"; }
 wait_for "the repair of every pod's entries" 30 repaired
 out=$(check_all) || fail "after the flush: $out; natguard's log: $(ctr_log | tail -20)"
 result "nft flush ruleset repaired under the shipped privileges: $(ctr_log | grep -E 'self-repair: .*restored' | tail -1)"
