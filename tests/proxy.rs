@@ -103,6 +103,17 @@ fn setup_fake(test: &str, cloud: &'static str, extra: &[&str]) -> Setup {
     }
 }
 
+/// A request for `path` was answered `status` by natguard, with a body that names natguard and
+/// holds no secret.
+fn assert_concealed(path: &str, status: u16, answer: (u16, String)) {
+    let (st, body) = answer;
+    assert_eq!(st, status, "{path}: {body}");
+    assert!(
+        body.contains("natguard") && !body.contains(SECRET),
+        "{path}: {body}"
+    );
+}
+
 /// One raw request from `ns` to `addr` (the client closes its side after writing); the
 /// status (0 when the connection closed without an answer) and the body.
 fn raw(ns: &Netns, addr: SocketAddr, request: &[u8]) -> (u16, String) {
@@ -201,6 +212,13 @@ impl Setup {
         for bad in ["iam", "user-data", "pkcs7", "identity-credentials"] {
             assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
         }
+    }
+
+    /// `status` says the proxy serves this setup's cloud.
+    fn assert_serving(&self) {
+        let status = self.tool(&["status"]);
+        let want = format!("serving {}", self.cloud);
+        assert!(status.contains(&want), "{status}");
     }
 
     fn tool(&self, args: &[&str]) -> String {
@@ -799,12 +817,7 @@ fn oracle_speaks_imdsv2_and_conceals_instance_principal_keys_and_user_data() {
             "/opc/v2/instance/metadata/user_data",
             "/opc/v1/instance/",
         ] {
-            let (st, body) = g(&s.pod.ns, ep, p, bearer);
-            assert_eq!(st, 403, "{p}: {body}");
-            assert!(
-                body.contains("natguard") && !body.contains(SECRET),
-                "{p}: {body}"
-            );
+            assert_concealed(p, 403, g(&s.pod.ns, ep, p, bearer));
         }
     }
     // Nothing concealed reached the upstream, and what did carried the header and no
@@ -832,8 +845,7 @@ fn oracle_speaks_imdsv2_and_conceals_instance_principal_keys_and_user_data() {
         body.starts_with("-----BEGIN RSA PRIVATE KEY-----") && body.contains(SECRET),
         "{body}"
     );
-    let status = s.tool(&["status"]);
-    assert!(status.contains("serving oracle"), "{status}");
+    s.assert_serving();
 }
 
 /// A cloud of plain GETs (DigitalOcean) through the proxy: what describes the droplet passes,
@@ -874,12 +886,7 @@ fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_da
             "/metadata/v1/public-keys",
             "/metadata/v1.json",
         ] {
-            let (st, body) = get(&s.pod.ns, ep, p, None);
-            assert_eq!(st, 403, "{p}: {body}");
-            assert!(
-                body.contains("natguard") && !body.contains(SECRET),
-                "{p}: {body}"
-            );
+            assert_concealed(p, 403, get(&s.pod.ns, ep, p, None));
         }
     }
     let saw = s.upstream_saw();
@@ -887,8 +894,7 @@ fn digitalocean_passes_the_droplet_s_description_and_conceals_user_and_vendor_da
     for bad in ["user-data", "vendor-data", "public-keys", "v1.json"] {
         assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
     }
-    let status = s.tool(&["status"]);
-    assert!(status.contains("serving digitalocean"), "{status}");
+    s.assert_serving();
 }
 
 /// Pods asking at once for an answer the proxy does not have yet cost the metadata API one
@@ -985,12 +991,7 @@ fn akamai_speaks_its_token_protocol_and_conceals_user_data_ssh_keys_and_tags() {
         assert_eq!(st, 200, "{net}");
         assert!(net.contains("ipv4.public: 172.232.10.5/32"), "{net}");
         for p in ["/v1/user-data", "/v1/ssh-keys"] {
-            let (st, body) = get_as(ep, p, &auth);
-            assert_eq!(st, 403, "{p}: {body}");
-            assert!(
-                body.contains("natguard") && !body.contains(SECRET),
-                "{p}: {body}"
-            );
+            assert_concealed(p, 403, get_as(ep, p, &auth));
         }
         // A token of another cloud's protocol is not one.
         assert_eq!(
@@ -1018,8 +1019,7 @@ fn akamai_speaks_its_token_protocol_and_conceals_user_data_ssh_keys_and_tags() {
     for bad in ["user-data", "ssh-keys"] {
         assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
     }
-    let status = s.tool(&["status"]);
-    assert!(status.contains("serving akamai"), "{status}");
+    s.assert_serving();
 }
 
 /// Scaleway's metadata through the proxy: `/conf` as shell variables and, with `format=json`,
@@ -1054,12 +1054,8 @@ fn scaleway_passes_conf_without_ssh_keys_and_tags_and_conceals_user_data() {
             "{doc}"
         );
         for p in ["/user_data", "/user_data/cloud-init", "/conf?format=yaml"] {
-            let (st, body) = get(&s.pod.ns, ep, p, None);
-            assert!(st == 403 || st == 400, "{p}: {st} {body}");
-            assert!(
-                body.contains("natguard") && !body.contains(SECRET),
-                "{p}: {body}"
-            );
+            let want = if p.contains("yaml") { 400 } else { 403 };
+            assert_concealed(p, want, get(&s.pod.ns, ep, p, None));
         }
     }
     let saw = s.upstream_saw();
@@ -1068,8 +1064,7 @@ fn scaleway_passes_conf_without_ssh_keys_and_tags_and_conceals_user_data() {
         "{saw}"
     );
     assert!(!saw.contains("user_data") && !saw.contains("yaml"), "{saw}");
-    let status = s.tool(&["status"]);
-    assert!(status.contains("serving scaleway"), "{status}");
+    s.assert_serving();
 }
 
 /// IBM Cloud VPC's metadata service through the proxy: the identity token from a JSON request
@@ -1152,12 +1147,7 @@ fn ibm_speaks_its_identity_token_protocol_and_conceals_keys_and_iam_tokens() {
             "no version"
         );
         for p in ["/metadata/v1/instance/initialization", "/metadata/v1/keys"] {
-            let (st, body) = get_as(ep, &format!("{p}?{v}"), &auth);
-            assert_eq!(st, 403, "{p}: {body}");
-            assert!(
-                body.contains("natguard") && !body.contains(SECRET),
-                "{p}: {body}"
-            );
+            assert_concealed(p, 403, get_as(ep, &format!("{p}?{v}"), &auth));
         }
         let (st, body) = raw(
             &s.pod.ns,
@@ -1189,8 +1179,7 @@ fn ibm_speaks_its_identity_token_protocol_and_conceals_keys_and_iam_tokens() {
     for bad in ["initialization", "keys", "iam_token"] {
         assert!(!saw.contains(bad), "the upstream saw {bad:?}:\n{saw}");
     }
-    let status = s.tool(&["status"]);
-    assert!(status.contains("serving ibm"), "{status}");
+    s.assert_serving();
 }
 
 /// One raw request; the status and the whole answer (head and body).
