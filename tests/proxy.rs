@@ -1067,6 +1067,23 @@ fn scaleway_passes_conf_without_ssh_keys_and_tags_and_conceals_user_data() {
     s.assert_serving();
 }
 
+/// An upstream that answers `/conf` in JSON where the shell form was asked: the answer is
+/// filtered as JSON (no SSH keys, no tags), not passed because no shell line matched.
+#[test]
+fn scaleway_json_where_text_was_asked_is_still_filtered() {
+    require_root();
+    let s = setup_fake("proxy-scw-json", "scaleway", &["--json-always"]);
+    let (st, body) = get(&s.pod.ns, sa(META4, HTTP_PORT), "/conf", None);
+    assert_eq!(st, 200, "{body}");
+    let doc: Value = serde_json::from_str(&body).expect("the fake answered JSON");
+    assert_eq!(doc["zone"], "fr-par-2");
+    assert!(
+        doc.get("ssh_public_keys").is_none() && doc.get("tags").is_none(),
+        "{doc}"
+    );
+    assert!(!body.contains(SECRET), "{body}");
+}
+
 /// IBM Cloud VPC's metadata service through the proxy: the identity token from a JSON request
 /// (`Metadata-Flavor: ibm`, `expires_in` in the body, `version` required) answered in IBM's
 /// JSON, then `Authorization: Bearer` on every request (401 without); the instance, its network

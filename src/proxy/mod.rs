@@ -577,9 +577,17 @@ async fn handle(st: Arc<State>, req: Request<Incoming>, conn: Conn) -> Reply {
         } else {
             let form = api.answer_form(&c, json);
             if form == rules::Form::Text {
-                if !api.text_conceal().is_empty() {
-                    let s = String::from_utf8_lossy(&body);
-                    body = Bytes::from(rules::filter_text_lines(&s, api.text_conceal()));
+                // Text was asked for; an upstream that answers JSON anyway is filtered as JSON,
+                // where the text filter would find no key.
+                match serde_json::from_slice::<serde_json::Value>(&body) {
+                    Ok(mut v) if v.is_object() || v.is_array() => {
+                        rules::filter_json(&mut v, api.json_conceal());
+                        body = Bytes::from(v.to_string());
+                    }
+                    _ => {
+                        let s = String::from_utf8_lossy(&body);
+                        body = Bytes::from(rules::filter_text_lines(&s, api.text_conceal()));
+                    }
                 }
             } else if !api.json_conceal().is_empty() {
                 match serde_json::from_slice::<serde_json::Value>(&body) {

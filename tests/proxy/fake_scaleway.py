@@ -16,8 +16,12 @@ the user data API) and the Instance API's `Metadata` object (scaleway-sdk-go, ap
 The SSH keys, the user-set tags and user data count as credentials in the log (fakemeta.py) and
 carry fakemeta.LEAK_MARKER.
 
-    fake_scaleway.py --port 80 --log FILE
+    fake_scaleway.py --port 80 --log FILE [--json-always]
+    (--json-always: `/conf` answers JSON even without `format=json`, an upstream that does not
+    answer in the form asked)
 """
+
+import sys
 
 from fakemeta import LEAK_MARKER, Answer, Fake, json_answer, serve
 
@@ -68,11 +72,14 @@ def _conf_text():
 class Scaleway(Fake):
     """Scaleway's instance metadata API."""
 
+    def __init__(self, json_always=False):
+        self.json_always = json_always
+
     def answer(self, req):
         if req.method not in ("GET", "HEAD"):
             return Answer(405, "", headers={"Allow": "GET, HEAD"})
         if req.path == "/conf":
-            if req.q("format") == "json":
+            if req.q("format") == "json" or self.json_always:
                 return json_answer(200, CONF, credential=True)
             return Answer(200, _conf_text(), credential=True)
         if req.path in ("/user_data", "/user_data/"):
@@ -83,4 +90,6 @@ class Scaleway(Fake):
 
 
 if __name__ == "__main__":
-    serve(Scaleway())
+    args = sys.argv[1:]
+    json_always = "--json-always" in args
+    serve(Scaleway(json_always=json_always), [a for a in args if a != "--json-always"])
