@@ -759,6 +759,92 @@ fn tagged_claims_of_the_exempt_address_on_a_vlan_bridge_never_reach_the_metadata
     f.finish("tagged claims on a VLAN-filtering bridge");
 }
 
+/// A port natguard never saw on the VLAN-filtering bridge trunks the network's VLAN (a VXLAN
+/// device here; a VM's tap or a bonded uplink have the same shape, and none is a veth). Frames
+/// from it tagged with the network's VLAN id that claim the exempt pod's addresses would leave
+/// the bridge untagged at the node's IP device of that VLAN, where those addresses are exempt:
+/// not one SYN may reach the metadata host, single-tagged or with an 802.1ad tag outside.
+/// Controls: the exempt pod's own SYNs arrive, and the same tagged SYNs from an address of the
+/// subnet that nobody holds, to the cloud's own address, arrive (the trunk delivers).
+#[test]
+fn tagged_claims_from_a_trunk_port_natguard_never_saw_never_reach_the_metadata_host() {
+    require_root();
+    let (w, chain) = vlan_world("kf-vtrunk");
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let sender = w.add_pod(&chain, "sender", "default");
+    control_metadata(&exempt, REAL, "exempt pod");
+    control_network(&exempt, "exempt pod");
+    control_network(&sender, "default pod");
+    let (gw4, _) = gateways(&sender);
+    let (node_dev, node_mac, _) = node_ip_device(&w, exempt.v4);
+    w.node.ip(&format!(
+        "link add vxtrunk type vxlan id 43 dstport 4789 local {gw4} nolearning"
+    ));
+    w.node.ip("link set vxtrunk master cni0");
+    w.node.ip("link set vxtrunk up");
+    w.node.run(&[
+        "bridge",
+        "vlan",
+        "add",
+        "dev",
+        "vxtrunk",
+        "vid",
+        &VLAN.to_string(),
+    ]);
+    let (free4, free6) = unused_in_subnet(&exempt);
+    let (cloud4, cloud6) = (CLOUD4, CLOUD6);
+    let mut rules = syns_to_metadata(("stolen4", "stolen6"), (exempt.v4, exempt.v6)).to_vec();
+    rules.push((
+        "ctl4",
+        format!("ip saddr {free4} ip daddr {cloud4} tcp dport 80"),
+    ));
+    rules.push((
+        "ctl6",
+        format!("ip6 saddr {free6} ip6 daddr {cloud6} tcp dport 80"),
+    ));
+    let counters = Counters::install(&w.h, &w.cloud, &rules);
+    send_segments(&w.h, &exempt.ns, exempt.v4, META4, 80, 3, &[0x02]);
+    send_segments(&w.h, &exempt.ns, exempt.v6, META6, 80, 3, &[0x02]);
+    counters.wait(&["stolen4", "stolen6"], 3, "the exempt pod's own SYNs");
+    std::thread::sleep(Duration::from_millis(200));
+    let base = [counters.packets("stolen4"), counters.packets("stolen6")];
+
+    const EACH: u32 = 3;
+    let mut f = Findings::new();
+    for tags in ["q100", "adq100"] {
+        let inner = Inner {
+            vni: 43,
+            dmac: &node_mac,
+            tags,
+        };
+        let send = |src: IpAddr, dst: IpAddr| {
+            send_vxlan_frames(&w, &sender, gw4, &inner, &src.to_string(), dst, EACH)
+        };
+        send(exempt.v4, META4);
+        send(exempt.v6, META6);
+        if tags == "q100" {
+            send(free4, cloud4);
+            send(free6, cloud6);
+            counters.wait(
+                &["ctl4", "ctl6"],
+                u64::from(EACH),
+                &format!(
+                    "tagged SYNs from the trunk to the cloud's own address, through {node_dev}"
+                ),
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        for (i, fam) in ["4", "6"].iter().enumerate() {
+            let k = counters.packets(&format!("stolen{fam}")) - base[i];
+            f.check(k == 0, || {
+                format!("{k} SYN(s) tagged {tags} from the trunk with the exempt pod's IPv{fam} address reached the metadata host")
+            });
+        }
+    }
+    control_metadata(&exempt, REAL, "exempt pod after the attack");
+    f.finish("tagged claims from a trunk port natguard never saw");
+}
+
 /// The pod's bridge port: the host-side interface of its result that is not the bridge.
 fn exempt_port(pod: &Pod) -> String {
     let ifs = pod.result["interfaces"]

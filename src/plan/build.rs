@@ -239,20 +239,27 @@ fn plan_node_rules() -> Vec<Rule> {
         Match::EtherSaddrIn(SetKind::XMac),
         Match::IifEtherSaddrNotIn(SetKind::XPortMac),
     ]));
+    // The address pins read what the frame carries (`meta protocol`), not its ethertype: the
+    // kernel takes the outermost VLAN tag out of band before the bridge, so a frame tagged
+    // with any id from a port natguard never saw (a trunk: an uplink, a VM's tap, a VXLAN
+    // device) is pinned like an untagged one. Such a frame would otherwise leave the bridge
+    // untagged at the node's IP device of its VLAN (`BRIDGE.VLAN`), where an exempt pod on
+    // that VLAN is exempt. The kernel layer sends both shapes (one tag, 802.1ad outside
+    // 802.1Q) from such a port: all reached the metadata host with ethertype pins, none does.
     for f in Family::ALL {
         rules.push(guard(vec![
-            Match::EtherType(EtherProto::Ip(f)),
+            Match::Protocol(EtherProto::Ip(f)),
             Match::SaddrIn(f, SetKind::XAddr(f)),
             Match::IifSaddrNotIn(f, SetKind::XPort(f)),
         ]));
         match f {
             Family::V4 => rules.push(guard(vec![
-                Match::EtherType(EtherProto::Arp),
+                Match::Protocol(EtherProto::Arp),
                 Match::ArpSpaIn(SetKind::XAddr(f)),
                 Match::IifArpSpaNotIn(SetKind::XPort(f)),
             ])),
             Family::V6 => rules.push(guard(vec![
-                Match::EtherType(EtherProto::Ip(f)),
+                Match::Protocol(EtherProto::Ip(f)),
                 Match::NeighborAdvert,
                 Match::NdTargetIn(SetKind::XAddr(f)),
                 Match::IifNdTargetNotIn(SetKind::XPort(f)),

@@ -580,8 +580,13 @@ pub enum Match {
     IsTcp,
     /// `meta l4proto != ipv6-icmp`
     NotIcmpv6,
-    /// `ether type ip|ip6|arp|8021q|8021ad`: every match of a bridge-table rule needs one.
+    /// `ether type ip|ip6|arp|8021q|8021ad`: the ethertype of the frame as it arrived; for a
+    /// tagged frame the outermost tag's, even where the kernel keeps the tag out of band.
     EtherType(EtherProto),
+    /// `meta protocol ip|ip6|arp`: what the frame carries once the kernel has taken the
+    /// outermost VLAN tag out of band (as it does for every frame before the bridge), so an
+    /// untagged frame and a single-tagged one alike; the network header follows the tag.
+    Protocol(EtherProto),
     SaddrIn(Family, SetKind),
     /// `ip saddr != @set`
     SaddrNotIn(Family, SetKind),

@@ -17,6 +17,11 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::EtherType(EtherProto::Arp) => "ether type arp".into(),
         Match::EtherType(EtherProto::Vlan) => "ether type 8021q".into(),
         Match::EtherType(EtherProto::QinQ) => "ether type 8021ad".into(),
+        Match::Protocol(EtherProto::Ip(Family::V4)) => "meta protocol ip".into(),
+        Match::Protocol(EtherProto::Ip(Family::V6)) => "meta protocol ip6".into(),
+        Match::Protocol(EtherProto::Arp) => "meta protocol arp".into(),
+        Match::Protocol(EtherProto::Vlan) => "meta protocol 8021q".into(),
+        Match::Protocol(EtherProto::QinQ) => "meta protocol 8021ad".into(),
         Match::IifIs(name) => format!("iifname \"{name}\""),
         Match::IifKind(kind) => format!("meta iifkind \"{kind}\""),
         Match::IifIn(s) => format!("iifname @{}", set(s)),
@@ -77,9 +82,15 @@ fn render_action(a: &Action) -> String {
 }
 
 pub fn render_rule(r: &Rule, names: &NetNames) -> String {
+    // nft lists `meta protocol ip6` before an ICMPv6 match as that match's own dependency.
+    let implied = |m: &Match| {
+        matches!(m, Match::Protocol(EtherProto::Ip(Family::V6)))
+            && r.matches.contains(&Match::NeighborAdvert)
+    };
     let mut parts: Vec<String> = r
         .matches
         .iter()
+        .filter(|m| !implied(m))
         .map(|m| render_match(m, names))
         .filter(|s| !s.is_empty())
         .collect();

@@ -719,7 +719,8 @@ impl Findings {
 }
 
 /// Sends Ethernet frames from `IFNAME` with source MAC `SRCMAC` to `DSTMAC`, with VLAN tags
-/// (`TAGS`: "" none, "q" one 802.1Q tag of VLAN 0, "adq" 802.1ad outside 802.1Q, VLAN 0 both),
+/// (`TAGS`: "" none, "q" one 802.1Q tag of VLAN 0, "adq" 802.1ad outside 802.1Q, VLAN 0 both,
+/// "q100" one 802.1Q tag of VLAN 100, "adq100" 802.1ad outside 802.1Q, VLAN 100 both),
 /// carrying `KIND`:
 ///   syn SRC DST DPORT COUNT  - TCP SYNs (IPv4 or IPv6 by the addresses)
 ///   arp SPA TPA              - an ARP reply claiming SPA (gratuitous when SPA == TPA)
@@ -745,9 +746,11 @@ def eth(ethertype, payload):
     hdr = dmac + smac
     if tags == "adq":
         hdr += struct.pack("!HH", 0x88a8, 0)
+    if tags == "adq100":
+        hdr += struct.pack("!HH", 0x88a8, 100)
     if tags in ("q", "adq"):
         hdr += struct.pack("!HH", 0x8100, 0)
-    if tags == "q100":
+    if tags in ("q100", "adq100"):
         hdr += struct.pack("!HH", 0x8100, 100)
     return hdr + struct.pack("!H", ethertype) + payload
 
@@ -797,7 +800,6 @@ for f in frames:
     s.send(f)
 "#;
 
-/// Sends frames from `pod`'s eth0 (see [`FRAMES_PY`]).
 /// Sends `count` SYNs to `dst`:80 with inner source `src`, wrapped in VXLAN (id 42, port 4789)
 /// from `pod` to `node` (an address of the node's VXLAN device's `local`), with FRAMES_PY's
 /// frame builders; `inner_dmac` is the VXLAN device's MAC.
@@ -810,30 +812,60 @@ pub fn send_vxlan_syns(
     dst: IpAddr,
     count: u32,
 ) {
+    let inner = Inner {
+        vni: 42,
+        dmac: inner_dmac,
+        tags: "",
+    };
+    send_vxlan_frames(w, pod, node, &inner, src, dst, count);
+}
+
+/// The inner frame of [`send_vxlan_frames`]: the VXLAN network id, the destination MAC and
+/// FRAMES_PY's tags.
+pub struct Inner<'a> {
+    pub vni: u32,
+    pub dmac: &'a str,
+    pub tags: &'a str,
+}
+
+/// Sends `count` SYNs to `dst`:80 with inner source `src` in frames shaped by `inner`, wrapped
+/// in VXLAN (port 4789) from `pod` to `node`.
+pub fn send_vxlan_frames(
+    w: &World,
+    pod: &Pod,
+    node: IpAddr,
+    inner: &Inner<'_>,
+    src: &str,
+    dst: IpAddr,
+    count: u32,
+) {
     script(&w.h, "frames.py", FRAMES_PY);
     let vxlan_py = format!(
         r#"
 import socket, sys
-sys.argv = ["frames.py", "lo", "02:00:00:00:00:07", "{inner_dmac}", "", "none"]
+sys.argv = ["frames.py", "lo", "02:00:00:00:00:07", "{dmac}", "{tags}", "none"]
 exec(open("{dir}/frames.py").read().split("frames = []")[0])
-node, src, dst, count = __import__("os").environ["VX"].split()
+node, src, dst, count, vni = __import__("os").environ["VX"].split()
 u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 for _ in range(int(count)):
-    u.sendto(bytes([8, 0, 0, 0, 0, 0, 42, 0]) + syn(src, dst, 80), (node, 4789))
+    u.sendto(bytes([8, 0, 0, 0]) + int(vni).to_bytes(3, "big") + bytes([0]) + syn(src, dst, 80), (node, 4789))
 "#,
+        dmac = inner.dmac,
+        tags = inner.tags,
         dir = w.dir().display()
     );
     let path = script(
         &w.h,
-        &format!("vxlan-{}.py", pod.att.container_id),
+        &format!("vxlan-{}-{}.py", pod.att.container_id, inner.vni),
         &vxlan_py,
     );
     let mut c = pod.ns.cmd("env");
-    c.arg(format!("VX={node} {src} {dst} {count}"))
+    c.arg(format!("VX={node} {src} {dst} {count} {}", inner.vni))
         .args(["python3", &path]);
     super::run(&mut c);
 }
 
+/// Sends frames from `pod`'s eth0 (see [`FRAMES_PY`]).
 pub fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str, what: &[String]) {
     let path = script(&w.h, "frames.py", FRAMES_PY);
     let mut args: Vec<&str> = vec!["python3", &path, "eth0", srcmac, dstmac, tags];

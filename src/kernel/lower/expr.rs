@@ -138,6 +138,7 @@ const NFT_CT_LABELS: u32 = 13;
 const NFT_CT_DST_IP: u32 = 20;
 const NFT_CT_DST_IP6: u32 = 22;
 /// `meta` keys (`enum nft_meta_keys`).
+const NFT_META_PROTOCOL: u32 = 1;
 const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
 const NFT_META_NFPROTO: u32 = 15;
@@ -175,6 +176,16 @@ fn iif_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str, inver
     x.lookup(set, NFT_REG32_00, invert);
 }
 
+fn ethertype(p: EtherProto) -> u16 {
+    match p {
+        EtherProto::Ip(Family::V4) => ETH_P_IP,
+        EtherProto::Ip(Family::V6) => ETH_P_IPV6,
+        EtherProto::Arp => ETH_P_ARP,
+        EtherProto::Vlan => ETH_P_8021Q,
+        EtherProto::QinQ => ETH_P_8021AD,
+    }
+}
+
 fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
     let set = |k: &SetKind| names.set(*k);
     match m {
@@ -186,15 +197,13 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         // ether type ip → [ payload load 2b @ link header + 12 => reg 1 ] [ cmp eq 0x0800 ]
         // (for a tag the kernel keeps out of band, nf_tables puts it back in the header it shows)
         Match::EtherType(p) => {
-            let ty = match p {
-                EtherProto::Ip(Family::V4) => ETH_P_IP,
-                EtherProto::Ip(Family::V6) => ETH_P_IPV6,
-                EtherProto::Arp => ETH_P_ARP,
-                EtherProto::Vlan => ETH_P_8021Q,
-                EtherProto::QinQ => ETH_P_8021AD,
-            };
             x.payload(BASE_LL, ETHER_TYPE_OFFSET, 2, NFT_REG_1);
-            x.cmp_eq(NFT_REG_1, &ty.to_be_bytes());
+            x.cmp_eq(NFT_REG_1, &ethertype(*p).to_be_bytes());
+        }
+        // meta protocol ip → [ meta load protocol => reg 1 ] [ cmp eq reg 1 0x0800 ]
+        Match::Protocol(p) => {
+            x.meta(NFT_META_PROTOCOL, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &ethertype(*p).to_be_bytes());
         }
         // ip saddr @set → [ payload load 4b @ network + 12 => reg 1 ] [ lookup reg 1 set ]
         Match::SaddrIn(f, s) | Match::SaddrNotIn(f, s) => {
