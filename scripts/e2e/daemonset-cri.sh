@@ -26,7 +26,10 @@
 #   - the readiness and liveness probes run as the kubelet runs them (ExecSync of their
 #     commands): passing, failing once the watcher is frozen (SIGSTOP) and its heartbeat goes
 #     stale and once natguard's table is deleted, passing again after SIGCONT and the repair;
-#   - `natguard status` exits 0 while guarded and 1 while not.
+#   - `natguard status` exits 0 while guarded and 1 while not;
+#   - the scrape endpoint of deploy/overlays/metrics (which is what runs: deploy/base plus the
+#     overlay's args, env and ports, checked to be nothing more) on the node's address: the node
+#     scrapes it, a pod of the node gets 403 and no metric.
 # Then the bootstrap unit: deploy/node/natguard.service's ExecStart with its environment, run
 # as systemd would (root, the host's mounts), over a fresh set of pods: adopt, flush, repair.
 #
@@ -47,20 +50,41 @@ result() { printf 'RESULT %s\n' "$*"; }
 kubectl=$REPO/target/manifest-tools/bin/kubectl
 [ -x "$kubectl" ] || "$REPO/scripts/manifests.sh" >/dev/null || true
 [ -x "$kubectl" ] || fail "no kubectl at $kubectl (scripts/manifests.sh installs it)"
-"$kubectl" kustomize "$REPO/deploy/base" >"$W/rendered.yaml" || fail "kubectl kustomize deploy/base"
+"$kubectl" kustomize "$REPO/deploy/base" >"$W/base.yaml" || fail "kubectl kustomize deploy/base"
+"$kubectl" kustomize "$REPO/deploy/overlays/metrics" >"$W/rendered.yaml" ||
+  fail "kubectl kustomize deploy/overlays/metrics"
 cm=$W/configmap
 # The translation: one JSON document of what the CRI requests carry, or an error naming the
-# field it does not know.
-/usr/bin/python3 - "$W/rendered.yaml" "$cm" >"$W/spec.json" <<'PY' || fail "translating the DaemonSet: $(cat "$W/spec.json")"
-import json, sys, yaml
+# field it does not know. What runs is deploy/overlays/metrics (the base with its scrape
+# endpoint); the translation first checks that it is the base plus the overlay's args, env and
+# ports and nothing else, so the base's every other field is what runs.
+/usr/bin/python3 - "$W/rendered.yaml" "$cm" "$W/base.yaml" "$NODE_IP" >"$W/spec.json" <<'PY' || fail "translating the DaemonSet: $(cat "$W/spec.json")"
+import copy, json, re, sys, yaml
 docs = list(yaml.safe_load_all(open(sys.argv[1])))
 cm_dir = sys.argv[2]
+base_docs = list(yaml.safe_load_all(open(sys.argv[3])))
+node_ip = sys.argv[4]
 ds = next(d for d in docs if d["kind"] == "DaemonSet")
 cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
 pod = ds["spec"]["template"]["spec"]
 def die(msg):
     print(msg)
     sys.exit(1)
+base_ds = next(d for d in base_docs if d["kind"] == "DaemonSet")
+stripped = copy.deepcopy(ds)
+sc0 = stripped["spec"]["template"]["spec"]["containers"][0]
+bc0 = base_ds["spec"]["template"]["spec"]["containers"][0]
+if sc0.get("args", [])[:len(bc0.get("args", []))] != bc0.get("args", []):
+    die("the metrics overlay changes the base's args instead of adding to them")
+sc0["args"] = sc0.get("args", [])[:len(bc0.get("args", []))]
+for k in ("env", "ports"):
+    if k in bc0:
+        die(f"the base has {k}, which this layer expects only from the metrics overlay")
+    sc0.pop(k, None)
+if stripped != base_ds:
+    die("the metrics overlay's DaemonSet differs from deploy/base beyond its args, env and ports")
+if [d["kind"] for d in docs] != [d["kind"] for d in base_docs]:
+    die("the metrics overlay's objects differ from deploy/base's")
 known_pod = {"hostNetwork", "priorityClassName", "nodeSelector", "tolerations",
              "automountServiceAccountToken", "enableServiceLinks",
              "terminationGracePeriodSeconds", "containers", "volumes"}
@@ -104,14 +128,24 @@ for m in c.get("volumeMounts", []):
                        "type": "configMap"})
     else:
         die(f"volume {m['name']} is neither a hostPath nor a configMap")
+# The kubelet's env: plain values, and the node's address for status.hostIP.
+env = {}
 for e in c.get("env", []):
-    if "value" not in e:
-        die(f"env {e['name']} is not a plain value")
+    if "value" in e:
+        env[e["name"]] = e["value"]
+    elif e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") == "status.hostIP":
+        env[e["name"]] = node_ip
+    else:
+        die(f"env {e['name']} is neither a plain value nor status.hostIP")
+# The kubelet expands $(VAR) in command and args from the container's env.
+expand = lambda a: re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a)
 caps = sc.get("capabilities", {})
 print(json.dumps({
     "name": c["name"], "image": c["image"], "hostNetwork": bool(pod.get("hostNetwork")),
-    "command": c.get("command", []), "args": c.get("args", []),
-    "env": [f"{e['name']}={e['value']}" for e in c.get("env", [])],
+    "command": [expand(a) for a in c.get("command", [])],
+    "args": [expand(a) for a in c.get("args", [])],
+    "env": [f"{k}={v}" for k, v in env.items()],
+    "metricsPort": next((p["containerPort"] for p in c.get("ports", []) if p.get("name") == "metrics"), None),
     "runAsUser": sc.get("runAsUser", 0), "privileged": bool(sc.get("privileged")),
     "noNewPrivs": sc.get("allowPrivilegeEscalation") is False,
     "readOnlyRoot": bool(sc.get("readOnlyRootFilesystem")),
@@ -267,6 +301,24 @@ check_all() { # LABEL: every pod under policy, as its namespace says
 out=$(check_all) || fail "adopt: $out"
 result "adopt under the shipped privileges: the pods that predate natguard are under policy:"
 sed 's/^/RESULT   /' <<<"$out"
+
+# --- the metrics overlay's scrape endpoint, on the node's address ------------------------------
+mport=$(spec -r .metricsPort)
+[ "$mport" != null ] || fail "the metrics overlay's container has no port named metrics"
+scrape_node() { in_node timeout 5 busybox wget -q -O- "http://$NODE_IP:$mport/metrics" 2>&1; }
+wait_for "the scrape endpoint on $NODE_IP:$mport" 30 scrape_node
+body=$(scrape_node) || fail "scraping $NODE_IP:$mport from the node: $body"
+grep -qx 'natguard_guarded 1' <<<"$body" ||
+  fail "the node's scrape has no 'natguard_guarded 1': $(head -5 <<<"$body")"
+grep -q '^natguard_pod_' <<<"$body" &&
+  fail "the scrape lists pods' series though the overlay does not ask for them (--metrics-pod-labels)"
+result "scrape endpoint (the metrics overlay, --metrics-address=\$(NODE_IP) as the kubelet expands it): the node scrapes $NODE_IP:$mport: $(grep -c '^natguard_' <<<"$body") series, no per-pod ones"
+# A pod of the node asks the same address and port: refused before anything is collected.
+out=$(cri run "$podA" "$IMAGE_REF" sh -c "timeout 5 wget -q -O- http://$NODE_IP:$mport/metrics 2>&1; echo exit=\$?") ||
+  fail "the scrape from a pod did not run: $out"
+grep -q 'natguard_' <<<"$out" && fail "a pod of the node read the metrics: $(head -3 <<<"$out")"
+grep -q '403' <<<"$out" || fail "a pod of the node's scrape was not refused with 403: $out"
+result "the scrape endpoint refuses a pod of the node ($ipA): $(tr '\n' ' ' <<<"$out")"
 
 # --- pods after natguard ---------------------------------------------------------------------
 jq -e '[.plugins[].type] | index("natguard")' "$LIST" >/dev/null || fail "natguard is not in $LIST"
