@@ -33,6 +33,12 @@ const RTM_TYPE_OFFSET: usize = 7;
 const RTN_LOCAL: u8 = 2;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
+const RTA_MULTIPATH: u16 = 9;
+/// `rtm_dst_len`'s offset in `struct rtmsg`: 0 for a default route.
+const RTM_DST_LEN_OFFSET: usize = 1;
+const RTN_UNICAST: u8 = 1;
+/// `struct rtnexthop`: length, flags, hops, interface index; its attributes follow.
+const RTNH_LEN: usize = 8;
 const IFINFOMSG_LEN: usize = 16;
 /// `ifi_index`'s offset in `struct ifinfomsg`.
 const IFI_INDEX_OFFSET: usize = 4;
@@ -236,6 +242,43 @@ fn getroute_request(b: &mut MsgBuf, addr: std::net::IpAddr) {
     b.end();
 }
 
+/// An `RTM_GETROUTE` dump of every route of every table, both families.
+fn getroute_dump_request(b: &mut MsgBuf) {
+    b.begin_header(RTM_GETROUTE, super::netlink::NLM_F_DUMP);
+    b.bytes(&[0u8; RTMSG_LEN]); // AF_UNSPEC
+    b.end();
+}
+
+/// The interface indexes the default routes of a route dump leave by (of any table, each
+/// next hop of a multipath route), sorted, each once.
+fn default_route_oifs(msgs: &[Msg]) -> Vec<u32> {
+    let u32_of = |b: &[u8]| {
+        b.get(..4)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]))
+    };
+    let mut out = Vec::new();
+    for m in msgs.iter().filter(|m| m.msg_type == RTM_NEWROUTE) {
+        let Some(hdr) = m.body.get(..RTMSG_LEN) else {
+            continue;
+        };
+        if hdr[RTM_DST_LEN_OFFSET] != 0 || hdr[RTM_TYPE_OFFSET] != RTN_UNICAST {
+            continue;
+        }
+        let attrs = Attrs::new(&m.body[RTMSG_LEN..]);
+        out.extend(attrs.get(RTA_OIF).and_then(|a| u32_of(a.payload)));
+        let mut hops = attrs.get(RTA_MULTIPATH).map_or(&[][..], |a| a.payload);
+        while hops.len() >= RTNH_LEN {
+            let len = usize::from(u16::from_ne_bytes([hops[0], hops[1]]));
+            out.extend(u32_of(&hops[4..]));
+            let step = (len.max(RTNH_LEN) + 3) & !3;
+            hops = hops.get(step..).unwrap_or(&[]);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
 /// An `RTM_GETADDR` dump of every address of every interface, both families.
 fn getaddr_dump_request(b: &mut MsgBuf) {
     b.begin_header(RTM_GETADDR, super::netlink::NLM_F_DUMP);
@@ -335,6 +378,17 @@ impl Links {
             Err(e) if matches!(e.errno(), Some(libc::ENETUNREACH | libc::EHOSTUNREACH)) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// The interfaces this namespace's default routes leave by (its uplinks), by name.
+    pub fn default_route_oifs(&mut self) -> Result<Vec<String>> {
+        let mut b = self.sock.msgbuf();
+        getroute_dump_request(&mut b);
+        let msgs = self.sock.request(&b, "list the routes")?;
+        Ok(default_route_oifs(&msgs)
+            .into_iter()
+            .filter_map(index_to_name)
+            .collect())
     }
 
     /// Whether `addr` is an address of this namespace: the kernel routes it locally
@@ -644,6 +698,47 @@ mod tests {
         attrs(&mut b);
         b.end();
         parse_msgs(b.as_bytes())
+    }
+
+    #[test]
+    fn default_routes_are_found_by_their_interfaces_single_and_multipath() {
+        let mut b = MsgBuf::new(2);
+        getroute_dump_request(&mut b);
+        let m = one(&b);
+        assert_eq!(m.msg_type, RTM_GETROUTE);
+        assert_ne!(m.flags & crate::kernel::netlink::NLM_F_DUMP, 0);
+        assert_eq!(m.body[0], 0, "both families");
+        // rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type, flags.
+        let route = |dst_len: u8, ty: u8, attrs: &dyn Fn(&mut MsgBuf)| -> Vec<u8> {
+            let mut b = MsgBuf::new(1);
+            b.begin_header(RTM_NEWROUTE, 0);
+            b.bytes(&[2, dst_len, 0, 0, 254, 0, 0, ty, 0, 0, 0, 0]);
+            attrs(&mut b);
+            b.end();
+            b.as_bytes().to_vec()
+        };
+        let hop = |index: u32| -> Vec<u8> {
+            let mut h = 8u16.to_ne_bytes().to_vec();
+            h.extend([0, 0]);
+            h.extend(index.to_ne_bytes());
+            h
+        };
+        let mut all = route(0, RTN_UNICAST, &|b| b.attr(RTA_OIF, &7u32.to_ne_bytes()));
+        // A host route and a local route leave by other interfaces: not uplinks.
+        all.extend(route(32, RTN_UNICAST, &|b| {
+            b.attr(RTA_OIF, &8u32.to_ne_bytes())
+        }));
+        all.extend(route(0, RTN_LOCAL, &|b| {
+            b.attr(RTA_OIF, &9u32.to_ne_bytes())
+        }));
+        // An IPv6 default route over two next hops, one of them the first route's.
+        all.extend(route(0, RTN_UNICAST, &|b| {
+            let mut hops = hop(11);
+            hops.extend(hop(7));
+            b.attr(RTA_MULTIPATH, &hops);
+        }));
+        assert_eq!(default_route_oifs(&parse_msgs(&all)), vec![7, 11]);
+        assert!(default_route_oifs(&[]).is_empty());
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::addr::Cidr;
 use crate::error::{Error, Result};
 use crate::kernel::link::Links;
 use crate::proxy::http::{self, text, Limits};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -140,15 +140,7 @@ fn pod_side(from: SocketAddr, allow: &[Cidr]) -> Option<String> {
         // The node's default routes leave by its uplinks: a bridge that carries one (a NIC
         // enslaved to it) or a veth that does (a node that is a container) is the way to the
         // network, not to pods.
-        let mut uplinks = Vec::new();
-        for probe in [
-            IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
-            IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1)),
-        ] {
-            if let Ok(Some(o)) = links.route_oif(probe) {
-                uplinks.push(o);
-            }
-        }
+        let uplinks = links.default_route_oifs()?;
         Ok(judge_way_back(
             peer,
             &oif,
