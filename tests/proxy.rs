@@ -1217,3 +1217,213 @@ fn raw_head(ns: &Netns, addr: SocketAddr, request: &[u8]) -> (u16, String) {
         (status, text)
     })
 }
+
+/// One cloud's part of [`every_clouds_hostile_corpus_never_reaches_what_is_concealed`].
+struct Corpus {
+    cloud: &'static str,
+    /// The protocol's headers, each line ending in CRLF.
+    headers: &'static str,
+    /// An allowed path, and what its answer holds: the control that the protocol is right.
+    control: (&'static str, &'static str),
+    /// Concealed paths (with their query where the cloud needs one) whose answers hold secrets.
+    secrets: &'static [&'static str],
+    /// What the upstream must never see in a request (the concealed paths' names).
+    markers: &'static [&'static str],
+}
+
+/// The shapes an attacker gives a concealed path: dot segments plain and encoded (once,
+/// twice, overlong UTF-8, fullwidth), encoded slashes and letters, doubled and trailing
+/// slashes, case, backslashes, NUL, parameters, fragments and trailing blanks; each keeps the
+/// path's query. With `true`, no answer may be a success (none names an allowed path); with
+/// `false` (a directory above the path, recursively) only the secret must stay out.
+fn tricks(secret: &str) -> Vec<(String, bool)> {
+    let (p, q) = match secret.split_once('?') {
+        Some((p, q)) => (p.to_string(), format!("?{q}")),
+        None => (secret.to_string(), String::new()),
+    };
+    let (dir, last) = p.rsplit_once('/').expect("an absolute path");
+    let first = last.as_bytes()[0];
+    let rest = &last[1..];
+    let strict = [
+        format!("{p}{q}"),
+        format!("{p}/{q}"),
+        format!("{dir}/zz/../{last}{q}"),
+        format!("{dir}/zz/%2e%2e/{last}{q}"),
+        format!("{dir}/zz/%2E%2E/{last}{q}"),
+        format!("{dir}/zz/.%2e/{last}{q}"),
+        format!("{dir}/zz/%252e%252e/{last}{q}"),
+        format!("{dir}/zz/%c0%ae%c0%ae/{last}{q}"),
+        format!("{dir}/zz/\u{ff0e}\u{ff0e}/{last}{q}"),
+        format!("{dir}/./{last}{q}"),
+        format!("{dir}%2f{last}{q}"),
+        format!("{dir}%2F{last}{q}"),
+        format!("{dir}/%{first:02x}{rest}{q}"),
+        format!("{dir}/%{first:02X}{rest}{q}"),
+        format!("/{p}{q}"),
+        format!("{dir}//{last}{q}"),
+        format!("{}{q}", p.to_uppercase()),
+        format!("{dir}/{}{q}", last.to_uppercase()),
+        format!("{}{q}", p.replace('/', "\\")),
+        format!("{p}%00{q}"),
+        format!("{p};x{q}"),
+        format!("{p}%20{q}"),
+        format!("{p}#x{q}"),
+        format!("{p}{q}#/../../"),
+    ];
+    let mut out: Vec<(String, bool)> = strict.into_iter().map(|t| (t, true)).collect();
+    for r in [
+        "?recursive=true",
+        "?recursive=true&alt=json",
+        "?format=json",
+    ] {
+        out.push((format!("{dir}/{r}"), false));
+    }
+    out
+}
+
+/// Every cloud whose protocol needs no token of its own gets the AWS corpus's path tricks for
+/// each of its concealed paths (GET and HEAD), request smuggling and absolute-form requests
+/// for them: no answer holds a secret, no trick is answered with a success, the upstream never
+/// sees a concealed path and never hands out a credential. Each cloud's allowed path is the
+/// control that its protocol is spoken right.
+#[test]
+fn every_clouds_hostile_corpus_never_reaches_what_is_concealed() {
+    require_root();
+    let clouds = [
+        Corpus {
+            cloud: "gcp",
+            headers: "Metadata-Flavor: Google\r\n",
+            control: (
+                "/computeMetadata/v1/instance/zone",
+                "zones/europe-west1-b",
+            ),
+            secrets: &[
+                "/computeMetadata/v1/instance/service-accounts/default/token",
+                "/computeMetadata/v1/instance/service-accounts/default/identity?audience=x",
+                "/computeMetadata/v1/instance/attributes/kube-env",
+            ],
+            markers: &["service-accounts", "kube-env"],
+        },
+        Corpus {
+            cloud: "azure",
+            headers: "Metadata: true\r\n",
+            control: (
+                "/metadata/instance/compute/location?api-version=2021-02-01&format=text",
+                "westeurope",
+            ),
+            secrets: &[
+                "/metadata/identity/oauth2/token?api-version=2018-02-01&resource=https://management.azure.com/",
+                "/metadata/attested/document?api-version=2020-09-01",
+                "/metadata/instance/compute/userData?api-version=2021-01-01&format=text",
+            ],
+            markers: &["identity", "attested", "userdata"],
+        },
+        Corpus {
+            cloud: "oracle",
+            headers: "Authorization: Bearer Oracle\r\n",
+            control: ("/opc/v2/instance/region", "phx"),
+            secrets: &[
+                "/opc/v2/identity/key.pem",
+                "/opc/v2/identity/cert.pem",
+                "/opc/v2/instance/metadata/user_data",
+            ],
+            markers: &["/identity", "instance/metadata"],
+        },
+        Corpus {
+            cloud: "digitalocean",
+            headers: "",
+            control: ("/metadata/v1/region", "nyc3"),
+            secrets: &["/metadata/v1/user-data", "/metadata/v1/vendor-data"],
+            markers: &["user-data", "vendor-data", "v1.json"],
+        },
+        Corpus {
+            cloud: "openstack",
+            headers: "",
+            control: ("/openstack/latest/meta_data.json", "uuid"),
+            secrets: &[
+                "/openstack/latest/user_data",
+                "/openstack/latest/password",
+                "/openstack/latest/vendor_data2.json",
+            ],
+            markers: &["user_data", "password", "vendor_data"],
+        },
+    ];
+    let mut total = 0;
+    let mut failures = Vec::new();
+    for c in &clouds {
+        let s = setup_cloud(&format!("proxy-corpus-{}", c.cloud), c.cloud);
+        let ep = sa(META4, HTTP_PORT);
+        let req = |line: &str, extra: &str| {
+            format!(
+                "{line}\r\nHost: x\r\n{}{extra}Connection: close\r\n\r\n",
+                c.headers
+            )
+            .into_bytes()
+        };
+        let (st, body) = raw(
+            &s.pod.ns,
+            ep,
+            &req(&format!("GET {} HTTP/1.1", c.control.0), ""),
+        );
+        assert!(
+            st == 200 && body.contains(c.control.1),
+            "{}: control {} answered {st}: {body}",
+            c.cloud,
+            c.control.0
+        );
+        let mut cases: Vec<(String, Vec<u8>, bool)> = Vec::new();
+        for secret in c.secrets {
+            for (t, strict) in tricks(secret) {
+                for m in ["GET", "HEAD"] {
+                    cases.push((
+                        format!("{m} {t}"),
+                        req(&format!("{m} {t} HTTP/1.1"), ""),
+                        strict,
+                    ));
+                }
+            }
+            let smuggled =
+                String::from_utf8(req(&format!("GET {secret} HTTP/1.1"), "")).expect("ascii");
+            for (name, extra) in [
+                (
+                    "CL+TE",
+                    "Content-Length: 4\r\nTransfer-Encoding: chunked\r\n",
+                ),
+                ("double CL", "Content-Length: 0\r\nContent-Length: 60\r\n"),
+                ("TE chunked", "Transfer-Encoding: chunked\r\n"),
+            ] {
+                let mut r = req(&format!("GET {} HTTP/1.1", c.control.0), extra);
+                r.extend_from_slice(b"0\r\n\r\n");
+                r.extend_from_slice(smuggled.as_bytes());
+                cases.push((format!("smuggling {name}: {secret}"), r, false));
+            }
+            cases.push((
+                format!("absolute-form {secret}"),
+                req(&format!("GET http://169.254.169.254{secret} HTTP/1.1"), ""),
+                true,
+            ));
+        }
+        for (name, request, strict) in &cases {
+            let (st, body) = raw(&s.pod.ns, ep, request);
+            if body.contains(SECRET) || *strict && (200..300).contains(&st) {
+                failures.push(format!("{}: {name}: {st} {body:?}", c.cloud));
+            }
+        }
+        total += cases.len();
+        let saw = s.upstream_saw();
+        for m in c.markers {
+            if saw.to_lowercase().contains(m) {
+                failures.push(format!("{}: the upstream saw {m:?}:\n{saw}", c.cloud));
+            }
+        }
+        if s.fake.credentials() != 0 {
+            failures.push(format!(
+                "{}: the upstream handed out {} credential(s)",
+                c.cloud,
+                s.fake.credentials()
+            ));
+        }
+    }
+    eprintln!("hostile corpus of the other clouds: {total} cases");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -628,10 +628,12 @@ fn is_version(s: &str) -> bool {
             }))
 }
 
-fn seg_matches(pat: &str, seg: &str) -> bool {
+/// Whether `seg` is what `pat` names; with `fold`, letters of either case are the same.
+fn seg_matches(pat: &str, seg: &str, fold: bool) -> bool {
     match pat {
         "*" => true,
         "V" => is_version(seg),
+        p if fold => p.eq_ignore_ascii_case(seg),
         p => p == seg,
     }
 }
@@ -647,7 +649,7 @@ enum Fit {
     None,
 }
 
-fn fit(pat: &str, segs: &[String]) -> Fit {
+fn fit(pat: &str, segs: &[String], fold: bool) -> Fit {
     let mut n = 0;
     for ps in pat.split('/') {
         if ps == "**" {
@@ -655,7 +657,7 @@ fn fit(pat: &str, segs: &[String]) -> Fit {
         }
         match segs.get(n) {
             None => return Fit::Ancestor,
-            Some(s) if seg_matches(ps, s) => {}
+            Some(s) if seg_matches(ps, s, fold) => {}
             Some(_) => return Fit::None,
         }
         n += 1;
@@ -682,11 +684,14 @@ fn rules(api: Api) -> impl Iterator<Item = &'static (&'static str, Act)> {
         .chain(api.base().map(own_rules).unwrap_or(&[]).iter())
 }
 
-/// The verdict for a path of `api`.
+/// The verdict for a path of `api`. A concealed path is concealed in every case of its
+/// letters: a server that ignores case would read `USERDATA` as `userData` (and an allowed
+/// subtree such as Azure's `compute` would otherwise pass it), and where a server does not,
+/// the variant names nothing worth passing.
 pub fn judge(api: Api, segs: &[String]) -> Verdict {
     let mut ancestor = false;
     for (pat, act) in rules(api) {
-        match (fit(pat, segs), act) {
+        match (fit(pat, segs, matches!(act, Conceal(_))), act) {
             (Fit::Match(subtree), Allow) => return Verdict::Pass { subtree },
             (Fit::Match(_), Conceal(rule)) => return Verdict::Conceal(rule),
             (Fit::Ancestor, Allow) => ancestor = true,
@@ -934,6 +939,28 @@ mod tests {
 
     fn v(api: Api, path: &str) -> Verdict {
         judge(api, &parse(path).unwrap().segments)
+    }
+
+    #[test]
+    fn a_concealed_path_is_concealed_in_every_case_of_its_letters() {
+        for (api, p) in [
+            (Api::Azure, "/metadata/instance/compute/USERDATA"),
+            (Api::Azure, "/metadata/instance/compute/userdata"),
+            (Api::Azure, "/metadata/instance/compute/CustomData"),
+            (Api::Azure, "/METADATA/identity/oauth2/token"),
+            (Api::Aws, "/latest/meta-data/IAM/security-credentials/role"),
+            (
+                Api::Gcp,
+                "/computeMetadata/v1/instance/Service-Accounts/default/token",
+            ),
+        ] {
+            assert!(matches!(v(api, p), Verdict::Conceal(_)), "{api:?} {p}");
+        }
+        // Allowed paths keep their case: a variant of one is not on the allow-list.
+        assert!(matches!(
+            v(Api::Azure, "/metadata/instance/compute/location"),
+            Verdict::Pass { .. }
+        ));
     }
 
     #[test]
