@@ -1417,6 +1417,50 @@ fn watch_serves_metrics_over_http() {
     );
     drop(idle);
 
+    // A head over the bound (8 KiB) is refused and never answered with metrics.
+    let big = format!(
+        "GET /metrics HTTP/1.1\r\nHost: node\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(64 * 1024)
+    );
+    let answer = in_netns(&w.node, || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let _ = s.write_all(big.as_bytes());
+        let mut raw = Vec::new();
+        let _ = s.read_to_end(&mut raw);
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    assert!(
+        !answer.starts_with("HTTP/1.1 200") && !answer.contains("natguard_up"),
+        "a 64 KiB head was answered: {answer:?}"
+    );
+    // A head trickled a byte every 200 ms, never complete, is cut off at the head's deadline
+    // (2 s; the test waits at most 30), and a scrape meanwhile is answered.
+    let trickle = std::thread::spawn({
+        let node = w.node.clone();
+        move || {
+            in_netns(&node, || {
+                use std::io::Write;
+                let mut s =
+                    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(10)).unwrap();
+                let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: node\r\nX-Slow: ");
+                let start = Instant::now();
+                while start.elapsed() < Duration::from_secs(30) {
+                    std::thread::sleep(Duration::from_millis(200));
+                    if s.write_all(b"a").is_err() {
+                        return Some(start.elapsed());
+                    }
+                }
+                None
+            })
+        }
+    });
+    let (code, _, _) = http_request(&w.node, addr, get);
+    assert_eq!(code, 200, "a scrape while a head trickles in");
+    let cut = trickle.join().expect("the trickling client");
+    assert!(cut.is_some(), "a head trickled for 30 s was never cut off");
+
     let status = watcher.stop();
     assert!(status.success(), "watcher exit {status:?}\n{}", logged());
     chain.del(&pod.att).unwrap();
