@@ -417,11 +417,13 @@ pub fn place_guard(
     netconf_dir: &Path,
     cache_dir: &Path,
     node_guard: Option<&Config>,
+    known: BTreeMap<String, Config>,
 ) -> Result<usize> {
     let r = repair(&Options {
         cache_dir: cache_dir.to_path_buf(),
         netconf_dir: netconf_dir.to_path_buf(),
         node_guard: node_guard.cloned(),
+        known,
         ..Options::default()
     })?;
     for b in &r.broken {
@@ -797,7 +799,11 @@ fn stamp_of(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
 
 /// [`repair`] with the plans of earlier repairs ([`Memo`]).
 pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
-    let networks = scan_networks(&opts.netconf_dir)?;
+    let mut networks = scan_networks(&opts.netconf_dir)?;
+    for (name, cfg) in &opts.known {
+        networks.broken.retain(|b| b.network.as_ref() != Some(name));
+        networks.configs.insert(name.clone(), cfg.clone());
+    }
     let facts: BTreeMap<&String, crate::plan::NodeFacts> = networks
         .configs
         .iter()

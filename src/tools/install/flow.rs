@@ -230,15 +230,44 @@ pub(crate) fn entry_config(opts: &InstallOpts) -> Option<crate::config::Config> 
     crate::config::parse_plugin_config(&opts.entry).ok()
 }
 
+/// The name of the network whose list install writes, when that list lists natguard already.
+fn listed_network(opts: &InstallOpts) -> Option<String> {
+    let l = load(&active_file(opts).ok()?).ok()?;
+    let lists = l
+        .doc
+        .get("plugins")
+        .and_then(Value::as_array)
+        .is_some_and(|p| p.iter().any(is_natguard));
+    lists
+        .then(|| {
+            l.doc
+                .get("name")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .flatten()
+}
+
 /// Puts the node-wide guard in place: the shared objects of every network whose conflist
 /// lists natguard, or, where none does yet, the guard alone from natguard's entry, with the
 /// entries of the running pods in the same batch (a converged network never lacks them). From
 /// then on metadata TCP of every pod natguard has not seen is reset, on a node that has no pod
 /// and no natguard network yet. Nothing is written when it is intact.
+///
+/// The network of the list install writes, where that list lists natguard already (another
+/// release's entry, an edited ConfigMap), is planned with the entry install puts there, not
+/// with the one it replaces: adopt converges to that entry right after the list is written, and
+/// a converge to the old entry's meaning in between would give the pods another policy for
+/// that instant (0.2.0's entry read by a release whose masquerade default changed left their
+/// connections of that instant unmasqueraded).
 pub(crate) fn place_guard(opts: &InstallOpts) -> Result<()> {
     let cfg = entry_config(opts);
     let (_, cache_dir) = opts.cache_dirs();
-    let n = crate::restore::place_guard(&opts.netconf_dir, &cache_dir, cfg.as_ref())
+    let mut next = std::collections::BTreeMap::new();
+    if let (Some(c), Some(network)) = (&cfg, listed_network(opts)) {
+        next.insert(network, c.clone());
+    }
+    let n = crate::restore::place_guard(&opts.netconf_dir, &cache_dir, cfg.as_ref(), next)
         .map_err(|e| e.context("putting the node-wide metadata guard in place"))?;
     if n > 0 {
         crate::info!("the node-wide metadata guard is in place ({n} change(s) committed)");
