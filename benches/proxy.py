@@ -38,7 +38,9 @@ measured, and a run that measures a broken proxy fails.
 
 Measurements: wrk (Debian) for --secs seconds at 1 and at 64 keep-alive connections on
 /latest/meta-data/placement/region with an IMDSv2 token header: requests per second and p50
-and p99 latency (wrk --latency). The alternatives run in a rotated order for --runs rounds;
+and p99 latency (wrk --latency); then 64 connections paced (each waits 2 ms after an answer
+before its next request, wrk's `delay()`), which offers every alternative the same load below
+its saturation: at saturation the latency also measures what else shares the cores with wrk. The alternatives run in a rotated order for --runs rounds;
 ratios (natguard/nginx: rates, and nginx's latency over natguard's, so above 1 is natguard
 better) are the median of the rounds' ratios. Then each proxy's RSS (VmRSS; nginx: master
 and workers summed; natguard: the whole watcher process, proxy included) with --idle
@@ -71,7 +73,11 @@ NGINX_PORT = 8282
 PROXY_PORT = 8181
 REGION_PATH = "/latest/meta-data/placement/region"
 CRED_PATH = "/latest/meta-data/iam/security-credentials/bench-role"
-CONNS = (1, 64)
+# The cells: (label, keep-alive connections, each connection's pause in ms between an answer and
+# its next request). The targets are on the first two (wrk at saturation); the paced one offers
+# both proxies the same load below their saturation, so its latencies compare the proxies and
+# not what else the two cores run (informative, not a target).
+CELLS = (("1", 1, 0), ("64", 64, 0), ("64 paced 2 ms", 64, 2))
 # Connections per pod in the idle cell: under natguard's per-source share (128, src/proxy).
 PER_POD = 100
 TARGET_RSS_MIB = 32
@@ -284,10 +290,16 @@ class Bench:
         log("proxy: every path answers the region; both proxies refuse the credentials")
 
     # ---- measurements ------------------------------------------------------------------------
-    def wrk(self, alt, conns, secs):
+    def wrk(self, alt, conns, secs, pause=0):
         ns, base = self.target(alt)
         threads = 1 if conns == 1 else 2
-        out = sh(["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(secs))}s", "--latency",
+        paced = []
+        if pause:
+            script = os.path.join(self.work, f"pause-{pause}.lua")
+            with open(script, "w") as f:
+                f.write(f"function delay()\n  return {pause}\nend\n")
+            paced = ["-s", script]
+        out = sh(["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(secs))}s", "--latency"] + paced + [
                   "-H", f"X-aws-ec2-metadata-token: {self.tokens[alt]}", base + REGION_PATH],
                  timeout=secs + 60)
         rps = lat50 = lat99 = None
@@ -448,20 +460,22 @@ def report(results, rss, runs, secs, idle):
       "connection count, alternated, on /latest/meta-data/placement/region with an IMDSv2 token. "
       "Medians of the rounds; natguard/nginx is the median of the rounds' ratios (requests/s: "
       "natguard's over nginx's; latency: nginx's over natguard's), so above 1 is natguard ahead. "
-      "The upstream is nginx serving files; `direct` shows what it gives without a proxy.")
+      "The upstream is nginx serving files; `direct` shows what it gives without a proxy. "
+      "`64 paced 2 ms`: each connection waits 2 ms after an answer before its next request, so "
+      "the alternatives get the same load below their saturation (informative, not a target).")
     p("")
     p("| connections | metric | natguard | nginx | direct | natguard/nginx |")
     p("|---|---|---|---|---|---|")
     verdicts = []
-    for conns, vals in results:
+    for (label, _, pause), vals in results:
         for k, (name, hb, fmt) in enumerate((("requests/s", True, "{:,.0f}"), ("p50 µs", False, "{:,.0f}"),
                                                ("p99 µs", False, "{:,.0f}"))):
             col = {a: [v[k] for v in vals[a]] for a in ALTS}
             m = {a: statistics.median(col[a]) for a in ALTS}
             r = ratio(col, "natguard", "nginx", hb)
-            if k != 1:
+            if k != 1 and not pause:
                 verdicts.append(r >= 1)
-            p(f"| {conns} | {name} | {fmt.format(m['natguard'])} | {fmt.format(m['nginx'])} | "
+            p(f"| {label} | {name} | {fmt.format(m['natguard'])} | {fmt.format(m['nginx'])} | "
               f"{fmt.format(m['direct'])} | {r:.2f} |")
     p("")
     if rss:
@@ -503,14 +517,16 @@ def main():
     try:
         b.build()
         b.check()
-        for conns in CONNS:
+        for cell in CELLS:
+            label, conns, pause = cell
             vals = {alt: [] for alt in ALTS}
             for r in range(a.runs):
                 for alt in ALTS[r % len(ALTS):] + ALTS[: r % len(ALTS)]:
-                    vals[alt].append(b.wrk(alt, conns, a.secs))
-            results.append((conns, vals))
+                    vals[alt].append(b.wrk(alt, conns, a.secs, pause))
+            results.append((cell, vals))
             m = {alt: statistics.median(v[0] for v in vals[alt]) for alt in ALTS}
-            log(f"proxy {conns} connection(s): " + ", ".join(f"{alt} {m[alt]:,.0f} req/s" for alt in ALTS))
+            m99 = {alt: statistics.median(v[2] for v in vals[alt]) for alt in ALTS}
+            log(f"proxy {label} connection(s): " + ", ".join(f"{alt} {m[alt]:,.0f} req/s p99 {m99[alt]:,.0f} µs" for alt in ALTS))
         for alt in ("natguard", "nginx"):
             rss[alt] = b.idle_rss(alt, a.idle)
             log(f"proxy {alt}: RSS {rss[alt][0] / 1024:.1f} MiB, {rss[alt][1] / 1024:.1f} MiB with "
