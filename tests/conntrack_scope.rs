@@ -253,6 +253,13 @@ fn ip_reuse_across_networks_flushes_a_gone_pods_flows_at_add() {
         );
     }
     w.h.delete_netns(&gone.ns);
+    // What B's ADD finds: the flows as they are just before it (the kernel may end one of them
+    // meanwhile; at least one must be there, or the ADD has nothing to prove).
+    let present: usize = gone.ips().iter().map(|a| entries_from(&w, *a).len()).sum();
+    assert!(
+        present >= 1,
+        "control: the gone pod's flows are still tracked before B's ADD"
+    );
 
     let mut f = Findings::new();
     let at = log_len(&w);
@@ -262,9 +269,12 @@ fn ip_reuse_across_networks_flushes_a_gone_pods_flows_at_add() {
         gone.ips(),
         "control: B's pod has the gone pod's addresses"
     );
+    // The log's count is how much the table shrank over the flush (the kernel's filtered
+    // deletes do not say what they removed), so a flow that starts meanwhile (the new pod's
+    // own neighbour traffic) lowers it: what is asserted exactly is that none is left.
     let n = deleted_since(&w, at);
-    f.check(n.len() == 1 && n[0] >= 2, || {
-        format!("B's ADD logged {n:?} deleted entries, expected at least the gone pod's 2 flows")
+    f.check(n.len() == 1 && n[0] >= 1, || {
+        format!("B's ADD logged {n:?} deleted entries, expected a flush of the {present} flow(s) of the gone pod tracked just before it")
     });
     for addr in gone.ips() {
         let left = entries_from(&w, addr);
