@@ -508,13 +508,20 @@ fn sandbox_of(result: &Value, ifname: &str) -> Option<String> {
         .map(str::to_string)
 }
 
-/// Runs adopt (or reconcile) over the cache.
-pub fn run(opts: &Options) -> Result<Report> {
+/// The natguard networks of `opts.netconf_dir`, with `opts.known` winning over a list of the
+/// same name (and its breakage, if it was broken).
+fn networks_of(opts: &Options) -> Result<Networks> {
     let mut networks = scan_networks(&opts.netconf_dir)?;
     for (name, cfg) in &opts.known {
         networks.broken.retain(|b| b.network.as_ref() != Some(name));
         networks.configs.insert(name.clone(), cfg.clone());
     }
+    Ok(networks)
+}
+
+/// Runs adopt (or reconcile) over the cache.
+pub fn run(opts: &Options) -> Result<Report> {
+    let networks = networks_of(opts)?;
     let mut report = Report {
         broken: networks.broken.clone(),
         ..Report::default()
@@ -799,11 +806,7 @@ fn stamp_of(path: &Path) -> Option<(u64, u64, i64, i64, u64)> {
 
 /// [`repair`] with the plans of earlier repairs ([`Memo`]).
 pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
-    let mut networks = scan_networks(&opts.netconf_dir)?;
-    for (name, cfg) in &opts.known {
-        networks.broken.retain(|b| b.network.as_ref() != Some(name));
-        networks.configs.insert(name.clone(), cfg.clone());
-    }
+    let networks = networks_of(opts)?;
     let facts: BTreeMap<&String, crate::plan::NodeFacts> = networks
         .configs
         .iter()
