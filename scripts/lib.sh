@@ -461,22 +461,23 @@ set_holds() {
 }
 
 # assert_pod_installed NET IP CID [exempt|deny]: natguard has the pod under policy (deny: the
-# pod asked for it with natguard.io/metadata).
+# pod asked for it with natguard.io/metadata). NG_REDIR_SET names the set of intercepted pods
+# for a release that calls it otherwise (0.1.0: meta4).
 assert_pod_installed() {
-  local net=$1 ip=$2 cid=$3 exempt=${4:-}
+  local net=$1 ip=$2 cid=$3 exempt=${4:-} redir=${NG_REDIR_SET:-redir4}
   nft_table >/dev/null || fail "no nftables table inet natguard in $NODE"
   set_has "$net" masq4 "$ip" || fail "pod $ip is not in $net-masq4"
   if [ "$exempt" = exempt ]; then
-    set_has "$net" meta4 "$ip" && fail "exempt pod $ip is in $net-meta4"
+    set_has "$net" "$redir" "$ip" && fail "exempt pod $ip is in $net-$redir"
     set_has "" exempt4 "$ip" || fail "exempt pod $ip is not in the node-wide exempt4"
   elif [ "$exempt" = deny ]; then
     # natguard.io/metadata: deny in a proxy network: neither DNATed nor exempt
-    set_has "$net" meta4 "$ip" && fail "pod $ip (annotated deny) is in $net-meta4"
+    set_has "$net" "$redir" "$ip" && fail "pod $ip (annotated deny) is in $net-$redir"
     set_has "" exempt4 "$ip" && fail "pod $ip (annotated deny) is in the node-wide exempt4"
     in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -F -- "pol=deny" >/dev/null ||
       fail "pod $ip (annotated deny): its owner entry does not record pol=deny"
   else
-    set_has "$net" meta4 "$ip" || fail "pod $ip is not in $net-meta4"
+    set_has "$net" "$redir" "$ip" || fail "pod $ip is not in $net-$redir"
   fi
   # owner entry: its comment names the pod's addresses and (a prefix of) the container ID
   in_node nft list set inet natguard "$net-pods" 2>/dev/null | grep -E "$(ip_re "$ip")" | grep -F -- "${cid:0:12}" >/dev/null ||

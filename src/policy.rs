@@ -456,7 +456,10 @@ mod tests {
                 &[a],
             )
         };
-        let meta = (SetKind::Meta(Family::V4), Key::Addr(a));
+        let meta = (
+            SetKind::Redir(Family::V4),
+            Key::IfAddr(IfName::new("cni0").unwrap(), a),
+        );
         let has = |p: &crate::plan::PodPlan, kind: fn(Family) -> SetKind| {
             p.present.iter().any(|(k, _)| *k == kind(Family::V4))
         };
@@ -466,7 +469,7 @@ mod tests {
             p.absent.contains(&meta) && !has(&p, SetKind::Exempt),
             "{p:?}"
         );
-        assert!(!has(&p, SetKind::Cntp));
+        assert!(!has(&p, SetKind::RedirCount));
         assert_eq!(policy_from_comment(&p.comment), Some("deny"));
         assert_eq!(who_from_comment(&p.comment), "default/p");
         // proxy in an exempt namespace: intercepted, not exempt.

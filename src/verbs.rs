@@ -12,7 +12,7 @@ use crate::ctpass;
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::{Path, Scope};
 use crate::kernel::{self, Kernel};
-use crate::plan::{self, NetNames, OwnerKey};
+use crate::plan::{NetNames, OwnerKey};
 use crate::prepare::{not_a_pod_address_here, prepare_pod, Identity};
 use crate::store::{self, Store};
 use crate::{info, warn};
@@ -140,9 +140,8 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
     }
     if p.pod.host.is_none() {
         warn!(
-            "no host side of {} was established: the pod's metadata traffic is judged by its addresses only{}",
-            env.ifname,
-            if p.pod.present.iter().any(|(k, _)| matches!(k, plan::SetKind::Exempt(_))) { "" } else { " (and an exempt pod cannot be exempted)" }
+            "no host side of {} was established: the pod's metadata traffic is neither proxied nor exempted, and the node-wide guard resets it",
+            env.ifname
         );
     }
     crate::deleted::forget(p.pod.owner);

@@ -147,11 +147,6 @@ fn gc_of_stale_attachments(test: &str, stale: u32) {
             "masq {fam:?}"
         );
         assert_eq!(
-            addrs_of(&ns, SetKind::Meta(fam)),
-            kept_addrs(&|p| !p.exempt(), fam),
-            "meta {fam:?}"
-        );
-        assert_eq!(
             addrs_of(&ns, SetKind::Exempt(fam)),
             kept_addrs(&|p| p.exempt(), fam),
             "allow {fam:?}"
@@ -414,7 +409,7 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
     let dnat = NetNames::new(NET).chain(natguard::plan::ChainKind::Dnat);
     let rules_of = |ns: &Netns| ns.run(&["nft", "list", "chain", "inet", "natguard", &dnat]);
     assert!(rules_of(&ns).contains("dnat ip to"), "{}", rules_of(&ns));
-    let meta4 = set(SetKind::Meta(Family::V4));
+    let masq4 = set(SetKind::Masq(Family::V4));
 
     let pause = h.dir().join("pause");
     let read = h.dir().join("pause.read");
@@ -434,11 +429,11 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
             !rules_of(&ns).contains("dnat ip to"),
             "the other writer's flush"
         );
-        // The same writer also plants B's own metadata element, which B read as absent and
+        // The same writer also plants B's own masquerade element, which B read as absent and
         // will add with NLM_F_EXCL: after the restart B must find it and take it over.
         let planted = format!("{{ {} comment \"planted\" }}", b.addrs()[0]);
         ns.run(&[
-            "nft", "add", "element", "inet", "natguard", &meta4, &planted,
+            "nft", "add", "element", "inet", "natguard", &masq4, &planted,
         ]);
         std::fs::write(&go, b"").unwrap();
         adding.join().unwrap()
@@ -454,15 +449,15 @@ fn a_commit_by_another_writer_between_read_and_commit_makes_natguard_read_again(
         rules.contains("dnat ip to"),
         "the flushed DNAT rules must be back: {rules}"
     );
-    let meta = addrs_of(&ns, SetKind::Meta(Family::V4));
+    let masq = addrs_of(&ns, SetKind::Masq(Family::V4));
     for p in [&a, &b] {
         assert!(
-            meta.contains(&p.addrs()[0]),
-            "{meta:?} lacks {:?}",
+            masq.contains(&p.addrs()[0]),
+            "{masq:?} lacks {:?}",
             p.addrs()
         );
     }
-    let listed = ns.run(&["nft", "list", "set", "inet", "natguard", &meta4]);
+    let listed = ns.run(&["nft", "list", "set", "inet", "natguard", &masq4]);
     assert!(
         listed.contains(&b.owner()) && !listed.contains("planted"),
         "B's element must carry B as its owner, not the planted comment: {listed}"

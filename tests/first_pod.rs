@@ -120,7 +120,7 @@ fn the_guard_exists_from_install_on_a_node_with_no_pod_and_no_natguard_network()
     );
     let table = w.table().unwrap();
     assert!(
-        !table.contains("-dnat") && !table.contains("-meta4"),
+        !table.contains("-dnat") && !table.contains("-redir4"),
         "no network's objects without a network:\n{table}"
     );
 

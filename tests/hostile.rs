@@ -127,7 +127,7 @@ fn pods_never_reach_the_real_metadata_server() {
 /// A pod that sends from an address of its subnet that natguard did not record (a second
 /// address on its interface: any pod with NET_ADMIN, or NET_RAW and a userspace stack) must
 /// not reach the real metadata server either: it is not DNATed (interception matches the
-/// recorded pod addresses, `ip saddr @NET-meta4`), and the fail-closed rules reset it because
+/// recorded pod addresses, `iifname . ip saddr @NET-redir4`), and the fail-closed rules reset it because
 /// it comes from one of the network's pod interfaces.
 #[test]
 fn pod_with_an_unrecorded_source_address_never_reaches_metadata() {
@@ -247,12 +247,12 @@ fn foreign_tables_are_never_touched() {
         r#"
 table inet other {{
     set {net}-pods {{ type ifname; elements = {{ "{owner}" comment "foreign" }} }}
-    set {net}-meta4 {{ type ipv4_addr; elements = {{ {v4} comment "{owner}" }} }}
+    set {net}-redir4 {{ type ipv4_addr; elements = {{ {v4} comment "{owner}" }} }}
     chain {net}-dnat {{
         type nat hook prerouting priority -110; policy accept;
         ip daddr 169.254.169.254 tcp dport 80 dnat ip to 10.0.0.9:81 comment "natguard {net} 0000000000000000"
     }}
-    chain plain {{ ip saddr @{net}-meta4 accept; }}
+    chain plain {{ ip saddr @{net}-redir4 accept; }}
 }}
 table ip nat {{
     set keep {{ type ipv4_addr; flags interval; elements = {{ 10.0.0.0/8 }} }}
@@ -263,10 +263,10 @@ table ip nat {{
     }}
 }}
 table ip natguard {{
-    set {net}-meta4 {{ type ipv4_addr; elements = {{ {v4} }} }}
+    set {net}-redir4 {{ type ipv4_addr; elements = {{ {v4} }} }}
     chain {net}-dnat {{
         type nat hook prerouting priority -110; policy accept;
-        ip saddr @{net}-meta4 return comment "natguard {net} 0000000000000000"
+        ip saddr @{net}-redir4 return comment "natguard {net} 0000000000000000"
     }}
 }}
 table ip6 natguard {{

@@ -573,14 +573,14 @@ fn exempt_pods_are_masqueraded_but_not_intercepted() {
         for ip in &a {
             let f = Family::of(ip);
             let key = Key::Addr(*ip);
+            let id = Key::IfAddr(IfName::new("veth-c").unwrap(), *ip);
             assert_eq!(
-                p.present.contains(&(SetKind::Meta(f), key)),
+                p.present.contains(&(SetKind::Redir(f), id)),
                 !exempt,
-                "{ns:?} {ip}"
+                "{ns:?} {ip}: redirection is bound to the pod's interface"
             );
-            let allowed = Key::IfAddr(IfName::new("veth-c").unwrap(), *ip);
             assert_eq!(
-                p.present.contains(&(SetKind::Exempt(f), allowed)),
+                p.present.contains(&(SetKind::Exempt(f), id)),
                 exempt,
                 "{ns:?} {ip}: exemption is bound to the pod's interface"
             );

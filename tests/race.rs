@@ -708,9 +708,9 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
     // Only the adopted pod's addresses are in the sets.
     let table = w.table().expect("table inet natguard after adopt");
     for (set, ip) in [
-        ("ngnet-meta4", web.v4),
+        ("ngnet-redir4", web.v4),
         ("ngnet-masq4", web.v4),
-        ("ngnet-meta6", web.v6),
+        ("ngnet-redir6", web.v6),
         ("ngnet-masq6", web.v6),
     ] {
         let elems = set_elements(&w, set);
@@ -726,7 +726,7 @@ fn adopt_reports_every_cache_entry_and_installs_only_what_it_should() {
             "{set} lacks {ip}:\n{elems}"
         );
     }
-    for set in ["ngnet-meta4", "ngnet-meta6"] {
+    for set in ["ngnet-redir4", "ngnet-redir6"] {
         let elems = set_elements(&w, set);
         for ip in creds.ips() {
             assert!(

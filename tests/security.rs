@@ -2227,6 +2227,97 @@ fn reset_counters_name_the_pod_that_sent_the_packet() {
     assert_eq!(reset_of(&a), json!(3), "a's own attempts are a's: {doc:#}");
 }
 
+/// Redirection to the proxy, its per-pod counter and the log of denied attempts act on the
+/// identity a packet enters with (the host side it comes in on, and its source), never on the
+/// source address alone. On one proxy network of routed veths, a pod sending with its
+/// neighbour's address from its own veth is neither redirected nor counted as the neighbour
+/// (it is reset); a pod of a network that does not log, sending with the address of a pod
+/// whose network logs, is not logged as that pod. SYNs reaching the metadata host are counted
+/// and must be none; the pods' own attempts are the controls.
+#[test]
+fn redirects_counters_and_logs_name_the_pod_that_sent_the_packet() {
+    let w = real_world("sec-redir-sender");
+    let list = |name: &str, ptp: Value, md: Value| {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": name,
+            "plugins": [ptp, w.natguard(json!({ "metadata": md }))]
+        })
+    };
+    let proxied = w.chain(list("rdproxy", w.ptp("rdp", 11), json!({})));
+    let loud = w.chain(list(
+        "rdloud",
+        w.ptp("rdl", 12),
+        json!({ "mode": "deny", "logDenied": true }),
+    ));
+    let quiet = w.chain(list("rdquiet", w.ptp("rdq", 13), json!({ "mode": "deny" })));
+    let victim = w.add_pod(&proxied, "victim", "default");
+    let sibling = w.add_pod(&proxied, "sibling", "default");
+    let logged = w.add_pod(&loud, "logged", "default");
+    let other = w.add_pod(&quiet, "other", "default");
+    sibling.ns.addr("eth0", &format!("{}/32", victim.v4));
+    other.ns.addr("eth0", &format!("{}/32", logged.v4));
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[("real", format!("ip daddr {META4} tcp dport 80 {SYN}"))],
+    );
+    // The sibling as its neighbour, then as itself; the other network's pod as the logged pod,
+    // then the logged pod as itself.
+    send_segments(&w.h, &sibling.ns, victim.v4, META4, 80, 5, &[0x02]);
+    send_segments(&w.h, &sibling.ns, sibling.v4, META4, 80, 3, &[0x02]);
+    send_segments(&w.h, &other.ns, logged.v4, META4, 80, 4, &[0x02]);
+    send_segments(&w.h, &logged.ns, logged.v4, META4, 80, 2, &[0x02]);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let mut f = Findings::new();
+    let n = counters.packets("real");
+    f.check(n == 0, || {
+        format!("{n} SYNs reached the real metadata host")
+    });
+    let out = w
+        .node
+        .run(&[env!("CARGO_BIN_EXE_natguard"), "status", "--json"]);
+    let doc: Value = serde_json::from_str(&out).expect("status --json");
+    let pod_of = |p: &Pod| {
+        doc["networks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|n| n["pods"].as_array().cloned().unwrap_or_default())
+            .find(|x| {
+                x["containerId"]
+                    .as_str()
+                    .is_some_and(|c| p.att.container_id.starts_with(c))
+            })
+            .unwrap_or_else(|| panic!("no pod {} in {doc:#}", p.att.container_id))
+    };
+    let got = pod_of(&victim)["proxied"].clone();
+    f.check(got == json!(0), || {
+        format!("the victim sent nothing, yet {got} of the sibling's SYNs were redirected as the victim's")
+    });
+    let got = pod_of(&sibling)["proxied"].clone();
+    f.check(got == json!(3), || {
+        format!("control: the sibling's own 3 SYNs are its own redirects, got {got}")
+    });
+    let judge = w
+        .node
+        .run(&["nft", "list", "chain", "inet", "natguard", "judge4"]);
+    let logged_packets = judge
+        .lines()
+        .find(|l| l.contains("log prefix"))
+        .and_then(|l| l.split("counter packets ").nth(1))
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no counted log rule in judge4:\n{judge}"));
+    f.check(logged_packets == 2, || {
+        format!(
+            "{logged_packets} denied attempts logged; only the logged pod's own 2 should be (4 more came from another network's pod with its address)"
+        )
+    });
+    f.finish("redirects, counters and logs by sender");
+}
+
 /// `nft flush ruleset` (a firewall reload) takes every pod's entries with it. The next ADD, of
 /// any pod, restores every pod from the runtimes' result cache, as `natguard reconcile` does:
 /// the pods ADDed before the flush are guarded again (the default pod proxied, the exempt pod

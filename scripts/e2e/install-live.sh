@@ -245,12 +245,12 @@ ct_deleted=$(sed -n 's/^conntrack: deleted \([0-9]*\) .*/\1/p' <<<"$out")
 assert_pod_installed "$NET" "$ipA" "$podA"
 # adopt does not intercept pods of exempt namespaces: allowed, never in the metadata set
 exempt4=$(in_node nft list set inet natguard exempt4 2>/dev/null || true)
-meta4=$(in_node nft list set inet natguard "$NET-meta4" 2>/dev/null || true)
+redir4=$(in_node nft list set inet natguard "$NET-redir4" 2>/dev/null || true)
 grep -Eq "$(ip_re "$ipB")" <<<"$exempt4" ||
   fail "adopt did not put the exempt pod $ipB in exempt4: $(nft_table)"
-grep -Eq "$(ip_re "$ipB")" <<<"$meta4" &&
+grep -Eq "$(ip_re "$ipB")" <<<"$redir4" &&
   fail "adopt intercepts the exempt pod $ipB: $(nft_table)"
-log "natguard's table holds $ipA (in $NET-meta4, $NET-masq4, owner ${podA:0:12}) and $ipB only in exempt4 and $NET-masq4"
+log "natguard's table holds $ipA (in $NET-redir4, $NET-masq4, owner ${podA:0:12}) and $ipB only in exempt4 and $NET-masq4"
 
 # the long-lived connection: the proxy after at most one reconnect, never the cloud again
 ka_wait "$kaA" proxy 3 "$t_installed"
@@ -325,7 +325,7 @@ kill -STOP $watch_pid
 cp "$W/template.conflist" "$LIST.agent-tmp" && mv "$LIST.agent-tmp" "$LIST"
 cri_loaded without
 runp ng-window "$APPS_NS" podE ipE
-set_has "$NET" meta4 "$ipE" && fail "pod $ipE started without natguard in the list, yet is in $NET-meta4"
+set_has "$NET" redir4 "$ipE" && fail "pod $ipE started without natguard in the list, yet is in $NET-redir4"
 out=$(cri run "$podE" "$IMAGE_REF" sh -c "$PROBE") || fail "container in pod ng-window: $out"
 metaE=$(sed -n 's/^meta=//p' <<<"$out") outE=$(sed -n 's/^out=//p' <<<"$out")
 # not intercepted, but the fail-closed reset covers its address (inside a pod prefix natguard
@@ -404,7 +404,7 @@ cmp -s "$bin" "$CNIBIN/natguard" || fail "--cleanup-on-exit removed the binary"
 nft_table >/dev/null || fail "--cleanup-on-exit removed natguard's table"
 cri_loaded without
 runp ng-open "$APPS_NS" podF ipF
-set_has "$NET" meta4 "$ipF" && fail "pod $ipF started after --cleanup-on-exit, yet is in $NET-meta4"
+set_has "$NET" redir4 "$ipF" && fail "pod $ipF started after --cleanup-on-exit, yet is in $NET-redir4"
 out=$(cri run "$podF" "$IMAGE_REF" sh -c "$PROBE") || fail "container in pod ng-open: $out"
 metaF=$(sed -n 's/^meta=//p' <<<"$out") outF=$(sed -n 's/^out=//p' <<<"$out")
 [ "$metaF" != proxy ] && [ "$outF" = "$ipF" ] ||

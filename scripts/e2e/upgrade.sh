@@ -259,8 +259,8 @@ cp "$LIST" "$W/list-old"
 log "$OLD_VERSION installed: $CNIBIN/natguard is $("$CNIBIN/natguard" version), its entry: $(entry)"
 add_pod old-web "$APPS_NS" proxy
 add_pod old-creds "$EXEMPT_NS" cloud
-assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
-assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
+NG_REDIR_SET=meta4 assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
+NG_REDIR_SET=meta4 assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
 skeleton >"$W/skeleton-old"
 node_files >"$W/files-old"
 t_probe=$(now)
@@ -299,8 +299,8 @@ diff "$W/files-new" "$W/files-up" >"$W/files.diff" ||
   fail "after the upgrade natguard's files differ from this release's own: $(cat "$W/files.diff")"
 log "files: $(grep -c . "$W/files-up") paths in /run/natguard, $CNIBIN and $NETCONF, the same as this release's own; $CNIBIN/natguard and the entry replaced"
 # the old pods under this release: CHECK passes, new pods beside them
-assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
-assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
+NG_REDIR_SET=meta4 assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
+NG_REDIR_SET=meta4 assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
 turn_over "$OLD_VERSION" "this release" old new
 
 # ==============================================================================================

@@ -159,7 +159,7 @@ fn plan_node_rules() -> Vec<Rule> {
             judge,
             vec![
                 Match::NfProto(f),
-                Match::SaddrIn(f, SetKind::Logged(f)),
+                Match::IifSaddrIn(f, SetKind::DenyLog(f)),
                 Match::Limit {
                     per_second: LOG_PER_SECOND,
                     burst: LOG_BURST,
@@ -329,13 +329,13 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
                 // Per pod: the lookup in the counted set bumps the source's element.
                 rules.push(Rule {
                     chain: ChainKind::Dnat,
-                    matches: from(vec![Match::SaddrIn(f, SetKind::Cntp(f))]),
+                    matches: from(vec![Match::IifSaddrIn(f, SetKind::RedirCount(f))]),
                     action: Action::Continue,
                     count: None,
                 });
                 rules.push(Rule {
                     chain: ChainKind::Dnat,
-                    matches: from(vec![Match::SaddrIn(f, SetKind::Meta(f))]),
+                    matches: from(vec![Match::IifSaddrIn(f, SetKind::Redir(f))]),
                     action: Action::DnatTo(p, md.proxy_port),
                     count: Some(Count::Proxied(f)),
                 });
@@ -498,13 +498,16 @@ fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetK
     let mut out = Vec::new();
     for a in addrs {
         let f = Family::of(a);
-        out.push((SetKind::Meta(f), Key::Addr(*a), w.intercept));
         out.push((SetKind::Masq(f), Key::Addr(*a), w.masquerade));
-        out.push((SetKind::Cntp(f), Key::Addr(*a), w.intercept));
-        out.push((SetKind::Logged(f), Key::Addr(*a), w.logged));
         if let Some(h) = &host {
-            out.push((SetKind::Exempt(f), Key::IfAddr(h.iface, *a), w.allowed));
-            out.push((SetKind::Resets(f), Key::IfAddr(h.iface, *a), !w.allowed));
+            // Redirected, counted and logged by the identity the packet enters with: another
+            // attachment holding the address behind another host side is never taken for it.
+            let id = Key::IfAddr(h.iface, *a);
+            out.push((SetKind::Redir(f), id, w.intercept));
+            out.push((SetKind::RedirCount(f), id, w.intercept));
+            out.push((SetKind::DenyLog(f), id, w.logged));
+            out.push((SetKind::Exempt(f), id, w.allowed));
+            out.push((SetKind::Resets(f), id, !w.allowed));
             if let Some(port) = h.port {
                 out.push((SetKind::XAddr(f), Key::Addr(*a), w.allowed));
                 // Every natguard pod's own address on its own port, exempt or not: what

@@ -9,8 +9,9 @@
 //! sets ([`names`]), so networks with different configs never clobber each other. What a
 //! network's pods share (chains, rules, the CIDR and metadata sets) is written when it differs
 //! from the plan; what a pod owns is only set elements, each naming its owners ([`record`]):
-//! - its addresses in `NET-meta4/6` (intercepted), `NET-masq4/6` (masquerade policy) and the
-//!   node-wide guard's sets (`exempt4/6` keyed by interface and address, `resets4/6`, and the
+//! - its addresses in `NET-redir4/6` (intercepted, keyed by host-side interface and address),
+//!   `NET-masq4/6` (masquerade policy) and the node-wide guard's sets (`exempt4/6` keyed by
+//!   interface and address, `resets4/6`, `denylog4/6`, and the
 //!   bridge table's `xaddr`, `xport` and `xmac` sets), each element listing every attachment
 //!   that owns it, so "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone; which sets those are
 //!   is read from one list ([`owned_keys`]), for ADD and DEL alike;
@@ -188,7 +189,7 @@ pub const LEGACY_CHAIN_SUFFIXES: [(TableFamily, &str); 3] = [
 /// Suffixes of sets that earlier versions of natguard created and this one no longer uses (or
 /// uses under another name with another key type): a converge deletes them, after flushing
 /// the chains whose old rules referred to them, so an upgraded node keeps only what is used.
-pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 15] = [
+pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 19] = [
     (TableFamily::Inet, "nets4"),
     (TableFamily::Inet, "nets6"),
     (TableFamily::Inet, "allow4"),
@@ -206,14 +207,24 @@ pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 15] = [
     (TableFamily::Inet, "mdst4"),
     (TableFamily::Inet, "mdst6"),
     (TableFamily::Inet, "mports"),
+    // Pod addresses redirected to the proxy, and again counted, by address alone; now
+    // `iifname . saddr` (`redir4/6`, `redirc4/6`), so an address is redirected only where its
+    // pod's packets enter.
+    (TableFamily::Inet, "meta4"),
+    (TableFamily::Inet, "meta6"),
+    (TableFamily::Inet, "cntp4"),
+    (TableFamily::Inet, "cntp6"),
 ];
 
 /// Node-wide sets of earlier versions, deleted after a converge the same way: the guard's
-/// metadata addresses and ports as two sets, now the address . port pairs of `guarded4/6`.
-pub const LEGACY_NODE_SETS: [(TableFamily, &str); 3] = [
+/// metadata addresses and ports as two sets, now the address . port pairs of `guarded4/6`;
+/// the addresses whose denied attempts are logged, now `iifname . saddr` (`denylog4/6`).
+pub const LEGACY_NODE_SETS: [(TableFamily, &str); 5] = [
     (TableFamily::Inet, "metadata4"),
     (TableFamily::Inet, "metadata6"),
     (TableFamily::Inet, "metaports"),
+    (TableFamily::Inet, "logged4"),
+    (TableFamily::Inet, "logged6"),
 ];
 
 /// What a set's keys are made of.
@@ -239,9 +250,10 @@ pub enum KeyShape {
 /// [`SetKind::row`] gives the exact name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum SetKind {
-    /// `NET-meta4/6`: pod addresses whose metadata traffic is intercepted (pods not in an
-    /// exempt namespace).
-    Meta(Family),
+    /// `NET-redir4/6`, redirected: `iifname . saddr` of pods whose metadata traffic is
+    /// intercepted (pods not in an exempt namespace): an address is redirected only on packets
+    /// that enter through that pod's own host side.
+    Redir(Family),
     /// `NET-masq4/6`: pod addresses under the masquerade policy.
     Masq(Family),
     /// `NET-nomasq4/6`: destinations that keep the pod's source address (interval set).
@@ -264,9 +276,9 @@ pub enum SetKind {
     /// bridge); each element counts the pods behind it. The DNAT reads it: a network redirects
     /// only what enters on its own pods' host sides.
     Ifs,
-    /// `NET-cntp4/6`, counted proxied: intercepted pod addresses again, each element with a
-    /// counter: connections DNATed to the proxy, per pod.
-    Cntp(Family),
+    /// `NET-redirc4/6`, redirected and counted: the elements of [`SetKind::Redir`] again, each
+    /// with a counter: connections DNATed to the proxy, per pod.
+    RedirCount(Family),
     /// `NET-pxy4/6`, proxy: the network's proxy target (address . port), the record from which
     /// the node-wide [`SetKind::Proxies`] is derived.
     Pxy(Family),
@@ -289,9 +301,9 @@ pub enum SetKind {
     /// `resets4/6`, node-wide: `iifname . saddr` of every pod, each element with a counter:
     /// metadata attempts reset, counted by the interface the packet came in on and its source.
     Resets(Family),
-    /// `logged4/6`, node-wide: addresses of pods whose network logs denied attempts
+    /// `denylog4/6`, node-wide: `iifname . saddr` of pods whose network logs denied attempts
     /// (`logDenied`).
-    Logged(Family),
+    DenyLog(Family),
     /// `ports`, node-wide, bridge table: the bridge ports of natguard's pods.
     Ports,
     /// `xaddr4/6`, node-wide, bridge table: exempt pods' addresses (x for exempt).
@@ -334,7 +346,7 @@ pub enum Holds {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SetRow {
     /// The name in the kernel (`nft list ruleset`), before the family digit of a per-family
-    /// kind (`meta` gives `NET-meta4` and `NET-meta6`).
+    /// kind (`redir` gives `NET-redir4` and `NET-redir6`).
     pub name: &'static str,
     pub family: Option<Family>,
     pub table: TableFamily,
@@ -387,11 +399,16 @@ impl SetKind {
             SetKind::Att => r("att", None, Inet, Network, Record, n),
             SetKind::Ifs => r("ifs", None, Inet, Network, Record, n),
             // The network's pods' addresses.
-            SetKind::Meta(f) => r("meta", Some(f), Inet, Network, Owned, KeyShape::Addr(f)),
+            SetKind::Redir(f) => r("redir", Some(f), Inet, Network, Owned, KeyShape::IfAddr(f)),
             SetKind::Masq(f) => r("masq", Some(f), Inet, Network, Owned, KeyShape::Addr(f)),
-            SetKind::Cntp(f) => {
-                counted(r("cntp", Some(f), Inet, Network, Owned, KeyShape::Addr(f)))
-            }
+            SetKind::RedirCount(f) => counted(r(
+                "redirc",
+                Some(f),
+                Inet,
+                Network,
+                Owned,
+                KeyShape::IfAddr(f),
+            )),
             // The network's config.
             SetKind::NoMasq(f) => interval(r(
                 "nomasq",
@@ -442,7 +459,7 @@ impl SetKind {
             SetKind::Resets(f) => {
                 counted(r("resets", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)))
             }
-            SetKind::Logged(f) => r("logged", Some(f), Inet, Node, Owned, KeyShape::Addr(f)),
+            SetKind::DenyLog(f) => r("denylog", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)),
             SetKind::Ports => r("ports", None, Bridge, Node, Owned, n),
             SetKind::XAddr(f) => r("xaddr", Some(f), Bridge, Node, Owned, KeyShape::Addr(f)),
             SetKind::XPort(f) => r("xport", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
@@ -523,8 +540,8 @@ impl SetKind {
         SetKind::Pods,
         SetKind::Att,
         SetKind::Ifs,
-        SetKind::Meta(Family::V4),
-        SetKind::Meta(Family::V6),
+        SetKind::Redir(Family::V4),
+        SetKind::Redir(Family::V6),
         SetKind::Masq(Family::V4),
         SetKind::Masq(Family::V6),
         SetKind::MProxy(Family::V4),
@@ -533,8 +550,8 @@ impl SetKind {
         SetKind::MGuard(Family::V6),
         SetKind::NoMasq(Family::V4),
         SetKind::NoMasq(Family::V6),
-        SetKind::Cntp(Family::V4),
-        SetKind::Cntp(Family::V6),
+        SetKind::RedirCount(Family::V4),
+        SetKind::RedirCount(Family::V6),
         SetKind::Pxy(Family::V4),
         SetKind::Pxy(Family::V6),
         SetKind::AllowIfs,
@@ -547,8 +564,8 @@ impl SetKind {
         SetKind::Exempt(Family::V6),
         SetKind::Resets(Family::V4),
         SetKind::Resets(Family::V6),
-        SetKind::Logged(Family::V4),
-        SetKind::Logged(Family::V6),
+        SetKind::DenyLog(Family::V4),
+        SetKind::DenyLog(Family::V6),
         SetKind::Ports,
         SetKind::XAddr(Family::V4),
         SetKind::XAddr(Family::V6),

@@ -354,16 +354,16 @@ impl<K: Kernel> Store<K> {
         }
         // Per pod: the counters of the pod's addresses in the counted sets.
         let mut per_pod_counters = true;
-        let mut proxied: HashMap<IpAddr, u64> = HashMap::new();
+        let mut proxied: HashMap<(plan::IfName, IpAddr), u64> = HashMap::new();
         let mut resets: HashMap<(plan::IfName, IpAddr), u64> = HashMap::new();
-        let mut logged: HashSet<IpAddr> = HashSet::new();
+        let mut logged: HashSet<(plan::IfName, IpAddr)> = HashSet::new();
         for f in Family::ALL {
-            for e in self.k.dump(&set_ref(&names, SetKind::Cntp(f)))? {
+            for e in self.k.dump(&set_ref(&names, SetKind::RedirCount(f)))? {
                 match (e.key, e.packets) {
-                    (Key::Addr(a), Some(n)) => {
-                        proxied.insert(a, n);
+                    (Key::IfAddr(i, a), Some(n)) => {
+                        proxied.insert((i, a), n);
                     }
-                    (Key::Addr(_), None) => per_pod_counters = false,
+                    (Key::IfAddr(..), None) => per_pod_counters = false,
                     _ => {}
                 }
             }
@@ -376,9 +376,9 @@ impl<K: Kernel> Store<K> {
                     _ => {}
                 }
             }
-            for e in self.k.dump(&set_ref(&names, SetKind::Logged(f)))? {
-                if let Key::Addr(a) = e.key {
-                    logged.insert(a);
+            for e in self.k.dump(&set_ref(&names, SetKind::DenyLog(f)))? {
+                if let Key::IfAddr(i, a) = e.key {
+                    logged.insert((i, a));
                 }
             }
         }
@@ -407,16 +407,16 @@ impl<K: Kernel> Store<K> {
             })
             .collect();
         let mut allowed: HashSet<(plan::IfName, IpAddr)> = HashSet::new();
-        let mut intercepted: HashSet<IpAddr> = HashSet::new();
+        let mut intercepted: HashSet<(plan::IfName, IpAddr)> = HashSet::new();
         for f in Family::ALL {
             for e in self.k.dump(&set_ref(&names, SetKind::Exempt(f)))? {
                 if let Key::IfAddr(i, a) = e.key {
                     allowed.insert((i, a));
                 }
             }
-            for e in self.k.dump(&set_ref(&names, SetKind::Meta(f)))? {
-                if let Key::Addr(a) = e.key {
-                    intercepted.insert(a);
+            for e in self.k.dump(&set_ref(&names, SetKind::Redir(f)))? {
+                if let Key::IfAddr(i, a) = e.key {
+                    intercepted.insert((i, a));
                 }
             }
         }
@@ -437,20 +437,23 @@ impl<K: Kernel> Store<K> {
                 && attach.iface.is_some_and(|i| {
                     addrs
                         .iter()
-                        .all(|a| allowed.contains(&(i, *a)) && !intercepted.contains(a))
+                        .all(|a| allowed.contains(&(i, *a)) && !intercepted.contains(&(i, *a)))
                 });
-            let reset_of = |a: &IpAddr| attach.iface.and_then(|i| resets.get(&(i, *a)).copied());
+            let of = |a: &IpAddr| attach.iface.map(|i| (i, *a));
+            let reset_of = |a: &IpAddr| of(a).and_then(|id| resets.get(&id).copied());
             for a in &addrs {
                 *counts.entry(plan::Count::Reset(Family::of(a))).or_insert(0) +=
                     reset_of(a).unwrap_or(0);
             }
-            log_denied |= addrs.iter().any(|a| logged.contains(a));
+            log_denied |= addrs
+                .iter()
+                .any(|a| of(a).is_some_and(|id| logged.contains(&id)));
             pods.push(PodRecord {
                 owner,
                 comment,
                 exempt,
                 proxied: per_pod_counters
-                    .then(|| addrs.iter().filter_map(|a| proxied.get(a)).sum()),
+                    .then(|| addrs.iter().filter_map(|a| proxied.get(&of(a)?)).sum()),
                 reset: per_pod_counters.then(|| addrs.iter().filter_map(reset_of).sum()),
                 attach,
             });

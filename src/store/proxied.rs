@@ -1,13 +1,13 @@
 //! What the metadata proxy needs to know of the kernel's state: for each network, the
 //! endpoints its DNAT redirects (`NET-mproxy4/6`) and its pods' records (`NET-pods`), with
-//! whether each pod's addresses are intercepted (`NET-meta4/6`) and the policy an annotation
+//! whether each pod is intercepted (`NET-redir4/6`) and the policy an annotation
 //! recorded. Read without the node lock, as `status` reads: it only reads.
 
 use super::{set_ref, Store};
 use crate::error::Result;
 use crate::kernel::Kernel;
-use crate::plan::{self, Family, Key, NetNames, SetKind};
-use std::collections::HashSet;
+use crate::plan::{self, Family, IfName, Key, NetNames, SetKind};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 /// One pod record as the proxy sees it.
@@ -41,25 +41,38 @@ impl<K: Kernel> Store<K> {
                 network: net.clone(),
                 ..Default::default()
             };
-            let mut meta: HashSet<IpAddr> = HashSet::new();
+            // Intercepted is per identity: the host side the pod's attachment records, with
+            // each of its addresses.
+            let mut redir: HashSet<(IfName, IpAddr)> = HashSet::new();
             for f in Family::ALL {
                 for e in self.k.dump(&set_ref(&names, SetKind::MProxy(f)))? {
                     if let Key::AddrPort(a, p) = e.key {
                         n.endpoints.push((a, p));
                     }
                 }
-                for e in self.k.dump(&set_ref(&names, SetKind::Meta(f)))? {
-                    if let Key::Addr(a) = e.key {
-                        meta.insert(a);
+                for e in self.k.dump(&set_ref(&names, SetKind::Redir(f)))? {
+                    if let Key::IfAddr(i, a) = e.key {
+                        redir.insert((i, a));
                     }
                 }
             }
+            let hosts: HashMap<Key, Option<IfName>> = self
+                .k
+                .dump(&set_ref(&names, SetKind::Att))?
+                .into_iter()
+                .map(|e| {
+                    let iface = plan::parse_attach(e.comment.as_deref().unwrap_or("")).iface;
+                    (e.key, iface)
+                })
+                .collect();
             for e in self.k.dump(&set_ref(&names, SetKind::Pods))? {
                 let comment = e.comment.unwrap_or_default();
                 let addrs = plan::addrs_from_comment(&comment);
+                let host = hosts.get(&e.key).copied().flatten();
                 n.pods.push(ProxiedPod {
                     who: plan::who_from_comment(&comment).to_string(),
-                    intercepted: addrs.iter().any(|a| meta.contains(a)),
+                    intercepted: host
+                        .is_some_and(|i| addrs.iter().any(|a| redir.contains(&(i, *a)))),
                     policy: plan::policy_from_comment(&comment).map(str::to_string),
                     addrs,
                 });

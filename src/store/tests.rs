@@ -69,6 +69,11 @@ fn addr(s: &str) -> Key {
     Key::Addr(s.parse().unwrap())
 }
 
+/// The identity of address `s` behind bridge `cni0`: how the redirected set keys it.
+fn on_cni0(s: &str) -> Key {
+    Key::IfAddr(ifn("cni0"), s.parse().unwrap())
+}
+
 /// The owners the fake kernel records for `key` in `kind`.
 fn owners(s: &mut Store<Fake>, kind: SetKind, key: Key) -> Vec<OwnerKey> {
     s.kernel()
@@ -108,7 +113,7 @@ fn assert_no_pod_state(s: &mut Store<Fake>) {
     }
 }
 
-const META4: SetKind = SetKind::Meta(Family::V4);
+const META4: SetKind = SetKind::Redir(Family::V4);
 const ALLOW4: SetKind = SetKind::Exempt(Family::V4);
 const MASQ4: SetKind = SetKind::Masq(Family::V4);
 const XADDR4: SetKind = SetKind::XAddr(Family::V4);
@@ -124,14 +129,14 @@ fn add_a_add_b_del_a_keeps_b_in_either_order() {
         s.apply_pod(&sh, &a).unwrap();
         s.apply_pod(&sh, &b).unwrap();
         assert_eq!(
-            owners(&mut s, META4, addr("10.1.0.5")),
+            owners(&mut s, META4, on_cni0("10.1.0.5")),
             vec![b.owner, a.owner]
         );
         assert_eq!(cni0_pods(&mut s), 2);
         let (gone, kept) = if del_first { (&a, &b) } else { (&b, &a) };
         let mut addrs = Vec::new();
         s.remove_pod(&names(), gone.owner, &mut addrs).unwrap();
-        assert_eq!(owners(&mut s, META4, addr("10.1.0.5")), vec![kept.owner]);
+        assert_eq!(owners(&mut s, META4, on_cni0("10.1.0.5")), vec![kept.owner]);
         assert_eq!(owners(&mut s, MASQ4, addr("10.1.0.5")), vec![kept.owner]);
         assert_eq!(keys(&mut s, SetKind::Pods), vec![Key::Owner(kept.owner)]);
         assert_eq!(cni0_pods(&mut s), 1);
@@ -215,7 +220,7 @@ fn a_new_pods_elements_are_added_and_existing_ones_replaced() {
         "an existing element's new owner list should replace it: {last:?}"
     );
     assert_eq!(
-        owners(&mut s, META4, addr("10.1.0.6")),
+        owners(&mut s, META4, on_cni0("10.1.0.6")),
         vec![c.owner, b.owner]
     );
     // The fake refuses an add of an element that exists, as the kernel does with NLM_F_EXCL.
@@ -247,8 +252,11 @@ fn readd_with_other_addresses_releases_the_old_ones() {
         .unwrap();
     let again = pod(&cfg, "a", "default", &["10.1.0.9"]);
     s.apply_pod(&sh, &again).unwrap();
-    assert!(owners(&mut s, META4, addr("10.1.0.5")).is_empty());
-    assert_eq!(owners(&mut s, META4, addr("10.1.0.9")), vec![again.owner]);
+    assert!(owners(&mut s, META4, on_cni0("10.1.0.5")).is_empty());
+    assert_eq!(
+        owners(&mut s, META4, on_cni0("10.1.0.9")),
+        vec![again.owner]
+    );
     s.check_pod(&names(), &again).unwrap();
 }
 
@@ -266,7 +274,7 @@ fn exemption_is_bound_to_the_pods_interface_and_port() {
         vec![Key::IfAddr(ifn("veth-creds"), ip)]
     );
     assert_eq!(owners(&mut s, XADDR4, addr("10.1.0.7")), vec![creds.owner]);
-    assert!(owners(&mut s, META4, addr("10.1.0.7")).is_empty());
+    assert!(owners(&mut s, META4, on_cni0("10.1.0.7")).is_empty());
     assert_eq!(owners(&mut s, MASQ4, addr("10.1.0.7")), vec![creds.owner]);
     s.remove_pod(&names(), creds.owner, &mut Vec::new())
         .unwrap();
@@ -284,9 +292,9 @@ fn strictest_owner_wins_an_address() {
     s.apply_pod(&sh, &web).unwrap();
     // The address is intercepted for as long as one owner is not exempt: the datapath resets
     // metadata traffic from an intercepted source whatever the allow set says.
-    assert_eq!(owners(&mut s, META4, addr("10.1.0.7")), vec![web.owner]);
+    assert_eq!(owners(&mut s, META4, on_cni0("10.1.0.7")), vec![web.owner]);
     s.remove_pod(&names(), web.owner, &mut Vec::new()).unwrap();
-    assert!(owners(&mut s, META4, addr("10.1.0.7")).is_empty());
+    assert!(owners(&mut s, META4, on_cni0("10.1.0.7")).is_empty());
     s.check_pod(&names(), &creds).unwrap();
 }
 
@@ -330,7 +338,10 @@ fn a_full_owner_list_refuses_the_add_and_drops_no_live_owner() {
         s.remove_pod(&names(), p.owner, &mut Vec::new()).unwrap();
     }
     s.check_pod(&names(), &pods[0]).unwrap();
-    assert_eq!(owners(&mut s, META4, addr("10.1.0.5")), vec![pods[0].owner]);
+    assert_eq!(
+        owners(&mut s, META4, on_cni0("10.1.0.5")),
+        vec![pods[0].owner]
+    );
 }
 
 #[test]
@@ -346,8 +357,8 @@ fn gc_removes_exactly_the_stale_owners_and_recounts_interfaces() {
     let valid: HashSet<OwnerKey> = [live.owner].into_iter().collect();
     let changed = s.gc(&names(), &valid).unwrap();
     assert!(changed > 0);
-    assert_eq!(owners(&mut s, META4, addr("10.1.0.5")), vec![live.owner]);
-    assert!(owners(&mut s, META4, addr("10.1.0.6")).is_empty());
+    assert_eq!(owners(&mut s, META4, on_cni0("10.1.0.5")), vec![live.owner]);
+    assert!(owners(&mut s, META4, on_cni0("10.1.0.6")).is_empty());
     assert_eq!(keys(&mut s, SetKind::Pods), vec![Key::Owner(live.owner)]);
     assert_eq!(cni0_pods(&mut s), 1);
     // A second GC has nothing left to do; a GC with no valid attachment empties everything.
@@ -578,7 +589,7 @@ fn an_upgrade_deletes_the_sets_earlier_versions_left() {
         s.kernel().sets.insert(
             legacy.into(),
             crate::kernel::fake::FakeSet {
-                kind: Some(SetKind::Meta(Family::V4)),
+                kind: Some(SetKind::Redir(Family::V4)),
                 ..Default::default()
             },
         );

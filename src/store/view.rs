@@ -235,8 +235,8 @@ mod tests {
         assert!(converges(&k.commits[1]), "{:?}", k.commits[1]);
         let dnat = sh.names.chain(ChainKind::Dnat);
         assert!(!k.chains[&dnat].1.is_empty(), "the flushed rules are back");
-        let meta = sh.names.set(SetKind::Meta(plan::Family::V4));
-        assert_eq!(k.elems(&meta).len(), 2, "both pods: {:?}", k.elems(&meta));
+        let masq = sh.names.set(SetKind::Masq(plan::Family::V4));
+        assert_eq!(k.elems(&masq).len(), 2, "both pods: {:?}", k.elems(&masq));
     }
 
     #[test]
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(s.kernel().stale_commits, 0);
         assert!(s
             .kernel()
-            .elems(&sh.names.set(SetKind::Meta(plan::Family::V4)))
+            .elems(&sh.names.set(SetKind::Masq(plan::Family::V4)))
             .is_empty());
     }
 }

@@ -635,13 +635,13 @@ pub fn must_state(ns: &Netns) -> State {
 }
 
 pub const POD_SETS: [&str; 15] = [
-    "pods", "att", "ifs", "meta4", "meta6", "masq4", "masq6", "exempt4", "exempt6", "cntp4",
-    "cntp6", "resets4", "resets6", "logged4", "logged6",
+    "pods", "att", "ifs", "redir4", "redir6", "masq4", "masq6", "exempt4", "exempt6", "redirc4",
+    "redirc6", "resets4", "resets6", "denylog4", "denylog6",
 ];
 
 /// The node-wide per-pod sets: every network's pods, under one name.
 const NODE_SETS: [&str; 6] = [
-    "exempt4", "exempt6", "resets4", "resets6", "logged4", "logged6",
+    "exempt4", "exempt6", "resets4", "resets6", "denylog4", "denylog6",
 ];
 
 /// The full name of set `suffix` of [`NET`] (a node-wide set has no network prefix).
@@ -667,22 +667,13 @@ fn expected_pod_sets(live: &[SynPod]) -> BTreeMap<String, BTreeMap<String, Optio
         m.get_mut(&set_name("att"))
             .unwrap()
             .insert(p.owner(), Some(p.attach_comment()));
-        // No verified host side: no interface count, no exemption and no reset counter, which
-        // are keyed by the host interface (an exempt pod whose port cannot be found is not
-        // exempt: it fails closed).
+        // No verified host side: no interface count, no redirection, exemption, reset counter
+        // or log entry, which are keyed by the host interface (a pod whose host side cannot be
+        // found is neither proxied nor exempt: it fails closed).
         for (a, f) in [(p.v4, "4"), (p.v6, "6")] {
             m.get_mut(&set_name(&format!("masq{f}")))
                 .unwrap()
                 .insert(a.to_string(), o.clone());
-            // Intercepted (DNATed) and counted per pod: the pods of proxy mode that are not
-            // exempt.
-            if !p.exempt() && p.proxied {
-                for set in ["meta", "cntp"] {
-                    m.get_mut(&set_name(&format!("{set}{f}")))
-                        .unwrap()
-                        .insert(a.to_string(), o.clone());
-                }
-            }
         }
     }
     m
@@ -719,16 +710,11 @@ pub fn assert_pods_exactly(st: &State, live: &[SynPod], when: &str) {
     );
 }
 
-/// The pod's addresses in the meta and masq sets belong to it, and it is in `NET-pods`.
+/// The pod's addresses in the masq sets belong to it, and it is in `NET-pods`.
 #[track_caller]
 pub fn assert_owns(ns: &Netns, p: &SynPod, when: &str) {
     let st = must_state(ns);
-    for (set, a) in [
-        ("meta4", p.v4),
-        ("meta6", p.v6),
-        ("masq4", p.v4),
-        ("masq6", p.v6),
-    ] {
+    for (set, a) in [("masq4", p.v4), ("masq6", p.v6)] {
         let got = st.sets[&set_name(set)].get(&a.to_string()).cloned();
         assert_eq!(
             got,
