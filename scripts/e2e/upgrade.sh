@@ -299,8 +299,8 @@ diff "$W/files-new" "$W/files-up" >"$W/files.diff" ||
   fail "after the upgrade natguard's files differ from this release's own: $(cat "$W/files.diff")"
 log "files: $(grep -c . "$W/files-up") paths in /run/natguard, $CNIBIN and $NETCONF, the same as this release's own; $CNIBIN/natguard and the entry replaced"
 # the old pods under this release: CHECK passes, new pods beside them
-NG_REDIR_SET=meta4 assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
-NG_REDIR_SET=meta4 assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
+assert_pod_installed "$NET" "${POD_IP[old-web]}" cid-old-web
+assert_pod_installed "$NET" "${POD_IP[old-creds]}" cid-old-creds exempt
 turn_over "$OLD_VERSION" "this release" old new
 
 # ==============================================================================================
@@ -330,7 +330,11 @@ while IFS= read -r o; do
 done <<<"$left"
 leftover=$(printf '%s\n' "$left" | jq -r 'select(.set) | .set.name' 2>/dev/null | paste -sd, -)
 log "downgraded in $(secs "$t_dn0" "$t_dn1")s (probes in flight during it: new-web $(in_flight new-web "$t_dn0" "$t_dn1"), new-creds $(in_flight new-creds "$t_dn0" "$t_dn1")): $OLD_VERSION's binary, entry (the list is byte for byte $OLD_VERSION's) and every one of its rules and sets are back; this release's sets that $OLD_VERSION does not know stay, used by no rule: ${leftover:-none}"
+# 0.1.0's DEL cannot reach the sets it does not know: what it leaves there is checked gone
+# after the second upgrade
+NG_IGNORE_SETS=$leftover
 turn_over "this release" "$OLD_VERSION" new down
+NG_IGNORE_SETS=
 
 # ==============================================================================================
 # 4. Upgraded again: this release takes its leftover sets back and the node is its own again.
@@ -342,6 +346,12 @@ wait_probes "$t_re1" down-web down-creds
 skeleton >"$W/skeleton-re"
 diff "$W/skeleton-new" "$W/skeleton-re" >"$W/skeleton.diff" ||
   fail "after the second upgrade natguard's tables differ from this release's own: $(cat "$W/skeleton.diff")"
+# the elements 0.1.0's DEL left of this release's pods in the sets it does not know: gone with
+# the stale sets, which the second upgrade emptied and filled with the live pods again
+for p in new-web new-creds; do
+  assert_pod_gone "$NET" "${POD_IP[$p]}" "cid-$p"
+done
+set_has "$NET" redir4 "${POD_IP[down-web]}" || fail "after the second upgrade, ${POD_IP[down-web]} is not in $NET-redir4"
 check_pod down-web "ADDed by $OLD_VERSION after the downgrade, checked by this release"
 check_pod down-creds "ADDed by $OLD_VERSION after the downgrade, checked by this release"
 for p in down-web down-creds; do

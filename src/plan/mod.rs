@@ -216,6 +216,21 @@ pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 19] = [
     (TableFamily::Inet, "cntp6"),
 ];
 
+/// Sets this version keeps under a new name (its key changed), each as (table, scope, earlier
+/// name, name now), names without the network's prefix. Found beside its earlier name, the set
+/// of the new name is stale: an earlier release has converged since this one (a downgrade), its
+/// DELs could not reach a set it does not know, and an element there may name a pod that is
+/// gone. A converge then deletes it before creating it again, empty, and every live pod's
+/// elements are restored from its records.
+pub const RENAMED_SETS: [(TableFamily, Scope, &str, &str); 6] = [
+    (TableFamily::Inet, Scope::Network, "meta4", "redir4"),
+    (TableFamily::Inet, Scope::Network, "meta6", "redir6"),
+    (TableFamily::Inet, Scope::Network, "cntp4", "redirc4"),
+    (TableFamily::Inet, Scope::Network, "cntp6", "redirc6"),
+    (TableFamily::Inet, Scope::Node, "logged4", "denylog4"),
+    (TableFamily::Inet, Scope::Node, "logged6", "denylog6"),
+];
+
 /// Node-wide sets of earlier versions, deleted after a converge the same way: the guard's
 /// metadata addresses and ports as two sets, now the address . port pairs of `guarded4/6`;
 /// the addresses whose denied attempts are logged, now `iifname . saddr` (`denylog4/6`).

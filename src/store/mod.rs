@@ -329,15 +329,16 @@ impl<K: Kernel> Store<K> {
         converge: bool,
     ) -> Result<usize> {
         let mut batch = Batch::default();
+        let mut emptied = Vec::new();
         let found = if converge {
             let found = Found::read(&mut self.k)?;
-            push_converge(&mut batch, shared, &found);
+            emptied = push_converge(&mut batch, shared, &found);
             Some(found)
         } else {
             None
         };
         let netns_exists = self.netns_exists;
-        let mut v = view::View::new(&mut self.k);
+        let mut v = view::View::new(&mut self.k).emptied(emptied);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
         emit_settled(v, &mut batch, found.as_ref())?;
         self.k.commit(&batch)?;
@@ -420,13 +421,14 @@ impl<K: Kernel> Store<K> {
         } else {
             Some(Found::read(&mut self.k)?)
         };
+        let mut emptied = Vec::new();
         if let Some(found) = &found {
             for s in &full {
-                push_converge(&mut batch, s, found);
+                emptied.extend(push_converge(&mut batch, s, found));
             }
         }
         let netns_exists = self.netns_exists;
-        let mut v = view::View::new(&mut self.k);
+        let mut v = view::View::new(&mut self.k).emptied(emptied);
         for (s, p) in pods {
             stage_pod(&mut v, &s.names, p, netns_exists)?;
         }
@@ -687,10 +689,29 @@ impl Found {
 }
 
 /// The converge of a network's shared objects, then what an earlier version left: its
-/// per-network guard chains first (their rules refer to the sets), then the sets.
-fn push_converge(batch: &mut Batch, shared: &SharedPlan, found: &Found) {
-    batch.push(Op::Converge(Box::new(shared.clone())));
+/// per-network guard chains first (their rules refer to the sets), then the sets. Before the
+/// converge, the renamed sets that an earlier release's converge left stale
+/// ([`plan::RENAMED_SETS`]) are deleted; their names are returned, so the view reads them as
+/// the converge leaves them: empty.
+fn push_converge(batch: &mut Batch, shared: &SharedPlan, found: &Found) -> Vec<String> {
     let prefix = shared.names.prefix_of_sets();
+    let mut emptied = Vec::new();
+    for f in &found.0 {
+        for (_, scope, old, new) in plan::RENAMED_SETS.iter().filter(|r| r.0 == f.family) {
+            let p = match scope {
+                plan::Scope::Network => prefix.as_str(),
+                plan::Scope::Node => "",
+            };
+            let (old, new) = (format!("{p}{old}"), format!("{p}{new}"));
+            // The earlier release's rules use the earlier set, none this one: it can go.
+            let op = Op::DeleteSet(f.family, new.clone());
+            if f.sets.contains(&old) && f.sets.contains(&new) && !batch.ops.contains(&op) {
+                batch.push(op);
+                emptied.push(new);
+            }
+        }
+    }
+    batch.push(Op::Converge(Box::new(shared.clone())));
     for f in &found.0 {
         for (_, suffix) in plan::LEGACY_CHAIN_SUFFIXES
             .iter()
@@ -723,6 +744,7 @@ fn push_converge(batch: &mut Batch, shared: &SharedPlan, found: &Found) {
             }
         }
     }
+    emptied
 }
 
 /// The bridge guard's pin sets ([`SetKind::PINS`]), node-wide.

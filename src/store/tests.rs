@@ -915,3 +915,67 @@ fn label_holders_are_the_other_labelling_networks_with_a_live_pod_of_the_address
         );
     }
 }
+
+/// A downgrade and an upgrade again: the earlier release's converge brought its address-keyed
+/// sets back, and its DEL of a pod of this release could not reach the set it does not know,
+/// which still holds that pod's element. The next converge deletes the stale set before it
+/// creates it again: it holds the live pods' elements, and the gone pod's no more.
+#[test]
+fn a_renamed_set_found_beside_its_earlier_name_is_emptied_and_its_live_pods_restored() {
+    let cfg = Config::default();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let live = pod(&cfg, "live", "default", &["10.1.0.5"]);
+    s.apply_pod(&sh, &live).unwrap();
+    let redir = names().set(META4);
+    let earlier = format!("{}meta4", names().prefix_of_sets());
+    let stale = on_cni0("10.1.0.9");
+    {
+        let k = s.kernel();
+        let set = crate::kernel::fake::FakeSet {
+            kind: Some(MASQ4),
+            ..Default::default()
+        };
+        k.sets.insert(earlier.clone(), set);
+        k.sets
+            .get_mut(&redir)
+            .unwrap()
+            .elems
+            .insert(stale, Some("0123456789abcdef".into()));
+        // The earlier release's rules, not this one's.
+        for (_, rules) in k.chains.values_mut() {
+            rules.clear();
+        }
+    }
+    assert!(s.apply(&[&sh], &[(&sh, &live)]).unwrap() > 0);
+    let k = s.kernel();
+    let batch = k.commits.last().unwrap();
+    let del = batch
+        .ops
+        .iter()
+        .position(|o| *o == Op::DeleteSet(TableFamily::Inet, redir.clone()));
+    let converge = batch.ops.iter().position(|o| matches!(o, Op::Converge(_)));
+    assert!(
+        del.is_some() && del < converge,
+        "the stale set is deleted before the converge creates it: {batch:?}"
+    );
+    assert!(!k.sets.contains_key(&earlier), "the earlier set is gone");
+    assert_eq!(
+        keys(&mut s, META4),
+        vec![on_cni0("10.1.0.5")],
+        "only the live pod's element"
+    );
+    s.check_pod(&names(), &live).unwrap();
+    // With nothing stale, a converge deletes nothing of this release's.
+    s.kernel().commits.clear();
+    for (_, rules) in s.kernel().chains.values_mut() {
+        rules.clear();
+    }
+    s.apply(&[&sh], &[(&sh, &live)]).unwrap();
+    let batch = s.kernel().commits.last().unwrap().clone();
+    assert!(
+        !batch.ops.iter().any(|o| matches!(o, Op::DeleteSet(..))),
+        "{batch:?}"
+    );
+    assert_eq!(keys(&mut s, META4), vec![on_cni0("10.1.0.5")]);
+}

@@ -15,7 +15,7 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::kernel::{is_stale, Batch, Kernel, Op, SetRef};
 use crate::plan::Key;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// How many times a read-modify-write is read and built again after another writer committed
@@ -72,6 +72,8 @@ pub(crate) struct View<'k, K: Kernel> {
     slots: HashMap<(SetRef, Key), Slot>,
     /// First-touch order, so batches are deterministic.
     order: Vec<(SetRef, Key)>,
+    /// Sets the batch deletes and creates again: empty whatever the kernel holds now.
+    emptied: HashSet<String>,
 }
 
 impl<'k, K: Kernel> View<'k, K> {
@@ -80,13 +82,26 @@ impl<'k, K: Kernel> View<'k, K> {
             k,
             slots: HashMap::new(),
             order: Vec::new(),
+            emptied: HashSet::new(),
         }
+    }
+
+    /// The view of a batch that deletes `sets` and creates them again before any element of
+    /// theirs is written: they are read as empty.
+    pub fn emptied(mut self, sets: Vec<String>) -> Self {
+        self.emptied.extend(sets);
+        self
     }
 
     /// Loads every element of `set` with one dump (GC reads whole sets).
     pub fn preload(&mut self, set: &SetRef) -> Result<Vec<Key>> {
         let mut keys = Vec::new();
-        for e in self.k.dump(set)? {
+        let found = if self.emptied.contains(&set.name) {
+            Vec::new()
+        } else {
+            self.k.dump(set)?
+        };
+        for e in found {
             let id = (set.clone(), e.key);
             if !self.slots.contains_key(&id) {
                 self.order.push(id.clone());
@@ -109,7 +124,11 @@ impl<'k, K: Kernel> View<'k, K> {
         if let Some(s) = self.slots.get(&id) {
             return Ok(s.after.clone());
         }
-        let now = self.k.get(set, key)?.map(|e| e.comment.unwrap_or_default());
+        let now = if self.emptied.contains(&set.name) {
+            None
+        } else {
+            self.k.get(set, key)?.map(|e| e.comment.unwrap_or_default())
+        };
         self.order.push(id.clone());
         self.slots.insert(
             id,
