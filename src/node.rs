@@ -60,7 +60,16 @@ pub fn facts(cfg: &Config) -> NodeFacts {
             ProxyAddr::Fixed(a) => Some(a),
             ProxyAddr::Auto => primary_v6(),
         },
+        bridge_meta: bridge_meta(),
     }
+}
+
+/// Whether nf_tables can tell a bridged frame's bridge ([`NodeFacts::bridge_meta`]): asked of
+/// the kernel once per process (a transaction it validates and drops, see
+/// [`crate::kernel::bridge_meta`]); no answer is a no.
+pub fn bridge_meta() -> bool {
+    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ANSWER.get_or_init(|| crate::kernel::bridge_meta().unwrap_or(false))
 }
 
 /// Those of `addrs` that are the node's own (see the module doc). Where a route lookup fails,
@@ -139,12 +148,14 @@ pub fn host_side(
                 iface,
                 port: Some(veth),
                 mac: None,
+                bridge: (iface != bridge).then_some(bridge),
             }
         }
         None => HostSide {
             iface: veth,
             port: None,
             mac: None,
+            bridge: None,
         },
     });
     let mut foreign = Vec::new();

@@ -451,6 +451,7 @@ mod tests {
                         iface: IfName::new("cni0").unwrap(),
                         port: None,
                         mac: None,
+                        bridge: None,
                     }),
                 },
                 &[a],

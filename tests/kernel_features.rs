@@ -296,8 +296,8 @@ fn add_deletes_the_pods_entries_and_set_counters_are_the_ones_promised() {
         "ADD's conntrack cleanup should have taken {path} on this kernel; log:\n{log}"
     );
     let table = w.table().expect("natguard's table");
-    let set = set_block(&table, "kfadd-cntp4")
-        .unwrap_or_else(|| panic!("no set kfadd-cntp4 in\n{table}"));
+    let set = set_block(&table, "kfadd-redirc4")
+        .unwrap_or_else(|| panic!("no set kfadd-redirc4 in\n{table}"));
     let refused = log.contains("refused counted sets");
     match counters.as_str() {
         "yes" => {
@@ -957,4 +957,65 @@ fn mac_theft_of_the_exempt_pod_on_a_vlan_bridge_overhears_nothing() {
     thief.ns.ip("neigh flush dev eth0");
     control_metadata(&thief, "proxy", "default pod after the attack");
     f.finish("MAC theft on a VLAN-filtering bridge");
+}
+
+/// Where the kernel tells a bridged frame's bridge (`meta ibrname`: Debian's kernels build
+/// `nft_meta_bridge`), the bridge guard pins an exempt identity on its own bridge: a pod
+/// natguard never saw, on another bridge, holding the exempt pod's address keeps its frames
+/// (they reach the node's IP layer on its bridge, where the address is not exempt), while a
+/// pod on the exempt pod's bridge claiming the address is still dropped at the bridge, and
+/// the exempt pod's own frames pass. SYNs to the node's gateway address on each bridge are
+/// counted where the node's IP layer sees them.
+#[test]
+fn pins_hold_on_the_exempt_pods_own_bridge_where_the_kernel_tells_the_bridge() {
+    require_root();
+    let w = real_world("kf-brpins");
+    let list = w.list("kfbrpin", "1.0.0", 0, Some(exempt_cfg(&w, json!({}))));
+    let own_bridge = list["plugins"][0]["bridge"].as_str().unwrap().to_string();
+    let chain = w.chain(list);
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&chain, "thief", "default");
+    let guard = w
+        .node
+        .run(&["nft", "list", "chain", "bridge", "natguard", "guard"]);
+    assert!(
+        guard.contains("meta ibrname . ip saddr @xbraddr4"),
+        "natguard pins node-wide on a kernel with meta ibrname:\n{guard}"
+    );
+    control_metadata(&exempt, REAL, "exempt pod");
+    // A bridge of a network that does not list natguard, and a pod on it.
+    let list = w.list("kfbrother", "1.0.0", 1, None);
+    let other_bridge = list["plugins"][0]["bridge"].as_str().unwrap().to_string();
+    let other = w.chain(list);
+    let stranger = w.add_pod(&other, "stranger", "default");
+    let (own_gw, _) = gateways(&exempt);
+    let (other_gw, _) = gateways(&stranger);
+    let x = exempt.v4;
+    for pod in [&thief, &stranger] {
+        pod.ns.addr("eth0", &format!("{x}/32"));
+    }
+    let syn = |dev: &str| format!("iifname \"{dev}\" ip saddr {x} tcp dport 80 {SYN}");
+    let counters = Counters::install(
+        &w.h,
+        &w.node,
+        &[("own", syn(&own_bridge)), ("other", syn(&other_bridge))],
+    );
+    const EACH: u32 = 3;
+    let mut f = Findings::new();
+    send_segments(&w.h, &thief.ns, x, own_gw, 80, EACH, &[0x02]);
+    std::thread::sleep(Duration::from_millis(500));
+    let n = counters.packets("own");
+    f.check(n == 0, || {
+        format!("{n} SYNs from a pod on the exempt pod's bridge with its address reached the node")
+    });
+    send_segments(&w.h, &exempt.ns, x, own_gw, 80, EACH, &[0x02]);
+    counters.wait(&["own"], u64::from(EACH), "the exempt pod's own SYNs");
+    send_segments(&w.h, &stranger.ns, x, other_gw, 80, EACH, &[0x02]);
+    std::thread::sleep(Duration::from_millis(500));
+    let n = counters.packets("other");
+    f.check(n >= u64::from(EACH), || {
+        format!("{n} of {EACH} SYNs from a pod on another bridge ({other_bridge}) that holds the exempt pod's address reached the node: its frames are pinned on a bridge that is not the exempt pod's")
+    });
+    control_metadata(&exempt, REAL, "exempt pod after the pings");
+    f.finish("pins on the exempt pod's own bridge");
 }

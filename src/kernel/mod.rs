@@ -144,6 +144,12 @@ pub(crate) trait Kernel {
     ) -> Result<FlushReport>;
 }
 
+/// Whether nf_tables can tell a bridged frame's bridge ([`nft::bridge_meta`]), asked on a
+/// socket of its own.
+pub fn bridge_meta() -> Result<bool> {
+    nft::bridge_meta(&mut NfSocket::open()?)
+}
+
 /// The real kernel, over one netfilter netlink socket of the calling thread's namespace.
 pub(crate) struct Netfilter {
     sock: NfSocket,
@@ -357,6 +363,7 @@ mod tests {
         let facts = NodeFacts {
             proxy_v4: None,
             proxy_v6: None,
+            bridge_meta: false,
         };
         Op::Converge(Box::new(crate::plan::plan_shared(
             "net1",

@@ -408,6 +408,26 @@ impl Tx {
         }
     }
 
+    /// Sends the batch without its BATCH_END: the kernel checks every message (loading the
+    /// modules it asks for), answers them, and then drops the transaction, so nothing of it is
+    /// applied and no generation passes (what `nft --check` does).
+    pub fn validate(mut self, sock: &mut NfSocket) -> Result<()> {
+        if self.what.is_empty() {
+            return Ok(());
+        }
+        self.buf.ack_last();
+        let what = |seq: u32| -> String {
+            self.what
+                .iter()
+                .find(|(s, _)| *s == seq)
+                .map(|(_, w)| w.clone())
+                .unwrap_or_else(|| "nftables check".into())
+        };
+        sock.transact_batch(&self.buf, &what).map_err(|e| match e {
+            BatchError::Rejected(e, _) | BatchError::Unknown(e) => e,
+        })
+    }
+
     /// The sequence numbers of the NEWSETs that declare element counters (unit tests).
     #[cfg(test)]
     pub(crate) fn counted_set_seqs(&self) -> Vec<u32> {
@@ -621,6 +641,44 @@ pub fn probe(sock: &mut NfSocket) -> Result<()> {
         "read the nf_tables generation",
     )
     .map(|_| ())
+}
+
+/// The regular chain a [`bridge_meta`] check declares (and the kernel drops with it).
+const BRIDGE_META_CHECK_CHAIN: &str = "natguard-check-ibrname";
+
+/// Whether nf_tables evaluates `meta ibrname` in the bridge family (the `nft_meta_bridge`
+/// module, `CONFIG_NFT_BRIDGE_META`): a transaction that declares one bridge pin of that kind,
+/// its set and a regular chain to hold it, checked and dropped ([`Tx::validate`]). The kernel
+/// refuses the rule with `EOPNOTSUPP` where it has no such module.
+pub fn bridge_meta(sock: &mut NfSocket) -> Result<bool> {
+    use crate::plan::{Action, ChainKind, Family, Match, NetNames, Rule, SetKind};
+    let names = NetNames::new(crate::plan::NODE);
+    let kind = SetKind::XBrAddr(Family::V4);
+    let set = names.set(kind);
+    let t = TableFamily::Bridge;
+    let mut tx = Tx::new(sock, None);
+    let s = new_table(&mut tx.buf, t, None);
+    tx.note(s, "create table bridge natguard (checked only)");
+    let s = new_set(&mut tx.buf, t, &set, kind, 1, false);
+    tx.note(s, format!("create set {set} (checked only)"));
+    let s = new_chain(&mut tx.buf, t, BRIDGE_META_CHECK_CHAIN, "filter", None);
+    tx.note(
+        s,
+        format!("create chain {BRIDGE_META_CHECK_CHAIN} (checked only)"),
+    );
+    let rule = Rule {
+        chain: ChainKind::BridgeGuard,
+        matches: vec![Match::BrSaddrIn(Family::V4, kind)],
+        action: Action::Drop,
+        count: None,
+    };
+    let s = new_rule(&mut tx.buf, t, BRIDGE_META_CHECK_CHAIN, &rule, &names, "");
+    tx.note(s, "add rule with meta ibrname (checked only)");
+    match tx.validate(sock) {
+        Ok(()) => Ok(true),
+        Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// nf_tables' table flag for a dormant table: its base chains are not hooked, so none of its

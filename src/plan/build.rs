@@ -54,7 +54,7 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
 /// to an exempt pod are never judged. At output, metadata TCP whose source is not one of the
 /// node's own addresses is reset: that is a pod's connection that IPVS (kube-proxy's IPVS
 /// mode) rewrote after input and sends on through output.
-fn plan_node_rules() -> Vec<Rule> {
+fn plan_node_rules(bridge_meta: bool) -> Vec<Rule> {
     let mut rules = Vec::new();
     let rule = |chain, matches, action, count| Rule {
         chain,
@@ -235,8 +235,18 @@ fn plan_node_rules() -> Vec<Rule> {
     for tag in [EtherProto::Vlan, EtherProto::QinQ] {
         rules.push(guard(vec![Match::EtherType(tag), Match::VlanIdZero]));
     }
+    // Where the kernel tells a frame's bridge (`meta ibrname`), each claim is pinned on the
+    // exempt identity's own bridge: a pod on another bridge, natguard's or not, that holds the
+    // same address or MAC (an overlapping network, a VM's tap) keeps its frames; the IP layer
+    // sees that bridge, where the address is not exempt. Elsewhere the pins hold on every
+    // bridge of the node.
+    let mac_claim = if bridge_meta {
+        Match::BrEtherSaddrIn(SetKind::XBrMac)
+    } else {
+        Match::EtherSaddrIn(SetKind::XMac)
+    };
     rules.push(guard(vec![
-        Match::EtherSaddrIn(SetKind::XMac),
+        mac_claim,
         Match::IifEtherSaddrNotIn(SetKind::XPortMac),
     ]));
     // The address pins read what the frame carries (`meta protocol`), not its ethertype: the
@@ -247,21 +257,36 @@ fn plan_node_rules() -> Vec<Rule> {
     // that VLAN is exempt. The kernel layer sends both shapes (one tag, 802.1ad outside
     // 802.1Q) from such a port: all reached the metadata host with ethertype pins, none does.
     for f in Family::ALL {
+        let (saddr, arp, nd) = if bridge_meta {
+            let s = SetKind::XBrAddr(f);
+            (
+                Match::BrSaddrIn(f, s),
+                Match::BrArpSpaIn(s),
+                Match::BrNdTargetIn(s),
+            )
+        } else {
+            let s = SetKind::XAddr(f);
+            (
+                Match::SaddrIn(f, s),
+                Match::ArpSpaIn(s),
+                Match::NdTargetIn(s),
+            )
+        };
         rules.push(guard(vec![
             Match::Protocol(EtherProto::Ip(f)),
-            Match::SaddrIn(f, SetKind::XAddr(f)),
+            saddr,
             Match::IifSaddrNotIn(f, SetKind::XPort(f)),
         ]));
         match f {
             Family::V4 => rules.push(guard(vec![
                 Match::Protocol(EtherProto::Arp),
-                Match::ArpSpaIn(SetKind::XAddr(f)),
+                arp,
                 Match::IifArpSpaNotIn(SetKind::XPort(f)),
             ])),
             Family::V6 => rules.push(guard(vec![
                 Match::Protocol(EtherProto::Ip(f)),
                 Match::NeighborAdvert,
-                Match::NdTargetIn(SetKind::XAddr(f)),
+                nd,
                 Match::IifNdTargetNotIn(SetKind::XPort(f)),
             ])),
         }
@@ -346,7 +371,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             )),
         }
     }
-    let node_rules = plan_node_rules();
+    let node_rules = plan_node_rules(node.bridge_meta);
 
     let mut nomasq: [Vec<(u128, u128)>; 2] = [Vec::new(), Vec::new()];
     if cfg.masquerade.enabled {
@@ -510,22 +535,30 @@ fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetK
             out.push((SetKind::Resets(f), id, !w.allowed));
             if let Some(port) = h.port {
                 out.push((SetKind::XAddr(f), Key::Addr(*a), w.allowed));
+                if let Some(br) = h.bridge() {
+                    out.push((SetKind::XBrAddr(f), Key::IfAddr(br, *a), w.allowed));
+                }
                 // Every natguard pod's own address on its own port, exempt or not: what
                 // the pins let through from that port.
                 out.push((SetKind::XPort(f), Key::IfAddr(port, *a), true));
             }
         }
     }
-    if let Some(HostSide {
-        port: Some(port),
-        mac,
-        ..
-    }) = host
+    if let Some(
+        h @ HostSide {
+            port: Some(port),
+            mac,
+            ..
+        },
+    ) = host
     {
         out.push((SetKind::Ports, Key::Iface(port), true));
         if let Some(mac) = mac {
             let pin = w.allowed && !addrs.is_empty();
             out.push((SetKind::XMac, Key::Mac(mac), pin));
+            if let Some(br) = h.bridge() {
+                out.push((SetKind::XBrMac, Key::IfMac(br, mac), pin));
+            }
             out.push((SetKind::XPortMac, Key::IfMac(port, mac), !addrs.is_empty()));
         }
     }

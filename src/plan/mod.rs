@@ -329,6 +329,12 @@ pub enum SetKind {
     XPort(Family),
     /// `xmac`, node-wide, bridge table: exempt pods' MACs.
     XMac,
+    /// `xbraddr4/6`, node-wide, bridge table: `ibrname . saddr` of exempt pods on a bridge:
+    /// the bridge each exempt address is pinned on, where the kernel tells the bridge
+    /// ([`NodeFacts::bridge_meta`]).
+    XBrAddr(Family),
+    /// `xbrmac`, node-wide, bridge table: `ibrname . ether saddr` of exempt pods on a bridge.
+    XBrMac,
     /// `xportmac`, node-wide, bridge table: `iifname . ether saddr` of every natguard pod on a
     /// bridge whose MAC is known: the port each MAC belongs to.
     XPortMac,
@@ -479,6 +485,8 @@ impl SetKind {
             SetKind::XAddr(f) => r("xaddr", Some(f), Bridge, Node, Owned, KeyShape::Addr(f)),
             SetKind::XPort(f) => r("xport", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
             SetKind::XMac => r("xmac", None, Bridge, Node, Owned, KeyShape::Mac),
+            SetKind::XBrAddr(f) => r("xbraddr", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
+            SetKind::XBrMac => r("xbrmac", None, Bridge, Node, Owned, KeyShape::IfMac),
             SetKind::XPortMac => r("xportmac", None, Bridge, Node, Owned, KeyShape::IfMac),
         }
     }
@@ -551,7 +559,7 @@ impl SetKind {
     pub fn is_owned(self) -> bool {
         self.row().holds == Holds::Owned
     }
-    pub const ALL: [SetKind; 36] = [
+    pub const ALL: [SetKind; 39] = [
         SetKind::Pods,
         SetKind::Att,
         SetKind::Ifs,
@@ -588,6 +596,9 @@ impl SetKind {
         SetKind::XPort(Family::V6),
         SetKind::XMac,
         SetKind::XPortMac,
+        SetKind::XBrAddr(Family::V4),
+        SetKind::XBrAddr(Family::V6),
+        SetKind::XBrMac,
     ];
 }
 
@@ -656,6 +667,14 @@ pub enum Match {
     EtherSaddrNotIn(SetKind),
     /// `iifname . ether saddr != @set`
     IifEtherSaddrNotIn(SetKind),
+    /// `meta ibrname . ip saddr @set`: the bridge the frame entered, with its source.
+    BrSaddrIn(Family, SetKind),
+    /// `meta ibrname . arp saddr ip @set`
+    BrArpSpaIn(SetKind),
+    /// `meta ibrname .` the advertisement's target `@set`
+    BrNdTargetIn(SetKind),
+    /// `meta ibrname . ether saddr @set`
+    BrEtherSaddrIn(SetKind),
     /// `meta mark & M == M`
     MarkHas(u32),
     /// `limit rate N/second burst B packets`: matches while under the rate.
@@ -839,6 +858,10 @@ pub struct SetSpec {
 pub struct NodeFacts {
     pub proxy_v4: Option<Ipv4Addr>,
     pub proxy_v6: Option<Ipv6Addr>,
+    /// The kernel tells a bridged frame's bridge to nf_tables (`meta ibrname`: the
+    /// `nft_meta_bridge` module, `CONFIG_NFT_BRIDGE_META`), so the bridge guard pins each
+    /// exempt identity on its own bridge; without it, on every bridge of the node.
+    pub bridge_meta: bool,
 }
 
 /// Everything a network's pods share.
@@ -928,6 +951,16 @@ pub struct HostSide {
     pub port: Option<IfName>,
     /// The pod's own MAC, when known: on a bridge, an exempt pod's MAC is pinned to its port.
     pub mac: Option<[u8; 6]>,
+    /// The bridge `port` belongs to, where `iface` is another IP device of it (the bridge
+    /// plugin's `vlan` gateway `BRIDGE.VLAN`); `None` where `iface` is the bridge itself.
+    pub bridge: Option<IfName>,
+}
+
+impl HostSide {
+    /// The bridge the pod's port belongs to; `None` for a routed veth.
+    pub fn bridge(&self) -> Option<IfName> {
+        self.port.map(|_| self.bridge.unwrap_or(self.iface))
+    }
 }
 
 /// What one attachment owns.

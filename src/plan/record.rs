@@ -122,6 +122,8 @@ pub struct AttachRecord {
     pub port: Option<IfName>,
     /// The pod's MAC, when known (its bridge pins are keyed by it).
     pub mac: Option<[u8; 6]>,
+    /// The port's bridge, where `iface` is another device of it ([`HostSide::bridge`]).
+    pub bridge: Option<IfName>,
     /// `None` when unknown or too long to record: such an attachment is never judged gone.
     pub netns: Option<String>,
 }
@@ -132,20 +134,26 @@ impl AttachRecord {
             iface,
             port: self.port,
             mac: self.mac,
+            bridge: self.bridge,
         })
     }
 }
 
-/// "if=cni0 port=veth1a2b3c mac=0a:… netns=/var/run/netns/cni-…"; `-` for what is not known.
-/// A network namespace path that does not fit is left out (recorded as `-`).
+/// "if=cni0 port=veth1a2b3c mac=0a:… netns=/var/run/netns/cni-…"; `-` for what is not known;
+/// ` br=cni0` after the port where `if` is another device of the port's bridge. A network
+/// namespace path that does not fit is left out (recorded as `-`).
 pub fn attach_comment(host: Option<&HostSide>, netns: &str) -> String {
     let name = |n: Option<IfName>| n.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
     let mac = host
         .and_then(|h| h.mac)
         .map(|m| format!(" mac={}", super::render_mac(&m)))
         .unwrap_or_default();
+    let bridge = host
+        .and_then(|h| h.bridge)
+        .map(|b| format!(" br={b}"))
+        .unwrap_or_default();
     let head = format!(
-        "if={} port={}{mac} netns=",
+        "if={} port={}{bridge}{mac} netns=",
         name(host.map(|h| h.iface)),
         name(host.and_then(|h| h.port))
     );
@@ -167,6 +175,7 @@ pub fn parse_attach(comment: &str) -> AttachRecord {
             (_, "-") => {}
             ("if", v) => r.iface = IfName::new(v),
             ("port", v) => r.port = IfName::new(v),
+            ("br", v) => r.bridge = IfName::new(v),
             ("mac", v) => r.mac = parse_mac(v),
             ("netns", v) => r.netns = Some(v.to_string()),
             _ => {}

@@ -76,3 +76,57 @@ fn a_digest_follows_every_element_and_rule() {
     };
     assert_ne!(digest(&rule(Action::Drop)), digest(&rule(Action::Return)));
 }
+
+/// A pod of a VLAN bridge network: the IP layer sees it on `cni0.100`, its port is on `cni0`.
+/// The exemption and the redirect are keyed by `cni0.100`, the bridge pins by `cni0` (what
+/// `meta ibrname` reads), and the record keeps both, so DEL releases what ADD took.
+#[test]
+fn a_pod_behind_a_vlan_device_is_pinned_on_its_bridge() {
+    let ifn = |s: &str| IfName::new(s).unwrap();
+    let host = HostSide {
+        iface: ifn("cni0.100"),
+        port: Some(ifn("veth1")),
+        mac: Some([2, 0, 0, 0, 0, 1]),
+        bridge: Some(ifn("cni0")),
+    };
+    assert_eq!(host.bridge(), Some(ifn("cni0")));
+    let a: IpAddr = "10.1.0.5".parse().unwrap();
+    let keys = owned_keys(&[a], Some(host));
+    let f = Family::V4;
+    for (kind, key) in [
+        (SetKind::Exempt(f), Key::IfAddr(ifn("cni0.100"), a)),
+        (SetKind::Redir(f), Key::IfAddr(ifn("cni0.100"), a)),
+        (SetKind::XBrAddr(f), Key::IfAddr(ifn("cni0"), a)),
+        (SetKind::XPort(f), Key::IfAddr(ifn("veth1"), a)),
+        (SetKind::XBrMac, Key::IfMac(ifn("cni0"), [2, 0, 0, 0, 0, 1])),
+    ] {
+        assert!(keys.contains(&(kind, key)), "{kind:?} {key:?} in {keys:?}");
+    }
+    let c = attach_comment(Some(&host), "/run/netns/p");
+    assert!(c.contains(" br=cni0"), "{c}");
+    assert_eq!(parse_attach(&c).host(), Some(host));
+    // Where the IP layer sees the bridge itself, the record is as it always was.
+    let plain = HostSide {
+        iface: ifn("cni0"),
+        bridge: None,
+        ..host
+    };
+    assert_eq!(plain.bridge(), Some(ifn("cni0")));
+    let c = attach_comment(Some(&plain), "/run/netns/p");
+    assert_eq!(
+        c,
+        "if=cni0 port=veth1 mac=02:00:00:00:00:01 netns=/run/netns/p"
+    );
+    assert_eq!(parse_attach(&c).host(), Some(plain));
+    // A routed veth has no bridge.
+    let routed = HostSide {
+        iface: ifn("veth1"),
+        port: None,
+        mac: None,
+        bridge: None,
+    };
+    assert_eq!(routed.bridge(), None);
+    assert!(!owned_keys(&[a], Some(routed))
+        .iter()
+        .any(|(k, _)| matches!(k, SetKind::XBrAddr(_) | SetKind::XBrMac)));
+}

@@ -20,6 +20,7 @@ fn facts() -> NodeFacts {
     NodeFacts {
         proxy_v4: Some(Ipv4Addr::new(10, 0, 0, 1)),
         proxy_v6: Some("fd00::1".parse::<Ipv6Addr>().unwrap()),
+        bridge_meta: false,
     }
 }
 
@@ -56,6 +57,7 @@ fn pod_in(cfg: &Config, cid: &str, ns: &str, addrs: &[&str], netns: &str) -> Pod
             iface: ifn("cni0"),
             port: Some(ifn(&format!("veth-{cid}"))),
             mac: None,
+            bridge: None,
         }),
     };
     plan::plan_pod(cfg, &r, &addrs)
@@ -814,6 +816,7 @@ fn del_finds_an_element_in_every_owned_set() {
         iface: ifn("cni0"),
         port: Some(ifn("veth-x")),
         mac: Some([2, 0, 0, 0, 0, 1]),
+        bridge: None,
     };
     let addrs: Vec<IpAddr> = vec!["10.1.0.5".parse().unwrap(), "fd00:1::5".parse().unwrap()];
     let keys = plan::owned_keys(&addrs, Some(host));

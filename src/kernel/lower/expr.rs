@@ -141,6 +141,8 @@ const NFT_CT_DST_IP6: u32 = 22;
 const NFT_META_PROTOCOL: u32 = 1;
 const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
+/// The bridge a bridged frame entered (the input port's master), from `nft_meta_bridge`.
+const NFT_META_BRI_IIFNAME: u32 = 17;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
 const NFT_META_IIFKIND: u32 = 26;
@@ -170,8 +172,24 @@ const ND_TARGET_OFFSET: u32 = 8;
 /// `meta iifname . <field> <op> @set`: the interface name fills NFT_REG32_00..03 and the
 /// field follows at NFT_REG32_04, the layout of a concatenated key.
 fn iif_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str, invert: bool) {
+    name_concat_lookup(x, NFT_META_IIFNAME, field, set, invert);
+}
+
+/// `meta ibrname . FIELD @set`, as [`iif_concat_lookup`] with the bridge's name.
+fn bridge_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str) {
+    name_concat_lookup(x, NFT_META_BRI_IIFNAME, field, set, false);
+}
+
+/// A 16-byte name from meta `key`, then a field, looked up as one concatenated key.
+fn name_concat_lookup(
+    x: &mut Exprs<'_>,
+    key: u32,
+    field: (u32, u32, u32),
+    set: &str,
+    invert: bool,
+) {
     let (base, off, len) = field;
-    x.meta(NFT_META_IIFNAME, NFT_REG32_00);
+    x.meta(key, NFT_REG32_00);
     x.payload(base, off, len, NFT_REG32_04);
     x.lookup(set, NFT_REG32_00, invert);
 }
@@ -374,6 +392,21 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         }
         Match::IifEtherSaddrNotIn(s) => {
             iif_concat_lookup(x, (BASE_LL, ETHER_SADDR_OFFSET, 6), &set(s), true);
+        }
+        // meta ibrname . ip saddr @set → [ meta load bri_iifname => reg32 0 ]
+        //   [ payload load 4b @ network + 12 => reg32 4 ] [ lookup reg32 0 set ]
+        Match::BrSaddrIn(f, s) => {
+            let ((off, len), _) = addr_offsets(*f);
+            bridge_concat_lookup(x, (BASE_NETWORK, off, len), &set(s));
+        }
+        Match::BrArpSpaIn(s) => {
+            bridge_concat_lookup(x, (BASE_NETWORK, ARP_SPA_OFFSET, 4), &set(s));
+        }
+        Match::BrNdTargetIn(s) => {
+            bridge_concat_lookup(x, (BASE_TRANSPORT, ND_TARGET_OFFSET, 16), &set(s));
+        }
+        Match::BrEtherSaddrIn(s) => {
+            bridge_concat_lookup(x, (BASE_LL, ETHER_SADDR_OFFSET, 6), &set(s));
         }
         // fib saddr type != local → [ fib saddr type => reg 1 ] [ cmp neq reg 1 2 ] (host order)
         Match::SaddrNotLocal => {
