@@ -47,8 +47,8 @@ ci_runs() {
 # subset keeps one attack of each kind that has a kernel-specific datapath (address theft on a
 # bridge and on ptp, hand-made segments, another component's DNAT and NOTRACK in nft) and every
 # case of the node-wide guard (tags, MAC theft, tunnels, unseen pods, bypassing primaries,
-# counters, a flushed ruleset, unmanaged bridges, a link-local neighbour advertisement, two
-# attachments sharing one address on a bridge).
+# counters, redirects and logs by sender, a flushed ruleset, unmanaged bridges, a link-local
+# neighbour advertisement, two attachments sharing one address on a bridge).
 ci_filter() {
   case $1 in
   datapath)
@@ -76,7 +76,7 @@ ci_filter() {
     echo "address_theft_on_a_bridge_never address_theft_on_ptp crafted_tcp_segments" \
       "clusterip_dnat_of_a_native_nft_table notrack_for_pod_sources_in_a_raw_priority" \
       "vlan_tagged_claims mac_theft_on_a_bridge vxlan_decapsulated a_ptp_pod_natguard_never_saw" \
-      "a_primary_that_bypasses reset_counters_name after_a_flushed_ruleset" \
+      "a_primary_that_bypasses reset_counters_name redirects_counters_and_logs_name after_a_flushed_ruleset" \
       "a_bridge_no_network_manages a_neighbour_advertisement_from_a_link_local" \
       "address_theft_by_a_pod_natguard_never_saw address_and_mac_theft_by_a_pod_natguard_never_saw" \
       "an_exempt_pod_without_interfaces overlapping_networks_never_act" \
