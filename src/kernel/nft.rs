@@ -174,6 +174,14 @@ impl Tx {
         self.what.push((seq, what.into()));
     }
 
+    /// What message `seq` does, as noted; `whole` for a message nothing was noted of.
+    fn what_of(&self, seq: u32, whole: &str) -> String {
+        self.what
+            .iter()
+            .find(|(s, _)| *s == seq)
+            .map_or_else(|| whole.to_string(), |(_, w)| w.clone())
+    }
+
     /// Converges a network's shared objects to `plan`: creates what is missing, rewrites every
     /// rule and every shared set's contents. Per-pod sets are created but never flushed.
     pub fn converge_shared(&mut self, plan: &SharedPlan, set_counters: bool) {
@@ -365,13 +373,7 @@ impl Tx {
         }
         self.buf.ack_last();
         end_batch(&mut self.buf);
-        let what = |seq: u32| -> String {
-            self.what
-                .iter()
-                .find(|(s, _)| *s == seq)
-                .map(|(_, w)| w.clone())
-                .unwrap_or_else(|| "nftables transaction".into())
-        };
+        let what = |seq: u32| self.what_of(seq, "nftables transaction");
         let counted_set = |seq: Option<u32>| {
             self.counted_sets
                 .iter()
@@ -416,13 +418,7 @@ impl Tx {
             return Ok(());
         }
         self.buf.ack_last();
-        let what = |seq: u32| -> String {
-            self.what
-                .iter()
-                .find(|(s, _)| *s == seq)
-                .map(|(_, w)| w.clone())
-                .unwrap_or_else(|| "nftables check".into())
-        };
+        let what = |seq: u32| self.what_of(seq, "nftables check");
         sock.transact_batch(&self.buf, &what).map_err(|e| match e {
             BatchError::Rejected(e, _) | BatchError::Unknown(e) => e,
         })
