@@ -26,6 +26,7 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
         iface: plan::IfName::new("cni0").unwrap(),
         port: plan::IfName::new("veth01234567"),
         mac: None,
+        bridge: None,
     };
     let pod = PodRef {
         network,
@@ -79,6 +80,7 @@ fn netconf(data: &[u8]) {
     let node = NodeFacts {
         proxy_v4: Some([10, 0, 0, 1].into()),
         proxy_v6: None,
+        bridge_meta: false,
     };
     let shared = plan::plan_shared(&conf.name, &conf.natguard, &node);
     let again = plan::plan_shared(&conf.name, &conf.natguard, &node);
