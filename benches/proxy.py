@@ -326,8 +326,13 @@ class Bench:
         """RSS (KiB) of the proxy before and with `n` idle keep-alive connections, and how many
         were open at the time."""
         if alt == "natguard":
+            # The watcher's processes are those running the binary under test (`--bin` may
+            # name it anything); none found is an error, never an RSS of 0.
+            exe = os.path.realpath(self.natguard)
             pids = [self.watcher.pid] + children(self.watcher.pid)
-            pids = [p for p in pids if os.path.basename(os.readlink(f"/proc/{p}/exe")).startswith("natguard")]
+            pids = [p for p in pids if os.path.realpath(f"/proc/{p}/exe") == exe]
+            if not pids:
+                die(f"no process of the watcher runs {exe}: its RSS cannot be read")
         else:
             master = [p for p in children(self.nginx.pid)] + [self.nginx.pid]
             pids = set()
