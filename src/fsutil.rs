@@ -106,6 +106,53 @@ pub(crate) fn replace(path: &Path, tmp: &Path, bytes: &[u8], how: How<'_>) -> io
     result
 }
 
+/// Which boot a per-boot record was made under.
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), if the kernel tells it.
+pub(crate) fn boot_id() -> Option<String> {
+    fs::read_to_string(BOOT_ID)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}
+
+/// The word a per-boot record holds for boot `boot`: `<boot id> <word>` in a file of
+/// natguard's runtime directory (which does not survive a reboot; the id makes a record of
+/// another boot count for nothing where it does). `None` for another boot, a file that is not a
+/// regular file (opened without following a link or blocking on a FIFO), or one that does not
+/// parse.
+pub(crate) fn read_boot_record(file: &Path, boot: &str) -> Option<String> {
+    let f = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(file)
+        .ok()?;
+    if !f.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut text = String::new();
+    io::Read::read_to_string(&mut io::Read::take(f, 256), &mut text).ok()?;
+    parse_boot_record(&text, boot).map(str::to_string)
+}
+
+/// [`read_boot_record`]'s format: exactly `<boot id> <word>`.
+pub(crate) fn parse_boot_record<'a>(text: &'a str, boot: &str) -> Option<&'a str> {
+    let mut words = text.split_whitespace();
+    if words.next()? != boot {
+        return None;
+    }
+    let word = words.next()?;
+    words.next().is_none().then_some(word)
+}
+
+/// Writes the per-boot record `<boot> <word>` to `file` and renames it into place, so a reader
+/// sees a whole file.
+pub(crate) fn write_boot_record(file: &Path, boot: &str, word: &str) -> io::Result<()> {
+    let text = format!("{boot} {word}\n");
+    replace(file, &temp_beside(file), text.as_bytes(), How::mode(0o644))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +213,29 @@ mod tests {
         replace(&path, &temp_beside(&path), b"new", How::mode(0o644)).unwrap();
         assert_eq!(fs::read(&victim).unwrap(), b"victim");
         assert_eq!(fs::read(&path).unwrap(), b"new");
+        fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_per_boot_record_counts_only_for_its_boot_and_only_from_a_regular_file() {
+        let boot = "0c6b3c1e-6f7a-4c43-9d0e-5d1f9b2f7a10";
+        assert_eq!(
+            parse_boot_record(&format!("{boot} yes\n"), boot),
+            Some("yes")
+        );
+        for bad in ["", "yes", boot, &format!("{boot} yes extra")] {
+            assert_eq!(parse_boot_record(bad, boot), None, "{bad:?}");
+        }
+        assert_eq!(parse_boot_record(&format!("{boot} yes"), "another"), None);
+        let d = dir("boot");
+        let file = d.join("record");
+        write_boot_record(&file, boot, "no").unwrap();
+        assert_eq!(read_boot_record(&file, boot).as_deref(), Some("no"));
+        assert_eq!(read_boot_record(&file, "another"), None);
+        // A link to a record is not followed.
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert_eq!(read_boot_record(&link, boot), None);
         fs::remove_dir_all(&d).unwrap();
     }
 }

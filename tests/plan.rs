@@ -286,10 +286,12 @@ fn load(n: &Network) -> (String, Config, NodeFacts) {
         .unwrap_or_else(|e| panic!("case config does not parse: {e}\n{}", n.conf));
     let md = &conf.natguard.metadata;
     let node = match (md.proxy_ipv4, md.proxy_ipv6) {
-        // With both addresses fixed, `node::facts` asks the kernel nothing: use the real thing.
-        (config::ProxyAddr::Fixed(_), config::ProxyAddr::Fixed(_)) => {
-            natguard::node::facts(&conf.natguard)
-        }
+        // Both addresses fixed: the node's own addresses play no part.
+        (config::ProxyAddr::Fixed(a), config::ProxyAddr::Fixed(b)) => NodeFacts {
+            proxy_v4: Some(a),
+            proxy_v6: Some(b),
+            ..n.node
+        },
         _ => n.node,
     };
     (conf.name, conf.natguard, node)
@@ -675,7 +677,9 @@ fn golden_text_loaded_by_nft_equals_what_natguards_batch_installs() {
         // Planned for a kernel that tells a frame's bridge, on one that cannot: nft and
         // natguard's batch are both refused, as natguard's check of the kernel says.
         let per_bridge = c.networks.iter().any(|n| load(n).2.bridge_meta);
-        if per_bridge && !common::in_netns(&by_bytes, natguard::node::bridge_meta) {
+        // (the kernel asked directly: node::bridge_meta records its answer in /run/natguard)
+        let told = || natguard::kernel::bridge_meta().expect("asking the kernel for meta ibrname");
+        if per_bridge && !common::in_netns(&by_bytes, told) {
             let why = String::from_utf8_lossy(&loaded.stderr);
             assert!(
                 !loaded.status.success() && why.contains("Operation not supported"),

@@ -144,10 +144,34 @@ pub(crate) trait Kernel {
     ) -> Result<FlushReport>;
 }
 
-/// Whether nf_tables can tell a bridged frame's bridge ([`nft::bridge_meta`]), asked on a
-/// socket of its own.
+/// Whether nf_tables can tell a bridged frame's bridge ([`nft::bridge_meta`]), asked in a
+/// network namespace of its own: the check holds that namespace's nf_tables commit mutex while
+/// the kernel drops it, which no other writer then waits for.
 pub fn bridge_meta() -> Result<bool> {
-    nft::bridge_meta(&mut NfSocket::open()?)
+    in_throwaway_netns("natguard-ibrname", || {
+        nft::bridge_meta(&mut NfSocket::open()?)
+    })
+    .ok_or_else(|| Error::NotReady("no network namespace of its own to ask the kernel in".into()))?
+}
+
+/// Runs `f` on a thread of its own in a new network namespace, which dies with the thread;
+/// `None` when the thread or the namespace cannot be had.
+pub(crate) fn in_throwaway_netns<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            // SAFETY: unshare affects only this thread's network namespace, which dies with it.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+                return None;
+            }
+            Some(f())
+        })
+        .ok()
+        .and_then(|h| h.join().ok())
+        .flatten()
 }
 
 /// The real kernel, over one netfilter netlink socket of the calling thread's namespace.

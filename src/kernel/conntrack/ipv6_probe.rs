@@ -20,12 +20,10 @@
 use super::wire::*;
 use crate::kernel::netlink::{NfSocket, NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL};
 use std::net::{IpAddr, Ipv6Addr};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 /// The cache file's name in the caller's directory.
 pub const CACHE_FILE: &str = "conntrack-ipv6-filter";
-const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
 
 /// What the probe found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,9 +58,7 @@ pub enum Source {
 /// The verdict for this boot: the cached one if it was made under the current boot id,
 /// otherwise a new probe, cached (when it gave an answer) in `cache_dir`.
 pub fn ipv6_filter(cache_dir: &Path) -> (Ipv6Filter, Source) {
-    let boot = std::fs::read_to_string(BOOT_ID)
-        .ok()
-        .map(|s| s.trim().to_string());
+    let boot = crate::fsutil::boot_id();
     let file = cache_dir.join(CACHE_FILE);
     if let Some(boot) = &boot {
         if let Some(v) = read_cache(&file, boot) {
@@ -71,59 +67,34 @@ pub fn ipv6_filter(cache_dir: &Path) -> (Ipv6Filter, Source) {
     }
     let v = probe();
     if let (Some(boot), Ipv6Filter::Correct | Ipv6Filter::Inverted) = (&boot, v) {
-        let _ = write_cache(&file, boot, v);
+        let _ = crate::fsutil::write_boot_record(&file, boot, v.word());
     }
     (v, Source::Probe)
 }
 
 /// `<boot id> <verdict>` from `file`, if it is a regular file of this boot.
 fn read_cache(file: &Path, boot: &str) -> Option<Ipv6Filter> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(file)
-        .ok()?;
-    if !f.metadata().ok()?.is_file() {
-        return None;
-    }
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut std::io::Read::take(f, 256), &mut text).ok()?;
-    parse_cache(&text, boot)
+    parse_cache(&crate::fsutil::read_boot_record(file, boot)?, "")
 }
 
+/// The verdict of a record's word (with `boot` empty) or of a whole record of boot `boot`.
 fn parse_cache(text: &str, boot: &str) -> Option<Ipv6Filter> {
-    let mut words = text.split_whitespace();
-    if words.next()? != boot {
-        return None;
-    }
-    let v = match words.next()? {
-        "correct" => Ipv6Filter::Correct,
-        "inverted" => Ipv6Filter::Inverted,
-        _ => return None,
+    let word = if boot.is_empty() {
+        text
+    } else {
+        crate::fsutil::parse_boot_record(text, boot)?
     };
-    words.next().is_none().then_some(v)
-}
-
-/// Writes the verdict next to `file` and renames it into place, so a reader sees a whole file.
-fn write_cache(file: &Path, boot: &str, v: Ipv6Filter) -> std::io::Result<()> {
-    let text = format!("{boot} {}\n", v.word());
-    let tmp = crate::fsutil::temp_beside(file);
-    crate::fsutil::replace(file, &tmp, text.as_bytes(), crate::fsutil::How::mode(0o644))
+    match word {
+        "correct" => Some(Ipv6Filter::Correct),
+        "inverted" => Some(Ipv6Filter::Inverted),
+        _ => None,
+    }
 }
 
 /// The probe itself, on a thread of its own in a new network namespace.
 pub fn probe() -> Ipv6Filter {
-    std::thread::Builder::new()
-        .name("natguard-ct6probe".into())
-        .spawn(|| {
-            // SAFETY: unshare affects only this thread's network namespace, which dies with it.
-            if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-                return Ipv6Filter::Unknown;
-            }
-            probe_here().unwrap_or(Ipv6Filter::Unknown)
-        })
-        .ok()
-        .and_then(|h| h.join().ok())
+    crate::kernel::in_throwaway_netns("natguard-ct6probe", probe_here)
+        .and_then(|r| r.ok())
         .unwrap_or(Ipv6Filter::Unknown)
 }
 
