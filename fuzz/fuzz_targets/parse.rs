@@ -56,10 +56,11 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
         "the pod record must give back its addresses: {:?}",
         p.comment
     );
-    // Every address is placed in or out of each owned set: meta, masq, the proxied count, the
-    // logged set, the node-wide exempt and reset-count sets and, behind a bridge port, the
-    // bridge table's two address pins; the port itself once (no MAC known here, so no pins).
-    assert_eq!(p.present.len() + p.absent.len(), 8 * addrs.len() + 1);
+    // Every address is placed in or out of each owned set: masq, the redirected set and its
+    // count, the log set, the node-wide exempt and reset-count sets and, behind a bridge port,
+    // the bridge table's three address pins (node-wide, per bridge, per port); the port itself
+    // once (no MAC known here, so no MAC pins).
+    assert_eq!(p.present.len() + p.absent.len(), 9 * addrs.len() + 1);
 }
 
 fn netconf(data: &[u8]) {
