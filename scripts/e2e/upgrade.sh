@@ -31,7 +31,8 @@
 #    exactly its sets that 0.1.0 does not know, used by no rule. CHECK of this release's pods
 #    passes under 0.1.0, new pods are ADDed by it, its DEL removes this release's pods whole.
 # 4. Upgraded again: the tables equal the reference's again; DEL of 0.1.0's last pods.
-# 5. Every probe of every pod is counted: all must be as the pod's policy says.
+# 5. Every probe of every pod is counted: all must be as the pod's policy says (a proxied pod's
+#    metadata connection may be reset while 0.1.0's install downgrades the node, and only then).
 . "$(dirname "$0")/../lib.sh"
 set -euo pipefail
 OLD_TAG=v0.1.0
@@ -381,12 +382,24 @@ for p in "${PODS[@]}"; do
       if (got[1] != ww[1] || got[2] != ww[2] || substr(got[3], 5) != substr(got[2], 4)) next
       if ((s < b1 + 0.05 && e > a1 - 0.05) || (s < b2 + 0.05 && e > a2 - 0.05)) n++
     } END { print n + 0 }')
+  # A proxied pod's metadata connection opened while 0.1.0's install downgrades the node may be
+  # reset (fail closed, never the real server): 0.1.0 creates its address-keyed redirect set
+  # anew, empty (this release keys it by interface, under another name), and fills it in its
+  # adopt, a transaction later. Counted apart, and only in that window.
+  reset=$(probes "$p" | awk -v w="$want" -v a="$t_dn0" -v b="$t_dn1" '{
+      s = substr($3, 7) + 0; e = substr($4, 5) + 0
+      $1 = $2 = $3 = $4 = ""; sub(/^ +/, "")
+      split(w, ww, " "); split($0, got, " ")
+      if (ww[1] != "meta=proxy" || got[1] != "meta=error:ConnectionRefusedError") next
+      if (got[2] != ww[2] || got[3] != ww[3]) next
+      if (s < b + 0.05 && e > a - 0.05) n++
+    } END { print n + 0 }')
   span=$(probes "$p" | awk 'NR == 1 { a = substr($3, 7) } { b = substr($4, 5) } END { printf "%.1f", b - a }')
-  log "pod ${POD_K8S[$p]}/$p: $total probes over ${span}s, $good as its policy says ($want), $lapse unmasqueraded during an install over another release, $((total - good - lapse)) other"
+  log "pod ${POD_K8S[$p]}/$p: $total probes over ${span}s, $good as its policy says ($want), $lapse unmasqueraded during an install over another release, $reset reset during the downgrade, $((total - good - lapse - reset)) other"
   if [ "$lapse" -gt 0 ]; then
     fail "pod $p: $lapse probe(s) without natguard's masquerade during the installs"
   fi
-  if [ "$((good + lapse))" != "$total" ]; then
+  if [ "$((good + lapse + reset))" != "$total" ]; then
     probes "$p" | grep -vF " $want" | sed -n '1,5s/^/    /p' >&2
     bad=1
   fi
