@@ -74,16 +74,17 @@ pub fn ipv6_filter(cache_dir: &Path) -> (Ipv6Filter, Source) {
 
 /// `<boot id> <verdict>` from `file`, if it is a regular file of this boot.
 fn read_cache(file: &Path, boot: &str) -> Option<Ipv6Filter> {
-    parse_cache(&crate::fsutil::read_boot_record(file, boot)?, "")
+    verdict_of(&crate::fsutil::read_boot_record(file, boot)?)
 }
 
-/// The verdict of a record's word (with `boot` empty) or of a whole record of boot `boot`.
+/// The verdict a whole record `text` holds for boot `boot`.
+#[cfg(test)]
 fn parse_cache(text: &str, boot: &str) -> Option<Ipv6Filter> {
-    let word = if boot.is_empty() {
-        text
-    } else {
-        crate::fsutil::parse_boot_record(text, boot)?
-    };
+    verdict_of(crate::fsutil::parse_boot_record(text, boot)?)
+}
+
+/// The verdict a record's word names; `unknown` is never recorded.
+fn verdict_of(word: &str) -> Option<Ipv6Filter> {
     match word {
         "correct" => Some(Ipv6Filter::Correct),
         "inverted" => Some(Ipv6Filter::Inverted),
