@@ -36,6 +36,10 @@ Before measuring, each path must answer the region (200) and, for the two proxie
 role's credentials (403) where `direct` gets them: the allow-lists are equivalent on what is
 measured, and a run that measures a broken proxy fails.
 
+Cores (`placement`): the servers run on the lower half of the cores, wrk on the upper half with a
+thread per core it has, so a tail measures the server and not which of wrk's threads and the
+server the scheduler ran.
+
 Measurements: wrk (Debian) for --secs seconds at 1 and at 64 keep-alive connections on
 /latest/meta-data/placement/region with an IMDSv2 token header: requests per second and p50
 and p99 latency (wrk --latency); then 64 connections paced (each waits 2 ms after an answer
@@ -122,6 +126,8 @@ class Bench:
         self.node_name, self.cloud_name = f"{self.tag}-node", f"{self.tag}-cloud"
         self.direct_name = f"{self.tag}-exempt"
         self.watcher = self.nginx = self.upstream = None
+        self.server_cpus, self.wrk_cpus = placement()
+        self.raw = []  # every wrk output, in the order run (bench-proxy-wrk.txt)
 
     # ---- topology ----------------------------------------------------------------------------
     def netns(self, name):
@@ -130,9 +136,19 @@ class Bench:
         sh(["ip", "-n", name, "link", "set", "lo", "up"])
         return Netns(name, self.root_ino)
 
-    def popen(self, ns, argv, log_name, **kw):
+    def popen(self, ns, argv, log_name, setup=None, **kw):
+        """A server of the run, started on the servers' cores (`placement`)."""
         out = open(os.path.join(self.work, log_name), "w")
-        p = subprocess.Popen(["ip", "netns", "exec", ns] + argv, stdout=out, stderr=subprocess.STDOUT, **kw)
+        cpus = self.server_cpus
+
+        def pre():
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if setup:
+                setup()
+
+        p = subprocess.Popen(["ip", "netns", "exec", ns] + argv, stdout=out, stderr=subprocess.STDOUT,
+                             preexec_fn=pre, **kw)
         self.procs.append(p)
         return p
 
@@ -230,7 +246,7 @@ class Bench:
 
         self.watcher = self.popen(self.node_name, [
             self.natguard, "install", "--watch", "--cni-bin-dir", bindir, "--netconf-dir", netd,
-            "--cache-dir", cache, "--config", entry], "watcher.log", preexec_fn=nofile)
+            "--cache-dir", cache, "--config", entry], "watcher.log", setup=nofile)
         self.wait_port(self.node_name, PROXY_PORT, "natguard's proxy (natguard install --watch, "
                        "metadata.serveProxy defaults to true)", self.watcher)
 
@@ -292,16 +308,21 @@ class Bench:
     # ---- measurements ------------------------------------------------------------------------
     def wrk(self, alt, conns, secs, pause=0):
         ns, base = self.target(alt)
-        threads = 1 if conns == 1 else 2
+        # One wrk thread per core wrk has: two threads on one core take turns by the scheduler's
+        # slices, and a response that arrives for the thread not running waits its turn, which
+        # is the tail wrk would then report.
+        threads = min(conns, len(self.wrk_cpus) or 2)
         paced = []
         if pause:
             script = os.path.join(self.work, f"pause-{pause}.lua")
             with open(script, "w") as f:
                 f.write(f"function delay()\n  return {pause}\nend\n")
             paced = ["-s", script]
-        out = sh(["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(secs))}s", "--latency"] + paced + [
+        pin = ["taskset", "-c", ",".join(map(str, sorted(self.wrk_cpus)))] if self.wrk_cpus else []
+        out = sh(pin + ["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(secs))}s", "--latency"] + paced + [
                   "-H", f"X-aws-ec2-metadata-token: {self.tokens[alt]}", base + REGION_PATH],
                  timeout=secs + 60)
+        self.raw.append(f"## {alt}, {conns} connection(s), pause {pause} ms\n{out}")
         rps = lat50 = lat99 = None
         errors = 0
         for line in out.splitlines():
@@ -370,6 +391,19 @@ class Bench:
                     p.wait()
         for n in reversed(self.created):
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def placement():
+    """(the servers' cores, wrk's cores): the lower half of the cores this run may use for the
+    servers (natguard's watcher, nginx, the upstream), the upper half for wrk. Left to the
+    scheduler, wrk's threads and a server share both cores of a small machine, and a tail at
+    saturation measures which of them the scheduler ran when; apart, it measures the server.
+    One core: no placement (empty sets)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return set(), set()
+    half = len(cpus) // 2
+    return set(cpus[:half]), set(cpus[half:])
 
 
 def us(s):
@@ -457,7 +491,7 @@ def ratio(vals, alt, ref, higher_better):
     return statistics.median(per)
 
 
-def report(results, rss, runs, secs, idle):
+def report(results, rss, runs, secs, idle, cores):
     L = ["## Metadata proxy", ""]
     p = L.append
     p(f"natguard's metadata proxy, Debian's nginx with the same AWS allow-list, and the upstream asked "
@@ -467,7 +501,9 @@ def report(results, rss, runs, secs, idle):
       "natguard's over nginx's; latency: nginx's over natguard's), so above 1 is natguard ahead. "
       "The upstream is nginx serving files; `direct` shows what it gives without a proxy. "
       "`64 paced 2 ms`: each connection waits 2 ms after an answer before its next request, so "
-      "the alternatives get the same load below their saturation (informative, not a target).")
+      "the alternatives get the same load below their saturation (informative, not a target). "
+      + (f"Cores: the servers on {cores[0]}, wrk on {cores[1]}." if cores[0] else
+         "One core: servers and wrk share it."))
     p("")
     p("| connections | metric | natguard | nginx | direct | natguard/nginx |")
     p("|---|---|---|---|---|---|")
@@ -538,7 +574,10 @@ def main():
                 f"{rss[alt][2]:,} idle connections")
     finally:
         b.close()
-    md = report(results, rss, a.runs, a.secs, a.idle)
+        with open(os.path.join(a.out, "bench-proxy-wrk.txt"), "w") as f:
+            f.write("\n".join(b.raw))
+    cores = tuple(",".join(map(str, sorted(c))) for c in placement())
+    md = report(results, rss, a.runs, a.secs, a.idle, cores)
     with open(os.path.join(a.out, "bench-proxy.md"), "w") as f:
         f.write(md + "\n")
     print(md)

@@ -3,10 +3,12 @@
 //!
 //! A thread of its own reads the records once a second and whenever a request comes from an
 //! address the last read did not know (a pod that has just started), and publishes each read
-//! as a [`Snapshot`]. The request waits a bounded time for a read newer than itself; an
+//! as a [`Snapshot`]; a read finds nf_tables' generation first and reads nothing more while no
+//! writer has committed since the last one. The request waits a bounded time for a read newer than itself; an
 //! address natguard still has no live record of is refused (fail closed).
 
 use crate::store::ProxiedNetwork;
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -17,11 +19,20 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 /// How long a request from an unknown address waits for a fresh read.
 pub const FRESH_WAIT: Duration = Duration::from_secs(1);
 
-/// One read of natguard's records.
+/// One read of natguard's records, indexed by address: a request's lookup costs the same on a
+/// node with ten pods and with thousands.
 #[derive(Debug, Clone)]
 pub struct Snapshot {
+    /// When the records were last found to be what `index` holds.
     pub at: Instant,
-    pub nets: Vec<ProxiedNetwork>,
+    index: Arc<Index>,
+}
+
+#[derive(Debug, Default)]
+struct Index {
+    nets: Vec<ProxiedNetwork>,
+    /// Every address's holders: (network, pod) indexes into `nets`.
+    holders: HashMap<IpAddr, Vec<(usize, usize)>>,
 }
 
 /// What the proxy does for a pod.
@@ -42,6 +53,29 @@ pub struct Who {
 }
 
 impl Snapshot {
+    pub fn new(at: Instant, nets: Vec<ProxiedNetwork>) -> Snapshot {
+        let mut holders: HashMap<IpAddr, Vec<(usize, usize)>> = HashMap::new();
+        for (i, n) in nets.iter().enumerate() {
+            for (j, p) in n.pods.iter().enumerate() {
+                for a in &p.addrs {
+                    holders.entry(*a).or_default().push((i, j));
+                }
+            }
+        }
+        Snapshot {
+            at,
+            index: Arc::new(Index { nets, holders }),
+        }
+    }
+
+    /// The same records, found unchanged at `at`.
+    fn again(&self, at: Instant) -> Snapshot {
+        Snapshot {
+            at,
+            index: self.index.clone(),
+        }
+    }
+
     /// The pod with source address `src` whose connection was first sent to `dst`: refused
     /// (with why) unless a live record holds `src` in a network whose DNAT redirects `dst`.
     /// Where several attachments hold `src`, the strictest policy wins.
@@ -51,11 +85,13 @@ impl Snapshot {
                 "the connection was not redirected by natguard (no original destination)".into(),
             );
         };
-        let holders: Vec<_> = self
-            .nets
-            .iter()
-            .flat_map(|n| n.pods.iter().map(move |p| (n, p)))
-            .filter(|(_, p)| p.addrs.contains(&src))
+        let ix = &*self.index;
+        let holders: Vec<_> = ix
+            .holders
+            .get(&src)
+            .into_iter()
+            .flatten()
+            .map(|&(i, j)| (&ix.nets[i], &ix.nets[i].pods[j]))
             .collect();
         if holders.is_empty() {
             return Err(format!(
@@ -96,31 +132,35 @@ pub struct Records {
 impl Records {
     /// Starts the reader thread.
     pub fn start() -> std::io::Result<Records> {
-        let (tx, rx) = tokio::sync::watch::channel(Arc::new(Snapshot {
-            at: Instant::now() - REFRESH_EVERY,
-            nets: Vec::new(),
-        }));
+        let (tx, rx) = tokio::sync::watch::channel(Arc::new(Snapshot::new(
+            Instant::now() - REFRESH_EVERY,
+            Vec::new(),
+        )));
         let (ask, asked) = mpsc::sync_channel::<()>(1);
         std::thread::Builder::new()
             .name("proxy-records".into())
             .spawn(move || {
                 let mut store = None;
                 let mut failing = false;
+                // The nf_tables generation of the last read: nothing committed since, nothing
+                // to read again (the records are all in nf_tables).
+                let mut seen = None;
                 loop {
                     if store.is_none() {
                         store = crate::store::open().ok();
+                        seen = None;
                     }
-                    let read = store.as_mut().map(|s| s.proxy_view());
+                    let read = store.as_mut().map(|s| s.proxy_view_since(seen));
                     match read {
-                        Some(Ok(nets)) => {
+                        Some(Ok((generation, view))) => {
                             failing = false;
-                            if tx
-                                .send(Arc::new(Snapshot {
-                                    at: Instant::now(),
-                                    nets,
-                                }))
-                                .is_err()
-                            {
+                            let now = Instant::now();
+                            let snap = match view {
+                                Some(nets) => Snapshot::new(now, nets),
+                                None => tx.borrow().again(now),
+                            };
+                            seen = Some(generation);
+                            if tx.send(Arc::new(snap)).is_err() {
                                 return;
                             }
                         }
@@ -195,9 +235,9 @@ mod tests {
     #[test]
     fn only_redirected_live_pods_are_served_and_the_strictest_wins() {
         let ep: SocketAddr = "169.254.169.254:80".parse().unwrap();
-        let snap = Snapshot {
-            at: Instant::now(),
-            nets: vec![
+        let snap = Snapshot::new(
+            Instant::now(),
+            vec![
                 ProxiedNetwork {
                     network: "a".into(),
                     endpoints: vec![(ep.ip(), 80)],
@@ -213,7 +253,7 @@ mod tests {
                     pods: vec![pod("y/strict", "10.0.0.9", false, Some("deny"))],
                 },
             ],
-        };
+        );
         let ip = |s: &str| s.parse().unwrap();
         assert_eq!(
             snap.lookup(ip("10.0.0.2"), Some(ep)),

@@ -982,3 +982,27 @@ fn a_renamed_set_found_beside_its_earlier_name_is_emptied_and_its_live_pods_rest
     );
     assert_eq!(keys(&mut s, META4), vec![on_cni0("10.1.0.5")]);
 }
+
+#[test]
+fn the_proxys_view_is_read_again_only_after_a_commit() {
+    let cfg = Config::default();
+    let sh = shared(&cfg);
+    let mut s = store();
+    s.apply_pod(&sh, &pod(&cfg, "a", "default", &["10.1.0.5"]))
+        .unwrap();
+    let pods =
+        |v: &[crate::store::ProxiedNetwork]| -> usize { v.iter().map(|n| n.pods.len()).sum() };
+    let (seen, view) = s.proxy_view_since(None).unwrap();
+    assert_eq!(pods(&view.expect("a first read reads")), 1);
+    let (again, view) = s.proxy_view_since(Some(seen)).unwrap();
+    assert_eq!(
+        (again, view),
+        (seen, None),
+        "nothing committed: nothing read"
+    );
+    s.apply_pod(&sh, &pod(&cfg, "b", "default", &["10.1.0.6"]))
+        .unwrap();
+    let (after, view) = s.proxy_view_since(Some(seen)).unwrap();
+    assert_ne!(after, seen);
+    assert_eq!(pods(&view.expect("a commit since: read again")), 2);
+}
