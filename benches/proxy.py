@@ -27,9 +27,11 @@ The alternatives, all with the same keep-alive clients:
               natguard's proxy, which decides on its AWS allow-list and forwards to the
               original destination with the node's IMDSv2 token (the pod's token is one the
               proxy minted)
-    nginx     the client pod asks nginx on the node (http://10.70.0.1:8282/...): Debian's
-              nginx as a reverse proxy with the same allow-list (benches/nginx_allowlist.py:
-              allowed paths pass, everything else 403), HTTP/1.1 keep-alive to the upstream
+    nginx     the client pod asks http://10.71.0.254/..., which one iptables-nft rule of the
+              node DNATs to nginx on the node (10.70.0.1:8282), as kube2iam's rule sends pods
+              to its proxy: Debian's nginx as a reverse proxy with the same allow-list
+              (benches/nginx_allowlist.py: allowed paths pass, everything else 403), HTTP/1.1
+              keep-alive to the upstream
     direct    the exempt pod asks the upstream itself (routed by the node, no proxy)
 
 Before measuring, each path must answer the region (200) and, for the two proxies, refuse the
@@ -74,6 +76,9 @@ ALTS = ["natguard", "nginx", "direct"]
 META = "169.254.169.254"
 NODE_BR = "10.70.0.1"
 NGINX_PORT = 8282
+# Where the client pod asks nginx: an address the node DNATs to nginx (one iptables-nft rule, as
+# kube2iam sends pods to its proxy), so both proxies' packets pay a NAT translation.
+NGINX_VIP = "10.71.0.254"
 PROXY_PORT = 8181
 REGION_PATH = "/latest/meta-data/placement/region"
 CRED_PATH = "/latest/meta-data/iam/security-credentials/bench-role"
@@ -229,6 +234,8 @@ class Bench:
         self.nginx = self.popen(self.node_name, ["nginx", "-p", self.work, "-e", os.path.join(self.work, "nginx-proxy-error.log"),
                                                      "-c", conf], "nginx-proxy.log")
         self.wait_port(self.node_name, NGINX_PORT, "nginx (the reverse proxy)", self.nginx)
+        sh(["ip", "netns", "exec", self.node_name, "iptables-nft", "-t", "nat", "-A", "PREROUTING", "-d", NGINX_VIP,
+            "-p", "tcp", "--dport", "80", "-j", "DNAT", "--to-destination", f"{NODE_BR}:{NGINX_PORT}"])
 
     def start_watcher(self):
         netd, bindir, cache = (os.path.join(self.work, d) for d in ("net.d", "bin", "cache"))
@@ -271,7 +278,7 @@ class Bench:
         if alt == "natguard":
             return self.client_name, f"http://{META}"
         if alt == "nginx":
-            return self.client_name, f"http://{NODE_BR}:{NGINX_PORT}"
+            return self.client_name, f"http://{NGINX_VIP}"
         return self.direct_name, f"http://{META}"
 
     def request(self, alt, method, path, headers):
