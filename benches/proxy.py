@@ -46,7 +46,8 @@ Measurements: wrk (Debian) for --secs seconds at 1 and at 64 keep-alive connecti
 /latest/meta-data/placement/region with an IMDSv2 token header: requests per second and p50
 and p99 latency (wrk --latency); then 64 connections paced (each waits 2 ms after an answer
 before its next request, wrk's `delay()`), which offers every alternative the same load below
-its saturation: at saturation the latency also measures what else shares the cores with wrk. The alternatives run in a rotated order for --runs rounds;
+its saturation: at saturation the latency also measures what else shares the cores with wrk. Each cell starts with one untimed round of each alternative (a warm-up), then the
+alternatives run in a rotated order for --runs rounds;
 ratios (natguard/nginx: rates, and nginx's latency over natguard's, so above 1 is natguard
 better) are the median of the rounds' ratios. Then each proxy's RSS (VmRSS; nginx: master
 and workers summed; natguard: the whole watcher process, proxy included) with --idle
@@ -313,7 +314,7 @@ class Bench:
         log("proxy: every path answers the region; both proxies refuse the credentials")
 
     # ---- measurements ------------------------------------------------------------------------
-    def wrk(self, alt, conns, secs, pause=0):
+    def wrk(self, alt, conns, secs, pause=0, warmup=False):
         ns, base = self.target(alt)
         # One wrk thread per core wrk has: two threads on one core take turns by the scheduler's
         # slices, and a response that arrives for the thread not running waits its turn, which
@@ -329,7 +330,7 @@ class Bench:
         out = sh(pin + ["ip", "netns", "exec", ns, "wrk", f"-t{threads}", f"-c{conns}", f"-d{max(1, round(secs))}s", "--latency"] + paced + [
                   "-H", f"X-aws-ec2-metadata-token: {self.tokens[alt]}", base + REGION_PATH],
                  timeout=secs + 60)
-        self.raw.append(f"## {alt}, {conns} connection(s), pause {pause} ms\n{out}")
+        self.raw.append(f"## {alt}, {conns} connection(s), pause {pause} ms{', warm-up (not counted)' if warmup else ''}\n{out}")
         rps = lat50 = lat99 = None
         errors = 0
         for line in out.splitlines():
@@ -503,7 +504,7 @@ def report(results, rss, runs, secs, idle, cores):
     p = L.append
     p(f"natguard's metadata proxy, Debian's nginx with the same AWS allow-list, and the upstream asked "
       f"directly (benches/proxy.py): wrk, {runs} round(s) of {secs:g} s per alternative and "
-      "connection count, alternated, on /latest/meta-data/placement/region with an IMDSv2 token. "
+      "connection count (after one untimed round of each), alternated, on /latest/meta-data/placement/region with an IMDSv2 token. "
       "Medians of the rounds; natguard/nginx is the median of the rounds' ratios (requests/s: "
       "natguard's over nginx's; latency: nginx's over natguard's), so above 1 is natguard ahead. "
       "The upstream is nginx serving files; `direct` shows what it gives without a proxy. "
@@ -568,6 +569,11 @@ def main():
         for cell in CELLS:
             label, conns, pause = cell
             vals = {alt: [] for alt in ALTS}
+            # One untimed round of each alternative first: the cell's first measured round was
+            # the slowest of its alternative in most runs (what the setup, or the cell before,
+            # left the machine doing), and the rotation always starts with natguard.
+            for alt in ALTS:
+                b.wrk(alt, conns, a.secs, pause, warmup=True)
             for r in range(a.runs):
                 for alt in ALTS[r % len(ALTS):] + ALTS[: r % len(ALTS)]:
                     vals[alt].append(b.wrk(alt, conns, a.secs, pause))
