@@ -159,7 +159,7 @@ impl Records {
                                 Some(nets) => Snapshot::new(now, nets),
                                 None => tx.borrow().again(now),
                             };
-                            seen = Some(generation);
+                            seen = generation;
                             if tx.send(Arc::new(snap)).is_err() {
                                 return;
                             }

@@ -34,16 +34,15 @@ pub struct ProxiedNetwork {
 impl<K: Kernel> Store<K> {
     /// nf_tables' generation, and [`Store::proxy_view`] unless the generation is `seen` (no
     /// writer committed since: the view would be the same). The generation is read first, so
-    /// a commit during the read shows as a change at the next call, never as a missed one.
+    /// a commit during the read shows as a change at the next call, never as a missed one. No
+    /// generation known: the view is read.
     pub fn proxy_view_since(
         &mut self,
         seen: Option<u32>,
-    ) -> Result<(u32, Option<Vec<ProxiedNetwork>>)> {
+    ) -> Result<(Option<u32>, Option<Vec<ProxiedNetwork>>)> {
         self.k.begin_read()?;
-        let Some(generation) = self.k.read_generation() else {
-            return Ok((0, Some(self.proxy_view()?)));
-        };
-        if seen == Some(generation) {
+        let generation = self.k.read_generation();
+        if generation.is_some() && generation == seen {
             return Ok((generation, None));
         }
         Ok((generation, Some(self.proxy_view()?)))

@@ -993,8 +993,9 @@ fn the_proxys_view_is_read_again_only_after_a_commit() {
     let pods =
         |v: &[crate::store::ProxiedNetwork]| -> usize { v.iter().map(|n| n.pods.len()).sum() };
     let (seen, view) = s.proxy_view_since(None).unwrap();
+    assert!(seen.is_some());
     assert_eq!(pods(&view.expect("a first read reads")), 1);
-    let (again, view) = s.proxy_view_since(Some(seen)).unwrap();
+    let (again, view) = s.proxy_view_since(seen).unwrap();
     assert_eq!(
         (again, view),
         (seen, None),
@@ -1002,7 +1003,7 @@ fn the_proxys_view_is_read_again_only_after_a_commit() {
     );
     s.apply_pod(&sh, &pod(&cfg, "b", "default", &["10.1.0.6"]))
         .unwrap();
-    let (after, view) = s.proxy_view_since(Some(seen)).unwrap();
+    let (after, view) = s.proxy_view_since(seen).unwrap();
     assert_ne!(after, seen);
     assert_eq!(pods(&view.expect("a commit since: read again")), 2);
 }
