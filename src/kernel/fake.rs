@@ -65,6 +65,7 @@ impl Fake {
                 // As the lowering: the inet table is woken, the bridge table keeps its flags.
                 self.tables.insert(TableFamily::Inet, 0);
                 self.tables.entry(TableFamily::Bridge).or_insert(0);
+                self.tables.insert(TableFamily::Netdev, 0);
                 for spec in &plan.sets {
                     let set = self.sets.entry(spec.name.clone()).or_default();
                     set.kind = Some(spec.kind);
@@ -116,6 +117,12 @@ impl Fake {
                 if s.elems.remove(key).is_none() {
                     return Err(enoent(format!("remove {key:?} from {}", set.name)));
                 }
+            }
+            Op::VethChain(veth) => {
+                self.tables.entry(TableFamily::Netdev).or_insert(0);
+                let comments = vec![crate::plan::XVETH_COMMENT.to_string()];
+                self.chains
+                    .insert(veth.as_str().to_string(), (TableFamily::Netdev, comments));
             }
             Op::DeleteChain(_, name) => {
                 if self.chains.remove(name).is_none() {

@@ -27,7 +27,7 @@ pub mod nft;
 pub(crate) mod podside;
 
 use crate::error::{Error, Result};
-use crate::plan::{Key, SetKind, SharedPlan, TableFamily};
+use crate::plan::{IfName, Key, SetKind, SharedPlan, TableFamily};
 use conntrack::FlushReport;
 use netlink::NfSocket;
 use std::collections::HashMap;
@@ -72,7 +72,10 @@ pub(crate) enum Op {
     },
     /// Delete an element known to exist (read under the lock in this invocation).
     Del { set: SetRef, key: Key },
-    /// Delete a chain of an earlier version, with its rules.
+    /// Create (or rewrite whole) the ingress chain of an exempt pod's own veth in the netdev
+    /// table, which gives the veth's frames [`crate::plan::EXEMPT_MARK`].
+    VethChain(IfName),
+    /// Delete a chain with its rules: an earlier version's, or a veth chain whose pod left.
     DeleteChain(TableFamily, String),
     /// Delete a set that nothing refers to any more (after its chains went).
     DeleteSet(TableFamily, String),
@@ -221,6 +224,7 @@ impl Netfilter {
                     lower::key_bytes(key),
                     &describe(key),
                 ),
+                Op::VethChain(veth) => tx.veth_chain(veth.as_str()),
                 Op::DeleteChain(t, name) => tx.delete_chain(*t, name),
                 Op::DeleteSet(t, name) => tx.delete_set(*t, name),
                 Op::DeleteTable(t) => tx.delete_table(*t),

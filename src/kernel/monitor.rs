@@ -9,8 +9,8 @@
 //! name (`NFTA_GEN_PROC_PID`, `NFTA_GEN_PROC_NAME`, since Linux 4.19).
 //!
 //! [`Tracker`] turns that stream into verdicts, message by message, without syscalls (so it is
-//! unit-tested on built messages): a transaction that touched one of natguard's two tables
-//! (`inet natguard`, `bridge natguard`, by the table name every object message carries) and was
+//! unit-tested on built messages): a transaction that touched one of natguard's tables
+//! (`inet natguard`, `bridge natguard`, `netdev natguard`, by the table name every object message carries) and was
 //! written by someone who is not natguard is [`Verdict::Foreign`]. natguard's own transactions
 //! (a CNI ADD or DEL, the watcher's own repair) are recognised by the writer's command name
 //! (`natguard`, which is what runtimes exec) or the id of the thread that opened the monitor
@@ -47,8 +47,8 @@ const NFTA_GEN_PROC_NAME: u16 = 3;
 /// `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, `NFTA_SET_ELEM_LIST_TABLE`,
 /// `NFTA_OBJ_TABLE`, `NFTA_FLOWTABLE_TABLE`).
 const NFTA_ANY_TABLE: u16 = 1;
-/// The families of natguard's tables (`NFPROTO_INET`, `NFPROTO_BRIDGE`).
-const OWN_TABLE_FAMILIES: [u8; 2] = [1, 7];
+/// The families of natguard's tables (`NFPROTO_INET`, `NFPROTO_BRIDGE`, `NFPROTO_NETDEV`).
+const OWN_TABLE_FAMILIES: [u8; 3] = [1, 7, 5];
 
 /// The command name natguard runs under (the kernel's `comm` of `/opt/cni/bin/natguard`).
 pub const OWN_NAME: &str = "natguard";

@@ -186,10 +186,10 @@ impl Tx {
     /// rule and every shared set's contents. Per-pod sets are created but never flushed.
     pub fn converge_shared(&mut self, plan: &SharedPlan, set_counters: bool) {
         for t in TableFamily::ALL {
-            // The inet table is woken if someone made it dormant; the bridge table keeps its
+            // The inet and netdev tables are woken if someone made them dormant; the bridge table keeps its
             // flags, which the store sets in the same batch where they must change
             // ([`Tx::table_flags`]): a batch may update a table's flags once.
-            let flags = (t == TableFamily::Inet).then_some(0);
+            let flags = (t != TableFamily::Bridge).then_some(0);
             let s = new_table(&mut self.buf, t, flags);
             self.note(
                 s,
@@ -313,6 +313,34 @@ impl Tx {
         for s in set_elems(&mut self.buf, t, msg, flags, set, &e) {
             self.note(s, note.to_string());
         }
+    }
+
+    /// Creates or rewrites an exempt pod's veth chain in the netdev table (the table first,
+    /// which a batch that converges nothing may not have created).
+    pub fn veth_chain(&mut self, veth: &str) {
+        let s = new_table(&mut self.buf, TableFamily::Netdev, None);
+        self.note(s, format!("create table netdev {}", crate::plan::TABLE));
+        let [c, f, r] =
+            super::lower::new_veth_chain(&mut self.buf, veth, crate::plan::XVETH_COMMENT);
+        self.note(
+            c,
+            format!(
+                "create chain netdev {} {veth} (hook ingress device {veth})",
+                crate::plan::TABLE
+            ),
+        );
+        self.note(
+            f,
+            format!("flush chain netdev {} {veth}", crate::plan::TABLE),
+        );
+        self.note(
+            r,
+            format!(
+                "add rule netdev {} {veth} meta mark set meta mark | {:#x}",
+                crate::plan::TABLE,
+                crate::plan::EXEMPT_MARK
+            ),
+        );
     }
 
     /// Deletes a chain with its rules (they go first: the kernel deletes only empty chains).

@@ -111,11 +111,15 @@ fn plan_node_rules(bridge_meta: bool) -> Vec<Rule> {
         // without the exemption: where two attachments share one (the same address on one
         // bridge, from two networks' pools or a static address), neither gets more than the
         // stricter of the two, since the IP layer cannot tell their packets apart. Every
-        // attachment that is not exempt has its identity in the counted set.
+        // attachment that is not exempt has its identity in the counted set. And only what
+        // entered the node through an exempt pod's own veth, which marks its frames
+        // (`EXEMPT_MARK`): on a bridge the IP layer sees the bridge, not the port, and a pod
+        // that claims the identity from another port arrives without the mark.
         rules.push(rule(
             judge,
             vec![
                 Match::NfProto(f),
+                Match::MarkHas(EXEMPT_MARK),
                 Match::IifSaddrIn(f, SetKind::Exempt(f)),
                 Match::IifSaddrNotIn(f, SetKind::Resets(f)),
             ],
@@ -543,6 +547,16 @@ fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetK
                 out.push((SetKind::XPort(f), Key::IfAddr(port, *a), true));
             }
         }
+    }
+    // The exempt pod's own veth (its bridge port, or its routed veth): its frames get the
+    // exemption's mark there, and nowhere else.
+    if let Some(h) = &host {
+        let veth = h.port.unwrap_or(h.iface);
+        out.push((
+            SetKind::XVeths,
+            Key::Iface(veth),
+            w.allowed && !addrs.is_empty(),
+        ));
     }
     if let Some(
         h @ HostSide {

@@ -37,6 +37,17 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 pub const TABLE: &str = "natguard";
 /// The mark kube-proxy sets on traffic it wants masqueraded; such traffic is never exempted.
 pub const KUBE_MASQ_MARK: u32 = 0x4000;
+/// The packet mark bit an exempt pod's frames get where they enter the node, on its own
+/// host-side veth (`netdev natguard`, one ingress chain per exempt veth, named after it). The
+/// guard's exemption asks for it, so an exempt identity holds only for what crossed that veth:
+/// another pod that claims the identity on the same bridge, or sends through a tunnel, arrives
+/// without it. A pod cannot set it (a packet's mark is cleared when it crosses from one network
+/// namespace to another). Bit 12: none of kube-proxy's (0x4000, 0x8000), Cilium's (0x0f00 and
+/// the upper half), Calico's (the upper half), Istio's (0x539), the AWS VPC CNI's (0x80) or
+/// wg-quick's (0xca6c).
+pub const EXEMPT_MARK: u32 = 0x1000;
+/// The comment of the one rule of an exempt pod's veth chain.
+pub const XVETH_COMMENT: &str = "natguard ~node exempt-veth";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -67,12 +78,14 @@ impl Family {
     pub const ALL: [Family; 2] = [Family::V4, Family::V6];
 }
 
-/// The two tables natguard writes: `inet natguard` for the IP layer and `bridge natguard` for
-/// frames entering a bridge from a pod's port, where the port is still visible.
+/// The tables natguard writes: `inet natguard` for the IP layer, `bridge natguard` for frames
+/// entering a bridge from a pod's port, where the port is still visible, and `netdev natguard`,
+/// whose chains hook the exempt pods' own host-side veths ([`EXEMPT_MARK`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TableFamily {
     Inet,
     Bridge,
+    Netdev,
 }
 
 impl TableFamily {
@@ -80,9 +93,10 @@ impl TableFamily {
         match self {
             TableFamily::Inet => "inet",
             TableFamily::Bridge => "bridge",
+            TableFamily::Netdev => "netdev",
         }
     }
-    pub const ALL: [TableFamily; 2] = [TableFamily::Inet, TableFamily::Bridge];
+    pub const ALL: [TableFamily; 3] = [TableFamily::Inet, TableFamily::Bridge, TableFamily::Netdev];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -338,6 +352,10 @@ pub enum SetKind {
     /// `xportmac`, node-wide, bridge table: `iifname . ether saddr` of every natguard pod on a
     /// bridge whose MAC is known: the port each MAC belongs to.
     XPortMac,
+    /// `xveths`, node-wide, netdev table: every exempt pod's own host-side veth (its bridge
+    /// port, or its routed veth). Each element has an ingress chain of the same name that gives
+    /// the veth's frames [`EXEMPT_MARK`]; the store keeps the chains to the elements.
+    XVeths,
 }
 
 /// Where a set lives: one per network (named `NET-…`), or one for the node.
@@ -385,7 +403,7 @@ impl SetKind {
     pub const fn row(self) -> SetRow {
         use Holds::*;
         use Scope::*;
-        use TableFamily::{Bridge, Inet};
+        use TableFamily::{Bridge, Inet, Netdev};
         const fn r(
             name: &'static str,
             family: Option<Family>,
@@ -488,6 +506,7 @@ impl SetKind {
             SetKind::XBrAddr(f) => r("xbraddr", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
             SetKind::XBrMac => r("xbrmac", None, Bridge, Node, Owned, KeyShape::IfMac),
             SetKind::XPortMac => r("xportmac", None, Bridge, Node, Owned, KeyShape::IfMac),
+            SetKind::XVeths => r("xveths", None, Netdev, Node, Owned, n),
         }
     }
     /// The set's name in the kernel without the network prefix.
@@ -559,7 +578,7 @@ impl SetKind {
     pub fn is_owned(self) -> bool {
         self.row().holds == Holds::Owned
     }
-    pub const ALL: [SetKind; 39] = [
+    pub const ALL: [SetKind; 40] = [
         SetKind::Pods,
         SetKind::Att,
         SetKind::Ifs,
@@ -599,6 +618,7 @@ impl SetKind {
         SetKind::XBrAddr(Family::V4),
         SetKind::XBrAddr(Family::V6),
         SetKind::XBrMac,
+        SetKind::XVeths,
     ];
 }
 

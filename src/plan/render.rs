@@ -281,6 +281,13 @@ pub fn render_mac(m: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// The ingress chain of an exempt pod's own veth, as `nft -f` reads it.
+pub fn render_veth_chain(veth: &str) -> String {
+    format!(
+        "add chain netdev {TABLE} {veth} {{ type filter hook ingress device \"{veth}\" priority 500; policy accept; }}\nadd rule netdev {TABLE} {veth} meta mark set meta mark | {EXEMPT_MARK:#010x} comment \"{XVETH_COMMENT}\"\n"
+    )
+}
+
 pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
     let owner = p.owner.hex();
     let mut out = String::new();
@@ -307,6 +314,9 @@ pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {
             names.set(*k),
             render_key(key)
         );
+        if let (SetKind::XVeths, Key::Iface(veth)) = (k, key) {
+            out.push_str(&render_veth_chain(veth.as_str()));
+        }
     }
     for (k, key) in &p.absent {
         let _ = writeln!(

@@ -37,7 +37,44 @@ impl<K: Kernel> Store<K> {
         Ok(None)
     }
 
-    /// Compares the kernel's shared objects of a network (both tables) with the plan.
+    /// Compares the netdev table's veth chains with `xveths`: each exempt pod's veth that
+    /// exists has its chain, with its one rule, and no chain is left for a veth no exempt pod
+    /// has. A difference is repaired by a converge ([`super::settle_veth_chains`]).
+    fn check_veth_chains(&mut self) -> Result<()> {
+        let t = TableFamily::Netdev;
+        let set = SetRef {
+            name: SetKind::XVeths.suffix(),
+            kind: SetKind::XVeths,
+        };
+        let mut rules = self.k.rules(t)?;
+        for e in self.k.dump(&set)? {
+            let Key::Iface(veth) = e.key else { continue };
+            let got: Option<Vec<String>> = rules
+                .remove(veth.as_str())
+                .map(|r| r.into_iter().map(|r| r.comment).collect());
+            let what = match got {
+                Some(got) if got == [plan::XVETH_COMMENT] => continue,
+                Some(got) => format!("differs (rules commented {got:?})"),
+                None if !(self.link_exists)(veth.as_str()) => continue,
+                None => "is missing".to_string(),
+            };
+            return Err(Error::CheckFailed(format!(
+                "chain {} {} {veth} of an exempt pod's veth {what}: its frames are not marked as the exempt pod's own",
+                t.nft(),
+                plan::TABLE
+            )));
+        }
+        if let Some(stray) = rules.keys().min() {
+            return Err(Error::CheckFailed(format!(
+                "chain {} {} {stray} marks a veth that no exempt pod has",
+                t.nft(),
+                plan::TABLE
+            )));
+        }
+        Ok(())
+    }
+
+    /// Compares the kernel's shared objects of a network (all three tables) with the plan.
     pub fn check_shared(&mut self, shared: &SharedPlan) -> Result<()> {
         let names = &shared.names;
         for t in TableFamily::ALL {
@@ -46,10 +83,10 @@ impl<K: Kernel> Store<K> {
                     let chain = ChainKind::ALL
                         .into_iter()
                         .find(|c| c.table() == t)
-                        .map(|c| names.chain(c))
+                        .map(|c| format!("chain {} and ", names.chain(c)))
                         .unwrap_or_default();
                     return Err(Error::CheckFailed(format!(
-                        "table {} {} is missing, and with it chain {chain} and every set of network {} there",
+                        "table {} {} is missing, and with it {chain}every set of network {} there",
                         t.nft(),
                         plan::TABLE,
                         names.network
@@ -157,7 +194,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
         }
-        Ok(())
+        self.check_veth_chains()
     }
 
     /// Compares a pod's elements with its plan.
@@ -230,6 +267,35 @@ impl<K: Kernel> Store<K> {
                         set.name
                     )));
                 }
+            }
+        }
+        // An exempt pod's veth chain: what marks its frames as its own.
+        for (kind, key) in &pod.present {
+            let (SetKind::XVeths, Key::Iface(veth)) = (kind, key) else {
+                continue;
+            };
+            let t = TableFamily::Netdev;
+            let rules = self.k.rules(t)?;
+            let got: Option<Vec<&str>> = rules
+                .get(veth.as_str())
+                .map(|r| r.iter().map(|r| r.comment.as_str()).collect());
+            match got {
+                None => {
+                    return Err(Error::CheckFailed(format!(
+                        "chain {} {} {veth} is missing: the exempt pod's frames are not marked as its own, so the guard does not exempt them",
+                        t.nft(),
+                        plan::TABLE
+                    )))
+                }
+                Some(got) if got != [plan::XVETH_COMMENT] => {
+                    return Err(Error::CheckFailed(format!(
+                        "chain {} {} {veth} differs: expected one rule commented {:?}, found {got:?}",
+                        t.nft(),
+                        plan::TABLE,
+                        plan::XVETH_COMMENT
+                    )))
+                }
+                Some(_) => {}
             }
         }
         if let Some(h) = pod.host {

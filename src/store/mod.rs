@@ -116,6 +116,8 @@ pub(crate) struct Store<K: Kernel> {
     locking: Locking,
     /// Whether a recorded network namespace path still exists (a unit test stubs it).
     netns_exists: fn(&str) -> bool,
+    /// Whether an interface of this network namespace exists (a unit test stubs it).
+    link_exists: fn(&str) -> bool,
     /// Which networks were last found intact, at which generation ([`verified`]).
     verified: verified::Cache,
 }
@@ -130,6 +132,7 @@ impl<K: Kernel> Store<K> {
             k,
             locking,
             netns_exists: path_exists,
+            link_exists: crate::kernel::link::exists,
             verified: verified::Cache::default(),
         }
     }
@@ -148,6 +151,12 @@ impl<K: Kernel> Store<K> {
     #[cfg(test)]
     pub fn with_netns_check(mut self, f: fn(&str) -> bool) -> Self {
         self.netns_exists = f;
+        self
+    }
+
+    #[cfg(test)]
+    pub fn with_link_check(mut self, f: fn(&str) -> bool) -> Self {
+        self.link_exists = f;
         self
     }
 
@@ -338,9 +347,10 @@ impl<K: Kernel> Store<K> {
             None
         };
         let netns_exists = self.netns_exists;
+        let link_exists = self.link_exists;
         let mut v = view::View::new(&mut self.k).emptied(emptied);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
-        emit_settled(v, &mut batch, found.as_ref())?;
+        emit_settled(v, &mut batch, found.as_ref(), link_exists)?;
         self.k.commit(&batch)?;
         Ok(batch.len())
     }
@@ -428,11 +438,12 @@ impl<K: Kernel> Store<K> {
             }
         }
         let netns_exists = self.netns_exists;
+        let link_exists = self.link_exists;
         let mut v = view::View::new(&mut self.k).emptied(emptied);
         for (s, p) in pods {
             stage_pod(&mut v, &s.names, p, netns_exists)?;
         }
-        emit_settled(v, &mut batch, found.as_ref())?;
+        emit_settled(v, &mut batch, found.as_ref(), link_exists)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -453,6 +464,7 @@ impl<K: Kernel> Store<K> {
         let given = addrs.len();
         self.read_modify_write("DEL", |s| {
             addrs.truncate(given);
+            let link_exists = s.link_exists;
             let mut v = view::View::new(&mut s.k);
             let recorded = remove_attachment(&mut v, names, owner, addrs)?;
             for a in recorded {
@@ -461,7 +473,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let mut batch = Batch::default();
-            emit_settled(v, &mut batch, None)?;
+            emit_settled(v, &mut batch, None, link_exists)?;
             let n = batch.len();
             let read = s.k.read_generation();
             s.k.commit(&batch)?;
@@ -484,6 +496,7 @@ impl<K: Kernel> Store<K> {
     }
 
     fn gc_once(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
+        let link_exists = self.link_exists;
         let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
         let att = set_ref(names, SetKind::Att);
@@ -543,7 +556,7 @@ impl<K: Kernel> Store<K> {
             v.set(&ifs, &Key::Iface(i), Some(plan::iface_comment(n)))?;
         }
         let mut batch = Batch::default();
-        emit_settled(v, &mut batch, None)?;
+        emit_settled(v, &mut batch, None, link_exists)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -772,11 +785,14 @@ fn emit_settled<K: Kernel>(
     mut v: view::View<'_, K>,
     batch: &mut Batch,
     found: Option<&Found>,
+    link_exists: fn(&str) -> bool,
 ) -> Result<()> {
     let pins = pin_sets();
     let converges = found.is_some();
+    let veth_chains = settle_veth_chains(&mut v, found, link_exists)?;
     if !converges && !pins.iter().any(|s| v.changes(s)) {
         v.emit(batch);
+        batch.ops.extend(veth_chains);
         return Ok(());
     }
     let t = TableFamily::Bridge;
@@ -806,12 +822,75 @@ fn emit_settled<K: Kernel>(
             .and_then(|f| f.table(t))
             .is_some_and(|b| b.chains.is_empty());
     v.emit(batch);
+    batch.ops.extend(veth_chains);
     match op {
         Some(op) if last => batch.push(op),
         Some(op) => batch.ops.insert(0, op),
         None => {}
     }
     Ok(())
+}
+
+/// The veth chains that make the netdev table's chains what `xveths` holds after the view's
+/// changes: one per exempt pod's own veth, none for a veth no exempt pod has. Only a batch that
+/// converges (`found`) or changes `xveths` (the ADD, DEL or GC of an exempt pod) reads them. A
+/// converge rewrites every chain it keeps, so a rule someone changed is put back. A chain is
+/// created only where its veth exists: on kernels before 6.16 nf_tables refuses a netdev chain
+/// for a device that is not there (and deletes the chain with its device); a pod whose veth is
+/// gone is leaving, and its DEL or GC takes its element.
+fn settle_veth_chains<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    found: Option<&Found>,
+    link_exists: fn(&str) -> bool,
+) -> Result<Vec<Op>> {
+    let set = SetRef {
+        name: SetKind::XVeths.suffix(),
+        kind: SetKind::XVeths,
+    };
+    let t = TableFamily::Netdev;
+    let converges = found.is_some();
+    if !converges && !v.changes(&set) {
+        return Ok(Vec::new());
+    }
+    let table = match found {
+        Some(f) => f.table(t).map(|n| n.chains.clone()),
+        None if v.k.table_flags(t)?.is_some() => Some(v.k.chain_names(t)?.into_iter().collect()),
+        None => None,
+    };
+    // Without the table there is neither a set to read nor a chain.
+    let chains: HashSet<String> = match table {
+        Some(chains) => {
+            v.preload(&set)?;
+            chains
+        }
+        None => HashSet::new(),
+    };
+    let want: HashSet<IfName> = v
+        .keys_in(&set)
+        .into_iter()
+        .filter_map(|k| match k {
+            Key::Iface(i) => Some(i),
+            _ => None,
+        })
+        .collect();
+    let mut ops = Vec::new();
+    let mut sorted: Vec<&IfName> = want.iter().collect();
+    sorted.sort();
+    for veth in sorted {
+        let have = chains.contains(veth.as_str());
+        if (converges || !have) && link_exists(veth.as_str()) {
+            ops.push(Op::VethChain(*veth));
+        }
+    }
+    let mut gone: Vec<&String> = chains
+        .iter()
+        .filter(|c| !want.iter().any(|w| w.as_str() == c.as_str()))
+        .collect();
+    gone.sort();
+    for c in gone {
+        ops.push(Op::DeleteChain(t, c.clone()));
+    }
+    Ok(ops)
 }
 
 /// Stages one attachment in a view: releases what an earlier ADD of the same attachment

@@ -11,9 +11,13 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 
 const NET: &str = "net1";
 const GONE: &str = "/run/netns/gone";
+/// A veth that no longer exists (its pod is leaving).
+const GONE_VETH: &str = "veth-gone";
 
 fn store() -> Store<Fake> {
-    Store::new(Fake::default(), Locking::Unlocked).with_netns_check(|p| p != GONE)
+    Store::new(Fake::default(), Locking::Unlocked)
+        .with_netns_check(|p| p != GONE)
+        .with_link_check(|l| l != GONE_VETH)
 }
 
 fn facts() -> NodeFacts {
@@ -540,6 +544,101 @@ fn a_dormant_bridge_table_with_pins_fails_check_and_is_woken() {
     s.apply_pod(&sh, &pod(&cfg, "web", "default", &["10.1.0.5"]))
         .unwrap();
     assert_eq!(bridge_flags(&mut s), 0);
+    s.check_shared(&sh).unwrap();
+}
+
+fn veth_chains(s: &mut Store<Fake>) -> Vec<String> {
+    s.kernel().chain_names(TableFamily::Netdev).unwrap()
+}
+
+fn veth_ops(b: &Batch) -> Vec<&Op> {
+    b.ops
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Op::VethChain(_) | Op::DeleteChain(TableFamily::Netdev, _)
+            )
+        })
+        .collect()
+}
+
+/// An exempt pod's own veth has a chain that marks its frames exactly while the pod lives: the
+/// batch that adds its elements creates the chain, its DEL or GC deletes it, a pod that is not
+/// exempt never has one, someone else's deletion of a chain is a failed CHECK that the next
+/// converge (a repair) puts back, and a pod whose veth is gone gets no chain.
+#[test]
+fn an_exempt_pods_veth_chain_lives_and_goes_with_the_pod() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let web = pod(&cfg, "web", "default", &["10.1.0.5"]);
+    s.apply_pod(&sh, &web).unwrap();
+    assert!(veth_chains(&mut s).is_empty());
+    let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.6", "fd00:1::6"]);
+    s.apply_pod(&sh, &creds).unwrap();
+    let last = s.kernel().commits.last().unwrap().clone();
+    assert_eq!(
+        veth_ops(&last),
+        vec![&Op::VethChain(ifn("veth-creds"))],
+        "created in the batch that adds the exemption: {last:?}"
+    );
+    assert!(last
+        .ops
+        .iter()
+        .any(|o| matches!(o, Op::Add { set, .. } if set.kind == SetKind::Exempt(Family::V4))));
+    assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
+    s.check_shared(&sh).unwrap();
+    s.check_pod(&names(), &creds).unwrap();
+    // A second ADD of the same pod writes nothing.
+    let n = s.kernel().commits.len();
+    s.apply_pod(&sh, &creds).unwrap();
+    assert_eq!(
+        s.kernel().commits.len(),
+        n,
+        "{:?}",
+        s.kernel().commits.last()
+    );
+
+    // Someone deletes the chain: CHECK names it, a repair puts it back.
+    s.kernel().chains.remove("veth-creds");
+    let e = s.check_pod(&names(), &creds).unwrap_err();
+    assert!(e.to_string().contains("veth-creds"), "{e}");
+    let e = s.check_shared(&sh).unwrap_err();
+    assert!(e.to_string().contains("veth-creds"), "{e}");
+    s.apply(&[], &[(&sh, &web), (&sh, &creds)]).unwrap();
+    assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
+    s.check_shared(&sh).unwrap();
+    // A chain for a veth no exempt pod has is a failed CHECK, and a converge deletes it.
+    s.kernel().apply(&Op::VethChain(ifn("veth-stray"))).unwrap();
+    let e = s.check_shared(&sh).unwrap_err();
+    assert!(e.to_string().contains("veth-stray"), "{e}");
+    s.apply(&[], &[(&sh, &web), (&sh, &creds)]).unwrap();
+    assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
+
+    s.remove_pod(&names(), creds.owner, &mut Vec::new())
+        .unwrap();
+    let last = s.kernel().commits.last().unwrap().clone();
+    assert_eq!(
+        veth_ops(&last),
+        vec![&Op::DeleteChain(TableFamily::Netdev, "veth-creds".into())]
+    );
+    assert!(veth_chains(&mut s).is_empty());
+    s.check_shared(&sh).unwrap();
+
+    // GC takes it too.
+    s.apply_pod(&sh, &creds).unwrap();
+    let valid: HashSet<OwnerKey> = [web.owner].into_iter().collect();
+    s.gc(&names(), &valid).unwrap();
+    assert!(veth_chains(&mut s).is_empty());
+
+    // A flushed ruleset restored while one exempt pod's veth is already gone: the others'
+    // chains come back, its chain is not asked for, and CHECK holds it no fault.
+    let gone = pod(&cfg, "gone", "kube-system", &["10.1.0.9"]);
+    s.apply_pod(&sh, &creds).unwrap();
+    *s.kernel() = Fake::default();
+    s.apply(&[], &[(&sh, &creds), (&sh, &gone)]).unwrap();
+    assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
     s.check_shared(&sh).unwrap();
 }
 

@@ -504,6 +504,40 @@ fn label_bits(bit: u8) -> [u8; 16] {
     b
 }
 
+/// One NEWRULE appended to the netdev table's `chain`: `meta mark set meta mark | bits` →
+/// [ meta load mark => reg 1 ] [ bitwise reg 1 = (reg 1 & ~bits) ^ bits ] [ meta set mark
+/// with reg 1 ] (the mark in host order).
+pub fn new_mark_rule(b: &mut MsgBuf, chain: &str, bits: u32, comment: &str) -> u32 {
+    let s = begin(
+        b,
+        TableFamily::Netdev,
+        NFT_MSG_NEWRULE,
+        NLM_F_CREATE | NLM_F_APPEND,
+    );
+    b.attr_str(NFTA_RULE_TABLE, TABLE);
+    b.attr_str(NFTA_RULE_CHAIN, chain);
+    let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);
+    {
+        let mut x = Exprs { b };
+        x.meta(NFT_META_MARK, NFT_REG_1);
+        x.expr("bitwise", |b| {
+            b.attr_u32_be(1, NFT_REG_1); // NFTA_BITWISE_SREG
+            b.attr_u32_be(2, NFT_REG_1); // NFTA_BITWISE_DREG
+            b.attr_u32_be(3, 4); // NFTA_BITWISE_LEN
+            Exprs::data(b, 4, &(!bits).to_ne_bytes()); // NFTA_BITWISE_MASK
+            Exprs::data(b, 5, &bits.to_ne_bytes()); // NFTA_BITWISE_XOR
+        });
+        x.expr("meta", |b| {
+            b.attr_u32_be(2, NFT_META_MARK); // NFTA_META_KEY
+            b.attr_u32_be(3, NFT_REG_1); // NFTA_META_SREG
+        });
+    }
+    b.nest_end(list);
+    attr_comment(b, NFTA_RULE_USERDATA, comment);
+    b.end();
+    s
+}
+
 /// One NEWRULE appended to `chain`, commented with the plan's fingerprint.
 pub fn new_rule(
     b: &mut MsgBuf,

@@ -199,12 +199,14 @@ pub fn end_batch(b: &mut MsgBuf) {
 }
 
 pub const NFPROTO_BRIDGE: u8 = 7;
+pub const NFPROTO_NETDEV: u8 = 5;
 
 /// The nfgenmsg family of a table.
 fn nfproto_of(t: TableFamily) -> u8 {
     match t {
         TableFamily::Inet => NFPROTO_INET,
         TableFamily::Bridge => NFPROTO_BRIDGE,
+        TableFamily::Netdev => NFPROTO_NETDEV,
     }
 }
 
@@ -253,6 +255,33 @@ pub fn new_chain(
     }
     b.end();
     s
+}
+
+/// The netdev family's ingress hook, and the priority of natguard's chains there: after
+/// other components' chains of that hook, so none of them can take the mark off again.
+const NF_NETDEV_INGRESS: u32 = 0;
+const XVETH_PRIORITY: i32 = 500;
+const NFTA_HOOK_DEV: u16 = 3;
+
+/// The ingress chain of an exempt pod's own veth, named after it, with its one rule (`meta
+/// mark set meta mark | EXEMPT_MARK`): a NEWCHAIN (a base chain of the netdev family hooks
+/// one device), a flush and the rule, so an existing chain is rewritten whole.
+pub fn new_veth_chain(b: &mut MsgBuf, veth: &str, comment: &str) -> [u32; 3] {
+    let t = TableFamily::Netdev;
+    let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
+    b.attr_str(NFTA_CHAIN_TABLE, TABLE);
+    b.attr_str(NFTA_CHAIN_NAME, veth);
+    let h = b.nest_begin(NFTA_CHAIN_HOOK);
+    b.attr_u32_be(NFTA_HOOK_HOOKNUM, NF_NETDEV_INGRESS);
+    b.attr_u32_be(NFTA_HOOK_PRIORITY, XVETH_PRIORITY as u32);
+    b.attr_str(NFTA_HOOK_DEV, veth);
+    b.nest_end(h);
+    b.attr_u32_be(NFTA_CHAIN_POLICY, NF_ACCEPT);
+    b.attr_str(NFTA_CHAIN_TYPE, "filter");
+    b.end();
+    let f = flush_chain(b, t, veth);
+    let r = expr::new_mark_rule(b, veth, crate::plan::EXEMPT_MARK, comment);
+    [s, f, r]
 }
 
 /// Deletes an empty chain.

@@ -132,6 +132,7 @@ fn annotate(bytes: &[u8]) -> String {
         let fam = match m.nf_family() {
             NFPROTO_INET => "inet",
             NFPROTO_BRIDGE => "bridge",
+            NFPROTO_NETDEV => "netdev",
             _ => "-",
         };
         let _ = writeln!(out, "{name} {fam} flags=0x{:x}", m.flags);
