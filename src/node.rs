@@ -60,47 +60,7 @@ pub fn facts(cfg: &Config) -> NodeFacts {
             ProxyAddr::Fixed(a) => Some(a),
             ProxyAddr::Auto => primary_v6(),
         },
-        bridge_meta: bridge_meta(),
     }
-}
-
-/// The record of [`bridge_meta`]'s answer, in natguard's runtime directory.
-pub const BRIDGE_META_FILE: &str = "bridge-meta";
-
-/// Whether nf_tables can tell a bridged frame's bridge ([`NodeFacts::bridge_meta`]). Asking the
-/// kernel costs a transaction it validates and drops ([`crate::kernel::bridge_meta`]), and the
-/// drop waits for an RCU grace period (9 to 16 ms here): so the answer is asked once per boot
-/// and kept as a per-boot record ([`crate::fsutil::read_boot_record`]) that every later
-/// process (each ADD is one) reads. No answer is a no, and is not recorded.
-pub fn bridge_meta() -> bool {
-    static ANSWER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ANSWER.get_or_init(|| {
-        let file = crate::lock::run_dir().join(BRIDGE_META_FILE);
-        let boot = crate::fsutil::boot_id();
-        let recorded = boot
-            .as_deref()
-            .and_then(|b| crate::fsutil::read_boot_record(&file, b));
-        match recorded.as_deref() {
-            Some("yes") => return true,
-            Some("no") => return false,
-            _ => {}
-        }
-        match crate::kernel::bridge_meta() {
-            Ok(yes) => {
-                if let Some(b) = &boot {
-                    let word = if yes { "yes" } else { "no" };
-                    if let Err(e) = crate::fsutil::write_boot_record(&file, b, word) {
-                        crate::debug!("could not record whether the kernel has meta ibrname: {e}");
-                    }
-                }
-                yes
-            }
-            Err(e) => {
-                crate::debug!("asking whether the kernel has meta ibrname: {e}");
-                false
-            }
-        }
-    })
 }
 
 /// Those of `addrs` that are the node's own (see the module doc). Where a route lookup fails,

@@ -324,7 +324,6 @@ mod tests {
             let node = NodeFacts {
                 proxy_v4: v4.map(|a| a.parse().unwrap()),
                 proxy_v6: v6.map(|a| a.parse().unwrap()),
-                bridge_meta: false,
             };
             let e = check_proxy_outside_pods(&cfg, &node, &[]).unwrap_err();
             assert_eq!(e.code(), 7, "{e}");
@@ -334,7 +333,6 @@ mod tests {
         let node = NodeFacts {
             proxy_v4: Some("10.0.0.1".parse().unwrap()),
             proxy_v6: None,
-            bridge_meta: false,
         };
         assert!(check_proxy_outside_pods(&cfg, &node, &[]).is_ok());
     }

@@ -367,13 +367,11 @@ fn months_of_churn_leave_only_what_is_alive() {
         .unwrap_or_else(|e| panic!("natguard's runtime directory {}: {e}", run.display()))
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        // The lock, the per-boot verdicts of the conntrack IPv6 filter probe and of the
-        // bridge family's `meta ibrname`, and the one record of the networks last found
-        // intact: files of fixed names, none per pod.
+        // The lock, the per-boot verdict of the conntrack IPv6 filter probe and the one
+        // record of the networks last found intact: files of fixed names, none per pod.
         .filter(|n| {
             n != "lock"
                 && n != natguard::kernel::conntrack::ipv6_probe::CACHE_FILE
-                && n != natguard::node::BRIDGE_META_FILE
                 && n != natguard::lock::VERIFIED_FILE
                 && n != "ct.lock"
                 // The conntrack pass's requests: one per invocation still running, so none.

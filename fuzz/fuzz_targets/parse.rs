@@ -81,7 +81,6 @@ fn netconf(data: &[u8]) {
     let node = NodeFacts {
         proxy_v4: Some([10, 0, 0, 1].into()),
         proxy_v6: None,
-        bridge_meta: false,
     };
     let shared = plan::plan_shared(&conf.name, &conf.natguard, &node);
     let again = plan::plan_shared(&conf.name, &conf.natguard, &node);

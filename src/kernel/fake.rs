@@ -40,6 +40,8 @@ pub(crate) struct Fake {
     pub generation: u32,
     /// The generation the last `begin_read` noted, until a commit uses it up.
     pub read_at: Option<u32>,
+    /// MACs pinned to bridge ports.
+    pub pinned: std::collections::BTreeSet<(crate::plan::IfName, [u8; 6])>,
 }
 
 fn enoent(what: String) -> Error {
@@ -62,10 +64,10 @@ impl Fake {
     pub(crate) fn apply(&mut self, op: &Op) -> Result<()> {
         match op {
             Op::Converge(plan) => {
-                // As the lowering: the inet table is woken, the bridge table keeps its flags.
-                self.tables.insert(TableFamily::Inet, 0);
-                self.tables.entry(TableFamily::Bridge).or_insert(0);
-                self.tables.insert(TableFamily::Netdev, 0);
+                // As the lowering: each table is created, or woken if someone made it dormant.
+                for t in TableFamily::ALL {
+                    self.tables.insert(t, 0);
+                }
                 for spec in &plan.sets {
                     let set = self.sets.entry(spec.name.clone()).or_default();
                     set.kind = Some(spec.kind);
@@ -142,9 +144,6 @@ impl Fake {
                     .retain(|_, s| s.kind.is_some_and(|k| k.table() != *t));
                 self.chains.retain(|_, (ct, _)| ct != t);
             }
-            Op::TableFlags(t, f) => {
-                self.tables.insert(*t, *f);
-            }
         }
         Ok(())
     }
@@ -160,6 +159,17 @@ impl Fake {
 }
 
 impl Kernel for Fake {
+    fn pin_mac(&mut self, port: crate::plan::IfName, mac: [u8; 6], pin: bool) -> Result<()> {
+        if pin {
+            self.pinned.insert((port, mac));
+        } else {
+            self.pinned.remove(&(port, mac));
+        }
+        Ok(())
+    }
+    fn mac_pinned(&mut self, port: crate::plan::IfName, mac: [u8; 6]) -> Result<Option<bool>> {
+        Ok(Some(self.pinned.contains(&(port, mac))))
+    }
     fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>> {
         Ok(self.tables.get(&t).copied())
     }

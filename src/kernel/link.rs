@@ -10,7 +10,8 @@
 //! `CAP_NET_ADMIN` alone, where entering the namespace needs `CAP_SYS_ADMIN`. Asked over netlink
 //! rather than read from /sys, because /sys shows the namespace it was mounted in, not
 //! necessarily the caller's. One [`Links`] socket answers every lookup of an ADD, each reply
-//! awaited at most [`REPLY_DEADLINE`].
+//! awaited at most [`REPLY_DEADLINE`]. And the bridge forwarding entries that pin an exempt
+//! pod's MAC to its port ([`Links::pin_mac`], `RTM_NEWNEIGH` in `AF_BRIDGE`).
 
 use super::netlink::{Attrs, Msg, MsgBuf, NfSocket};
 use crate::error::Result;
@@ -78,6 +79,69 @@ pub const TC_EGRESS: u32 = 0xFFFF_FFF3;
 /// Actions that take a packet off its path: `mirred` (redirect or mirror to another device)
 /// and `bpf` (a program that may return `TC_ACT_REDIRECT`).
 const STEERING_ACTIONS: [&str; 2] = ["mirred", "bpf"];
+
+const RTM_NEWNEIGH: u16 = 28;
+const RTM_DELNEIGH: u16 = 29;
+const RTM_GETNEIGH: u16 = 30;
+/// `struct ndmsg`: family, padding, interface index, state, flags, type.
+const NDMSG_LEN: usize = 12;
+const NDA_LLADDR: u16 = 2;
+const AF_BRIDGE: u8 = 7;
+/// `NUD_NOARP`: a static forwarding entry (`bridge fdb add ... static`), never aged out.
+const NUD_NOARP: u16 = 0x40;
+/// `NTF_MASTER`: the entry is the bridge's (the port's master), not the port's own.
+const NTF_MASTER: u8 = 0x04;
+/// `NTF_STICKY` (Linux 5.5): the bridge never moves the entry to another port, whichever port
+/// a frame with its MAC as source arrives on.
+const NTF_STICKY: u8 = 0x40;
+const NLM_F_REPLACE: u16 = 0x100;
+const NLM_F_CREATE: u16 = 0x400;
+
+/// An `RTM_NEWNEIGH` (create or replace) or `RTM_DELNEIGH` of the bridge's static, sticky
+/// forwarding entry of `mac` on port `index`.
+fn fdb_request(b: &mut MsgBuf, msg_type: u16, index: u32, mac: [u8; 6]) {
+    let flags = super::netlink::NLM_F_ACK
+        | if msg_type == RTM_NEWNEIGH {
+            NLM_F_CREATE | NLM_F_REPLACE
+        } else {
+            0
+        };
+    b.begin_header(msg_type, flags);
+    let mut nd = [0u8; NDMSG_LEN];
+    nd[0] = AF_BRIDGE;
+    nd[4..8].copy_from_slice(&index.to_ne_bytes());
+    nd[8..10].copy_from_slice(&NUD_NOARP.to_ne_bytes());
+    nd[10] = NTF_MASTER | NTF_STICKY;
+    b.bytes(&nd);
+    b.attr(NDA_LLADDR, &mac);
+    b.end();
+}
+
+/// An `RTM_GETNEIGH` dump of the bridge's forwarding entries of port `index`.
+fn fdb_dump_request(b: &mut MsgBuf, index: u32) {
+    b.begin_header(RTM_GETNEIGH, super::netlink::NLM_F_DUMP);
+    let mut nd = [0u8; NDMSG_LEN];
+    nd[0] = AF_BRIDGE;
+    nd[4..8].copy_from_slice(&index.to_ne_bytes());
+    b.bytes(&nd);
+    b.end();
+}
+
+/// Whether the dump's replies hold a static, sticky entry of `mac` on port `index` (the kernel
+/// may answer with every port's entries: filtering by port is a request it may ignore).
+fn fdb_pinned(msgs: &[Msg], index: u32, mac: [u8; 6]) -> bool {
+    msgs.iter().any(|m| {
+        m.msg_type == RTM_NEWNEIGH
+            && m.body.len() >= NDMSG_LEN
+            && m.body[0] == AF_BRIDGE
+            && m.body[4..8] == index.to_ne_bytes()
+            && u16::from_ne_bytes([m.body[8], m.body[9]]) & NUD_NOARP != 0
+            && m.body[10] & NTF_STICKY != 0
+            && Attrs::new(&m.body[NDMSG_LEN..])
+                .get(NDA_LLADDR)
+                .is_some_and(|a| a.payload == mac)
+    })
+}
 
 /// A link lookup answers at once; this only bounds a kernel that does not.
 pub const REPLY_DEADLINE: Duration = Duration::from_secs(2);
@@ -427,6 +491,58 @@ impl Links {
         Ok(addr_replies(&msgs))
     }
 
+    /// Pins `mac` to bridge port `port`: a static, sticky forwarding entry, so a frame with
+    /// that MAC as source from any other port never moves it there (and what the node sends
+    /// to the MAC is never delivered to that port). `Ok(false)` when `port` does not exist.
+    pub fn pin_mac(&mut self, port: &str, mac: [u8; 6]) -> Result<bool> {
+        let Some(l) = self.link(port)? else {
+            return Ok(false);
+        };
+        let mut b = self.sock.msgbuf();
+        fdb_request(&mut b, RTM_NEWNEIGH, l.index, mac);
+        self.sock.request(
+            &b,
+            &format!(
+                "pin MAC {} to bridge port {port}",
+                crate::plan::render_mac(&mac)
+            ),
+        )?;
+        Ok(true)
+    }
+
+    /// Removes the pin of `mac` on `port`; nothing to do when either is gone.
+    pub fn unpin_mac(&mut self, port: &str, mac: [u8; 6]) -> Result<()> {
+        let Some(l) = self.link(port)? else {
+            return Ok(());
+        };
+        let mut b = self.sock.msgbuf();
+        fdb_request(&mut b, RTM_DELNEIGH, l.index, mac);
+        match self.sock.request(
+            &b,
+            &format!(
+                "unpin MAC {} from bridge port {port}",
+                crate::plan::render_mac(&mac)
+            ),
+        ) {
+            Err(e) if e.errno() == Some(libc::ENOENT) => Ok(()),
+            r => r.map(|_| ()),
+        }
+    }
+
+    /// Whether `mac` is pinned to `port`; `None` when the port does not exist.
+    pub fn mac_pinned(&mut self, port: &str, mac: [u8; 6]) -> Result<Option<bool>> {
+        let Some(l) = self.link(port)? else {
+            return Ok(None);
+        };
+        let mut b = self.sock.msgbuf();
+        fdb_dump_request(&mut b, l.index);
+        let msgs = self.sock.request(
+            &b,
+            &format!("list the forwarding entries of bridge port {port}"),
+        )?;
+        Ok(Some(fdb_pinned(&msgs, l.index, mac)))
+    }
+
     /// Looks `name` up; `None` when there is no such interface.
     pub fn link(&mut self, name: &str) -> Result<Option<Link>> {
         self.link_in(None, name)
@@ -551,6 +667,74 @@ mod tests {
         let mut msgs = parse_msgs(b.as_bytes());
         assert_eq!(msgs.len(), 1);
         msgs.remove(0)
+    }
+
+    /// The pin is the bridge's (`NTF_MASTER`) static (`NUD_NOARP`) and sticky entry of the
+    /// MAC on the port's index, created or replaced and acknowledged; its removal names the
+    /// same entry. A dump answers whether it is there: another port's, a non-sticky or a
+    /// learnt entry of the MAC, or another MAC's on the port, are no pin.
+    #[test]
+    fn a_mac_pin_is_a_static_sticky_entry_of_the_bridge_on_the_port() {
+        let mac = [2, 0, 0, 0, 0, 9];
+        for (ty, flags) in [
+            (
+                RTM_NEWNEIGH,
+                NLM_F_REQUEST | super::super::netlink::NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+            ),
+            (
+                RTM_DELNEIGH,
+                NLM_F_REQUEST | super::super::netlink::NLM_F_ACK,
+            ),
+        ] {
+            let mut b = MsgBuf::new(3);
+            fdb_request(&mut b, ty, 42, mac);
+            let m = one(&b);
+            assert_eq!((m.msg_type, m.flags), (ty, flags));
+            assert_eq!(m.body[0], AF_BRIDGE);
+            assert_eq!(&m.body[4..8], &42u32.to_ne_bytes());
+            assert_eq!(&m.body[8..10], &NUD_NOARP.to_ne_bytes());
+            assert_eq!(m.body[10], NTF_MASTER | NTF_STICKY);
+            let attrs = Attrs::new(&m.body[NDMSG_LEN..]);
+            assert_eq!(attrs.get(NDA_LLADDR).unwrap().payload, &mac);
+        }
+        let mut b = MsgBuf::new(4);
+        fdb_dump_request(&mut b, 42);
+        let m = one(&b);
+        assert_eq!(m.msg_type, RTM_GETNEIGH);
+        assert_eq!(
+            m.flags & super::super::netlink::NLM_F_DUMP,
+            super::super::netlink::NLM_F_DUMP
+        );
+        let entry = |index: u32, state: u16, flags: u8, lladdr: [u8; 6]| {
+            let mut b = MsgBuf::new(1);
+            b.begin_header(RTM_NEWNEIGH, 0);
+            let mut nd = [0u8; NDMSG_LEN];
+            nd[0] = AF_BRIDGE;
+            nd[4..8].copy_from_slice(&index.to_ne_bytes());
+            nd[8..10].copy_from_slice(&state.to_ne_bytes());
+            nd[10] = flags;
+            b.bytes(&nd);
+            b.attr(NDA_LLADDR, &lladdr);
+            b.end();
+            parse_msgs(b.as_bytes())
+        };
+        assert!(fdb_pinned(
+            &entry(42, NUD_NOARP, NTF_MASTER | NTF_STICKY, mac),
+            42,
+            mac
+        ));
+        assert!(!fdb_pinned(
+            &entry(43, NUD_NOARP, NTF_MASTER | NTF_STICKY, mac),
+            42,
+            mac
+        ));
+        assert!(!fdb_pinned(&entry(42, NUD_NOARP, NTF_MASTER, mac), 42, mac));
+        assert!(!fdb_pinned(&entry(42, 0x02, NTF_MASTER, mac), 42, mac));
+        assert!(!fdb_pinned(
+            &entry(42, NUD_NOARP, NTF_MASTER | NTF_STICKY, [2, 0, 0, 0, 0, 8]),
+            42,
+            mac
+        ));
     }
 
     #[test]

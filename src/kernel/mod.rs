@@ -81,9 +81,6 @@ pub(crate) enum Op {
     DeleteSet(TableFamily, String),
     /// Delete one of natguard's tables.
     DeleteTable(TableFamily),
-    /// Set the flags of one of natguard's tables (creating it with them if missing): how the
-    /// bridge table is put to sleep and woken ([`NFT_TABLE_F_DORMANT`]).
-    TableFlags(TableFamily, u32),
 }
 
 /// The operations of one transaction, committed whole or not at all.
@@ -125,6 +122,11 @@ pub(crate) trait Kernel {
     /// [`Kernel::begin_read`], the batch carries the generation read there (once: the commit
     /// uses it up).
     fn commit(&mut self, batch: &Batch) -> Result<()>;
+    /// Pins `mac` to bridge port `port` (`pin`), the bridge's static, sticky forwarding entry,
+    /// or removes that pin. Nothing to do where the port does not exist.
+    fn pin_mac(&mut self, port: IfName, mac: [u8; 6], pin: bool) -> Result<()>;
+    /// Whether `mac` is pinned to `port`; `None` when the port does not exist.
+    fn mac_pinned(&mut self, port: IfName, mac: [u8; 6]) -> Result<Option<bool>>;
     /// Whether nf_tables and ctnetlink answer.
     fn probe(&mut self) -> Result<()>;
     /// The conntrack entries of the namespace (no walk).
@@ -145,16 +147,6 @@ pub(crate) trait Kernel {
         dports: &[u16],
         path: conntrack::Path,
     ) -> Result<FlushReport>;
-}
-
-/// Whether nf_tables can tell a bridged frame's bridge ([`nft::bridge_meta`]), asked in a
-/// network namespace of its own: the check holds that namespace's nf_tables commit mutex while
-/// the kernel drops it, which no other writer then waits for.
-pub fn bridge_meta() -> Result<bool> {
-    in_throwaway_netns("natguard-ibrname", || {
-        nft::bridge_meta(&mut NfSocket::open()?)
-    })
-    .ok_or_else(|| Error::NotReady("no network namespace of its own to ask the kernel in".into()))?
 }
 
 /// Runs `f` on a thread of its own in a new network namespace, which dies with the thread;
@@ -228,7 +220,6 @@ impl Netfilter {
                 Op::DeleteChain(t, name) => tx.delete_chain(*t, name),
                 Op::DeleteSet(t, name) => tx.delete_set(*t, name),
                 Op::DeleteTable(t) => tx.delete_table(*t),
-                Op::TableFlags(t, f) => tx.table_flags(*t, *f),
             }
         }
         tx.commit_checked(&mut self.sock)
@@ -307,6 +298,17 @@ impl Kernel for Netfilter {
             }
             r => r.map_err(|r| r.error),
         }
+    }
+    fn pin_mac(&mut self, port: IfName, mac: [u8; 6], pin: bool) -> Result<()> {
+        let mut links = link::Links::open()?;
+        if pin {
+            links.pin_mac(port.as_str(), mac).map(|_| ())
+        } else {
+            links.unpin_mac(port.as_str(), mac)
+        }
+    }
+    fn mac_pinned(&mut self, port: IfName, mac: [u8; 6]) -> Result<Option<bool>> {
+        link::Links::open()?.mac_pinned(port.as_str(), mac)
     }
     fn probe(&mut self) -> Result<()> {
         nft::probe(&mut self.sock)
@@ -391,7 +393,6 @@ mod tests {
         let facts = NodeFacts {
             proxy_v4: None,
             proxy_v6: None,
-            bridge_meta: false,
         };
         Op::Converge(Box::new(crate::plan::plan_shared(
             "net1",

@@ -186,11 +186,8 @@ impl Tx {
     /// rule and every shared set's contents. Per-pod sets are created but never flushed.
     pub fn converge_shared(&mut self, plan: &SharedPlan, set_counters: bool) {
         for t in TableFamily::ALL {
-            // The inet and netdev tables are woken if someone made them dormant; the bridge table keeps its
-            // flags, which the store sets in the same batch where they must change
-            // ([`Tx::table_flags`]): a batch may update a table's flags once.
-            let flags = (t != TableFamily::Bridge).then_some(0);
-            let s = new_table(&mut self.buf, t, flags);
+            // Woken if someone made it dormant.
+            let s = new_table(&mut self.buf, t, Some(0));
             self.note(
                 s,
                 format!("create table {} {}", t.nft(), crate::plan::TABLE),
@@ -354,21 +351,6 @@ impl Tx {
         self.note(
             s,
             format!("delete chain {} {} {name}", t.nft(), crate::plan::TABLE),
-        );
-    }
-
-    /// Sets the flags of natguard's table of family `t`, creating the table with them if it
-    /// does not exist yet.
-    pub fn table_flags(&mut self, t: TableFamily, flags: u32) {
-        let s = new_table(&mut self.buf, t, Some(flags));
-        let state = if flags & NFT_TABLE_F_DORMANT != 0 {
-            "dormant"
-        } else {
-            "awake"
-        };
-        self.note(
-            s,
-            format!("make table {} {} {state}", t.nft(), crate::plan::TABLE),
         );
     }
 
@@ -665,44 +647,6 @@ pub fn probe(sock: &mut NfSocket) -> Result<()> {
         "read the nf_tables generation",
     )
     .map(|_| ())
-}
-
-/// The regular chain a [`bridge_meta`] check declares (and the kernel drops with it).
-const BRIDGE_META_CHECK_CHAIN: &str = "natguard-check-ibrname";
-
-/// Whether nf_tables evaluates `meta ibrname` in the bridge family (the `nft_meta_bridge`
-/// module, `CONFIG_NFT_BRIDGE_META`): a transaction that declares one bridge pin of that kind,
-/// its set and a regular chain to hold it, checked and dropped ([`Tx::validate`]). The kernel
-/// refuses the rule with `EOPNOTSUPP` where it has no such module.
-pub fn bridge_meta(sock: &mut NfSocket) -> Result<bool> {
-    use crate::plan::{Action, ChainKind, Family, Match, NetNames, Rule, SetKind};
-    let names = NetNames::new(crate::plan::NODE);
-    let kind = SetKind::XBrAddr(Family::V4);
-    let set = names.set(kind);
-    let t = TableFamily::Bridge;
-    let mut tx = Tx::new(sock, None);
-    let s = new_table(&mut tx.buf, t, None);
-    tx.note(s, "create table bridge natguard (checked only)");
-    let s = new_set(&mut tx.buf, t, &set, kind, 1, false);
-    tx.note(s, format!("create set {set} (checked only)"));
-    let s = new_chain(&mut tx.buf, t, BRIDGE_META_CHECK_CHAIN, "filter", None);
-    tx.note(
-        s,
-        format!("create chain {BRIDGE_META_CHECK_CHAIN} (checked only)"),
-    );
-    let rule = Rule {
-        chain: ChainKind::BridgeGuard,
-        matches: vec![Match::BrSaddrIn(Family::V4, kind)],
-        action: Action::Drop,
-        count: None,
-    };
-    let s = new_rule(&mut tx.buf, t, BRIDGE_META_CHECK_CHAIN, &rule, &names, "");
-    tx.note(s, "add rule with meta ibrname (checked only)");
-    match tx.validate(sock) {
-        Ok(()) => Ok(true),
-        Err(e) if e.errno() == Some(libc::EOPNOTSUPP) => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// nf_tables' table flag for a dormant table: its base chains are not hooked, so none of its

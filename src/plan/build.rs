@@ -54,7 +54,7 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
 /// to an exempt pod are never judged. At output, metadata TCP whose source is not one of the
 /// node's own addresses is reset: that is a pod's connection that IPVS (kube-proxy's IPVS
 /// mode) rewrote after input and sends on through output.
-fn plan_node_rules(bridge_meta: bool) -> Vec<Rule> {
+fn plan_node_rules() -> Vec<Rule> {
     let mut rules = Vec::new();
     let rule = |chain, matches, action, count| Rule {
         chain,
@@ -179,122 +179,57 @@ fn plan_node_rules(bridge_meta: bool) -> Vec<Rule> {
             Some(Count::Reset(f)),
         ));
     }
-    // On a bridge the IP layer sees the bridge, not the port. So a frame that claims an exempt
-    // pod's MAC or address (as source, in ARP, or as a neighbour advertisement's target) is
-    // dropped from every port of every bridge, a pod natguard never saw included, unless the
-    // port is one of natguard's pods' own with that address or MAC (`xport4/6`, `xportmac`
-    // hold every natguard pod's port with its addresses and MAC, exempt or not): before the
-    // bridge learns the MAC or the node a neighbour entry. So the exempt pod's identity is its
-    // port's alone, and a natguard pod on another bridge that has the same address (an
-    // overlapping network) keeps its own. VLAN-tagged frames from pods' ports are
-    // dropped (the kernel strips a priority tag before the IP layer, where the frame would
-    // look untagged).
-    //
-    // First, what almost every frame is: IP from neither an exempt address nor an exempt MAC
-    // (and, for IPv6, not ICMPv6, which carries neighbour advertisements). No rule below can
-    // drop it, from any port, so it returns after one compare and two lookups, before the port
-    // lookup and the tag compares. A tagged frame's ether type is the tag's, even when the
-    // kernel keeps the tag out of band, so it never takes this exit.
-    for f in Family::ALL {
-        let mut fast = vec![
-            Match::EtherType(EtherProto::Ip(f)),
-            Match::SaddrNotIn(f, SetKind::XAddr(f)),
-            Match::EtherSaddrNotIn(SetKind::XMac),
-        ];
-        if f == Family::V6 {
-            fast.insert(1, Match::NotIcmpv6);
-        }
-        rules.push(Rule {
-            chain: ChainKind::BridgeGuard,
-            matches: fast,
-            action: Action::Return,
-            count: None,
-        });
-    }
-    let guard = |matches: Vec<Match>| Rule {
-        chain: ChainKind::BridgeGuard,
-        matches,
-        action: Action::Drop,
-        count: None,
-    };
-    rules.push(guard(vec![
-        Match::EtherType(EtherProto::Vlan),
-        Match::IifIn(SetKind::Ports),
-    ]));
-    rules.push(guard(vec![
-        Match::EtherType(EtherProto::QinQ),
-        Match::IifIn(SetKind::Ports),
-    ]));
-    // From every other pod's port too, a pod natguard never saw included: every pod's port is
-    // a veth, and a tagged frame from one would carry an exempt pod's address past the pins
-    // below, which read untagged frames, to a VLAN device of its id on the bridge (where an
-    // exempt pod on that VLAN is known). A VLAN trunk (an uplink, a bond) is no veth and keeps
-    // its tags.
-    for tag in [EtherProto::Vlan, EtherProto::QinQ] {
-        rules.push(guard(vec![Match::EtherType(tag), Match::IifKind("veth")]));
-    }
-    // From every other port, a priority tag (VLAN id 0, outermost): the kernel strips it
-    // before the IP layer, so such a port could otherwise bring an exempt pod's address to the
-    // node in a frame the pins above the tag never see.
-    for tag in [EtherProto::Vlan, EtherProto::QinQ] {
-        rules.push(guard(vec![Match::EtherType(tag), Match::VlanIdZero]));
-    }
-    // Where the kernel tells a frame's bridge (`meta ibrname`), each claim is pinned on the
-    // exempt identity's own bridge: a pod on another bridge, natguard's or not, that holds the
-    // same address or MAC (an overlapping network, a VM's tap) keeps its frames; the IP layer
-    // sees that bridge, where the address is not exempt. Elsewhere the pins hold on every
-    // bridge of the node.
-    let mac_claim = if bridge_meta {
-        Match::BrEtherSaddrIn(SetKind::XBrMac)
-    } else {
-        Match::EtherSaddrIn(SetKind::XMac)
-    };
-    rules.push(guard(vec![
-        mac_claim,
-        Match::IifEtherSaddrNotIn(SetKind::XPortMac),
-    ]));
-    // The address pins read what the frame carries (`meta protocol`), not its ethertype: the
-    // kernel takes the outermost VLAN tag out of band before the bridge, so a frame tagged
-    // with any id from a port natguard never saw (a trunk: an uplink, a VM's tap, a VXLAN
-    // device) is pinned like an untagged one. Such a frame would otherwise leave the bridge
-    // untagged at the node's IP device of its VLAN (`BRIDGE.VLAN`), where an exempt pod on
-    // that VLAN is exempt. The kernel layer sends both shapes (one tag, 802.1ad outside
-    // 802.1Q) from such a port: all reached the metadata host with ethertype pins, none does.
-    for f in Family::ALL {
-        let (saddr, arp, nd) = if bridge_meta {
-            let s = SetKind::XBrAddr(f);
-            (
-                Match::BrSaddrIn(f, s),
-                Match::BrArpSpaIn(s),
-                Match::BrNdTargetIn(s),
-            )
-        } else {
-            let s = SetKind::XAddr(f);
-            (
-                Match::SaddrIn(f, s),
-                Match::ArpSpaIn(s),
-                Match::NdTargetIn(s),
-            )
-        };
-        rules.push(guard(vec![
-            Match::Protocol(EtherProto::Ip(f)),
-            saddr,
-            Match::IifSaddrNotIn(f, SetKind::XPort(f)),
-        ]));
-        match f {
-            Family::V4 => rules.push(guard(vec![
-                Match::Protocol(EtherProto::Arp),
-                arp,
-                Match::IifArpSpaNotIn(SetKind::XPort(f)),
-            ])),
-            Family::V6 => rules.push(guard(vec![
-                Match::Protocol(EtherProto::Ip(f)),
+    // Claims of an exempt identity that did not cross the exempt pod's own veth (no
+    // `EXEMPT_MARK`) are kept from the node's neighbour table, so the node's answers to the
+    // exempt pod (its metadata among them) never go to another pod's MAC: ARP with the
+    // identity as sender, IPv6 from it (neighbour solicitations and advertisements, router
+    // solicitations), and neighbour advertisements with it as target, whatever their source.
+    // An identity that an attachment without the exemption also holds (in `resets`, `narp4`)
+    // carries no exemption (see the judge), so it is not judged here either: both attachments
+    // keep their neighbours, as where addresses collide on any bridge.
+    rules.push(rule(
+        ChainKind::ArpGuard,
+        vec![
+            Match::MarkLacks(EXEMPT_MARK),
+            Match::IifArpSpaIn(SetKind::XArp),
+            Match::IifArpSpaNotIn(SetKind::NArp),
+        ],
+        Action::Drop,
+        None,
+    ));
+    let v6 = Family::V6;
+    let nd = [
+        rule(
+            ChainKind::GuardInput,
+            vec![
+                Match::NfProto(v6),
+                Match::IsIcmpv6,
+                Match::MarkLacks(EXEMPT_MARK),
+                Match::IifSaddrIn(v6, SetKind::Exempt(v6)),
+                Match::IifSaddrNotIn(v6, SetKind::Resets(v6)),
+            ],
+            Action::Drop,
+            None,
+        ),
+        rule(
+            ChainKind::GuardInput,
+            vec![
+                Match::NfProto(v6),
                 Match::NeighborAdvert,
-                nd,
-                Match::IifNdTargetNotIn(SetKind::XPort(f)),
-            ])),
-        }
-    }
+                Match::MarkLacks(EXEMPT_MARK),
+                Match::IifNdTargetIn(SetKind::Exempt(v6)),
+                Match::IifNdTargetNotIn(SetKind::Resets(v6)),
+            ],
+            Action::Drop,
+            None,
+        ),
+    ];
+    // First in the input chain: they are not TCP.
+    let at = rules
+        .iter()
+        .position(|r| r.chain == ChainKind::GuardInput)
+        .unwrap_or(rules.len());
+    rules.splice(at..at, nd);
     rules
 }
 
@@ -375,7 +310,7 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
             )),
         }
     }
-    let node_rules = plan_node_rules(node.bridge_meta);
+    let node_rules = plan_node_rules();
 
     let mut nomasq: [Vec<(u128, u128)>; 2] = [Vec::new(), Vec::new()];
     if cfg.masquerade.enabled {
@@ -537,14 +472,9 @@ fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetK
             out.push((SetKind::DenyLog(f), id, w.logged));
             out.push((SetKind::Exempt(f), id, w.allowed));
             out.push((SetKind::Resets(f), id, !w.allowed));
-            if let Some(port) = h.port {
-                out.push((SetKind::XAddr(f), Key::Addr(*a), w.allowed));
-                if let Some(br) = h.bridge() {
-                    out.push((SetKind::XBrAddr(f), Key::IfAddr(br, *a), w.allowed));
-                }
-                // Every natguard pod's own address on its own port, exempt or not: what
-                // the pins let through from that port.
-                out.push((SetKind::XPort(f), Key::IfAddr(port, *a), true));
+            if f == Family::V4 {
+                out.push((SetKind::XArp, id, w.allowed));
+                out.push((SetKind::NArp, id, !w.allowed));
             }
         }
     }
@@ -557,24 +487,6 @@ fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetK
             Key::Iface(veth),
             w.allowed && !addrs.is_empty(),
         ));
-    }
-    if let Some(
-        h @ HostSide {
-            port: Some(port),
-            mac,
-            ..
-        },
-    ) = host
-    {
-        out.push((SetKind::Ports, Key::Iface(port), true));
-        if let Some(mac) = mac {
-            let pin = w.allowed && !addrs.is_empty();
-            out.push((SetKind::XMac, Key::Mac(mac), pin));
-            if let Some(br) = h.bridge() {
-                out.push((SetKind::XBrMac, Key::IfMac(br, mac), pin));
-            }
-            out.push((SetKind::XPortMac, Key::IfMac(port, mac), !addrs.is_empty()));
-        }
     }
     out
 }

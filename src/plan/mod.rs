@@ -78,14 +78,16 @@ impl Family {
     pub const ALL: [Family; 2] = [Family::V4, Family::V6];
 }
 
-/// The tables natguard writes: `inet natguard` for the IP layer, `bridge natguard` for frames
-/// entering a bridge from a pod's port, where the port is still visible, and `netdev natguard`,
-/// whose chains hook the exempt pods' own host-side veths ([`EXEMPT_MARK`]).
+/// The tables natguard writes: `inet natguard` for the IP layer, `netdev natguard`, whose
+/// chains hook the exempt pods' own host-side veths ([`EXEMPT_MARK`]), and `arp natguard`,
+/// which keeps claims of an exempt identity from the node's neighbour table. `bridge natguard`
+/// is an earlier version's (its bridge guard), which a converge deletes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TableFamily {
     Inet,
-    Bridge,
     Netdev,
+    Arp,
+    Bridge,
 }
 
 impl TableFamily {
@@ -94,9 +96,18 @@ impl TableFamily {
             TableFamily::Inet => "inet",
             TableFamily::Bridge => "bridge",
             TableFamily::Netdev => "netdev",
+            TableFamily::Arp => "arp",
         }
     }
-    pub const ALL: [TableFamily; 3] = [TableFamily::Inet, TableFamily::Bridge, TableFamily::Netdev];
+    /// The tables this version writes.
+    pub const ALL: [TableFamily; 3] = [TableFamily::Inet, TableFamily::Netdev, TableFamily::Arp];
+    /// Every table a version of natguard wrote: what a converge reads, uninstall deletes.
+    pub const EVERY: [TableFamily; 4] = [
+        TableFamily::Inet,
+        TableFamily::Netdev,
+        TableFamily::Arp,
+        TableFamily::Bridge,
+    ];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -118,11 +129,10 @@ pub enum ChainKind {
     /// interface and address, to natguard's proxy, or from the node itself returns; the rest is
     /// reset.
     Judge(Family),
-    /// Node-wide. bridge filter, prerouting, dstnat (-300), before any bridge filter: frames
-    /// from natguard's pod ports that carry VLAN tags, and frames from any port that claim an
-    /// exempt pod's MAC or address without being that pod's own (or another natguard pod's
-    /// own with the same address or MAC), are dropped.
-    BridgeGuard,
+    /// Node-wide. arp filter, input: ARP that claims an exempt identity (the bridge or veth it
+    /// arrives on, and its sender address) without having crossed the exempt pod's own veth
+    /// is dropped before the node's neighbour table learns it.
+    ArpGuard,
 }
 
 impl ChainKind {
@@ -134,7 +144,7 @@ impl ChainKind {
         ChainKind::GuardForward,
         ChainKind::GuardInput,
         ChainKind::GuardOutput,
-        ChainKind::BridgeGuard,
+        ChainKind::ArpGuard,
     ];
     /// Chains every network shares: one guard for the node, so an allowance anywhere is an
     /// allowance everywhere, and a packet pays for one guard, not one per network.
@@ -150,12 +160,12 @@ impl ChainKind {
             ChainKind::GuardOutput => "guard_out",
             ChainKind::Judge(Family::V4) => "judge4",
             ChainKind::Judge(Family::V6) => "judge6",
-            ChainKind::BridgeGuard => "guard",
+            ChainKind::ArpGuard => "guard",
         }
     }
     pub fn table(self) -> TableFamily {
         match self {
-            ChainKind::BridgeGuard => TableFamily::Bridge,
+            ChainKind::ArpGuard => TableFamily::Arp,
             _ => TableFamily::Inet,
         }
     }
@@ -171,8 +181,8 @@ impl ChainKind {
     }
     pub fn hook_name(self) -> &'static str {
         match self {
-            ChainKind::Dnat | ChainKind::BridgeGuard => "prerouting",
-            ChainKind::GuardInput => "input",
+            ChainKind::Dnat => "prerouting",
+            ChainKind::GuardInput | ChainKind::ArpGuard => "input",
             ChainKind::GuardForward => "forward",
             ChainKind::GuardOutput => "output",
             ChainKind::Snat => "postrouting",
@@ -186,7 +196,7 @@ impl ChainKind {
             ChainKind::GuardForward | ChainKind::GuardInput | ChainKind::GuardOutput => {
                 "filter - 10"
             }
-            ChainKind::BridgeGuard => "dstnat",
+            ChainKind::ArpGuard => "filter",
             ChainKind::Judge(_) => "",
         }
     }
@@ -194,16 +204,13 @@ impl ChainKind {
 
 /// Chain suffixes of earlier versions' per-network guard chains: a converge deletes them, so
 /// an upgraded node judges metadata traffic by the node-wide allow-list only.
-pub const LEGACY_CHAIN_SUFFIXES: [(TableFamily, &str); 3] = [
-    (TableFamily::Inet, "fwd"),
-    (TableFamily::Inet, "in"),
-    (TableFamily::Bridge, "guard"),
-];
+pub const LEGACY_CHAIN_SUFFIXES: [(TableFamily, &str); 2] =
+    [(TableFamily::Inet, "fwd"), (TableFamily::Inet, "in")];
 
 /// Suffixes of sets that earlier versions of natguard created and this one no longer uses (or
 /// uses under another name with another key type): a converge deletes them, after flushing
 /// the chains whose old rules referred to them, so an upgraded node keeps only what is used.
-pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 19] = [
+pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 15] = [
     (TableFamily::Inet, "nets4"),
     (TableFamily::Inet, "nets6"),
     (TableFamily::Inet, "allow4"),
@@ -212,10 +219,6 @@ pub const LEGACY_SET_SUFFIXES: [(TableFamily, &str); 19] = [
     (TableFamily::Inet, "exempt6"),
     (TableFamily::Inet, "cntr4"),
     (TableFamily::Inet, "cntr6"),
-    (TableFamily::Bridge, "xaddr4"),
-    (TableFamily::Bridge, "xaddr6"),
-    (TableFamily::Bridge, "xport4"),
-    (TableFamily::Bridge, "xport6"),
     // The metadata addresses and ports as two sets; now address . port pairs (`mproxy4/6`,
     // `mguard4/6`), so each endpoint has its own ports and mode.
     (TableFamily::Inet, "mdst4"),
@@ -268,10 +271,6 @@ pub enum KeyShape {
     Port,
     /// A 16-byte name (an interface, or an owner key in its hex form).
     Name,
-    /// An Ethernet address.
-    Mac,
-    /// An interface name, then an Ethernet address.
-    IfMac,
 }
 
 /// A kind of set. Each variant is named after its set in the kernel (`nft list ruleset`), where
@@ -333,25 +332,13 @@ pub enum SetKind {
     /// `denylog4/6`, node-wide: `iifname . saddr` of pods whose network logs denied attempts
     /// (`logDenied`).
     DenyLog(Family),
-    /// `ports`, node-wide, bridge table: the bridge ports of natguard's pods.
-    Ports,
-    /// `xaddr4/6`, node-wide, bridge table: exempt pods' addresses (x for exempt).
-    XAddr(Family),
-    /// `xport4/6`, node-wide, bridge table: `iifname . saddr` of every natguard pod on a bridge,
-    /// exempt or not: the port each pod's address belongs to, which alone may claim it where it
-    /// is an exempt address.
-    XPort(Family),
-    /// `xmac`, node-wide, bridge table: exempt pods' MACs.
-    XMac,
-    /// `xbraddr4/6`, node-wide, bridge table: `ibrname . saddr` of exempt pods on a bridge:
-    /// the bridge each exempt address is pinned on, where the kernel tells the bridge
-    /// ([`NodeFacts::bridge_meta`]).
-    XBrAddr(Family),
-    /// `xbrmac`, node-wide, bridge table: `ibrname . ether saddr` of exempt pods on a bridge.
-    XBrMac,
-    /// `xportmac`, node-wide, bridge table: `iifname . ether saddr` of every natguard pod on a
-    /// bridge whose MAC is known: the port each MAC belongs to.
-    XPortMac,
+    /// `xarp4`, node-wide, arp table: the IPv4 exempt identities (`iifname . saddr`, the
+    /// elements of `exempt4` again), whose ARP only their own veth may send.
+    XArp,
+    /// `narp4`, node-wide, arp table: the IPv4 identities of every attachment that is not
+    /// exempt (the elements of `resets4` again): an identity also held by one of them carries
+    /// no exemption, and its ARP is not judged.
+    NArp,
     /// `xveths`, node-wide, netdev table: every exempt pod's own host-side veth (its bridge
     /// port, or its routed veth). Each element has an ingress chain of the same name that gives
     /// the veth's frames [`EXEMPT_MARK`]; the store keeps the chains to the elements.
@@ -403,7 +390,7 @@ impl SetKind {
     pub const fn row(self) -> SetRow {
         use Holds::*;
         use Scope::*;
-        use TableFamily::{Bridge, Inet, Netdev};
+        use TableFamily::{Arp, Inet, Netdev};
         const fn r(
             name: &'static str,
             family: Option<Family>,
@@ -499,14 +486,23 @@ impl SetKind {
                 counted(r("resets", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)))
             }
             SetKind::DenyLog(f) => r("denylog", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)),
-            SetKind::Ports => r("ports", None, Bridge, Node, Owned, n),
-            SetKind::XAddr(f) => r("xaddr", Some(f), Bridge, Node, Owned, KeyShape::Addr(f)),
-            SetKind::XPort(f) => r("xport", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
-            SetKind::XMac => r("xmac", None, Bridge, Node, Owned, KeyShape::Mac),
-            SetKind::XBrAddr(f) => r("xbraddr", Some(f), Bridge, Node, Owned, KeyShape::IfAddr(f)),
-            SetKind::XBrMac => r("xbrmac", None, Bridge, Node, Owned, KeyShape::IfMac),
-            SetKind::XPortMac => r("xportmac", None, Bridge, Node, Owned, KeyShape::IfMac),
             SetKind::XVeths => r("xveths", None, Netdev, Node, Owned, n),
+            SetKind::XArp => r(
+                "xarp4",
+                None,
+                Arp,
+                Node,
+                Owned,
+                KeyShape::IfAddr(Family::V4),
+            ),
+            SetKind::NArp => r(
+                "narp4",
+                None,
+                Arp,
+                Node,
+                Owned,
+                KeyShape::IfAddr(Family::V4),
+            ),
         }
     }
     /// The set's name in the kernel without the network prefix.
@@ -555,8 +551,6 @@ impl SetKind {
             KeyShape::AddrPort(Family::V6) => "ipv6_addr . inet_service",
             KeyShape::Port => "inet_service",
             KeyShape::Name => "ifname",
-            KeyShape::Mac => "ether_addr",
-            KeyShape::IfMac => "ifname . ether_addr",
         }
     }
     pub fn is_interval(self) -> bool {
@@ -566,19 +560,11 @@ impl SetKind {
     pub fn is_per_pod(self) -> bool {
         matches!(self.row().holds, Holds::Record | Holds::Owned)
     }
-    /// The bridge guard's pins: the exempt identities' addresses and MACs. While none of
-    /// them holds an element, no exempt pod lives on a bridge, the guard's rules can drop
-    /// nothing, and the bridge table sleeps (dormant: no hook, no cost per frame).
-    pub const PINS: [SetKind; 3] = [
-        SetKind::XAddr(Family::V4),
-        SetKind::XAddr(Family::V6),
-        SetKind::XMac,
-    ];
     /// Per-pod sets whose elements name their owners in their comment.
     pub fn is_owned(self) -> bool {
         self.row().holds == Holds::Owned
     }
-    pub const ALL: [SetKind; 40] = [
+    pub const ALL: [SetKind; 32] = [
         SetKind::Pods,
         SetKind::Att,
         SetKind::Ifs,
@@ -608,29 +594,10 @@ impl SetKind {
         SetKind::Resets(Family::V6),
         SetKind::DenyLog(Family::V4),
         SetKind::DenyLog(Family::V6),
-        SetKind::Ports,
-        SetKind::XAddr(Family::V4),
-        SetKind::XAddr(Family::V6),
-        SetKind::XPort(Family::V4),
-        SetKind::XPort(Family::V6),
-        SetKind::XMac,
-        SetKind::XPortMac,
-        SetKind::XBrAddr(Family::V4),
-        SetKind::XBrAddr(Family::V6),
-        SetKind::XBrMac,
         SetKind::XVeths,
+        SetKind::XArp,
+        SetKind::NArp,
     ];
-}
-
-/// Which ethertype a bridge-table rule matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum EtherProto {
-    Ip(Family),
-    Arp,
-    /// An 802.1Q tag (VLAN id 0 included: a priority tag).
-    Vlan,
-    /// An 802.1ad (QinQ) outer tag.
-    QinQ,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -641,18 +608,9 @@ pub enum Match {
     NotTcp,
     /// `meta l4proto tcp`
     IsTcp,
-    /// `meta l4proto != ipv6-icmp`
-    NotIcmpv6,
-    /// `ether type ip|ip6|arp|8021q|8021ad`: the ethertype of the frame as it arrived; for a
-    /// tagged frame the outermost tag's, even where the kernel keeps the tag out of band.
-    EtherType(EtherProto),
-    /// `meta protocol ip|ip6|arp`: what the frame carries once the kernel has taken the
-    /// outermost VLAN tag out of band (as it does for every frame before the bridge), so an
-    /// untagged frame and a single-tagged one alike; the network header follows the tag.
-    Protocol(EtherProto),
+    /// `meta l4proto ipv6-icmp`
+    IsIcmpv6,
     SaddrIn(Family, SetKind),
-    /// `ip saddr != @set`
-    SaddrNotIn(Family, SetKind),
     DaddrIn(Family, SetKind),
     /// `meta l4proto tcp tcp dport @set`
     TcpDportIn(SetKind),
@@ -660,43 +618,26 @@ pub enum Match {
     IifIs(&'static str),
     /// `meta iifname @set`
     IifIn(SetKind),
-    /// `meta iifkind "KIND"`: the kind of the input device (`veth` for every pod's port).
-    IifKind(&'static str),
     /// `meta iifname != @set`
     IifNotIn(SetKind),
     /// `meta iifname . ip saddr @set`
     IifSaddrIn(Family, SetKind),
     /// `meta iifname . ip saddr != @set`
     IifSaddrNotIn(Family, SetKind),
-    /// `arp saddr ip @set` (ARP for IPv4 over Ethernet)
-    ArpSpaIn(SetKind),
+    /// `meta iifname . arp saddr ip @set` (ARP for IPv4 over Ethernet, in the arp family)
+    IifArpSpaIn(SetKind),
     /// `meta iifname . arp saddr ip != @set`
     IifArpSpaNotIn(SetKind),
     /// `icmpv6 type nd-neighbor-advert`
     NeighborAdvert,
-    /// The target address of a neighbour advertisement in `@set`.
-    NdTargetIn(SetKind),
+    /// `meta iifname .` the advertisement's target `@set`
+    IifNdTargetIn(SetKind),
     /// `meta iifname .` the advertisement's target `!= @set`
     IifNdTargetNotIn(SetKind),
-    /// `vlan id 0`: the outermost tag is a priority tag (VLAN id 0), which the kernel strips
-    /// before the IP layer. Only after an [`Match::EtherType`] of a tag.
-    VlanIdZero,
-    /// `ether saddr @set`
-    EtherSaddrIn(SetKind),
-    /// `ether saddr != @set`
-    EtherSaddrNotIn(SetKind),
-    /// `iifname . ether saddr != @set`
-    IifEtherSaddrNotIn(SetKind),
-    /// `meta ibrname . ip saddr @set`: the bridge the frame entered, with its source.
-    BrSaddrIn(Family, SetKind),
-    /// `meta ibrname . arp saddr ip @set`
-    BrArpSpaIn(SetKind),
-    /// `meta ibrname .` the advertisement's target `@set`
-    BrNdTargetIn(SetKind),
-    /// `meta ibrname . ether saddr @set`
-    BrEtherSaddrIn(SetKind),
     /// `meta mark & M == M`
     MarkHas(u32),
+    /// `meta mark & M != M`
+    MarkLacks(u32),
     /// `limit rate N/second burst B packets`: matches while under the rate.
     Limit {
         per_second: u64,
@@ -859,10 +800,6 @@ pub enum Key {
     /// An address and a port (`NET-pxy4/6`, `NET-mproxy4/6`, `NET-mguard4/6`, `guarded4/6`,
     /// `proxies4/6`).
     AddrPort(IpAddr, u16),
-    /// An Ethernet address (`xmac`).
-    Mac([u8; 6]),
-    /// A bridge port and an Ethernet address (`xportmac`).
-    IfMac(IfName, [u8; 6]),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -878,10 +815,6 @@ pub struct SetSpec {
 pub struct NodeFacts {
     pub proxy_v4: Option<Ipv4Addr>,
     pub proxy_v6: Option<Ipv6Addr>,
-    /// The kernel tells a bridged frame's bridge to nf_tables (`meta ibrname`: the
-    /// `nft_meta_bridge` module, `CONFIG_NFT_BRIDGE_META`), so the bridge guard pins each
-    /// exempt identity on its own bridge; without it, on every bridge of the node.
-    pub bridge_meta: bool,
 }
 
 /// Everything a network's pods share.

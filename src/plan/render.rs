@@ -11,46 +11,27 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::NfProto(_) => String::new(),
         Match::NotTcp => "meta l4proto != tcp".into(),
         Match::IsTcp => "meta l4proto tcp".into(),
-        Match::NotIcmpv6 => "meta l4proto != ipv6-icmp".into(),
-        Match::EtherType(EtherProto::Ip(Family::V4)) => "ether type ip".into(),
-        Match::EtherType(EtherProto::Ip(Family::V6)) => "ether type ip6".into(),
-        Match::EtherType(EtherProto::Arp) => "ether type arp".into(),
-        Match::EtherType(EtherProto::Vlan) => "ether type 8021q".into(),
-        Match::EtherType(EtherProto::QinQ) => "ether type 8021ad".into(),
-        Match::Protocol(EtherProto::Ip(Family::V4)) => "meta protocol ip".into(),
-        Match::Protocol(EtherProto::Ip(Family::V6)) => "meta protocol ip6".into(),
-        Match::Protocol(EtherProto::Arp) => "meta protocol arp".into(),
-        Match::Protocol(EtherProto::Vlan) => "meta protocol 8021q".into(),
-        Match::Protocol(EtherProto::QinQ) => "meta protocol 8021ad".into(),
+        Match::IsIcmpv6 => "meta l4proto ipv6-icmp".into(),
         Match::IifIs(name) => format!("iifname \"{name}\""),
-        Match::IifKind(kind) => format!("meta iifkind \"{kind}\""),
         Match::IifIn(s) => format!("iifname @{}", set(s)),
         Match::IifNotIn(s) => format!("iifname != @{}", set(s)),
         Match::IifSaddrIn(f, s) => format!("iifname . {} saddr @{}", f.nft(), set(s)),
-        Match::VlanIdZero => "vlan id 0".into(),
-        Match::EtherSaddrIn(s) => format!("ether saddr @{}", set(s)),
-        Match::EtherSaddrNotIn(s) => format!("ether saddr != @{}", set(s)),
-        Match::IifEtherSaddrNotIn(s) => format!("iifname . ether saddr != @{}", set(s)),
-        Match::BrSaddrIn(f, s) => format!("meta ibrname . {} saddr @{}", f.nft(), set(s)),
-        Match::BrArpSpaIn(s) => format!("meta ibrname . arp saddr ip @{}", set(s)),
-        Match::BrNdTargetIn(s) => format!("meta ibrname . @th,64,128 @{}", set(s)),
-        Match::BrEtherSaddrIn(s) => format!("meta ibrname . ether saddr @{}", set(s)),
         Match::CtDirOriginal => "ct direction original".into(),
         Match::CtLabel(bit) => format!("ct label {bit}"),
         Match::CtStatusDnat => "ct status dnat".into(),
         Match::ToIn(f, s) => format!("{} daddr . tcp dport @{}", f.nft(), set(s)),
         Match::SaddrNotLocal => "fib saddr type != local".into(),
         Match::SaddrIn(f, s) => format!("{} saddr @{}", f.nft(), set(s)),
-        Match::SaddrNotIn(f, s) => format!("{} saddr != @{}", f.nft(), set(s)),
         Match::DaddrIn(f, s) => format!("{} daddr @{}", f.nft(), set(s)),
         Match::TcpDportIn(s) => format!("tcp dport @{}", set(s)),
         Match::IifSaddrNotIn(f, s) => format!("iifname . {} saddr != @{}", f.nft(), set(s)),
-        Match::ArpSpaIn(s) => format!("arp saddr ip @{}", set(s)),
+        Match::IifArpSpaIn(s) => format!("iifname . arp saddr ip @{}", set(s)),
         Match::IifArpSpaNotIn(s) => format!("iifname . arp saddr ip != @{}", set(s)),
         Match::NeighborAdvert => "icmpv6 type nd-neighbor-advert".into(),
-        Match::NdTargetIn(s) => format!("@th,64,128 @{}", set(s)),
+        Match::IifNdTargetIn(s) => format!("iifname . @th,64,128 @{}", set(s)),
         Match::IifNdTargetNotIn(s) => format!("iifname . @th,64,128 != @{}", set(s)),
         Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
+        Match::MarkLacks(m) => format!("meta mark & 0x{m:08x} != 0x{m:08x}"),
         Match::Limit { per_second, burst } => {
             format!("limit rate {per_second}/second burst {burst} packets")
         }
@@ -86,15 +67,9 @@ fn render_action(a: &Action) -> String {
 }
 
 pub fn render_rule(r: &Rule, names: &NetNames) -> String {
-    // nft lists `meta protocol ip6` before an ICMPv6 match as that match's own dependency.
-    let implied = |m: &Match| {
-        matches!(m, Match::Protocol(EtherProto::Ip(Family::V6)))
-            && r.matches.contains(&Match::NeighborAdvert)
-    };
     let mut parts: Vec<String> = r
         .matches
         .iter()
-        .filter(|m| !implied(m))
         .map(|m| render_match(m, names))
         .filter(|s| !s.is_empty())
         .collect();
@@ -268,8 +243,6 @@ pub fn render_key(k: &Key) -> String {
         Key::Iface(i) => format!("\"{i}\""),
         Key::IfAddr(i, a) => format!("\"{i}\" . {a}"),
         Key::AddrPort(a, p) => format!("{a} . {p}"),
-        Key::Mac(m) => render_mac(m),
-        Key::IfMac(i, m) => format!("\"{i}\" . {}", render_mac(m)),
     }
 }
 

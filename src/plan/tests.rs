@@ -78,10 +78,10 @@ fn a_digest_follows_every_element_and_rule() {
 }
 
 /// A pod of a VLAN bridge network: the IP layer sees it on `cni0.100`, its port is on `cni0`.
-/// The exemption and the redirect are keyed by `cni0.100`, the bridge pins by `cni0` (what
-/// `meta ibrname` reads), and the record keeps both, so DEL releases what ADD took.
+/// The exemption, its ARP claims and the redirect are keyed by `cni0.100`, the mark is given on
+/// its port, and the record keeps both, so DEL releases what ADD took.
 #[test]
-fn a_pod_behind_a_vlan_device_is_pinned_on_its_bridge() {
+fn a_pod_behind_a_vlan_device_is_exempt_there_and_marked_on_its_port() {
     let ifn = |s: &str| IfName::new(s).unwrap();
     let host = HostSide {
         iface: ifn("cni0.100"),
@@ -96,9 +96,9 @@ fn a_pod_behind_a_vlan_device_is_pinned_on_its_bridge() {
     for (kind, key) in [
         (SetKind::Exempt(f), Key::IfAddr(ifn("cni0.100"), a)),
         (SetKind::Redir(f), Key::IfAddr(ifn("cni0.100"), a)),
-        (SetKind::XBrAddr(f), Key::IfAddr(ifn("cni0"), a)),
-        (SetKind::XPort(f), Key::IfAddr(ifn("veth1"), a)),
-        (SetKind::XBrMac, Key::IfMac(ifn("cni0"), [2, 0, 0, 0, 0, 1])),
+        (SetKind::XArp, Key::IfAddr(ifn("cni0.100"), a)),
+        (SetKind::NArp, Key::IfAddr(ifn("cni0.100"), a)),
+        (SetKind::XVeths, Key::Iface(ifn("veth1"))),
     ] {
         assert!(keys.contains(&(kind, key)), "{kind:?} {key:?} in {keys:?}");
     }
@@ -126,7 +126,6 @@ fn a_pod_behind_a_vlan_device_is_pinned_on_its_bridge() {
         bridge: None,
     };
     assert_eq!(routed.bridge(), None);
-    assert!(!owned_keys(&[a], Some(routed))
-        .iter()
-        .any(|(k, _)| matches!(k, SetKind::XBrAddr(_) | SetKind::XBrMac)));
+    // Its mark is given on the veth itself.
+    assert!(owned_keys(&[a], Some(routed)).contains(&(SetKind::XVeths, Key::Iface(ifn("veth1")))));
 }

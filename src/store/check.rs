@@ -23,18 +23,13 @@ pub enum Installation {
 pub(super) use crate::kernel::NFT_TABLE_F_DORMANT;
 
 impl<K: Kernel> Store<K> {
-    /// One element of the bridge guard's pin sets, rendered (`None`: they are empty).
-    fn pinned(&mut self) -> Result<Option<String>> {
-        for set in super::pin_sets() {
-            if let Some(e) = self.k.dump(&set)?.first() {
-                return Ok(Some(format!(
-                    "{} in {}",
-                    plan::render_key(&e.key),
-                    set.name
-                )));
-            }
+    /// How many exempt pods' veths have their chain; `None` without the netdev table.
+    pub fn exempt_veths(&mut self) -> Result<Option<usize>> {
+        let t = TableFamily::Netdev;
+        if self.k.table_flags(t)?.is_none() {
+            return Ok(None);
         }
-        Ok(None)
+        Ok(Some(self.k.chain_names(t)?.len()))
     }
 
     /// Compares the netdev table's veth chains with `xveths`: each exempt pod's veth that
@@ -92,24 +87,12 @@ impl<K: Kernel> Store<K> {
                         names.network
                     )));
                 }
-                // The bridge table sleeps while no exempt identity lives on a bridge (no pin
-                // to keep): dormant is then how natguard leaves it.
                 Some(f) if f & NFT_TABLE_F_DORMANT != 0 => {
-                    let pinned = if t == TableFamily::Bridge {
-                        self.pinned()?
-                    } else {
-                        None
-                    };
-                    if t == TableFamily::Inet || pinned.is_some() {
-                        let why = pinned
-                            .map(|p| format!(", and it pins {p}"))
-                            .unwrap_or_default();
-                        return Err(Error::CheckFailed(format!(
-                            "table {} {} is dormant: none of its rules apply{why}",
-                            t.nft(),
-                            plan::TABLE
-                        )));
-                    }
+                    return Err(Error::CheckFailed(format!(
+                        "table {} {} is dormant: none of its rules apply",
+                        t.nft(),
+                        plan::TABLE
+                    )));
                 }
                 Some(_) => {}
             }
@@ -298,6 +281,14 @@ impl<K: Kernel> Store<K> {
                 Some(_) => {}
             }
         }
+        if let Some((port, mac)) = super::mac_pin_of(pod) {
+            if self.k.mac_pinned(port, mac)? != Some(true) {
+                return Err(Error::CheckFailed(format!(
+                    "the exempt pod's MAC {} is not pinned to its bridge port {port}: another port could take it over",
+                    plan::render_mac(&mac)
+                )));
+            }
+        }
         if let Some(h) = pod.host {
             let ifs = set_ref(names, SetKind::Ifs);
             if self.k.get(&ifs, &Key::Iface(h.iface))?.is_none() {
@@ -354,14 +345,6 @@ impl<K: Kernel> Store<K> {
         } else {
             Installation::Incomplete { missing }
         })
-    }
-
-    /// Whether the bridge guard is hooked (the bridge table awake); `None` without the table.
-    pub fn bridge_guard_awake(&mut self) -> Result<Option<bool>> {
-        Ok(self
-            .k
-            .table_flags(TableFamily::Bridge)?
-            .map(|f| f & NFT_TABLE_F_DORMANT == 0))
     }
 
     /// The node-wide guard's rule counters, summed by what they measure.

@@ -37,7 +37,7 @@ mod view;
 
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::{FlushReport, Path, Scope};
-use crate::kernel::{Batch, Kernel, Op, SetRef, NFT_TABLE_F_DORMANT};
+use crate::kernel::{Batch, Kernel, Op, SetRef};
 use crate::lock::Lock;
 use crate::plan::{
     self, IfName, Key, NetNames, OwnerKey, PodPlan, SetKind, SharedPlan, TableFamily,
@@ -196,6 +196,11 @@ impl<K: Kernel> Store<K> {
         let _lock = self.lock()?;
         if self.deleted(pod.owner) {
             return Ok(Converged::No);
+        }
+        // Before the exemption exists: an ADD that cannot pin the MAC fails with nothing
+        // applied.
+        if let Some((port, mac)) = mac_pin_of(pod) {
+            self.k.pin_mac(port, mac, true)?;
         }
         // Someone else's commit after the read (a flush, a deleted table) makes the kernel
         // refuse the batch; it is then read and built again (`view`).
@@ -376,6 +381,18 @@ impl<K: Kernel> Store<K> {
             .filter(|(_, p)| !self.deleted(p.owner))
             .collect();
         let pods = pods.as_slice();
+        // A repair must not stop at one pod: an exempt pod whose MAC cannot be pinned (its
+        // port going away) is logged, and CHECK names it while it lives.
+        for (_, p) in pods {
+            if let Some((port, mac)) = mac_pin_of(p) {
+                if let Err(e) = self.k.pin_mac(port, mac, true) {
+                    crate::warn!(
+                        "exempt pod {}: pinning its MAC to bridge port {port}: {e}",
+                        p.owner.hex()
+                    );
+                }
+            }
+        }
         let mut networks: Vec<&SharedPlan> = Vec::new();
         for s in shared.iter().copied().chain(pods.iter().map(|(s, _)| *s)) {
             if !networks.iter().any(|n| n.names.network == s.names.network) {
@@ -466,6 +483,7 @@ impl<K: Kernel> Store<K> {
             addrs.truncate(given);
             let link_exists = s.link_exists;
             let mut v = view::View::new(&mut s.k);
+            let pinned = exempt_mac_of(&mut v, names, owner)?;
             let recorded = remove_attachment(&mut v, names, owner, addrs)?;
             for a in recorded {
                 if !addrs.contains(&a) {
@@ -477,6 +495,12 @@ impl<K: Kernel> Store<K> {
             let n = batch.len();
             let read = s.k.read_generation();
             s.k.commit(&batch)?;
+            if let Some((port, mac)) = pinned {
+                // The port goes with the pod anyway, and its entries with it.
+                if let Err(e) = s.k.pin_mac(port, mac, false) {
+                    crate::debug!("unpinning MAC from bridge port {port}: {e}");
+                }
+            }
             // Element changes only: what was intact before is intact after.
             match read {
                 Some(g) if record => s.verified.after(g, n > 0, None, true),
@@ -570,7 +594,7 @@ impl<K: Kernel> Store<K> {
     /// Deletes natguard's tables (uninstall). A missing table is not an error.
     pub fn delete_all(&mut self) -> Result<()> {
         let _lock = self.lock()?;
-        for t in TableFamily::ALL {
+        for t in TableFamily::EVERY {
             if self.k.table_flags(t)?.is_none() {
                 continue;
             }
@@ -675,7 +699,6 @@ struct Found(Vec<FoundTable>);
 
 struct FoundTable {
     family: TableFamily,
-    flags: u32,
     chains: HashSet<String>,
     sets: HashSet<String>,
 }
@@ -683,11 +706,10 @@ struct FoundTable {
 impl Found {
     fn read<K: Kernel>(k: &mut K) -> Result<Found> {
         let mut tables = Vec::new();
-        for family in TableFamily::ALL {
-            if let Some(flags) = k.table_flags(family)? {
+        for family in TableFamily::EVERY {
+            if k.table_flags(family)?.is_some() {
                 tables.push(FoundTable {
                     family,
-                    flags,
                     chains: k.chain_names(family)?.into_iter().collect(),
                     sets: k.set_names(family)?.into_iter().collect(),
                 });
@@ -723,6 +745,12 @@ fn push_converge(batch: &mut Batch, shared: &SharedPlan, found: &Found) -> Vec<S
                 emptied.push(new);
             }
         }
+    }
+    // An earlier version's bridge guard goes whole, before this version's objects are
+    // written (once per batch, however many networks converge in it).
+    let legacy = Op::DeleteTable(TableFamily::Bridge);
+    if found.table(TableFamily::Bridge).is_some() && !batch.ops.contains(&legacy) {
+        batch.push(legacy);
     }
     batch.push(Op::Converge(Box::new(shared.clone())));
     for f in &found.0 {
@@ -760,75 +788,51 @@ fn push_converge(batch: &mut Batch, shared: &SharedPlan, found: &Found) -> Vec<S
     emptied
 }
 
-/// The bridge guard's pin sets ([`SetKind::PINS`]), node-wide.
-pub(super) fn pin_sets() -> [SetRef; 3] {
-    SetKind::PINS.map(|kind| SetRef {
-        name: kind.suffix(),
-        kind,
-    })
-}
-
-/// Appends the view's changes to `batch`, with the bridge table put to sleep, or woken, where
-/// they empty the pins or add the first ([`SetKind::PINS`]): the bridge guard is hooked exactly
-/// while an exempt identity lives on a bridge, so a node without one pays nothing per bridged
-/// frame, and no commit ever leaves a pin without its guard. Whether anything is pinned after
-/// the batch is the view's own state (the pin sets loaded into it, its changes applied); only a
-/// batch that converges (`found`: what its converge read of the tables) or changes a pin reads
-/// them, not the common ADD and DEL of a pod that is not exempt on a bridge.
-///
-/// Where the flags go in the batch is nf_tables' rule: a table's flags change at most once per
-/// batch and not after an update of one of its chains (a converge's NEWCHAIN of the existing
-/// bridge guard is one), and no new base chain may follow the change. So the change goes
-/// first, and a table this batch creates is created with its flags; only when the table exists
-/// without its chain (someone deleted it) does it go last, after the chain is created.
+/// Appends the view's changes to `batch`, then what keeps the exempt pods' veth chains to
+/// `xveths` ([`settle_veth_chains`]): in the same commit, so an exemption never exists without
+/// the chain that marks its pod's frames, nor a chain without its pod.
 fn emit_settled<K: Kernel>(
     mut v: view::View<'_, K>,
     batch: &mut Batch,
     found: Option<&Found>,
     link_exists: fn(&str) -> bool,
 ) -> Result<()> {
-    let pins = pin_sets();
-    let converges = found.is_some();
     let veth_chains = settle_veth_chains(&mut v, found, link_exists)?;
-    if !converges && !pins.iter().any(|s| v.changes(s)) {
-        v.emit(batch);
-        batch.ops.extend(veth_chains);
-        return Ok(());
-    }
-    let t = TableFamily::Bridge;
-    let now = match found {
-        Some(f) => f.table(t).map(|b| b.flags),
-        None => v.k.table_flags(t)?,
-    };
-    let mut pinned = false;
-    for set in &pins {
-        if now.is_some() {
-            v.preload(set)?;
-        }
-        pinned |= !v.keys_in(set).is_empty();
-    }
-    let dormant = if pinned { 0 } else { NFT_TABLE_F_DORMANT };
-    let op = match now {
-        // Created awake without one: the converge's NEWTABLE carries no flags.
-        None if converges && dormant != 0 => Some(Op::TableFlags(t, dormant)),
-        Some(f) if f & NFT_TABLE_F_DORMANT != dormant => {
-            Some(Op::TableFlags(t, (f & !NFT_TABLE_F_DORMANT) | dormant))
-        }
-        _ => None,
-    };
-    // The table exists without its chain: only a converge recreates it (`found` has read it).
-    let last = op.is_some()
-        && found
-            .and_then(|f| f.table(t))
-            .is_some_and(|b| b.chains.is_empty());
     v.emit(batch);
     batch.ops.extend(veth_chains);
-    match op {
-        Some(op) if last => batch.push(op),
-        Some(op) => batch.ops.insert(0, op),
-        None => {}
-    }
     Ok(())
+}
+
+/// The bridge port and MAC an exempt pod pins: exempt (its veth marks its frames), on a
+/// bridge, its MAC known.
+fn mac_pin_of(pod: &PodPlan) -> Option<(IfName, [u8; 6])> {
+    let h = pod.host?;
+    let (port, mac) = (h.port?, h.mac?);
+    pod.present
+        .contains(&(SetKind::XVeths, Key::Iface(port)))
+        .then_some((port, mac))
+}
+
+/// The bridge port and MAC an attachment pinned, as recorded: its port in `xveths` (it is
+/// exempt) and its MAC known.
+fn exempt_mac_of<K: Kernel>(
+    v: &mut view::View<'_, K>,
+    names: &NetNames,
+    owner: OwnerKey,
+) -> Result<Option<(IfName, [u8; 6])>> {
+    let att = set_ref(names, SetKind::Att);
+    let Some(host) = v
+        .get(&att, &Key::Owner(owner))?
+        .and_then(|c| plan::parse_attach(&c).host())
+    else {
+        return Ok(None);
+    };
+    let (Some(port), Some(mac)) = (host.port, host.mac) else {
+        return Ok(None);
+    };
+    let xveths = set_ref(names, SetKind::XVeths);
+    let owners = owners_of(v.get(&xveths, &Key::Iface(port))?.as_deref());
+    Ok(owners.contains(&owner).then_some((port, mac)))
 }
 
 /// The veth chains that make the netdev table's chains what `xveths` holds after the view's

@@ -24,7 +24,6 @@ fn facts() -> NodeFacts {
     NodeFacts {
         proxy_v4: Some(Ipv4Addr::new(10, 0, 0, 1)),
         proxy_v6: Some("fd00::1".parse::<Ipv6Addr>().unwrap()),
-        bridge_meta: false,
     }
 }
 
@@ -122,7 +121,7 @@ fn assert_no_pod_state(s: &mut Store<Fake>) {
 const META4: SetKind = SetKind::Redir(Family::V4);
 const ALLOW4: SetKind = SetKind::Exempt(Family::V4);
 const MASQ4: SetKind = SetKind::Masq(Family::V4);
-const XADDR4: SetKind = SetKind::XAddr(Family::V4);
+const XARP: SetKind = SetKind::XArp;
 
 #[test]
 fn add_a_add_b_del_a_keeps_b_in_either_order() {
@@ -161,12 +160,7 @@ fn a_second_add_writes_nothing_and_shared_objects_are_written_once() {
     let mut s = store();
     let a = pod(&cfg, "a", "default", &["10.1.0.5"]);
     s.apply_pod(&sh, &a).unwrap();
-    // The bridge table is created asleep (no exempt pod), then the shared objects.
-    assert_eq!(
-        s.kernel().commits[0].ops[0],
-        Op::TableFlags(TableFamily::Bridge, NFT_TABLE_F_DORMANT)
-    );
-    assert!(matches!(s.kernel().commits[0].ops[1], Op::Converge(_)));
+    assert!(matches!(s.kernel().commits[0].ops[0], Op::Converge(_)));
     let commits = s.kernel().commits.len();
     s.apply_pod(&sh, &a).unwrap();
     assert_eq!(
@@ -275,11 +269,12 @@ fn exemption_is_bound_to_the_pods_interface_and_port() {
     s.apply_pod(&sh, &creds).unwrap();
     let ip: IpAddr = "10.1.0.7".parse().unwrap();
     assert_eq!(keys(&mut s, ALLOW4), vec![Key::IfAddr(ifn("cni0"), ip)]);
+    assert_eq!(keys(&mut s, XARP), vec![Key::IfAddr(ifn("cni0"), ip)]);
     assert_eq!(
-        keys(&mut s, SetKind::XPort(Family::V4)),
-        vec![Key::IfAddr(ifn("veth-creds"), ip)]
+        keys(&mut s, SetKind::XVeths),
+        vec![Key::Iface(ifn("veth-creds"))]
     );
-    assert_eq!(owners(&mut s, XADDR4, addr("10.1.0.7")), vec![creds.owner]);
+    assert!(keys(&mut s, SetKind::NArp).is_empty());
     assert!(owners(&mut s, META4, on_cni0("10.1.0.7")).is_empty());
     assert_eq!(owners(&mut s, MASQ4, addr("10.1.0.7")), vec![creds.owner]);
     s.remove_pod(&names(), creds.owner, &mut Vec::new())
@@ -318,7 +313,8 @@ fn add_prunes_owners_whose_netns_is_gone() {
         keys(&mut s, ALLOW4).is_empty(),
         "the dead pod's exemption survived"
     );
-    assert!(keys(&mut s, XADDR4).is_empty());
+    assert!(keys(&mut s, XARP).is_empty());
+    assert!(keys(&mut s, SetKind::XVeths).is_empty());
     assert_eq!(cni0_pods(&mut s), 1);
     s.check_pod(&names(), &web).unwrap();
 }
@@ -448,102 +444,48 @@ fn check_names_what_differs() {
         .unwrap();
     s.check_shared(&sh).unwrap();
 
-    s.kernel().tables.remove(&TableFamily::Bridge);
+    s.kernel().tables.remove(&TableFamily::Arp);
     let e = s.check_shared(&sh).unwrap_err();
-    assert!(e.to_string().contains("bridge"), "{e}");
-}
-
-fn bridge_flags(s: &mut Store<Fake>) -> u32 {
-    s.kernel().tables[&TableFamily::Bridge]
-}
-
-fn flag_ops(b: &Batch) -> Vec<&Op> {
-    b.ops
-        .iter()
-        .filter(|o| matches!(o, Op::TableFlags(..)))
-        .collect()
-}
-
-/// The bridge guard is hooked exactly while an exempt identity lives on a bridge: the batch
-/// that adds the first pin wakes the bridge table, the one that removes the last (DEL or GC)
-/// puts it to sleep, and the batches of pods that pin nothing leave its flags alone.
-#[test]
-fn the_bridge_table_sleeps_without_exempt_pods_on_a_bridge() {
-    let cfg = exempt_cfg();
-    let sh = shared(&cfg);
-    let mut s = store();
-    let web = pod(&cfg, "web", "default", &["10.1.0.5", "fd00:1::5"]);
-    s.apply_pod(&sh, &web).unwrap();
-    assert_eq!(bridge_flags(&mut s), NFT_TABLE_F_DORMANT);
-    s.check_shared(&sh).unwrap();
-
-    let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.6"]);
-    s.apply_pod(&sh, &creds).unwrap();
-    assert_eq!(
-        bridge_flags(&mut s),
-        0,
-        "an exempt pod's pins without their guard"
-    );
-    let last = s.kernel().commits.last().unwrap().clone();
-    assert_eq!(
-        flag_ops(&last),
-        vec![&Op::TableFlags(TableFamily::Bridge, 0)],
-        "woken once, in the batch that adds the pins: {last:?}"
-    );
-    let more = pod(&cfg, "more", "kube-system", &["fd00:1::7"]);
-    s.apply_pod(&sh, &more).unwrap();
-    assert!(flag_ops(s.kernel().commits.last().unwrap()).is_empty());
-
-    // A pod that pins nothing never touches the table's flags.
-    let other = pod(&cfg, "other", "default", &["10.1.0.8"]);
-    s.apply_pod(&sh, &other).unwrap();
-    s.remove_pod(&names(), other.owner, &mut Vec::new())
-        .unwrap();
-    let commits = &s.kernel().commits;
-    for b in &commits[commits.len() - 2..] {
-        assert!(flag_ops(b).is_empty(), "{b:?}");
-    }
-
-    s.remove_pod(&names(), creds.owner, &mut Vec::new())
-        .unwrap();
-    assert_eq!(
-        bridge_flags(&mut s),
-        0,
-        "asleep while an exempt pod is left"
-    );
-    s.remove_pod(&names(), more.owner, &mut Vec::new()).unwrap();
-    assert_eq!(bridge_flags(&mut s), NFT_TABLE_F_DORMANT);
-    s.check_shared(&sh).unwrap();
-
-    // GC of the last exempt pod puts it to sleep too.
-    s.apply_pod(&sh, &creds).unwrap();
-    assert_eq!(bridge_flags(&mut s), 0);
-    let valid: HashSet<OwnerKey> = [web.owner].into_iter().collect();
-    s.gc(&names(), &valid).unwrap();
-    assert_eq!(bridge_flags(&mut s), NFT_TABLE_F_DORMANT);
-}
-
-/// A bridge table put to sleep by someone else while it pins an exempt pod is a failed
-/// CHECK naming a pin, and the next ADD wakes it.
-#[test]
-fn a_dormant_bridge_table_with_pins_fails_check_and_is_woken() {
-    let cfg = exempt_cfg();
-    let sh = shared(&cfg);
-    let mut s = store();
-    let creds = pod(&cfg, "creds", "kube-system", &["10.1.0.6"]);
-    s.apply_pod(&sh, &creds).unwrap();
-    s.kernel()
-        .tables
-        .insert(TableFamily::Bridge, NFT_TABLE_F_DORMANT);
-    let e = s.check_shared(&sh).unwrap_err();
-    assert_eq!(e.code(), crate::error::code::CHECK_FAILED);
     assert!(
-        e.to_string().contains("dormant") && e.to_string().contains("10.1.0.6"),
+        e.to_string().contains("table arp natguard is missing"),
         "{e}"
     );
-    s.apply_pod(&sh, &pod(&cfg, "web", "default", &["10.1.0.5"]))
+    s.apply_pod(&sh, &pod(&cfg, "c", "default", &["10.1.0.7"]))
         .unwrap();
-    assert_eq!(bridge_flags(&mut s), 0);
+    s.kernel()
+        .tables
+        .insert(TableFamily::Netdev, NFT_TABLE_F_DORMANT);
+    let e = s.check_shared(&sh).unwrap_err();
+    assert!(
+        e.to_string().contains("table netdev natguard is dormant"),
+        "{e}"
+    );
+}
+
+/// An earlier version's bridge guard (its table, chain and pin sets) is deleted whole by the
+/// first converge, in the same batch that writes this version's objects.
+#[test]
+fn an_earlier_versions_bridge_table_goes_with_the_first_converge() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    s.kernel().tables.insert(TableFamily::Bridge, 0);
+    s.kernel().chains.insert(
+        "guard".into(),
+        (TableFamily::Bridge, vec!["natguard ~node x".into()]),
+    );
+    s.apply_pod(&sh, &pod(&cfg, "creds", "kube-system", &["10.1.0.6"]))
+        .unwrap();
+    let first = &s.kernel().commits[0];
+    assert_eq!(
+        first.ops[0],
+        Op::DeleteTable(TableFamily::Bridge),
+        "{first:?}"
+    );
+    assert!(matches!(first.ops[1], Op::Converge(_)));
+    assert!(!s.kernel().tables.contains_key(&TableFamily::Bridge));
+    // The only chain of that name is this version's ARP guard.
+    assert_eq!(s.kernel().chains["guard"].0, TableFamily::Arp);
     s.check_shared(&sh).unwrap();
 }
 
@@ -640,6 +582,53 @@ fn an_exempt_pods_veth_chain_lives_and_goes_with_the_pod() {
     s.apply(&[], &[(&sh, &creds), (&sh, &gone)]).unwrap();
     assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
     s.check_shared(&sh).unwrap();
+}
+
+/// An exempt pod on a bridge whose MAC is known has it pinned to its port (a static, sticky
+/// forwarding entry) before its exemption is committed, and unpinned by its DEL; a pod that
+/// is not exempt pins nothing, and CHECK fails while an exempt pod's pin is missing.
+#[test]
+fn an_exempt_pods_mac_is_pinned_to_its_port_while_it_lives() {
+    let cfg = exempt_cfg();
+    let sh = shared(&cfg);
+    let mut s = store();
+    let mac = [2, 0, 0, 0, 0, 7];
+    let with_mac = |mut p: PodPlan| {
+        let mut h = p.host.unwrap();
+        h.mac = Some(mac);
+        p.host = Some(h);
+        p
+    };
+    let web = with_mac(pod(&cfg, "web", "default", &["10.1.0.5"]));
+    s.apply_pod(&sh, &web).unwrap();
+    assert!(s.kernel().pinned.is_empty());
+    let creds = with_mac(pod(&cfg, "creds", "kube-system", &["10.1.0.6"]));
+    let creds = plan::plan_pod(
+        &cfg,
+        &PodRef {
+            network: NET,
+            container_id: "creds",
+            ifname: "eth0",
+            namespace: Some("kube-system"),
+            pod_name: Some("creds"),
+            netns: "/run/netns/live",
+            annotations: Default::default(),
+            host: creds.host,
+        },
+        &creds.addrs,
+    );
+    s.apply_pod(&sh, &creds).unwrap();
+    let pin = (ifn("veth-creds"), mac);
+    assert!(s.kernel().pinned.contains(&pin));
+    s.check_pod(&names(), &creds).unwrap();
+    s.kernel().pinned.clear();
+    let e = s.check_pod(&names(), &creds).unwrap_err();
+    assert!(e.to_string().contains("not pinned"), "{e}");
+    s.apply_pod(&sh, &creds).unwrap();
+    assert!(s.kernel().pinned.contains(&pin));
+    s.remove_pod(&names(), creds.owner, &mut Vec::new())
+        .unwrap();
+    assert!(s.kernel().pinned.is_empty());
 }
 
 #[test]

@@ -205,7 +205,6 @@ mod tests {
         let facts = NodeFacts {
             proxy_v4: Some("10.0.0.1".parse().unwrap()),
             proxy_v6: None,
-            bridge_meta: false,
         };
         let r = PodRef {
             network: "net1",

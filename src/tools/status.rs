@@ -100,7 +100,7 @@ pub(crate) fn collect_or_unreadable() -> (NodeReport, i32) {
                 self_repair: read_self_repair(),
                 proxy: read_proxy(),
                 installation: None,
-                bridge_guard: None,
+                exempt_veths: None,
                 broken_lists: broken_lists(),
             },
             1,
@@ -160,7 +160,7 @@ pub(crate) fn collect() -> Result<NodeReport> {
         self_repair: read_self_repair(),
         proxy: read_proxy(),
         installation: Some(store.installation()?),
-        bridge_guard: store.bridge_guard_awake()?,
+        exempt_veths: store.exempt_veths()?,
         broken_lists: broken_lists(),
     };
     let node = store.node_counts()?;

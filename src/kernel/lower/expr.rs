@@ -137,32 +137,12 @@ const NFT_CT_PROTO_DST: u32 = 12;
 const NFT_CT_LABELS: u32 = 13;
 const NFT_CT_DST_IP: u32 = 20;
 const NFT_CT_DST_IP6: u32 = 22;
-/// `meta` keys (`enum nft_meta_keys`).
-const NFT_META_PROTOCOL: u32 = 1;
 const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
-/// The bridge a bridged frame entered (the input port's master), from `nft_meta_bridge`.
-const NFT_META_BRI_IIFNAME: u32 = 17;
 const NFT_META_NFPROTO: u32 = 15;
 const NFT_META_L4PROTO: u32 = 16;
-const NFT_META_IIFKIND: u32 = 26;
-/// `payload` bases (`enum nft_payload_bases`).
-const BASE_LL: u32 = 0;
 const BASE_NETWORK: u32 = 1;
 const BASE_TRANSPORT: u32 = 2;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_ARP: u16 = 0x0806;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const ETH_P_8021AD: u16 = 0x88a8;
-/// Offset of the source address in an Ethernet header.
-const ETHER_SADDR_OFFSET: u32 = 6;
-/// Offset of the ethertype in an Ethernet header.
-const ETHER_TYPE_OFFSET: u32 = 12;
-/// Offset of the outermost VLAN tag's TCI (after the tag's ethertype at 12).
-const VLAN_TCI_OFFSET: u32 = 14;
-/// The VLAN id bits of a TCI.
-const VLAN_VID_MASK: u16 = 0x0fff;
 /// Offset of the sender protocol address in an ARP packet for IPv4 over Ethernet.
 const ARP_SPA_OFFSET: u32 = 14;
 const ICMPV6_ND_NEIGHBOR_ADVERT: u8 = 136;
@@ -173,11 +153,6 @@ const ND_TARGET_OFFSET: u32 = 8;
 /// field follows at NFT_REG32_04, the layout of a concatenated key.
 fn iif_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str, invert: bool) {
     name_concat_lookup(x, NFT_META_IIFNAME, field, set, invert);
-}
-
-/// `meta ibrname . FIELD @set`, as [`iif_concat_lookup`] with the bridge's name.
-fn bridge_concat_lookup(x: &mut Exprs<'_>, field: (u32, u32, u32), set: &str) {
-    name_concat_lookup(x, NFT_META_BRI_IIFNAME, field, set, false);
 }
 
 /// A 16-byte name from meta `key`, then a field, looked up as one concatenated key.
@@ -194,16 +169,6 @@ fn name_concat_lookup(
     x.lookup(set, NFT_REG32_00, invert);
 }
 
-fn ethertype(p: EtherProto) -> u16 {
-    match p {
-        EtherProto::Ip(Family::V4) => ETH_P_IP,
-        EtherProto::Ip(Family::V6) => ETH_P_IPV6,
-        EtherProto::Arp => ETH_P_ARP,
-        EtherProto::Vlan => ETH_P_8021Q,
-        EtherProto::QinQ => ETH_P_8021AD,
-    }
-}
-
 fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
     let set = |k: &SetKind| names.set(*k);
     match m {
@@ -212,22 +177,11 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.meta(NFT_META_NFPROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[nfproto(*f)]);
         }
-        // ether type ip → [ payload load 2b @ link header + 12 => reg 1 ] [ cmp eq 0x0800 ]
-        // (for a tag the kernel keeps out of band, nf_tables puts it back in the header it shows)
-        Match::EtherType(p) => {
-            x.payload(BASE_LL, ETHER_TYPE_OFFSET, 2, NFT_REG_1);
-            x.cmp_eq(NFT_REG_1, &ethertype(*p).to_be_bytes());
-        }
-        // meta protocol ip → [ meta load protocol => reg 1 ] [ cmp eq reg 1 0x0800 ]
-        Match::Protocol(p) => {
-            x.meta(NFT_META_PROTOCOL, NFT_REG_1);
-            x.cmp_eq(NFT_REG_1, &ethertype(*p).to_be_bytes());
-        }
         // ip saddr @set → [ payload load 4b @ network + 12 => reg 1 ] [ lookup reg 1 set ]
-        Match::SaddrIn(f, s) | Match::SaddrNotIn(f, s) => {
+        Match::SaddrIn(f, s) => {
             let ((off, len), _) = addr_offsets(*f);
             x.payload(BASE_NETWORK, off, len, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, matches!(m, Match::SaddrNotIn(..)));
+            x.lookup(&set(s), NFT_REG_1, false);
         }
         Match::DaddrIn(f, s) => {
             let (_, (off, len)) = addr_offsets(*f);
@@ -247,13 +201,11 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             let ((off, len), _) = addr_offsets(*f);
             iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), true);
         }
-        // arp saddr ip @set → [ payload load 4b @ network + 14 => reg 1 ] [ lookup ]
-        Match::ArpSpaIn(s) => {
-            x.payload(BASE_NETWORK, ARP_SPA_OFFSET, 4, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, false);
-        }
-        Match::IifArpSpaNotIn(s) => {
-            iif_concat_lookup(x, (BASE_NETWORK, ARP_SPA_OFFSET, 4), &set(s), true);
+        // iifname . arp saddr ip @set → [ meta load iifname => reg32 0 ]
+        //   [ payload load 4b @ network + 14 => reg32 4 ] [ lookup reg32 0 set ]
+        Match::IifArpSpaIn(s) | Match::IifArpSpaNotIn(s) => {
+            let invert = matches!(m, Match::IifArpSpaNotIn(_));
+            iif_concat_lookup(x, (BASE_NETWORK, ARP_SPA_OFFSET, 4), &set(s), invert);
         }
         // icmpv6 type nd-neighbor-advert → [ meta load l4proto ] [ cmp eq 58 ]
         //   [ payload load 1b @ transport + 0 ] [ cmp eq 136 ]
@@ -263,18 +215,21 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.payload(BASE_TRANSPORT, 0, 1, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[ICMPV6_ND_NEIGHBOR_ADVERT]);
         }
-        Match::NdTargetIn(s) => {
-            x.payload(BASE_TRANSPORT, ND_TARGET_OFFSET, 16, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, false);
-        }
-        Match::IifNdTargetNotIn(s) => {
-            iif_concat_lookup(x, (BASE_TRANSPORT, ND_TARGET_OFFSET, 16), &set(s), true);
+        Match::IifNdTargetIn(s) | Match::IifNdTargetNotIn(s) => {
+            let invert = matches!(m, Match::IifNdTargetNotIn(_));
+            iif_concat_lookup(x, (BASE_TRANSPORT, ND_TARGET_OFFSET, 16), &set(s), invert);
         }
         // meta mark & M == M → [ meta load mark ] [ bitwise & M ] [ cmp eq M ] (host order)
         Match::MarkHas(mark) => {
             x.meta(NFT_META_MARK, NFT_REG_1);
             x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
             x.cmp_eq(NFT_REG_1, &mark.to_ne_bytes());
+        }
+        // meta mark & M != M → [ meta load mark ] [ bitwise & M ] [ cmp neq M ] (host order)
+        Match::MarkLacks(mark) => {
+            x.meta(NFT_META_MARK, NFT_REG_1);
+            x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
+            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &mark.to_ne_bytes());
         }
         // ct original ip daddr @set → [ ct load dst_ip => reg 1, dir original ] [ lookup ]
         Match::CtOrigDaddrIn(f, s) => {
@@ -341,10 +296,10 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
             x.cmp(NFT_REG_1, NFT_CMP_NEQ, &[libc::IPPROTO_TCP as u8]);
         }
-        // meta l4proto != ipv6-icmp → [ meta load l4proto => reg 1 ] [ cmp neq reg 1 58 ]
-        Match::NotIcmpv6 => {
+        // meta l4proto ipv6-icmp → [ meta load l4proto => reg 1 ] [ cmp eq reg 1 58 ]
+        Match::IsIcmpv6 => {
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
-            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &[libc::IPPROTO_ICMPV6 as u8]);
+            x.cmp_eq(NFT_REG_1, &[libc::IPPROTO_ICMPV6 as u8]);
         }
         Match::IsTcp => {
             x.meta(NFT_META_L4PROTO, NFT_REG_1);
@@ -355,13 +310,6 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             let mut v = name.as_bytes().to_vec();
             v.resize(IFNAME_LEN as usize, 0);
             x.meta(NFT_META_IIFNAME, NFT_REG_1);
-            x.cmp_eq(NFT_REG_1, &v);
-        }
-        // meta iifkind "veth" → [ meta load iifkind => reg 1 ] [ cmp eq reg 1 "veth\0…" (16 bytes) ]
-        Match::IifKind(kind) => {
-            let mut v = kind.as_bytes().to_vec();
-            v.resize(IFNAME_LEN as usize, 0);
-            x.meta(NFT_META_IIFKIND, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &v);
         }
         // iifname @set → [ meta load iifname => reg 1 ] [ lookup reg 1 set ]
@@ -377,36 +325,6 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         Match::IifSaddrIn(f, s) => {
             let ((off, len), _) = addr_offsets(*f);
             iif_concat_lookup(x, (BASE_NETWORK, off, len), &set(s), false);
-        }
-        // vlan id 0 → [ payload load 2b @ link header + 14 => reg 1 ]
-        //   [ bitwise reg 1 = (reg 1 & 0x0fff) ^ 0 ] [ cmp eq reg 1 0 ] (the TCI, network order)
-        Match::VlanIdZero => {
-            x.payload(BASE_LL, VLAN_TCI_OFFSET, 2, NFT_REG_1);
-            x.bitwise_and(NFT_REG_1, &VLAN_VID_MASK.to_be_bytes());
-            x.cmp_eq(NFT_REG_1, &[0, 0]);
-        }
-        // ether saddr @set → [ payload load 6b @ link header + 6 => reg 1 ] [ lookup ]
-        Match::EtherSaddrIn(s) | Match::EtherSaddrNotIn(s) => {
-            x.payload(BASE_LL, ETHER_SADDR_OFFSET, 6, NFT_REG_1);
-            x.lookup(&set(s), NFT_REG_1, matches!(m, Match::EtherSaddrNotIn(_)));
-        }
-        Match::IifEtherSaddrNotIn(s) => {
-            iif_concat_lookup(x, (BASE_LL, ETHER_SADDR_OFFSET, 6), &set(s), true);
-        }
-        // meta ibrname . ip saddr @set → [ meta load bri_iifname => reg32 0 ]
-        //   [ payload load 4b @ network + 12 => reg32 4 ] [ lookup reg32 0 set ]
-        Match::BrSaddrIn(f, s) => {
-            let ((off, len), _) = addr_offsets(*f);
-            bridge_concat_lookup(x, (BASE_NETWORK, off, len), &set(s));
-        }
-        Match::BrArpSpaIn(s) => {
-            bridge_concat_lookup(x, (BASE_NETWORK, ARP_SPA_OFFSET, 4), &set(s));
-        }
-        Match::BrNdTargetIn(s) => {
-            bridge_concat_lookup(x, (BASE_TRANSPORT, ND_TARGET_OFFSET, 16), &set(s));
-        }
-        Match::BrEtherSaddrIn(s) => {
-            bridge_concat_lookup(x, (BASE_LL, ETHER_SADDR_OFFSET, 6), &set(s));
         }
         // fib saddr type != local → [ fib saddr type => reg 1 ] [ cmp neq reg 1 2 ] (host order)
         Match::SaddrNotLocal => {

@@ -13,8 +13,8 @@
 
 use super::netlink::*;
 use crate::plan::{
-    Action, ChainKind, Elem, EtherProto, Family, Key, KeyShape, Match, NetNames, Rule, SetKind,
-    TableFamily, TABLE,
+    Action, ChainKind, Elem, Family, Key, KeyShape, Match, NetNames, Rule, SetKind, TableFamily,
+    TABLE,
 };
 use std::net::IpAddr;
 
@@ -101,9 +101,8 @@ const NF_INET_LOCAL_IN: u32 = 1;
 const NF_INET_FORWARD: u32 = 2;
 const NF_INET_LOCAL_OUT: u32 = 3;
 const NF_INET_POST_ROUTING: u32 = 4;
-/// The bridge family's prerouting hook and its `filter` priority.
-const NF_BR_PRE_ROUTING: u32 = 0;
-const NF_BR_PRI_FILTER_BRIDGED: i32 = -200;
+/// The arp family's input hook (`NF_ARP_IN`).
+const NF_ARP_IN: u32 = 0;
 /// Base chain priorities of the standard nft names (`dstnat`, `filter`, `srcnat`).
 const NF_IP_PRI_NAT_DST: i32 = -100;
 const NF_IP_PRI_FILTER: i32 = 0;
@@ -121,7 +120,7 @@ pub(crate) fn hook_of(c: ChainKind) -> Option<(u32, i32)> {
         ChainKind::GuardForward => (NF_INET_FORWARD, NF_IP_PRI_FILTER - AHEAD),
         ChainKind::GuardOutput => (NF_INET_LOCAL_OUT, NF_IP_PRI_FILTER - AHEAD),
         ChainKind::Snat => (NF_INET_POST_ROUTING, NF_IP_PRI_NAT_SRC - AHEAD),
-        ChainKind::BridgeGuard => (NF_BR_PRE_ROUTING, NF_BR_PRI_FILTER_BRIDGED - 10 * AHEAD),
+        ChainKind::ArpGuard => (NF_ARP_IN, NF_IP_PRI_FILTER),
         ChainKind::Judge(_) => return None,
     })
 }
@@ -129,7 +128,6 @@ pub(crate) fn hook_of(c: ChainKind) -> Option<(u32, i32)> {
 /// nft's datatype ids (`enum datatypes` in nftables' datatype.h) for set keys.
 const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
-const TYPE_ETHERADDR: u32 = 9;
 const TYPE_INET_SERVICE: u32 = 13;
 const TYPE_IFNAME: u32 = 41;
 /// A concatenation's datatype is its members' ids, `TYPE_BITS` apart (nftables' concat_type).
@@ -158,8 +156,6 @@ pub(crate) fn set_key_type(kind: SetKind) -> (u32, u32) {
         }
         KeyShape::Port => (TYPE_INET_SERVICE, 2),
         KeyShape::Name => (TYPE_IFNAME, IFNAME_LEN),
-        KeyShape::Mac => (TYPE_ETHERADDR, 6),
-        KeyShape::IfMac => ((TYPE_IFNAME << TYPE_BITS) | TYPE_ETHERADDR, IFNAME_LEN + 8),
     }
 }
 
@@ -200,6 +196,7 @@ pub fn end_batch(b: &mut MsgBuf) {
 
 pub const NFPROTO_BRIDGE: u8 = 7;
 pub const NFPROTO_NETDEV: u8 = 5;
+pub const NFPROTO_ARP: u8 = 3;
 
 /// The nfgenmsg family of a table.
 fn nfproto_of(t: TableFamily) -> u8 {
@@ -207,6 +204,7 @@ fn nfproto_of(t: TableFamily) -> u8 {
         TableFamily::Inet => NFPROTO_INET,
         TableFamily::Bridge => NFPROTO_BRIDGE,
         TableFamily::Netdev => NFPROTO_NETDEV,
+        TableFamily::Arp => NFPROTO_ARP,
     }
 }
 
@@ -331,7 +329,7 @@ pub fn new_set(
     // nft prints string keys (ifname) in host order and addresses in network order; a
     // concatenation starting with an ifname is marked host order too, as nft marks it.
     let order = match kind.key_shape() {
-        KeyShape::Name | KeyShape::IfAddr(_) | KeyShape::IfMac => BYTEORDER_HOST,
+        KeyShape::Name | KeyShape::IfAddr(_) => BYTEORDER_HOST,
         _ => BYTEORDER_BIG,
     };
     let mut ud = vec![UDATA_SET_KEYBYTEORDER, 4];
@@ -393,14 +391,6 @@ pub fn key_bytes(k: &Key) -> Vec<u8> {
             k
         }
         Key::AddrPort(a, p) => addr_port_bytes(a, *p),
-        Key::Mac(m) => m.to_vec(),
-        Key::IfMac(i, m) => {
-            // The MAC takes two whole 32-bit registers, zero-padded.
-            let mut k = i.bytes().to_vec();
-            k.extend_from_slice(m);
-            k.extend_from_slice(&[0, 0]);
-            k
-        }
     }
 }
 
@@ -422,7 +412,6 @@ pub fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
         }
     };
     let name = |b: &[u8]| crate::plan::IfName::from_bytes(b);
-    let mac = |b: &[u8]| -> Option<[u8; 6]> { b.get(..6)?.try_into().ok() };
     if matches!(kind, SetKind::Pods | SetKind::Att) {
         let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
         return Some(Key::Owner(crate::plan::OwnerKey::parse_hex(
@@ -439,11 +428,6 @@ pub fn key_of(kind: SetKind, b: &[u8]) -> Option<Key> {
         KeyShape::AddrPort(_) => {
             let (a, p) = b.split_at_checked(b.len().checked_sub(4)?)?;
             Key::AddrPort(addr(a)?, u16::from_be_bytes([p[0], p[1]]))
-        }
-        KeyShape::Mac => Key::Mac(mac(b)?),
-        KeyShape::IfMac => {
-            let (i, m) = b.split_at_checked(IFNAME_LEN as usize)?;
-            Key::IfMac(name(i)?, mac(m)?)
         }
         KeyShape::Addr(_) => Key::Addr(addr(b)?),
     })

@@ -153,7 +153,6 @@ fn converge_batch_matches_its_golden_annotation() {
     let node = NodeFacts {
         proxy_v4: Some("10.0.0.1".parse().unwrap()),
         proxy_v6: Some("fd00::1".parse().unwrap()),
-        bridge_meta: false,
     };
     let plan = crate::plan::plan_shared("net1", &cfg, &node);
     let mut tx = super::super::nft::Tx::for_test();

@@ -57,9 +57,9 @@ pub(crate) struct NodeReport {
     /// Whether natguard's table and its node-wide guard are there; `None` when unreadable.
     /// Kernel APIs that answer (`ready`) say nothing about it.
     pub installation: Option<Installation>,
-    /// Whether the bridge guard is hooked: `Some(false)` while the bridge table sleeps (no
-    /// exempt pod on a bridge, nothing to pin), `None` without a bridge table.
-    pub bridge_guard: Option<bool>,
+    /// How many exempt pods' own veths mark their frames (chains of `netdev natguard`);
+    /// `None` without that table.
+    pub exempt_veths: Option<usize>,
     /// Network lists whose natguard entry cannot be read (not JSON, or an entry that does not
     /// parse): their networks are left as they are, every other one is served.
     pub broken_lists: Vec<crate::restore::BrokenList>,
@@ -560,21 +560,12 @@ its rules and counters could not be read"
         let _ = writeln!(out, "BROKEN LIST: {}", printable(&b.to_string()));
     }
     write_unenforced(&mut out, r);
-    match r.bridge_guard {
-        Some(true) => {
-            let _ = writeln!(
-                out,
-                "bridge guard: awake (it pins the exempt pods on bridges to their ports)"
-            );
-        }
-        Some(false) => {
-            let _ = writeln!(
-                out,
-                "bridge guard: asleep (no exempt pod on a bridge, nothing to pin; the first one's \
-                 ADD wakes it)"
-            );
-        }
-        None => {}
+    if let Some(n) = r.exempt_veths {
+        let _ = writeln!(
+            out,
+            "exempt veths: {n} (each exempt pod's own veth marks its frames; only what crosses \
+             it is exempt)"
+        );
     }
     // Without networks there is nothing the kernel could have counted per pod.
     if !r.per_pod_counters && !r.networks.is_empty() {
@@ -761,7 +752,7 @@ pub(crate) fn render_json(r: &NodeReport) -> Value {
         "guarding": r.installation.as_ref().map(|_| guarding(r)),
         "guard": {
             "families": guard,
-            "bridge": r.bridge_guard.map(|awake| if awake { "awake" } else { "asleep" }),
+            "exemptVeths": r.exempt_veths,
         },
         "networks": networks,
     });

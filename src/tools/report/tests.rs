@@ -68,7 +68,7 @@ pub(super) fn node() -> NodeReport {
         self_repair: None,
         proxy: None,
         installation: Some(Installation::Guarding),
-        bridge_guard: Some(true),
+        exempt_veths: Some(2),
         networks: vec![
             NetworkReport {
                 name: "pods".to_string(),
@@ -295,36 +295,27 @@ fn text_counts_resets_of_no_pod() {
 }
 
 #[test]
-fn text_says_whether_the_bridge_guard_is_hooked() {
+fn text_says_how_many_exempt_veths_mark_their_frames() {
     let line = |r: &NodeReport| render_text(r).lines().nth(1).unwrap_or("").to_string();
     assert!(
-        line(&node()).starts_with("bridge guard: awake"),
+        line(&node()).starts_with("exempt veths: 2 "),
         "{}",
         line(&node())
     );
-    let asleep = NodeReport {
-        bridge_guard: Some(false),
-        ..node()
-    };
-    assert!(
-        line(&asleep).starts_with("bridge guard: asleep"),
-        "{}",
-        line(&asleep)
-    );
-    assert_eq!(render_json(&asleep)["guard"]["bridge"], "asleep");
+    assert_eq!(render_json(&node())["guard"]["exemptVeths"], 2);
     let none = NodeReport {
-        bridge_guard: None,
+        exempt_veths: None,
         ..node()
     };
-    assert!(!render_text(&none).contains("bridge guard"));
-    assert_eq!(render_json(&none)["guard"]["bridge"], Value::Null);
+    assert!(!render_text(&none).contains("exempt veths"));
+    assert_eq!(render_json(&none)["guard"]["exemptVeths"], Value::Null);
 }
 
 #[test]
 fn text_says_once_when_per_pod_counters_are_unavailable() {
     let text = render_text(&without_per_pod_counters(node()));
     assert_eq!(text.matches(UNAVAILABLE).count(), 1, "{text}");
-    // After the first line and the bridge guard's.
+    // After the first line and the exempt veths'.
     assert_eq!(text.lines().nth(2), Some(UNAVAILABLE));
     let pods = pod_lines(section(&text, "pods:"));
     assert!(pods.iter().all(|l| !l.contains("attempt(s)")), "{pods:#?}");
@@ -399,7 +390,7 @@ fn text_not_ready_and_empty() {
         self_repair: None,
         proxy: None,
         installation: None,
-        bridge_guard: None,
+        exempt_veths: None,
     };
     assert_eq!(
         render_text(&r),
@@ -449,7 +440,7 @@ fn json_golden() {
         self_repair: None,
         proxy: None,
         installation: Some(Installation::Guarding),
-        bridge_guard: Some(true),
+        exempt_veths: Some(2),
         networks: vec![NetworkReport {
             name: "demo".to_string(),
             mode: "proxy".to_string(),
@@ -494,7 +485,7 @@ fn json_golden() {
   "guarding": true,
   "guard": {
     "families": [],
-    "bridge": "awake"
+    "exemptVeths": 2
   },
   "networks": [
     {
@@ -616,8 +607,12 @@ fn check_shape(doc: &Value) {
         ],
         "$",
     );
-    object(&top["guard"], &["families", "bridge"], "$.guard");
-    check(&top["guard"]["bridge"], Kind::StrOrNull, "$.guard.bridge");
+    object(&top["guard"], &["families", "exemptVeths"], "$.guard");
+    check(
+        &top["guard"]["exemptVeths"],
+        Kind::UintOrNull,
+        "$.guard.exemptVeths",
+    );
     assert_eq!(top["version"], 1);
     check(&top["ready"], Kind::Bool, "$.ready");
     check(&top["notReadyReason"], Kind::StrOrNull, "$.notReadyReason");
