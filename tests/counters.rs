@@ -788,10 +788,10 @@ fn counts_every_connection_per_network_family_and_pod() {
         "{text}"
     );
     assert!(text.contains(" metadata-exempt: 0 attempt(s)"), "{text}");
-    // An exempt pod on the bridge: the bridge guard is hooked.
+    // One exempt pod: its veth marks its frames.
     assert!(
         text.lines().nth(1)
-            == Some("bridge guard: awake (it pins the exempt pods on bridges to their ports)"),
+            == Some("exempt veths: 1 (each exempt pod's own veth marks its frames; only what crosses it is exempt)"),
         "{text}"
     );
     assert!(

@@ -367,46 +367,59 @@ fn a_storm_of_flushes_of_natguards_table_costs_one_repair_per_burst() {
     }
 }
 
-/// The bridge guard's sleep is natguard's own state only while it pins nothing: natguard's
-/// own wake-up (an exempt pod's ADD) costs no repair, and someone else putting the bridge table
-/// to sleep while it pins the exempt pod is repaired: the table is awake again.
+/// An exempt pod's veth chain (what marks its frames as its own) is natguard's: its own ADD
+/// creating it costs no repair, and someone else deleting it, or putting the netdev table to
+/// sleep, is repaired at once, so the exempt pod keeps its exemption.
 #[test]
-fn a_bridge_guard_put_to_sleep_by_someone_else_is_woken() {
-    let w = World::new("repair-brsleep");
+fn an_exempt_pods_veth_chain_deleted_by_someone_else_is_put_back() {
+    let w = World::new("repair-veth");
     let cfg = attack::exempt_cfg(&w, json!({}));
     let chain = w.chain(w.list("repair", "1.0.0", 0, Some(cfg)));
     let _web = w.add_pod(&chain, "web", "default");
     let watcher = Watcher::start(&w, &chain);
-    let asleep = || {
+    let chains = || {
         w.node
-            .run(&["nft", "list", "table", "bridge", "natguard"])
+            .run(&["nft", "list", "table", "netdev", "natguard"])
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("chain ").map(|c| c.trim_end_matches(" {").to_string()))
+            .collect::<Vec<_>>()
+    };
+    let awake = || {
+        !w.node
+            .run(&["nft", "list", "table", "netdev", "natguard"])
             .lines()
             .any(|l| l.trim() == "flags dormant")
     };
-    assert!(
-        asleep(),
-        "no exempt pod on a bridge: the bridge guard sleeps"
-    );
+    assert!(chains().is_empty(), "no exempt pod, yet veth chains: {:?}", chains());
     let before = watcher.repairs();
     let _creds = w.add_pod(&chain, "creds", attack::EXEMPT_NS);
-    assert!(!asleep(), "the exempt pod's ADD wakes the bridge guard");
+    let veth = match chains().as_slice() {
+        [one] => one.clone(),
+        other => panic!("one exempt pod, veth chains {other:?}"),
+    };
     std::thread::sleep(BURST_MAX * 2);
     assert_eq!(
         watcher.repairs(),
         before,
-        "natguard's own wake-up was repaired; log:\n{}",
+        "natguard's own veth chain was repaired; log:\n{}",
         watcher.log_text()
     );
+    w.node
+        .run(&["nft", "delete", "chain", "netdev", "natguard", &veth]);
+    watcher.wait_until("the veth chain put back", || {
+        chains() == [veth.clone()] && watcher.repairs() > before
+    });
+    let before = watcher.repairs();
     w.node.run(&[
         "nft",
         "add",
         "table",
-        "bridge",
+        "netdev",
         "natguard",
         "{ flags dormant ; }",
     ]);
-    watcher.wait_until("the bridge guard woken again", || {
-        !asleep() && watcher.repairs() > before
+    watcher.wait_until("the netdev table woken again", || {
+        awake() && watcher.repairs() > before
     });
 }
 

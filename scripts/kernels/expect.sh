@@ -81,8 +81,8 @@ ci_filter() {
       "address_theft_by_a_pod_natguard_never_saw address_and_mac_theft_by_a_pod_natguard_never_saw" \
       "an_exempt_pod_without_interfaces overlapping_networks_never_act" \
       "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only" \
-      "vlan_tagged_claims_from_a_pod_natguard_never_saw the_bridge_guard_wakes_with_each_exempt_pod" \
-      "while_the_bridge_guard_sleeps a_deny_networks_pod_with_an_exempt_pods_address" \
+      "vlan_tagged_claims_from_a_pod_natguard_never_saw an_exempt_pods_veth_marks_its_frames" \
+      "claims_from_a_bridge_of_an_exempt_pod_on_ptp a_deny_networks_pod_with_an_exempt_pods_address" \
       "a_second_attachment_with_an_exempt_pods_address vlan_tagged_frames_with_an_id"
     ;;
   endpoints)
