@@ -452,9 +452,10 @@ fn wire_targets() -> [SocketAddr; 2] {
 
 /// Priority-tagged SYNs (one 802.1Q tag of VLAN 0, or 802.1ad outside it) from the exempt pod's
 /// address to the WireServer's TCP ports, sent by a default natguard pod and by a pod natguard
-/// never saw on the same bridge: the kernel would strip the tags before the IP layer, and not
-/// one SYN may reach the WireServer. Untagged SYNs from each sender's own address to another
-/// cloud address are the control that the senders' frames do arrive.
+/// never saw on the same bridge: the kernel strips a priority tag before the IP layer, and not
+/// one SYN may reach the WireServer (none crossed the exempt pod's veth). Untagged SYNs from
+/// each sender's own address to another cloud address are the control that the senders' frames
+/// do arrive, and the same tags on their own SYNs that tagged frames reach the IP layer.
 #[test]
 fn tagged_claims_never_reach_the_wireserver() {
     let w = preset_world("ep-tags", AZURE);
@@ -512,8 +513,8 @@ fn tagged_claims_never_reach_the_wireserver() {
                     .collect();
                 send_frames(&w, thief, &thief_mac, &bridge_mac, tags, &what);
             }
-            // The same tags on the sender's own SYNs to another cloud address: they must not
-            // cross the bridge either.
+            // The same tags on the sender's own SYNs to another cloud address: the control that
+            // tagged frames get to the node's IP layer at all.
             let what: Vec<String> = ["syn", &thief.v4.to_string(), "10.20.0.2", "81", "3"]
                 .iter()
                 .map(|s| s.to_string())
@@ -538,7 +539,10 @@ fn tagged_claims_never_reach_the_wireserver() {
     println!(
         "RESULT azure tagged claims of the exempt address -> {stolen} SYN(s) at the WireServer, {tagged} tagged SYN(s) of the senders' own at the cloud"
     );
-    assert_eq!(tagged, 0, "tagged frames crossed the bridge to the cloud");
+    assert!(
+        tagged >= 2 * EACH,
+        "control: only {tagged} of the senders' own priority-tagged SYNs reached the cloud"
+    );
     assert_eq!(
         stolen, 0,
         "tagged SYNs from the exempt pod's address reached the WireServer"

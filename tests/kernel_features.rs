@@ -1007,7 +1007,10 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
     let at_meta = Counters::install(
         &w.h,
         &w.cloud,
-        &[("meta", format!("ip saddr {x} ip daddr {META4} tcp dport 80 {SYN}"))],
+        &[(
+            "meta",
+            format!("ip saddr {x} ip daddr {META4} tcp dport 80 {SYN}"),
+        )],
     );
     const EACH: u32 = 3;
     let mut f = Findings::new();
@@ -1015,7 +1018,11 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
         send_segments(&w.h, &pod.ns, x, META4, 80, EACH, &[0x02]);
     }
     send_segments(&w.h, &stranger.ns, x, other_gw, 80, EACH, &[0x02]);
-    counters.wait(&["other"], u64::from(EACH), "the stranger's SYNs to its own bridge's address");
+    counters.wait(
+        &["other"],
+        u64::from(EACH),
+        "the stranger's SYNs to its own bridge's address",
+    );
     std::thread::sleep(Duration::from_millis(500));
     let n = at_meta.packets("meta");
     f.check(n == 0, || {
@@ -1025,4 +1032,80 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
     at_meta.wait(&["meta"], u64::from(EACH), "the exempt pod's own SYNs");
     control_metadata(&exempt, REAL, "exempt pod after the claims");
     f.finish("an exempt identity on its own veth");
+}
+
+/// A pod natguard never saw on the exempt pod's bridge sends frames tagged with VLAN id 100 to
+/// the node: SYNs from the exempt pod's addresses to the metadata addresses. The node has a
+/// VLAN device of that id on the bridge, so the frames reach its IP layer there, and from there
+/// a route to the metadata host. None arrives: they never crossed the exempt pod's veth, so
+/// wherever they enter they carry no exemption. Control: the same tagged frames from the
+/// thief's own addresses to the cloud's other address do arrive (the path is open), and the
+/// exempt pod keeps its own.
+#[test]
+fn vlan_tagged_frames_with_an_id_from_a_pod_natguard_never_saw_never_reach_real_metadata() {
+    require_root();
+    let w = real_world("kf-vlan-id");
+    let chain = w.chain(w.list("vlanid", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let thief = w.add_pod(&unguarded_on_cni0(&w), "thief", "default");
+    for cmd in [
+        "ip link add link cni0 name cni0.100 type vlan id 100",
+        "ip addr add 10.199.0.1/24 dev cni0.100",
+        "ip -6 addr add fd00:199::1/64 dev cni0.100 nodad",
+        "ip link set cni0.100 up",
+    ] {
+        w.on_node(cmd);
+    }
+    let counters = Counters::install(
+        &w.h,
+        &w.cloud,
+        &[
+            (
+                "stolen4",
+                format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4),
+            ),
+            (
+                "stolen6",
+                format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6),
+            ),
+            (
+                "own4",
+                format!("ip saddr {} ip daddr {CLOUD4} tcp dport 80", thief.v4),
+            ),
+            (
+                "own6",
+                format!("ip6 saddr {} ip6 daddr {CLOUD6} tcp dport 80", thief.v6),
+            ),
+        ],
+    );
+    const EACH: u64 = 3;
+    let mac = mac_of(&thief.ns, "eth0");
+    let bridge_mac = mac_of(&w.node, "cni0");
+    for (src, dst) in [
+        (exempt.v4, META4),
+        (exempt.v6, META6),
+        (thief.v4, CLOUD4),
+        (thief.v6, CLOUD6),
+    ] {
+        let args = [
+            "syn".to_string(),
+            src.to_string(),
+            dst.to_string(),
+            "80".to_string(),
+            EACH.to_string(),
+        ];
+        send_frames(&w, &thief, &mac, &bridge_mac, "q100", &args);
+    }
+    counters.wait(&["own4"], EACH, "the thief's tagged IPv4 SYNs to the cloud");
+    counters.wait(&["own6"], EACH, "the thief's tagged IPv6 SYNs to the cloud");
+    std::thread::sleep(Duration::from_millis(200));
+    let mut f = Findings::new();
+    for name in ["stolen4", "stolen6"] {
+        let n = counters.packets(name);
+        f.check(n == 0, || {
+            format!("{n} SYN(s) tagged with VLAN id 100 from the exempt pod's address reached the metadata host ({name})")
+        });
+    }
+    control_metadata(&exempt, REAL, "the exempt pod after the tagged frames");
+    f.finish("frames tagged with a VLAN id from a pod natguard never saw");
 }

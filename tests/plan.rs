@@ -444,8 +444,10 @@ fn missing_ipv6_proxy_fails_closed_with_a_warning() {
             for r in nd {
                 assert_eq!(r.action, Action::Drop, "{r:?}");
                 assert!(
-                    r.matches
-                        .contains(&plan::Match::MarkLacks(plan::EXEMPT_MARK)),
+                    r.matches.contains(&plan::Match::MarkIsNot {
+                        mask: plan::EXEMPT_MARK_MASK,
+                        value: plan::EXEMPT_MARK
+                    }),
                     "{r:?}"
                 );
             }

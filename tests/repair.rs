@@ -381,7 +381,11 @@ fn an_exempt_pods_veth_chain_deleted_by_someone_else_is_put_back() {
         w.node
             .run(&["nft", "list", "table", "netdev", "natguard"])
             .lines()
-            .filter_map(|l| l.trim().strip_prefix("chain ").map(|c| c.trim_end_matches(" {").to_string()))
+            .filter_map(|l| {
+                l.trim()
+                    .strip_prefix("chain ")
+                    .map(|c| c.trim_end_matches(" {").to_string())
+            })
             .collect::<Vec<_>>()
     };
     let awake = || {
@@ -390,7 +394,11 @@ fn an_exempt_pods_veth_chain_deleted_by_someone_else_is_put_back() {
             .lines()
             .any(|l| l.trim() == "flags dormant")
     };
-    assert!(chains().is_empty(), "no exempt pod, yet veth chains: {:?}", chains());
+    assert!(
+        chains().is_empty(),
+        "no exempt pod, yet veth chains: {:?}",
+        chains()
+    );
     let before = watcher.repairs();
     let _creds = w.add_pod(&chain, "creds", attack::EXEMPT_NS);
     let veth = match chains().as_slice() {

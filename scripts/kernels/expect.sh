@@ -83,7 +83,7 @@ ci_filter() {
       "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only" \
       "vlan_tagged_claims_from_a_pod_natguard_never_saw an_exempt_pods_veth_marks_its_frames" \
       "claims_from_a_bridge_of_an_exempt_pod_on_ptp a_deny_networks_pod_with_an_exempt_pods_address" \
-      "a_second_attachment_with_an_exempt_pods_address vlan_tagged_frames_with_an_id"
+      "a_second_attachment_with_an_exempt_pods_address"
     ;;
   endpoints)
     # The IPv6 metadata addresses (GCE's fd20:ce::254, Oracle's fd00:c1::a9fe:a9fe), each with

@@ -333,8 +333,9 @@ impl Tx {
         self.note(
             r,
             format!(
-                "add rule netdev {} {veth} meta mark set meta mark | {:#x}",
+                "add rule netdev {} {veth} meta mark set meta mark & {:#x} | {:#x}",
                 crate::plan::TABLE,
+                !crate::plan::EXEMPT_MARK_MASK,
                 crate::plan::EXEMPT_MARK
             ),
         );

@@ -119,7 +119,10 @@ fn plan_node_rules() -> Vec<Rule> {
             judge,
             vec![
                 Match::NfProto(f),
-                Match::MarkHas(EXEMPT_MARK),
+                Match::MarkIs {
+                    mask: EXEMPT_MARK_MASK,
+                    value: EXEMPT_MARK,
+                },
                 Match::IifSaddrIn(f, SetKind::Exempt(f)),
                 Match::IifSaddrNotIn(f, SetKind::Resets(f)),
             ],
@@ -190,7 +193,10 @@ fn plan_node_rules() -> Vec<Rule> {
     rules.push(rule(
         ChainKind::ArpGuard,
         vec![
-            Match::MarkLacks(EXEMPT_MARK),
+            Match::MarkIsNot {
+                mask: EXEMPT_MARK_MASK,
+                value: EXEMPT_MARK,
+            },
             Match::IifArpSpaIn(SetKind::XArp),
             Match::IifArpSpaNotIn(SetKind::NArp),
         ],
@@ -204,7 +210,10 @@ fn plan_node_rules() -> Vec<Rule> {
             vec![
                 Match::NfProto(v6),
                 Match::IsIcmpv6,
-                Match::MarkLacks(EXEMPT_MARK),
+                Match::MarkIsNot {
+                    mask: EXEMPT_MARK_MASK,
+                    value: EXEMPT_MARK,
+                },
                 Match::IifSaddrIn(v6, SetKind::Exempt(v6)),
                 Match::IifSaddrNotIn(v6, SetKind::Resets(v6)),
             ],
@@ -216,7 +225,10 @@ fn plan_node_rules() -> Vec<Rule> {
             vec![
                 Match::NfProto(v6),
                 Match::NeighborAdvert,
-                Match::MarkLacks(EXEMPT_MARK),
+                Match::MarkIsNot {
+                    mask: EXEMPT_MARK_MASK,
+                    value: EXEMPT_MARK,
+                },
                 Match::IifNdTargetIn(SetKind::Exempt(v6)),
                 Match::IifNdTargetNotIn(SetKind::Resets(v6)),
             ],

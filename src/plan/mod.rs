@@ -37,15 +37,19 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 pub const TABLE: &str = "natguard";
 /// The mark kube-proxy sets on traffic it wants masqueraded; such traffic is never exempted.
 pub const KUBE_MASQ_MARK: u32 = 0x4000;
-/// The packet mark bit an exempt pod's frames get where they enter the node, on its own
-/// host-side veth (`netdev natguard`, one ingress chain per exempt veth, named after it). The
-/// guard's exemption asks for it, so an exempt identity holds only for what crossed that veth:
-/// another pod that claims the identity on the same bridge, or sends through a tunnel, arrives
-/// without it. A pod cannot set it (a packet's mark is cleared when it crosses from one network
-/// namespace to another). Bit 12: none of kube-proxy's (0x4000, 0x8000), Cilium's (0x0f00 and
-/// the upper half), Calico's (the upper half), Istio's (0x539), the AWS VPC CNI's (0x80) or
-/// wg-quick's (0xca6c).
+/// The packet mark an exempt pod's frames get where they enter the node, on its own host-side
+/// veth (`netdev natguard`, one ingress chain per exempt veth, named after it): within
+/// [`EXEMPT_MARK_MASK`], bit 12 set and bit 13 clear. The guard's exemption asks for exactly
+/// that, so an exempt identity holds only for what crossed that veth: another pod that claims
+/// the identity on the same bridge, or sends through a tunnel, arrives without it. A pod cannot
+/// set it (a packet's mark is cleared when it crosses from one network namespace to another),
+/// and a component that writes every bit of the mark (all set, or all clear) leaves a value
+/// that is not it: the exemption is then lost, never given. Bits 12 and 13: none of
+/// kube-proxy's (0x4000, 0x8000), Cilium's (0x0f00 and the upper half), Calico's (the upper
+/// half), Istio's (0x539) or the AWS VPC CNI's (0x80).
 pub const EXEMPT_MARK: u32 = 0x1000;
+/// The bits of the mark natguard owns for [`EXEMPT_MARK`].
+pub const EXEMPT_MARK_MASK: u32 = 0x3000;
 /// The comment of the one rule of an exempt pod's veth chain.
 pub const XVETH_COMMENT: &str = "natguard ~node exempt-veth";
 
@@ -636,8 +640,16 @@ pub enum Match {
     IifNdTargetNotIn(SetKind),
     /// `meta mark & M == M`
     MarkHas(u32),
-    /// `meta mark & M != M`
-    MarkLacks(u32),
+    /// `meta mark & MASK == VALUE`
+    MarkIs {
+        mask: u32,
+        value: u32,
+    },
+    /// `meta mark & MASK != VALUE`
+    MarkIsNot {
+        mask: u32,
+        value: u32,
+    },
     /// `limit rate N/second burst B packets`: matches while under the rate.
     Limit {
         per_second: u64,

@@ -31,7 +31,8 @@ fn render_match(m: &Match, names: &NetNames) -> String {
         Match::IifNdTargetIn(s) => format!("iifname . @th,64,128 @{}", set(s)),
         Match::IifNdTargetNotIn(s) => format!("iifname . @th,64,128 != @{}", set(s)),
         Match::MarkHas(m) => format!("meta mark & 0x{m:08x} == 0x{m:08x}"),
-        Match::MarkLacks(m) => format!("meta mark & 0x{m:08x} != 0x{m:08x}"),
+        Match::MarkIs { mask, value } => format!("meta mark & 0x{mask:08x} == 0x{value:08x}"),
+        Match::MarkIsNot { mask, value } => format!("meta mark & 0x{mask:08x} != 0x{value:08x}"),
         Match::Limit { per_second, burst } => {
             format!("limit rate {per_second}/second burst {burst} packets")
         }
@@ -257,7 +258,8 @@ pub fn render_mac(m: &[u8; 6]) -> String {
 /// The ingress chain of an exempt pod's own veth, as `nft -f` reads it.
 pub fn render_veth_chain(veth: &str) -> String {
     format!(
-        "add chain netdev {TABLE} {veth} {{ type filter hook ingress device \"{veth}\" priority 500; policy accept; }}\nadd rule netdev {TABLE} {veth} meta mark set meta mark | {EXEMPT_MARK:#010x} comment \"{XVETH_COMMENT}\"\n"
+        "add chain netdev {TABLE} {veth} {{ type filter hook ingress device \"{veth}\" priority 500; policy accept; }}\nadd rule netdev {TABLE} {veth} meta mark set meta mark & {:#010x} | {EXEMPT_MARK:#010x} comment \"{XVETH_COMMENT}\"\n",
+        !EXEMPT_MARK_MASK
     )
 }
 

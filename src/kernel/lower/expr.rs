@@ -225,11 +225,16 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
             x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
             x.cmp_eq(NFT_REG_1, &mark.to_ne_bytes());
         }
-        // meta mark & M != M → [ meta load mark ] [ bitwise & M ] [ cmp neq M ] (host order)
-        Match::MarkLacks(mark) => {
+        // meta mark & MASK ==/!= V → [ meta load mark ] [ bitwise & MASK ] [ cmp eq/neq V ]
+        Match::MarkIs { mask, value } | Match::MarkIsNot { mask, value } => {
+            let op = if matches!(m, Match::MarkIs { .. }) {
+                NFT_CMP_EQ
+            } else {
+                NFT_CMP_NEQ
+            };
             x.meta(NFT_META_MARK, NFT_REG_1);
-            x.bitwise_and(NFT_REG_1, &mark.to_ne_bytes());
-            x.cmp(NFT_REG_1, NFT_CMP_NEQ, &mark.to_ne_bytes());
+            x.bitwise_and(NFT_REG_1, &mask.to_ne_bytes());
+            x.cmp(NFT_REG_1, op, &value.to_ne_bytes());
         }
         // ct original ip daddr @set → [ ct load dst_ip => reg 1, dir original ] [ lookup ]
         Match::CtOrigDaddrIn(f, s) => {
@@ -422,10 +427,10 @@ fn label_bits(bit: u8) -> [u8; 16] {
     b
 }
 
-/// One NEWRULE appended to the netdev table's `chain`: `meta mark set meta mark | bits` →
-/// [ meta load mark => reg 1 ] [ bitwise reg 1 = (reg 1 & ~bits) ^ bits ] [ meta set mark
-/// with reg 1 ] (the mark in host order).
-pub fn new_mark_rule(b: &mut MsgBuf, chain: &str, bits: u32, comment: &str) -> u32 {
+/// One NEWRULE appended to the netdev table's `chain`: `meta mark set meta mark & ~mask |
+/// value` → [ meta load mark => reg 1 ] [ bitwise reg 1 = (reg 1 & ~mask) ^ value ] [ meta set
+/// mark with reg 1 ] (the mark in host order; `value` within `mask`).
+pub fn new_mark_rule(b: &mut MsgBuf, chain: &str, mask: u32, value: u32, comment: &str) -> u32 {
     let s = begin(
         b,
         TableFamily::Netdev,
@@ -442,8 +447,8 @@ pub fn new_mark_rule(b: &mut MsgBuf, chain: &str, bits: u32, comment: &str) -> u
             b.attr_u32_be(1, NFT_REG_1); // NFTA_BITWISE_SREG
             b.attr_u32_be(2, NFT_REG_1); // NFTA_BITWISE_DREG
             b.attr_u32_be(3, 4); // NFTA_BITWISE_LEN
-            Exprs::data(b, 4, &(!bits).to_ne_bytes()); // NFTA_BITWISE_MASK
-            Exprs::data(b, 5, &bits.to_ne_bytes()); // NFTA_BITWISE_XOR
+            Exprs::data(b, 4, &(!mask).to_ne_bytes()); // NFTA_BITWISE_MASK
+            Exprs::data(b, 5, &value.to_ne_bytes()); // NFTA_BITWISE_XOR
         });
         x.expr("meta", |b| {
             b.attr_u32_be(2, NFT_META_MARK); // NFTA_META_KEY

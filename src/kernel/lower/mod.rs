@@ -262,7 +262,7 @@ const XVETH_PRIORITY: i32 = 500;
 const NFTA_HOOK_DEV: u16 = 3;
 
 /// The ingress chain of an exempt pod's own veth, named after it, with its one rule (`meta
-/// mark set meta mark | EXEMPT_MARK`): a NEWCHAIN (a base chain of the netdev family hooks
+/// mark set meta mark & ~EXEMPT_MARK_MASK | EXEMPT_MARK`): a NEWCHAIN (a base chain of the netdev family hooks
 /// one device), a flush and the rule, so an existing chain is rewritten whole.
 pub fn new_veth_chain(b: &mut MsgBuf, veth: &str, comment: &str) -> [u32; 3] {
     let t = TableFamily::Netdev;
@@ -278,7 +278,13 @@ pub fn new_veth_chain(b: &mut MsgBuf, veth: &str, comment: &str) -> [u32; 3] {
     b.attr_str(NFTA_CHAIN_TYPE, "filter");
     b.end();
     let f = flush_chain(b, t, veth);
-    let r = expr::new_mark_rule(b, veth, crate::plan::EXEMPT_MARK, comment);
+    let r = expr::new_mark_rule(
+        b,
+        veth,
+        crate::plan::EXEMPT_MARK_MASK,
+        crate::plan::EXEMPT_MARK,
+        comment,
+    );
     [s, f, r]
 }
 
