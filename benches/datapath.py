@@ -24,12 +24,13 @@ three. The alternatives:
     none      the primary plugins only
     natguard  the same, then natguard ADD of every pod but the bridges' third (proxy mode,
               masquerade off, kube-system exempt, so the only difference is the metadata
-              guard); with no exempt pod on a bridge its bridge guard sleeps. The 1,000-pod
+              guard); no exempt pod on a bridge. The 1,000-pod
               cells add synthetic attachments up to 1,000 (natguard ADD with a prevResult of
               addresses no interface holds and a netns path that does not exist: what matters
               is the size of the ruleset)
-    awake     natguard too, and natguard ADD of each bridge's exempt third pod: its bridge
-              guard is hooked and every bridged frame passes its first rule
+    awake     natguard too, and natguard ADD of each bridge's exempt third pod: what a node with
+              an exempt pod on a bridge pays (its veth gets a chain that marks its frames;
+              0.2.0 and earlier hooked a bridge guard that every bridged frame passed)
     anchor    the primary plugins, then one rule in the node namespace:
               iptables-nft -t nat -A PREROUTING -d 169.254.169.254 -p tcp --dport 80 -j DNAT
               (what kube2iam installs): the cost of conntrack plus a nat hook
@@ -141,10 +142,17 @@ class Topo:
         return c
 
     def _bridge_guard(self):
-        """What the copy measured, for the report: whether natguard's bridge guard is hooked
-        (`awake`) or dormant (`asleep`; 0.2.0 and earlier never sleep)."""
-        out = sh(["ip", "netns", "exec", self.node_name, "nft", "list", "table", "bridge", "natguard"])
-        return "asleep" if "flags dormant" in out else "awake"
+        """What the copy measured, for the report: a bridge guard (0.2.0 and earlier),
+        hooked or dormant, or none and how many exempt veths mark their frames."""
+        out = sh(["ip", "netns", "exec", self.node_name, "nft", "list", "tables"])
+        if "table bridge natguard" in out:
+            t = sh(["ip", "netns", "exec", self.node_name, "nft", "list", "table", "bridge", "natguard"])
+            return "bridge guard " + ("asleep" if "flags dormant" in t else "awake")
+        if "table netdev natguard" not in out:
+            return "no bridge guard, no exempt veth"
+        t = sh(["ip", "netns", "exec", self.node_name, "nft", "list", "table", "netdev", "natguard"])
+        n = sum(1 for line in t.splitlines() if line.strip().startswith("chain "))
+        return f"no bridge guard, {n} exempt veth chain(s)"
 
     def bridges(self):
         return sum(1 for net in NETS[: self.nets] if net[2])
@@ -257,7 +265,7 @@ class Driver:
         self.created = []
         self.out = a.out
         self.results = []  # (nets, pods, path, test, {alt: [values]}, load)
-        self.guards = {}  # natguard's copies: their bridge guard, "awake" or "asleep"
+        self.guards = {}  # natguard's copies: their bridge guard, or their exempt veth chains
 
 
 def run_cell(d, topos, pods, runs, secs):
@@ -299,12 +307,12 @@ def report(d, runs, secs):
       "Ratio: as a rate against `none` (for tcp, none's p50 / the alternative's), below 1 is slower, "
       "the median of the rounds' ratios (a round measures the alternatives back to back); "
       "the last two ratios are natguard, asleep and awake, against `conntrack only` (conntrack on, "
-      "nothing else), the same way. `natguard`: no exempt pod on a bridge, its bridge guard sleeps; "
-      "`awake`: an exempt pod on each bridge (it never sends), the bridge guard is hooked. "
+      "nothing else), the same way. `natguard`: no exempt pod on a bridge; "
+      "`awake`: an exempt pod on each bridge (it never sends). "
       "The target is against `none`.")
     p("")
     if d.guards:
-        p("Bridge guard, as measured: " + "; ".join(f"`{a}` copy {g}" for a, g in sorted(d.guards.items())) + ".")
+        p("As measured: " + "; ".join(f"`{a}` copy: {g}" for a, g in sorted(d.guards.items())) + ".")
         p("")
     p("| networks | pods | path | test | none | natguard | awake | anchor (1 DNAT rule) | conntrack only "
       "| natguard ratio | anchor ratio | natguard / conntrack only | awake / conntrack only | load1 |")

@@ -763,3 +763,49 @@ fn golden_text_loaded_by_nft_equals_what_natguards_batch_installs() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// An exempt pod's veth chain: the text the golden files show for it (`plan::render_veth_chain`),
+/// loaded by `nft -f`, and natguard's own batch for it install the same chain and rule. Each side
+/// has a network namespace of its own with a device of the chain's name; needs root and `nft`.
+#[test]
+fn a_veth_chain_loaded_by_nft_equals_what_natguards_batch_installs() {
+    common::require_root();
+    common::require_tools(&["nft"]);
+    let h = common::Harness::new("golden-veth");
+    const VETH: &str = "vethcafe";
+    let by_text = h.netns("t");
+    let by_bytes = h.netns("b");
+    for ns in [&by_text, &by_bytes] {
+        ns.ip(&format!("link add {VETH} type veth peer name {VETH}p"));
+    }
+    let file = h.dir().join("veth.nft");
+    std::fs::write(
+        &file,
+        format!(
+            "add table netdev {}\n{}",
+            plan::TABLE,
+            plan::render_veth_chain(VETH)
+        ),
+    )
+    .unwrap();
+    let loaded = common::output(by_text.cmd("nft").arg("-f").arg(&file));
+    assert!(
+        loaded.status.success(),
+        "nft -f of the rendered veth chain failed: {}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+    common::in_netns(&by_bytes, || {
+        let mut sock = natguard::kernel::netlink::NfSocket::open().expect("netfilter socket");
+        let mut tx = natguard::kernel::nft::Tx::new(&mut sock, None);
+        tx.veth_chain(VETH);
+        tx.commit(&mut sock)
+            .unwrap_or_else(|e| panic!("natguard's veth chain failed: {e}"));
+    });
+    let want = listed_without_comments(&by_text);
+    let got = listed_without_comments(&by_bytes);
+    assert!(
+        want.contains(&format!("hook ingress device \"{VETH}\"")),
+        "{want}"
+    );
+    assert_eq!(want, got, "{}", diff(&want, &got));
+}

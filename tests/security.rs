@@ -387,12 +387,14 @@ fn foreign_marks_never_expose_real_metadata() {
     pin_gateways(&thief.ns, &gw_macs);
     thief.ns.addr("eth0", &format!("{}/32", sys.v4));
     thief.ns.addr("eth0", &format!("{}/128", sys.v6));
-    thief
-        .ns
-        .ip(&format!("route replace {META4}/32 via {gw4} src {}", sys.v4));
-    thief
-        .ns
-        .ip(&format!("-6 route replace {META6}/128 via {gw6} src {}", sys.v6));
+    thief.ns.ip(&format!(
+        "route replace {META4}/32 via {gw4} src {}",
+        sys.v4
+    ));
+    thief.ns.ip(&format!(
+        "-6 route replace {META6}/128 via {gw6} src {}",
+        sys.v6
+    ));
     let counters = Counters::install(
         &w.h,
         &w.cloud,

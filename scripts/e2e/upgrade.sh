@@ -210,14 +210,17 @@ wait_probes() {
 }
 
 # --- natguard's kernel objects and files -------------------------------------------------------
-# skeleton: natguard's tables (inet and bridge) as `nft -j` gives them, one object per line,
-# without what pods and traffic change: set elements, counter values, handles. Chains and sets
-# in name order; a chain's rules in their order.
+# skeleton: natguard's tables as `nft -j` gives them, one object per line, without what pods
+# and traffic change: set elements, counter values, handles, and the name of an exempt pod's
+# veth that its netdev chain is named after and hooks (VETH). Chains and sets in name order; a
+# chain's rules in their order.
 skeleton() {
   in_node nft -j list ruleset | jq -c '
     def norm: walk(if type == "object" and (.counter | type) == "object" then .counter = {} else . end);
+    def veth: if .key == "chain" and .value.family == "netdev" then .value.name = "VETH" | .value.dev = "VETH"
+      elif .key == "rule" and .value.family == "netdev" then .value.chain = "VETH" else . end;
     [.nftables[] | to_entries[0] | select(.key != "metainfo")
-      | select((if .key == "table" then .value.name else .value.table end) == "natguard")] as $all
+      | select((if .key == "table" then .value.name else .value.table end) == "natguard") | veth] as $all
     | ([$all[] | select(.key != "rule") | {(.key): (.value | del(.handle, .elem))}] | sort_by(tostring))
       + [$all | map(select(.key == "rule") | .value | del(.handle)) | group_by([.family, .chain])[]
          | {rules: .}]
@@ -321,15 +324,28 @@ skeleton >"$W/skeleton-down"
 left=$(grep -vxFf "$W/skeleton-old" "$W/skeleton-down" || true)
 missing=$(grep -vxFf "$W/skeleton-down" "$W/skeleton-old" || true)
 [ -z "$missing" ] || fail "after the downgrade, $OLD_VERSION's own objects or rules are missing or differ: $missing"
+# this release's own tables, which 0.1.0 does not know (their objects: the family of each)
+own_family() { jq -r '(.[]? // empty) | if type == "array" then .[0].family else .family end' <<<"$1"; }
+tables_left=""
 while IFS= read -r o; do
   [ -z "$o" ] && continue
-  jq -e 'has("set")' <<<"$o" >/dev/null || fail "the downgrade left an object of this release that is not a set: $o"
   grep -qxF -- "$o" "$W/skeleton-new" || fail "the downgrade left an object that is neither release's: $o"
+  case $(own_family "$o") in
+  netdev | arp)
+    # docs/upgrade.md: the veth chains and the ARP guard stay until the operator deletes them
+    tables_left="$tables_left $(own_family "$o")"
+    continue
+    ;;
+  esac
+  jq -e 'has("set")' <<<"$o" >/dev/null || fail "the downgrade left an object of this release that is not a set: $o"
   name=$(jq -r '.set.name' <<<"$o")
-  grep -F '"rules"' "$W/skeleton-down" | grep -qF "\"@$name\"" && fail "a rule after the downgrade uses this release's set $name"
-  grep -F '"rules"' "$W/skeleton-down" | grep -qF "\"$name\"" && fail "a rule after the downgrade names this release's set $name"
+  grep -F '"rules"' "$W/skeleton-down" | grep -F '"inet"' | grep -qF "\"@$name\"" && fail "a rule after the downgrade uses this release's set $name"
+  grep -F '"rules"' "$W/skeleton-down" | grep -F '"inet"' | grep -qF "\"$name\"" && fail "a rule after the downgrade names this release's set $name"
 done <<<"$left"
-leftover=$(printf '%s\n' "$left" | jq -r 'select(.set) | .set.name' 2>/dev/null | paste -sd, -)
+for t in netdev arp; do
+  grep -qw "$t" <<<"$tables_left" || fail "after the downgrade, this release's table $t natguard is gone: who took it?"
+done
+leftover=$(printf '%s\n' "$left" | jq -r 'select(.set) | select(.set.family == "inet") | .set.name' 2>/dev/null | paste -sd, -)
 log "downgraded in $(secs "$t_dn0" "$t_dn1")s (probes in flight during it: new-web $(in_flight new-web "$t_dn0" "$t_dn1"), new-creds $(in_flight new-creds "$t_dn0" "$t_dn1")): $OLD_VERSION's binary, entry (the list is byte for byte $OLD_VERSION's) and every one of its rules and sets are back; this release's sets that $OLD_VERSION does not know stay, used by no rule: ${leftover:-none}"
 # 0.1.0's DEL cannot reach the sets it does not know: what it leaves there is checked gone
 # after the second upgrade

@@ -838,10 +838,11 @@ fn exempt_mac_of<K: Kernel>(
 /// The veth chains that make the netdev table's chains what `xveths` holds after the view's
 /// changes: one per exempt pod's own veth, none for a veth no exempt pod has. Only a batch that
 /// converges (`found`) or changes `xveths` (the ADD, DEL or GC of an exempt pod) reads them. A
-/// converge rewrites every chain it keeps, so a rule someone changed is put back. A chain is
-/// created only where its veth exists: on kernels before 6.16 nf_tables refuses a netdev chain
-/// for a device that is not there (and deletes the chain with its device); a pod whose veth is
-/// gone is leaving, and its DEL or GC takes its element.
+/// converge rewrites every chain it keeps, so a rule someone changed is put back, and deletes
+/// the chain of a veth that is gone. A chain is created only where its veth exists: older
+/// kernels refuse a netdev chain for a device that is not there (and delete the chain with its
+/// device), newer ones keep it unhooked; a pod whose veth is gone is leaving, and its DEL or GC
+/// takes its element.
 fn settle_veth_chains<K: Kernel>(
     v: &mut view::View<'_, K>,
     found: Option<&Found>,
@@ -886,9 +887,13 @@ fn settle_veth_chains<K: Kernel>(
             ops.push(Op::VethChain(*veth));
         }
     }
+    // A converge also deletes the chain of a veth that is gone (a kernel that keeps a netdev
+    // chain without its device): the pod is leaving, and its DEL or GC takes its element.
     let mut gone: Vec<&String> = chains
         .iter()
-        .filter(|c| !want.iter().any(|w| w.as_str() == c.as_str()))
+        .filter(|c| {
+            !want.iter().any(|w| w.as_str() == c.as_str()) || (converges && !link_exists(c))
+        })
         .collect();
     gone.sort();
     for c in gone {

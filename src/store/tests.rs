@@ -582,6 +582,12 @@ fn an_exempt_pods_veth_chain_lives_and_goes_with_the_pod() {
     s.apply(&[], &[(&sh, &creds), (&sh, &gone)]).unwrap();
     assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
     s.check_shared(&sh).unwrap();
+    // A kernel that keeps a netdev chain without its device: the next converge deletes it.
+    s.kernel().apply(&Op::VethChain(ifn(GONE_VETH))).unwrap();
+    s.kernel().tables.remove(&TableFamily::Arp);
+    s.apply(&[], &[(&sh, &creds), (&sh, &gone)]).unwrap();
+    assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
+    s.check_shared(&sh).unwrap();
 }
 
 /// An exempt pod on a bridge whose MAC is known has it pinned to its port (a static, sticky
