@@ -367,4 +367,4 @@ fi
 bold "cleaning up (DEL in reverse order, namespaces removed)"
 stop_servers
 cni_del_attached || fail "DEL failed"
-echo "after DEL: $(in_ns "$NODE" nft list table inet natguard | grep -cwF -e "$POD4" -e "$EX4" -e "$LEGACY4" || true) lines of the table mention the pods"
+echo "after DEL: $(for t in inet arp; do in_ns "$NODE" nft list table "$t" natguard; done | grep -cwF -e "$POD4" -e "$EX4" -e "$LEGACY4" || true) lines of the table mention the pods"

@@ -131,7 +131,7 @@ outside, TCP is masqueraded to the node|remote-out 11\.0\.0\.2 .*TCP +sees: 11\.
 outside, UDP is masqueraded to the node|remote-out 11\.0\.0\.2 .*UDP +sees: 11\.0\.0\.1$
 outside, IPv6 TCP is masqueraded to the node|remote-out 2001:db8:bb::2 .*TCP +sees: 2001:db8:bb::1$
 status says the node is guarded|^natguard: guarding \(the node-wide metadata guard is in place
-status says the bridge guard pins the exempt pod|^bridge guard: awake \(it pins the exempt pods on bridges
+status says the exempt pod's veth marks its frames|^exempt veths: 1 \(each exempt pod's own veth marks its frames
 status reports the network|^network demo: mode proxy
 a default pod gets its region over IMDSv2 from natguard's proxy|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/placement/region +answered: 200 eu-west-3$
 a default pod gets its zone over IMDSv2 from natguard's proxy|default/web \(10\.244\.0\.[0-9]+\) +-> /latest/meta-data/placement/availability-zone +answered: 200 eu-west-3b$

@@ -10,7 +10,7 @@
 //!
 //! [`Tracker`] turns that stream into verdicts, message by message, without syscalls (so it is
 //! unit-tested on built messages): a transaction that touched one of natguard's tables
-//! (`inet natguard`, `bridge natguard`, `netdev natguard`, by the table name every object message carries) and was
+//! (`inet natguard`, `netdev natguard`, `arp natguard`, by the table name every object message carries) and was
 //! written by someone who is not natguard is [`Verdict::Foreign`]. natguard's own transactions
 //! (a CNI ADD or DEL, the watcher's own repair) are recognised by the writer's command name
 //! (`natguard`, which is what runtimes exec) or the id of the thread that opened the monitor
@@ -47,8 +47,8 @@ const NFTA_GEN_PROC_NAME: u16 = 3;
 /// `NFTA_CHAIN_TABLE`, `NFTA_RULE_TABLE`, `NFTA_SET_TABLE`, `NFTA_SET_ELEM_LIST_TABLE`,
 /// `NFTA_OBJ_TABLE`, `NFTA_FLOWTABLE_TABLE`).
 const NFTA_ANY_TABLE: u16 = 1;
-/// The families of natguard's tables (`NFPROTO_INET`, `NFPROTO_BRIDGE`, `NFPROTO_NETDEV`).
-const OWN_TABLE_FAMILIES: [u8; 3] = [1, 7, 5];
+/// The families of natguard's tables (`NFPROTO_INET`, `NFPROTO_NETDEV`, `NFPROTO_ARP`).
+const OWN_TABLE_FAMILIES: [u8; 3] = [1, 5, 3];
 
 /// The command name natguard runs under (the kernel's `comm` of `/opt/cni/bin/natguard`).
 pub const OWN_NAME: &str = "natguard";
@@ -239,6 +239,7 @@ mod tests {
 
     const DELRULE: u16 = 8;
     const DELTABLE: u16 = 2;
+    const DELCHAIN: u16 = 5;
     const NEWSETELEM: u16 = 12;
 
     fn nft(ty: u16) -> u16 {
@@ -279,6 +280,9 @@ mod tests {
             &[
                 object(DELRULE, 1, "natguard"),
                 object(DELTABLE, 1, "natguard"),
+                object(DELCHAIN, 5, "natguard"),
+                object(DELTABLE, 3, "natguard"),
+                // An earlier version's bridge table is no longer natguard's to repair.
                 object(DELTABLE, 7, "natguard"),
                 newgen(Some(555), Some("nft")),
             ],
@@ -287,7 +291,7 @@ mod tests {
             v,
             vec![Verdict::Foreign {
                 writer: "nft (pid 555)".into(),
-                objects: 3
+                objects: 4
             }]
         );
         assert_eq!((t.transactions, t.foreign), (1, 1));
@@ -327,7 +331,7 @@ mod tests {
         let v = run(
             &mut t,
             &[
-                object(DELRULE, 7, "natguard"),
+                object(DELRULE, 5, "natguard"),
                 newgen(Some(9), Some("nft")),
                 newgen(Some(9), Some("nft")),
             ],

@@ -5,16 +5,18 @@
 //! give the same plan, and the plan prints as nft text ([`render`]) for golden-file tests. The
 //! kernel layer lowers these objects to netlink; nothing else reads them.
 //!
-//! Layout in the kernel: one table, `inet natguard`. Each CNI network gets its own chains and
-//! sets ([`names`]), so networks with different configs never clobber each other. What a
-//! network's pods share (chains, rules, the CIDR and metadata sets) is written when it differs
-//! from the plan; what a pod owns is only set elements, each naming its owners ([`record`]):
+//! Layout in the kernel: `inet natguard`, and beside it `netdev natguard` and `arp natguard`
+//! ([`TableFamily`]). Each CNI network gets its own chains and sets ([`names`]), so networks
+//! with different configs never clobber each other. What a network's pods share (chains, rules,
+//! the CIDR and metadata sets) is written when it differs from the plan; what a pod owns is
+//! only set elements, each naming its owners ([`record`]):
 //! - its addresses in `NET-redir4/6` (intercepted, keyed by host-side interface and address),
 //!   `NET-masq4/6` (masquerade policy) and the node-wide guard's sets (`exempt4/6` keyed by
-//!   interface and address, `resets4/6`, `denylog4/6`, and the
-//!   bridge table's `xaddr`, `xport` and `xmac` sets), each element listing every attachment
-//!   that owns it, so "ADD A (ip X), ADD B (ip X), DEL A" leaves B alone; which sets those are
-//!   is read from one list ([`owned_keys`]), for ADD and DEL alike;
+//!   interface and address, `resets4/6`, `denylog4/6`, the arp table's `xarp4`/`narp4`, and an
+//!   exempt pod's veth in the netdev table's `xveths`, whose chains the store keeps to it), each
+//!   element listing every attachment that owns it, so "ADD A (ip X), ADD B (ip X), DEL A"
+//!   leaves B alone; which sets those are is read from one list ([`owned_keys`]), for ADD and
+//!   DEL alike;
 //! - one element in `NET-pods`, keyed by the attachment's [`OwnerKey`], whose comment records the
 //!   pod's addresses: DEL and GC find everything a pod owns from that key alone.
 //!
@@ -807,7 +809,7 @@ pub enum Key {
     Owner(OwnerKey),
     /// An interface (`NET-ifs`, `ports`, `allowedifs`).
     Iface(IfName),
-    /// An interface and an address (`exempt4/6`, `resets4/6`, `xport4/6`).
+    /// An interface and an address (`exempt4/6`, `resets4/6`, `xarp4`).
     IfAddr(IfName, IpAddr),
     /// An address and a port (`NET-pxy4/6`, `NET-mproxy4/6`, `NET-mguard4/6`, `guarded4/6`,
     /// `proxies4/6`).
@@ -914,7 +916,8 @@ pub struct HostSide {
     pub iface: IfName,
     /// The pod's bridge port, when `iface` is a bridge.
     pub port: Option<IfName>,
-    /// The pod's own MAC, when known: on a bridge, an exempt pod's MAC is pinned to its port.
+    /// The pod's own MAC, when known: on a bridge, an exempt pod's MAC is pinned to its port (a
+    /// static, sticky forwarding entry).
     pub mac: Option<[u8; 6]>,
     /// The bridge `port` belongs to, where `iface` is another IP device of it (the bridge
     /// plugin's `vlan` gateway `BRIDGE.VLAN`); `None` where `iface` is the bridge itself.
