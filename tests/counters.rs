@@ -174,20 +174,6 @@ fn connect_remote(pod: &Pod, remote: IpAddr, n: usize, expected: IpAddr) {
 // natguard's reports
 // ---------------------------------------------------------------------------------------------
 
-/// The host side of the pod's veth, from the bridge plugin's result (the interface without a
-/// sandbox that is not the bridge).
-fn host_veth(pod: &Pod) -> String {
-    pod.result["interfaces"]
-        .as_array()
-        .expect("interfaces in the result")
-        .iter()
-        .filter(|i| i.get("sandbox").is_none())
-        .filter_map(|i| i["name"].as_str())
-        .find(|n| !n.starts_with("cni"))
-        .unwrap_or_else(|| panic!("no host veth in {}", pod.result))
-        .to_string()
-}
-
 /// `natguard ARGS` in the node namespace: stdout, after checking the exit code is 0.
 fn natguard_on(node: &Netns, args: &[&str]) -> String {
     common::run::Natguard::new()
@@ -708,7 +694,7 @@ fn counts_every_connection_per_network_family_and_pod() {
         assert_eq!(p["ifname"], "eth0", "{p:#}");
         assert_eq!(
             p["interface"],
-            host_veth(pod),
+            attack::host_veth(pod),
             "the pod's bridge port: {p:#}"
         );
         assert_eq!(
@@ -783,7 +769,7 @@ fn counts_every_connection_per_network_family_and_pod() {
         text.contains(&format!(
         "\n    default/miner {}, {} via {} [cid=cid-miner if=eth0]: 5 attempt(s) to reach the real \
          metadata API reset, 0 connection(s) sent to the proxy\n",
-        miner.v4, miner.v6, host_veth(&miner)
+        miner.v4, miner.v6, attack::host_veth(&miner)
     )),
         "{text}"
     );

@@ -1056,28 +1056,7 @@ fn vlan_tagged_frames_with_an_id_from_a_pod_natguard_never_saw_never_reach_real_
     ] {
         w.on_node(cmd);
     }
-    let counters = Counters::install(
-        &w.h,
-        &w.cloud,
-        &[
-            (
-                "stolen4",
-                format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4),
-            ),
-            (
-                "stolen6",
-                format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6),
-            ),
-            (
-                "own4",
-                format!("ip saddr {} ip daddr {CLOUD4} tcp dport 80", thief.v4),
-            ),
-            (
-                "own6",
-                format!("ip6 saddr {} ip6 daddr {CLOUD6} tcp dport 80", thief.v6),
-            ),
-        ],
-    );
+    let counters = Counters::install(&w.h, &w.cloud, &claim_counters(&exempt, &thief));
     const EACH: u64 = 3;
     let mac = mac_of(&thief.ns, "eth0");
     let bridge_mac = mac_of(&w.node, "cni0");

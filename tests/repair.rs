@@ -377,17 +377,7 @@ fn an_exempt_pods_veth_chain_deleted_by_someone_else_is_put_back() {
     let chain = w.chain(w.list("repair", "1.0.0", 0, Some(cfg)));
     let _web = w.add_pod(&chain, "web", "default");
     let watcher = Watcher::start(&w, &chain);
-    let chains = || {
-        w.node
-            .run(&["nft", "list", "table", "netdev", "natguard"])
-            .lines()
-            .filter_map(|l| {
-                l.trim()
-                    .strip_prefix("chain ")
-                    .map(|c| c.trim_end_matches(" {").to_string())
-            })
-            .collect::<Vec<_>>()
-    };
+    let chains = || attack::veth_chains(&w);
     let awake = || {
         !w.node
             .run(&["nft", "list", "table", "netdev", "natguard"])

@@ -107,16 +107,7 @@ fn address_theft_by(w: &World, chain: &Chain, thief_chain: &Chain, steal_mac: bo
         let mac = mac_of(&exempt.ns, "eth0");
         thief.ns.ip(&format!("link set eth0 address {mac}"));
     }
-    thief.ns.addr("eth0", &format!("{}/32", exempt.v4));
-    thief.ns.addr("eth0", &format!("{}/128", exempt.v6));
-    thief.ns.ip(&format!(
-        "route replace {META4}/32 via {gw4} src {}",
-        exempt.v4
-    ));
-    thief.ns.ip(&format!(
-        "-6 route replace {META6}/128 via {gw6} src {}",
-        exempt.v6
-    ));
+    claim_addresses(&thief, &exempt, (gw4, gw6));
     thief.ns.ip("neigh flush all");
     pin_gateways(&thief.ns, &gw_macs);
     announce(&w.h, &thief.ns, "eth0", exempt.v4, gw4, exempt.v6);
@@ -385,16 +376,7 @@ fn foreign_marks_never_expose_real_metadata() {
     control_network(&thief, "the thief");
     let gw_macs = gateway_macs(&thief.ns, [gw4, gw6]);
     pin_gateways(&thief.ns, &gw_macs);
-    thief.ns.addr("eth0", &format!("{}/32", sys.v4));
-    thief.ns.addr("eth0", &format!("{}/128", sys.v6));
-    thief.ns.ip(&format!(
-        "route replace {META4}/32 via {gw4} src {}",
-        sys.v4
-    ));
-    thief.ns.ip(&format!(
-        "-6 route replace {META6}/128 via {gw6} src {}",
-        sys.v6
-    ));
+    claim_addresses(&thief, &sys, (gw4, gw6));
     let counters = Counters::install(
         &w.h,
         &w.cloud,
@@ -933,20 +915,6 @@ fn an_exempt_pod_without_interfaces_in_its_result_is_pinned_to_its_port() {
         "the exempt pod's port marks its frames: {marked}"
     );
     f.finish("address theft of an exempt pod whose result lists no interfaces");
-}
-
-/// The names of the chains of natguard's netdev table: the exempt pods' veths that mark
-/// their frames.
-fn veth_chains(w: &World) -> Vec<String> {
-    w.node
-        .run(&["nft", "list", "table", "netdev", "natguard"])
-        .lines()
-        .filter_map(|l| {
-            l.trim()
-                .strip_prefix("chain ")
-                .map(|c| c.trim_end_matches(" {").to_string())
-        })
-        .collect()
 }
 
 /// Every exempt pod's own veth marks its frames (one netdev chain each), and nothing else does:
@@ -1773,28 +1741,7 @@ fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {
     // The node learns the exempt pod's neighbour entries from real traffic first.
     control_network(exempt, "exempt pod");
     let (cloud4, cloud6) = (CLOUD4, CLOUD6);
-    let counters = Counters::install(
-        &w.h,
-        &w.cloud,
-        &[
-            (
-                "stolen4",
-                format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4),
-            ),
-            (
-                "stolen6",
-                format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6),
-            ),
-            (
-                "own4",
-                format!("ip saddr {} ip daddr {cloud4} tcp dport 80", thief.v4),
-            ),
-            (
-                "own6",
-                format!("ip6 saddr {} ip6 daddr {cloud6} tcp dport 80", thief.v6),
-            ),
-        ],
-    );
+    let counters = Counters::install(&w.h, &w.cloud, &claim_counters(exempt, thief));
     let mut f = Findings::new();
     const EACH: u64 = 3;
     for tags in ["q", "adq"] {
@@ -1967,15 +1914,7 @@ fn mac_theft_on_a_bridge_overhears_nothing_sent_to_the_exempt_pod() {
     let mut f = Findings::new();
     // The bridge still forwards the exempt pod's MAC to the exempt pod's port (nothing the
     // exempt pod sent since could have taught it back).
-    let port = exempt.result["interfaces"]
-        .as_array()
-        .expect("interfaces in the result")
-        .iter()
-        .filter(|i| i.get("sandbox").is_none())
-        .filter_map(|i| i["name"].as_str())
-        .find(|n| !n.starts_with("cni"))
-        .unwrap_or_else(|| panic!("no host veth in {}", exempt.result))
-        .to_string();
+    let port = host_veth(&exempt);
     let fdb = w.node.run(&["bridge", "fdb", "show", "br", "cni0"]);
     let entry = fdb
         .lines()

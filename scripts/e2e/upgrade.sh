@@ -28,7 +28,8 @@
 #    0.1.0's ADD created (nft, conntrack, IPAM, cache).
 # 3. Downgrade, as docs/upgrade.md documents it: 0.1.0's `install` again. The list is 0.1.0's
 #    byte for byte, every rule and set of 0.1.0 is back, and what stays of this release is
-#    exactly its sets that 0.1.0 does not know, used by no rule. CHECK of this release's pods
+#    exactly its sets that 0.1.0 does not know, used by no rule of 0.1.0's table, and its netdev
+#    and arp tables, which docs/upgrade.md tells the operator to delete. CHECK of this release's pods
 #    passes under 0.1.0, new pods are ADDed by it, its DEL removes this release's pods whole.
 # 4. Upgraded again: the tables equal the reference's again; DEL of 0.1.0's last pods.
 # 5. Every probe of every pod is counted: all must be as the pod's policy says (a proxied pod's

@@ -54,6 +54,14 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
 /// to an exempt pod are never judged. At output, metadata TCP whose source is not one of the
 /// node's own addresses is reset: that is a pod's connection that IPVS (kube-proxy's IPVS
 /// mode) rewrote after input and sends on through output.
+/// `meta mark & EXEMPT_MARK_MASK != EXEMPT_MARK`: the packet did not cross an exempt pod's veth.
+fn unmarked() -> Match {
+    Match::MarkIsNot {
+        mask: EXEMPT_MARK_MASK,
+        value: EXEMPT_MARK,
+    }
+}
+
 fn plan_node_rules() -> Vec<Rule> {
     let mut rules = Vec::new();
     let rule = |chain, matches, action, count| Rule {
@@ -193,10 +201,7 @@ fn plan_node_rules() -> Vec<Rule> {
     rules.push(rule(
         ChainKind::ArpGuard,
         vec![
-            Match::MarkIsNot {
-                mask: EXEMPT_MARK_MASK,
-                value: EXEMPT_MARK,
-            },
+            unmarked(),
             Match::IifArpSpaIn(SetKind::XArp),
             Match::IifArpSpaNotIn(SetKind::NArp),
         ],
@@ -210,10 +215,7 @@ fn plan_node_rules() -> Vec<Rule> {
             vec![
                 Match::NfProto(v6),
                 Match::IsIcmpv6,
-                Match::MarkIsNot {
-                    mask: EXEMPT_MARK_MASK,
-                    value: EXEMPT_MARK,
-                },
+                unmarked(),
                 Match::IifSaddrIn(v6, SetKind::Exempt(v6)),
                 Match::IifSaddrNotIn(v6, SetKind::Resets(v6)),
             ],
@@ -225,10 +227,7 @@ fn plan_node_rules() -> Vec<Rule> {
             vec![
                 Match::NfProto(v6),
                 Match::NeighborAdvert,
-                Match::MarkIsNot {
-                    mask: EXEMPT_MARK_MASK,
-                    value: EXEMPT_MARK,
-                },
+                unmarked(),
                 Match::IifNdTargetIn(SetKind::Exempt(v6)),
                 Match::IifNdTargetNotIn(SetKind::Resets(v6)),
             ],

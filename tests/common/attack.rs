@@ -872,3 +872,70 @@ pub fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str,
     args.extend(what.iter().map(String::as_str));
     pod.ns.run(&args);
 }
+
+/// Routes the metadata addresses from `thief` with `exempt`'s addresses as its sources, which it
+/// takes on its eth0: the shape of every theft of an exempt identity.
+pub fn claim_addresses(thief: &Pod, exempt: &Pod, gws: (IpAddr, IpAddr)) {
+    thief.ns.addr("eth0", &format!("{}/32", exempt.v4));
+    thief.ns.addr("eth0", &format!("{}/128", exempt.v6));
+    thief.ns.ip(&format!(
+        "route replace {META4}/32 via {} src {}",
+        gws.0, exempt.v4
+    ));
+    thief.ns.ip(&format!(
+        "-6 route replace {META6}/128 via {} src {}",
+        gws.1, exempt.v6
+    ));
+}
+
+/// The host side of a pod's veth on a bridge, from the bridge plugin's result (the interface
+/// without a sandbox that is not the bridge).
+pub fn host_veth(pod: &Pod) -> String {
+    pod.result["interfaces"]
+        .as_array()
+        .expect("interfaces in the result")
+        .iter()
+        .filter(|i| i.get("sandbox").is_none())
+        .filter_map(|i| i["name"].as_str())
+        .find(|n| !n.starts_with("cni"))
+        .unwrap_or_else(|| panic!("no host veth in {}", pod.result))
+        .to_string()
+}
+
+/// The names of the chains of natguard's netdev table on the node: the exempt pods' veths that
+/// mark their frames.
+pub fn veth_chains(w: &World) -> Vec<String> {
+    w.node
+        .run(&["nft", "list", "table", "netdev", "natguard"])
+        .lines()
+        .filter_map(|l| {
+            l.trim()
+                .strip_prefix("chain ")
+                .map(|c| c.trim_end_matches(" {").to_string())
+        })
+        .collect()
+}
+
+/// Counters at the metadata host for SYNs from `exempt`'s addresses to the metadata addresses
+/// (`stolen4/6`), and at the cloud's other address for those of `thief`'s own to port 80
+/// (`own4/6`).
+pub fn claim_counters(exempt: &Pod, thief: &Pod) -> [(&'static str, String); 4] {
+    [
+        (
+            "stolen4",
+            format!("ip saddr {} ip daddr {META4} tcp dport 80", exempt.v4),
+        ),
+        (
+            "stolen6",
+            format!("ip6 saddr {} ip6 daddr {META6} tcp dport 80", exempt.v6),
+        ),
+        (
+            "own4",
+            format!("ip saddr {} ip daddr {CLOUD4} tcp dport 80", thief.v4),
+        ),
+        (
+            "own6",
+            format!("ip6 saddr {} ip6 daddr {CLOUD6} tcp dport 80", thief.v6),
+        ),
+    ]
+}
