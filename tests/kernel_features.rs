@@ -1066,13 +1066,7 @@ fn vlan_tagged_frames_with_an_id_from_a_pod_natguard_never_saw_never_reach_real_
         (thief.v4, CLOUD4),
         (thief.v6, CLOUD6),
     ] {
-        let args = [
-            "syn".to_string(),
-            src.to_string(),
-            dst.to_string(),
-            "80".to_string(),
-            EACH.to_string(),
-        ];
+        let args = syn_frames(src, dst, EACH);
         send_frames(&w, &thief, &mac, &bridge_mac, "q100", &args);
     }
     counters.wait(&["own4"], EACH, "the thief's tagged IPv4 SYNs to the cloud");

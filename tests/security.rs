@@ -1017,13 +1017,7 @@ fn claims_from_a_bridge_of_an_exempt_pod_on_ptp_never_reach_real_metadata() {
         let mac = mac_of(&thief.ns, "eth0");
         for tags in ["", "q", "adq"] {
             for (src, dst) in [(exempt.v4, META4), (exempt.v6, META6)] {
-                let args = [
-                    "syn".to_string(),
-                    src.to_string(),
-                    dst.to_string(),
-                    "80".to_string(),
-                    EACH.to_string(),
-                ];
+                let args = syn_frames(src, dst, EACH);
                 send_frames(&w, thief, &mac, &bridge_mac, tags, &args);
             }
         }

@@ -939,3 +939,14 @@ pub fn claim_counters(exempt: &Pod, thief: &Pod) -> [(&'static str, String); 4] 
         ),
     ]
 }
+
+/// What [`send_frames`] sends for `n` SYNs from `src` to `dst` port 80.
+pub fn syn_frames(src: IpAddr, dst: IpAddr, n: u64) -> [String; 5] {
+    [
+        "syn".to_string(),
+        src.to_string(),
+        dst.to_string(),
+        "80".to_string(),
+        n.to_string(),
+    ]
+}
