@@ -970,6 +970,7 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
     require_root();
     let w = real_world("kf-veth");
     let list = w.list("kfveth", "1.0.0", 0, Some(exempt_cfg(&w, json!({}))));
+    let own_bridge = list["plugins"][0]["bridge"].as_str().unwrap().to_string();
     let chain = w.chain(list);
     let exempt = w.add_pod(&chain, "sys", EXEMPT_NS);
     let thief = w.add_pod(&chain, "thief", "default");
@@ -987,6 +988,11 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
     let (other_gw, _) = gateways(&stranger);
     let x = exempt.v4;
     let (gw4, _) = gateways(&thief);
+    // The thief's gateway, pinned: the node answers no ARP that claims the exempt address.
+    let bridge_mac = mac_of(&w.node, &own_bridge);
+    thief.ns.ip(&format!(
+        "neigh replace {gw4} lladdr {bridge_mac} dev eth0 nud permanent"
+    ));
     for pod in [&thief, &stranger] {
         pod.ns.addr("eth0", &format!("{x}/32"));
     }
@@ -1008,7 +1014,7 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
         &w.h,
         &w.cloud,
         &[(
-            "meta",
+            "stolen",
             format!("ip saddr {x} ip daddr {META4} tcp dport 80 {SYN}"),
         )],
     );
@@ -1024,12 +1030,12 @@ fn an_exempt_identity_holds_only_for_what_crossed_its_own_veth() {
         "the stranger's SYNs to its own bridge's address",
     );
     std::thread::sleep(Duration::from_millis(500));
-    let n = at_meta.packets("meta");
+    let n = at_meta.packets("stolen");
     f.check(n == 0, || {
         format!("{n} SYNs with the exempt pod's address from pods that are not it reached the metadata host")
     });
     send_segments(&w.h, &exempt.ns, x, META4, 80, EACH, &[0x02]);
-    at_meta.wait(&["meta"], u64::from(EACH), "the exempt pod's own SYNs");
+    at_meta.wait(&["stolen"], u64::from(EACH), "the exempt pod's own SYNs");
     control_metadata(&exempt, REAL, "exempt pod after the claims");
     f.finish("an exempt identity on its own veth");
 }
