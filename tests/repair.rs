@@ -431,6 +431,14 @@ fn lost_notifications_lead_to_a_full_check_not_a_crash() {
     let chain = w.chain(w.list("repair", "1.0.0", 0, Some(w.natguard(json!({})))));
     let pod = w.add_pod(&chain, "web", "default");
     let mut watcher = Watcher::start_with(&w, &chain, &[("NATGUARD_MONITOR_RCVBUF", "1")]);
+    // Another component's table of 200 rules, which the flush deletes too: its notifications
+    // overflow the smallest buffer whatever the size of natguard's own tables.
+    let big = w.dir().join("big.nft");
+    let rules: String = (0..200)
+        .map(|i| format!("    ip saddr 198.51.100.{i} counter accept\n"))
+        .collect();
+    fs::write(&big, format!("table inet big {{\n  chain c {{\n{rules}  }}\n}}\n")).unwrap();
+    w.node.run(&["nft", "-f", &big.display().to_string()]);
     let before = watcher.repairs();
     // The watcher is stopped while the flush's notifications arrive, so they overflow its
     // buffer whatever the machine's timing (a running watcher may read them as they come).
