@@ -286,6 +286,15 @@ def run_cell(d, topos, pods, runs, secs):
             d.results.append((ref.nets, pods, label, test, vals, load0))
             with open(os.path.join(d.out, "bench-datapath.md"), "w") as f:
                 f.write(report(d, runs, secs)[0] + "\n")
+            # Every round's value of every alternative, for ratios pooled over runs.
+            rounds = os.path.join(d.out, "bench-datapath-rounds.tsv")
+            new = not os.path.exists(rounds)
+            with open(rounds, "a") as f:
+                if new:
+                    f.write("nets\tpods\tpath\ttest\tround\t" + "\t".join(ALTS) + "\n")
+                for r in range(runs):
+                    f.write(f"{ref.nets}\t{pods}\t{label}\t{test}\t{r}\t"
+                            + "\t".join(f"{vals[a][r]:g}" for a in ALTS) + "\n")
             m = {a: statistics.median(v) for a, v in vals.items()}
             log(f"datapath {ref.nets} nets {pods} pods {label} {test}: " + ", ".join(f"{a} {m[a]:.1f}" for a in ALTS))
 
@@ -354,6 +363,9 @@ def main():
     if os.stat("/proc/self/ns/net").st_ino != int(a.root_netns_ino):
         die("datapath.py starts in the namespace bench.sh was started in and creates its own")
     d = Driver(a)
+    rounds = os.path.join(a.out, "bench-datapath-rounds.tsv")
+    if os.path.exists(rounds):
+        os.remove(rounds)  # an earlier run's
     for nets in [int(x) for x in a.nets.split(",")]:
         topos = {alt: Topo(d, alt, nets) for alt in ALTS}
         try:

@@ -27,7 +27,7 @@
 # The measuring itself is benches/bench.py (see its header for the method).
 #
 # Output: a Markdown table on stdout and in DIR/bench-results.md (default DIR: /tmp), raw samples
-# in DIR/bench-samples.tsv. A full run takes 20 to 30 minutes on 2 cores; --quick (one per-pod
+# in DIR/bench-samples.tsv, the datapath cell's every round in DIR/bench-datapath-rounds.tsv. A full run takes 20 to 30 minutes on 2 cores; --quick (one per-pod
 # cell: 10 pods, 1,000 conntrack entries, dual-stack, 5 runs; one IPv4 burst round at ~0
 # entries; the interface cell; one datapath round of 0.3 s per measurement, 1 network, 2 pods;
 # one proxy round of 1 s per measurement, 1,000 idle connections) about a minute. --profile adds a

@@ -437,7 +437,11 @@ fn lost_notifications_lead_to_a_full_check_not_a_crash() {
     let rules: String = (0..200)
         .map(|i| format!("    ip saddr 198.51.100.{i} counter accept\n"))
         .collect();
-    fs::write(&big, format!("table inet big {{\n  chain c {{\n{rules}  }}\n}}\n")).unwrap();
+    fs::write(
+        &big,
+        format!("table inet big {{\n  chain c {{\n{rules}  }}\n}}\n"),
+    )
+    .unwrap();
     w.node.run(&["nft", "-f", &big.display().to_string()]);
     let before = watcher.repairs();
     // The watcher is stopped while the flush's notifications arrive, so they overflow its
