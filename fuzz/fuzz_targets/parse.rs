@@ -57,10 +57,10 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
         p.comment
     );
     // Every address is placed in or out of each owned set: masq, the redirected set and its
-    // count, the log set, the node-wide exempt and reset-count sets and, behind a bridge port,
-    // the bridge table's three address pins (node-wide, per bridge, per port); the port itself
-    // once (no MAC known here, so no MAC pins).
-    assert_eq!(p.present.len() + p.absent.len(), 9 * addrs.len() + 1);
+    // count, the log set, the node-wide exempt and reset-count sets and, for IPv4, the arp
+    // table's exempt and non-exempt identities; the pod's own veth once (`xveths`).
+    let v4 = addrs.iter().filter(|a| a.is_ipv4()).count();
+    assert_eq!(p.present.len() + p.absent.len(), 6 * addrs.len() + 2 * v4 + 1);
 }
 
 fn netconf(data: &[u8]) {
