@@ -778,22 +778,45 @@ fn a_veth_chain_loaded_by_nft_equals_what_natguards_batch_installs() {
     for ns in [&by_text, &by_bytes] {
         ns.ip(&format!("link add {VETH} type veth peer name {VETH}p"));
     }
-    let file = h.dir().join("veth.nft");
-    std::fs::write(
-        &file,
-        format!(
-            "add table netdev {}\n{}",
+    // The sets the chain's rules look up, on both sides, from the same text.
+    let mut sets = format!("add table netdev {}\n", plan::TABLE);
+    for k in plan::SetKind::ALL
+        .into_iter()
+        .filter(|k| k.table() == plan::TableFamily::Netdev)
+    {
+        sets.push_str(&format!(
+            "add set netdev {} {} {{ type {}; }}\n",
             plan::TABLE,
-            plan::render_veth_chain(VETH)
-        ),
-    )
-    .unwrap();
-    let loaded = common::output(by_text.cmd("nft").arg("-f").arg(&file));
-    assert!(
-        loaded.status.success(),
-        "nft -f of the rendered veth chain failed: {}",
-        String::from_utf8_lossy(&loaded.stderr)
-    );
+            k.suffix(),
+            k.type_name()
+        ));
+    }
+    let load = |ns: &common::Netns, name: &str, text: &str| {
+        let file = h.dir().join(name);
+        std::fs::write(&file, text).unwrap();
+        let loaded = common::output(ns.cmd("nft").arg("-f").arg(&file));
+        assert!(
+            loaded.status.success(),
+            "nft -f of {name} failed: {}\n{text}",
+            String::from_utf8_lossy(&loaded.stderr)
+        );
+    };
+    load(&by_bytes, "sets.nft", &sets);
+    // The neighbour advertisement's rule (a raw payload against a typed set) nft cannot read
+    // back: it is compared as listed text below.
+    let (mut loadable, mut raw) = (sets, Vec::new());
+    let prefix = format!("add rule netdev {} {VETH} ", plan::TABLE);
+    for l in plan::render_veth_chain(VETH).lines() {
+        match l.strip_prefix(&prefix) {
+            Some(rule) if raw_payload_against_a_set(l) => {
+                let rule = rule.split(" comment \"").next().unwrap_or(rule);
+                raw.push(rule.to_string());
+            }
+            _ => loadable.push_str(&format!("{l}\n")),
+        }
+    }
+    assert_eq!(raw.len(), 1, "the veth chain's advertisement rule: {raw:?}");
+    load(&by_text, "veth.nft", &loadable);
     common::in_netns(&by_bytes, || {
         let mut sock = natguard::kernel::netlink::NfSocket::open().expect("netfilter socket");
         let mut tx = natguard::kernel::nft::Tx::new(&mut sock, None);
@@ -802,7 +825,20 @@ fn a_veth_chain_loaded_by_nft_equals_what_natguards_batch_installs() {
             .unwrap_or_else(|e| panic!("natguard's veth chain failed: {e}"));
     });
     let want = listed_without_comments(&by_text);
-    let got = listed_without_comments(&by_bytes);
+    let listed = listed_without_comments(&by_bytes);
+    for r in &raw {
+        // nft lists the `meta protocol ip6` dependency of an icmpv6 match implicitly.
+        let short = r.strip_prefix("meta protocol ip6 ").unwrap_or(r);
+        assert!(
+            listed.lines().any(|l| l.trim() == r || l.trim() == short),
+            "natguard's batch installed no rule that nft lists as {r:?}:\n{listed}"
+        );
+    }
+    let got: String = listed
+        .lines()
+        .filter(|l| !raw_payload_against_a_set(l))
+        .map(|l| format!("{l}\n"))
+        .collect();
     assert!(
         want.contains(&format!("hook ingress device \"{VETH}\"")),
         "{want}"

@@ -1822,6 +1822,92 @@ fn vlan_tagged_claims(w: &World, exempt: &Pod, thief: &Pod) -> Findings {
     f
 }
 
+/// The link-local IPv6 address of `pod`'s eth0.
+fn link_local_of(pod: &Pod) -> String {
+    let out = pod.ns.ip("-j -6 addr show dev eth0 scope link");
+    let v: Value = serde_json::from_str(&out).expect("ip -j addr");
+    v[0]["addr_info"]
+        .as_array()
+        .and_then(|a| a.iter().find_map(|i| i["local"].as_str()))
+        .unwrap_or_else(|| panic!("control: the pod has no link-local address: {out}"))
+        .to_string()
+}
+
+/// Two exempt pods on one bridge, and the second claims the first's addresses: gratuitous ARP
+/// and ARP with them as sender, neighbour advertisements for them (from them, and from its own
+/// link-local address), TCP from them. Being exempt is the attachment's right, not a licence to
+/// be another exempt attachment: the node's neighbour entries for the first pod must keep its
+/// MAC (or the first pod's metadata answers would go to the second), and not one SYN that the
+/// second sends from the first's addresses may reach the metadata host, while both keep their
+/// own exemption.
+#[test]
+fn an_exempt_pod_claiming_another_exempt_pods_addresses_never_holds_its_identity() {
+    let w = real_world("sec-exempt-twin");
+    let chain = w.chain(w.list("twins", "1.1.0", 0, Some(exempt_cfg(&w, json!({})))));
+    let first = w.add_pod(&chain, "sys", EXEMPT_NS);
+    let second = w.add_pod(&chain, "sys2", EXEMPT_NS);
+    control_metadata(&first, REAL, "the first exempt pod before the claims");
+    control_metadata(&second, REAL, "the second exempt pod before the claims");
+    control_network(&first, "the first exempt pod");
+    let first_mac = mac_of(&first.ns, "eth0");
+    let second_mac = mac_of(&second.ns, "eth0");
+    for a in first.ips() {
+        assert_eq!(
+            node_neighbour(&w, a).as_deref(),
+            Some(first_mac.as_str()),
+            "control: the node learnt the first pod's neighbour entry for {a} from its traffic"
+        );
+    }
+    let (gw4, gw6) = gateways(&second);
+    let gw_macs = gateway_macs(&second.ns, [gw4, gw6]);
+    let link_local = link_local_of(&second);
+    claim_addresses(&second, &first, (gw4, gw6));
+    second.ns.ip("neigh flush all");
+    pin_gateways(&second.ns, &gw_macs);
+    announce(&w.h, &second.ns, "eth0", first.v4, gw4, first.v6);
+    // An advertisement claims its target: from the second pod's link-local address, and from
+    // its own global one (a source its veth does mark).
+    for src in [link_local, second.v6.to_string()] {
+        let na = vec!["na".to_string(), first.v6.to_string(), src];
+        send_frames(&w, &second, &second_mac, "33:33:00:00:00:01", "", &na);
+    }
+
+    let mut f = Findings::new();
+    stolen_segments_never_arrive(&w, &first, &second, None, &mut f);
+    for a in first.ips() {
+        let got = node_neighbour(&w, a);
+        f.check(got.as_deref() == Some(first_mac.as_str()), || {
+            format!("the node's neighbour entry for the first exempt pod's {a} is {got:?}, not its {first_mac} (the second is {second_mac})")
+        });
+    }
+    for t in metas() {
+        let got = http_get(&first.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after the claims the first exempt pod -> http://{t}/ got {got:?}, not REAL")
+        });
+    }
+    // The second keeps its own exemption: the claimed addresses go, its own routes come back.
+    second.ns.ip(&format!("addr del {}/32 dev eth0", first.v4));
+    second
+        .ns
+        .ip(&format!("-6 addr del {}/128 dev eth0", first.v6));
+    second.ns.ip(&format!(
+        "route replace {META4}/32 via {gw4} src {}",
+        second.v4
+    ));
+    second.ns.ip(&format!(
+        "-6 route replace {META6}/128 via {gw6} src {}",
+        second.v6
+    ));
+    for t in metas() {
+        let got = http_get(&second.ns, t);
+        f.check(got == body(REAL), || {
+            format!("after its claims the second exempt pod -> http://{t}/ from its own addresses got {got:?}, not REAL")
+        });
+    }
+    f.finish("an exempt pod claiming another exempt pod's addresses");
+}
+
 /// A neighbour advertisement comes from the sender's link-local address, not from the address
 /// it advertises: a default pod advertises the exempt pod's IPv6 address (override) from its
 /// own link-local address and its own MAC, untagged, the way a real neighbour would. The node's
@@ -1834,13 +1920,7 @@ fn a_neighbour_advertisement_from_a_link_local_source_never_moves_the_exempt_pod
     control_network(&exempt, "exempt pod");
     let exempt_mac = mac_of(&exempt.ns, "eth0");
     let thief_mac = mac_of(&thief.ns, "eth0");
-    let out = thief.ns.ip("-j -6 addr show dev eth0 scope link");
-    let v: Value = serde_json::from_str(&out).expect("ip -j addr");
-    let link_local = v[0]["addr_info"]
-        .as_array()
-        .and_then(|a| a.iter().find_map(|i| i["local"].as_str()))
-        .unwrap_or_else(|| panic!("control: the thief has no link-local address: {out}"))
-        .to_string();
+    let link_local = link_local_of(&thief);
     assert_eq!(
         node_neighbour(&w, exempt.v6).as_deref(),
         Some(exempt_mac.as_str()),

@@ -57,10 +57,11 @@ fn check_pod(cfg: &config::Config, network: &str, args: &CniArgs, ifname: &str, 
         p.comment
     );
     // Every address is placed in or out of each owned set: masq, the redirected set and its
-    // count, the log set, the node-wide exempt and reset-count sets and, for IPv4, the arp
-    // table's exempt and non-exempt identities; the pod's own veth once (`xveths`).
+    // count, the log set, the node-wide exempt and reset-count sets, the address on the pod's
+    // own veth (`xsrc4/6`) and, for IPv4, the arp table's exempt and non-exempt identities; the
+    // pod's own veth once (`xveths`).
     let v4 = addrs.iter().filter(|a| a.is_ipv4()).count();
-    assert_eq!(p.present.len() + p.absent.len(), 6 * addrs.len() + 2 * v4 + 1);
+    assert_eq!(p.present.len() + p.absent.len(), 7 * addrs.len() + 2 * v4 + 1);
 }
 
 fn netconf(data: &[u8]) {

@@ -122,7 +122,10 @@ impl Fake {
             }
             Op::VethChain(veth) => {
                 self.tables.entry(TableFamily::Netdev).or_insert(0);
-                let comments = vec![crate::plan::XVETH_COMMENT.to_string()];
+                let comments = crate::plan::veth_rules()
+                    .iter()
+                    .map(|r| r.comment.to_string())
+                    .collect();
                 self.chains
                     .insert(veth.as_str().to_string(), (TableFamily::Netdev, comments));
             }

@@ -317,8 +317,7 @@ impl Tx {
     pub fn veth_chain(&mut self, veth: &str) {
         let s = new_table(&mut self.buf, TableFamily::Netdev, None);
         self.note(s, format!("create table netdev {}", crate::plan::TABLE));
-        let [c, f, r] =
-            super::lower::new_veth_chain(&mut self.buf, veth, crate::plan::XVETH_COMMENT);
+        let (c, f, rules) = super::lower::new_veth_chain(&mut self.buf, veth);
         self.note(
             c,
             format!(
@@ -330,15 +329,15 @@ impl Tx {
             f,
             format!("flush chain netdev {} {veth}", crate::plan::TABLE),
         );
-        self.note(
-            r,
-            format!(
-                "add rule netdev {} {veth} meta mark set meta mark & {:#x} | {:#x}",
-                crate::plan::TABLE,
-                !crate::plan::EXEMPT_MARK_MASK,
-                crate::plan::EXEMPT_MARK
-            ),
-        );
+        for (r, comment) in rules {
+            self.note(
+                r,
+                format!(
+                    "add rule netdev {} {veth} (\"{comment}\")",
+                    crate::plan::TABLE
+                ),
+            );
+        }
     }
 
     /// Deletes a chain with its rules (they go first: the kernel deletes only empty chains).

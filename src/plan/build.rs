@@ -33,6 +33,80 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
     merge_ranges(cidrs.iter().map(Cidr::range).collect())
 }
 
+/// `meta mark & EXEMPT_MARK_MASK != EXEMPT_MARK`: the packet did not cross an exempt pod's veth.
+fn unmarked() -> Match {
+    Match::MarkIsNot {
+        mask: EXEMPT_MARK_MASK,
+        value: EXEMPT_MARK,
+    }
+}
+
+/// One rule of an exempt pod's veth chain ([`veth_rules`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VethRule {
+    pub matches: Vec<Match>,
+    pub action: Action,
+    /// Its comment in the kernel, by which CHECK knows it.
+    pub comment: &'static str,
+}
+
+/// The rules of every exempt pod's veth chain (`netdev natguard VETH`, on the veth's ingress),
+/// in order, the same for every veth. They give [`EXEMPT_MARK`] to what the veth's pod sends as
+/// itself and to nothing else: IPv4 or IPv6 from one of its own addresses, ARP with one as
+/// sender (its own addresses: the veth's elements of `xsrc4/6`). A neighbour advertisement
+/// claims its target, so one whose target is not the pod's own leaves the chain first,
+/// unmarked, whatever its source. Another exempt pod that claims these addresses sends from its
+/// own veth, whose elements are its own: its claims arrive unmarked, and the guard treats them
+/// as any pod's.
+pub fn veth_rules() -> Vec<VethRule> {
+    let (v4, v6) = (Family::V4, Family::V6);
+    let r = |matches, action, comment| VethRule {
+        matches,
+        action,
+        comment,
+    };
+    vec![
+        r(
+            vec![
+                Match::Protocol(EtherType::Ip6),
+                Match::NeighborAdvert,
+                Match::IifNdTargetNotIn(SetKind::XSrc(v6)),
+            ],
+            Action::Accept,
+            "natguard ~node exempt-veth nd-target",
+        ),
+        r(
+            vec![
+                Match::Protocol(EtherType::Ip),
+                Match::IifSaddrIn(v4, SetKind::XSrc(v4)),
+            ],
+            Action::MarkExempt,
+            "natguard ~node exempt-veth ip",
+        ),
+        r(
+            vec![
+                Match::Protocol(EtherType::Ip6),
+                Match::IifSaddrIn(v6, SetKind::XSrc(v6)),
+            ],
+            Action::MarkExempt,
+            "natguard ~node exempt-veth ip6",
+        ),
+        r(
+            vec![
+                Match::Protocol(EtherType::Arp),
+                Match::IifArpSpaIn(SetKind::XSrc(v4)),
+            ],
+            Action::MarkExempt,
+            "natguard ~node exempt-veth arp",
+        ),
+    ]
+}
+
+/// The comments of [`veth_rules`], in order: what CHECK expects a veth chain to hold.
+pub fn veth_rule_comments() -> Vec<&'static str> {
+    veth_rules().iter().map(|r| r.comment).collect()
+}
+
 /// The node-wide guard: the same rules for every network, so that networks converging one
 /// after another never disagree about them. What differs between networks (their metadata
 /// addresses and ports, their proxies) lives in the node-wide union sets, and what differs
@@ -54,14 +128,6 @@ pub fn non_masquerade_ranges(cfg: &Config, f: Family) -> Vec<(u128, u128)> {
 /// to an exempt pod are never judged. At output, metadata TCP whose source is not one of the
 /// node's own addresses is reset: that is a pod's connection that IPVS (kube-proxy's IPVS
 /// mode) rewrote after input and sends on through output.
-/// `meta mark & EXEMPT_MARK_MASK != EXEMPT_MARK`: the packet did not cross an exempt pod's veth.
-fn unmarked() -> Match {
-    Match::MarkIsNot {
-        mask: EXEMPT_MARK_MASK,
-        value: EXEMPT_MARK,
-    }
-}
-
 fn plan_node_rules() -> Vec<Rule> {
     let mut rules = Vec::new();
     let rule = |chain, matches, action, count| Rule {
@@ -489,10 +555,14 @@ fn pod_elements(addrs: &[IpAddr], host: Option<HostSide>, w: Wants) -> Vec<(SetK
             }
         }
     }
-    // The exempt pod's own veth (its bridge port, or its routed veth): its frames get the
-    // exemption's mark there, and nowhere else.
+    // The exempt pod's own veth (its bridge port, or its routed veth), and its own addresses
+    // there: what it sends as itself gets the exemption's mark on that veth, and nowhere else.
     if let Some(h) = &host {
         let veth = h.port.unwrap_or(h.iface);
+        for a in addrs {
+            let f = Family::of(a);
+            out.push((SetKind::XSrc(f), Key::IfAddr(veth, *a), w.allowed));
+        }
         out.push((
             SetKind::XVeths,
             Key::Iface(veth),

@@ -52,8 +52,6 @@ pub const KUBE_MASQ_MARK: u32 = 0x4000;
 pub const EXEMPT_MARK: u32 = 0x1000;
 /// The bits of the mark natguard owns for [`EXEMPT_MARK`].
 pub const EXEMPT_MARK_MASK: u32 = 0x3000;
-/// The comment of the one rule of an exempt pod's veth chain.
-pub const XVETH_COMMENT: &str = "natguard ~node exempt-veth";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
@@ -347,8 +345,14 @@ pub enum SetKind {
     NArp,
     /// `xveths`, node-wide, netdev table: every exempt pod's own host-side veth (its bridge
     /// port, or its routed veth). Each element has an ingress chain of the same name that gives
-    /// the veth's frames [`EXEMPT_MARK`]; the store keeps the chains to the elements.
+    /// [`EXEMPT_MARK`] to what the veth's pod sends as itself ([`veth_rules`]); the store keeps
+    /// the chains to the elements.
     XVeths,
+    /// `xsrc4/6`, node-wide, netdev table: `iifname . address` of every exempt pod's own veth
+    /// and its own addresses. A veth chain marks only frames that claim one of its own pod's
+    /// addresses (IP source, ARP sender, neighbour advertisement target): another exempt pod
+    /// that claims them from its own veth gets no mark for them.
+    XSrc(Family),
 }
 
 /// Where a set lives: one per network (named `NET-…`), or one for the node.
@@ -493,6 +497,7 @@ impl SetKind {
             }
             SetKind::DenyLog(f) => r("denylog", Some(f), Inet, Node, Owned, KeyShape::IfAddr(f)),
             SetKind::XVeths => r("xveths", None, Netdev, Node, Owned, n),
+            SetKind::XSrc(f) => r("xsrc", Some(f), Netdev, Node, Owned, KeyShape::IfAddr(f)),
             SetKind::XArp => r(
                 "xarp4",
                 None,
@@ -570,7 +575,7 @@ impl SetKind {
     pub fn is_owned(self) -> bool {
         self.row().holds == Holds::Owned
     }
-    pub const ALL: [SetKind; 32] = [
+    pub const ALL: [SetKind; 34] = [
         SetKind::Pods,
         SetKind::Att,
         SetKind::Ifs,
@@ -601,15 +606,45 @@ impl SetKind {
         SetKind::DenyLog(Family::V4),
         SetKind::DenyLog(Family::V6),
         SetKind::XVeths,
+        SetKind::XSrc(Family::V4),
+        SetKind::XSrc(Family::V6),
         SetKind::XArp,
         SetKind::NArp,
     ];
+}
+
+/// A frame's network protocol, as the netdev family sees it (`meta protocol`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EtherType {
+    Ip,
+    Ip6,
+    Arp,
+}
+
+impl EtherType {
+    pub fn nft(self) -> &'static str {
+        match self {
+            EtherType::Ip => "ip",
+            EtherType::Ip6 => "ip6",
+            EtherType::Arp => "arp",
+        }
+    }
+    /// The ethertype (`ETH_P_IP`, `ETH_P_IPV6`, `ETH_P_ARP`).
+    pub fn value(self) -> u16 {
+        match self {
+            EtherType::Ip => 0x0800,
+            EtherType::Ip6 => 0x86dd,
+            EtherType::Arp => 0x0806,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Match {
     /// `meta nfproto ipv4|ipv6`: every address match in an inet table needs it.
     NfProto(Family),
+    /// `meta protocol ip|ip6|arp`: what every header match in the netdev table needs.
+    Protocol(EtherType),
     /// `meta l4proto != tcp`
     NotTcp,
     /// `meta l4proto tcp`
@@ -698,6 +733,10 @@ pub enum Action {
     Continue,
     /// `ct label set N`: marks the packet's connection with conntrack label bit N; no verdict.
     SetCtLabel(u8),
+    /// `accept`: this chain is done with the packet (other chains of the hook still see it).
+    Accept,
+    /// `meta mark set meta mark & ~EXEMPT_MARK_MASK | EXEMPT_MARK` ([`EXEMPT_MARK`]); no verdict.
+    MarkExempt,
 }
 
 /// What a rule's counter measures; the rule's comment carries it, so `status` reads counters

@@ -9,6 +9,7 @@ fn render_match(m: &Match, names: &NetNames) -> String {
     match m {
         // nft prints the family dependency implicitly, as part of the address match.
         Match::NfProto(_) => String::new(),
+        Match::Protocol(t) => format!("meta protocol {}", t.nft()),
         Match::NotTcp => "meta l4proto != tcp".into(),
         Match::IsTcp => "meta l4proto tcp".into(),
         Match::IsIcmpv6 => "meta l4proto ipv6-icmp".into(),
@@ -64,6 +65,11 @@ fn render_action(a: &Action) -> String {
         Action::Log { prefix } => format!("log prefix \"{prefix}\" level warn"),
         Action::Continue => String::new(),
         Action::SetCtLabel(bit) => format!("ct label set {bit}"),
+        Action::Accept => "accept".into(),
+        Action::MarkExempt => format!(
+            "meta mark set meta mark & {:#010x} | {EXEMPT_MARK:#010x}",
+            !EXEMPT_MARK_MASK
+        ),
     }
 }
 
@@ -257,10 +263,21 @@ pub fn render_mac(m: &[u8; 6]) -> String {
 
 /// The ingress chain of an exempt pod's own veth, as `nft -f` reads it.
 pub fn render_veth_chain(veth: &str) -> String {
-    format!(
-        "add chain netdev {TABLE} {veth} {{ type filter hook ingress device \"{veth}\" priority 500; policy accept; }}\nadd rule netdev {TABLE} {veth} meta mark set meta mark & {:#010x} | {EXEMPT_MARK:#010x} comment \"{XVETH_COMMENT}\"\n",
-        !EXEMPT_MARK_MASK
-    )
+    let names = NetNames::new(NODE);
+    let mut out = format!(
+        "add chain netdev {TABLE} {veth} {{ type filter hook ingress device \"{veth}\" priority 500; policy accept; }}\n"
+    );
+    for r in veth_rules() {
+        let mut parts: Vec<String> = r.matches.iter().map(|m| render_match(m, &names)).collect();
+        parts.push(render_action(&r.action));
+        let _ = writeln!(
+            out,
+            "add rule netdev {TABLE} {veth} {} comment \"{}\"",
+            parts.join(" "),
+            r.comment
+        );
+    }
+    out
 }
 
 pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {

@@ -79,7 +79,8 @@ fn a_digest_follows_every_element_and_rule() {
 
 /// A pod of a VLAN bridge network: the IP layer sees it on `cni0.100`, its port is on `cni0`.
 /// The exemption, its ARP claims and the redirect are keyed by `cni0.100`, the mark is given on
-/// its port, and the record keeps both, so DEL releases what ADD took.
+/// its port (for its own addresses there), and the record keeps both, so DEL releases what ADD
+/// took.
 #[test]
 fn a_pod_behind_a_vlan_device_is_exempt_there_and_marked_on_its_port() {
     let ifn = |s: &str| IfName::new(s).unwrap();
@@ -99,6 +100,7 @@ fn a_pod_behind_a_vlan_device_is_exempt_there_and_marked_on_its_port() {
         (SetKind::XArp, Key::IfAddr(ifn("cni0.100"), a)),
         (SetKind::NArp, Key::IfAddr(ifn("cni0.100"), a)),
         (SetKind::XVeths, Key::Iface(ifn("veth1"))),
+        (SetKind::XSrc(f), Key::IfAddr(ifn("veth1"), a)),
     ] {
         assert!(keys.contains(&(kind, key)), "{kind:?} {key:?} in {keys:?}");
     }

@@ -48,7 +48,7 @@ impl<K: Kernel> Store<K> {
                 .remove(veth.as_str())
                 .map(|r| r.into_iter().map(|r| r.comment).collect());
             let what = match got {
-                Some(got) if got == [plan::XVETH_COMMENT] => continue,
+                Some(got) if got == plan::veth_rule_comments() => continue,
                 Some(got) => format!("differs (rules commented {got:?})"),
                 None if !(self.link_exists)(veth.as_str()) => continue,
                 None => "is missing".to_string(),
@@ -270,12 +270,12 @@ impl<K: Kernel> Store<K> {
                         plan::TABLE
                     )))
                 }
-                Some(got) if got != [plan::XVETH_COMMENT] => {
+                Some(got) if got != plan::veth_rule_comments() => {
                     return Err(Error::CheckFailed(format!(
-                        "chain {} {} {veth} differs: expected one rule commented {:?}, found {got:?}",
+                        "chain {} {} {veth} differs: expected rules commented {:?}, found {got:?}",
                         t.nft(),
                         plan::TABLE,
-                        plan::XVETH_COMMENT
+                        plan::veth_rule_comments()
                     )))
                 }
                 Some(_) => {}

@@ -274,6 +274,11 @@ fn exemption_is_bound_to_the_pods_interface_and_port() {
         keys(&mut s, SetKind::XVeths),
         vec![Key::Iface(ifn("veth-creds"))]
     );
+    // Its veth marks what claims its own address, keyed by the veth, not by the bridge.
+    assert_eq!(
+        keys(&mut s, SetKind::XSrc(Family::V4)),
+        vec![Key::IfAddr(ifn("veth-creds"), ip)]
+    );
     assert!(keys(&mut s, SetKind::NArp).is_empty());
     assert!(owners(&mut s, META4, on_cni0("10.1.0.7")).is_empty());
     assert_eq!(owners(&mut s, MASQ4, addr("10.1.0.7")), vec![creds.owner]);

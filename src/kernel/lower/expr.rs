@@ -137,6 +137,7 @@ const NFT_CT_PROTO_DST: u32 = 12;
 const NFT_CT_LABELS: u32 = 13;
 const NFT_CT_DST_IP: u32 = 20;
 const NFT_CT_DST_IP6: u32 = 22;
+const NFT_META_PROTOCOL: u32 = 1;
 const NFT_META_MARK: u32 = 3;
 const NFT_META_IIFNAME: u32 = 6;
 const NFT_META_NFPROTO: u32 = 15;
@@ -176,6 +177,11 @@ fn lower_match(x: &mut Exprs<'_>, m: &Match, names: &NetNames) {
         Match::NfProto(f) => {
             x.meta(NFT_META_NFPROTO, NFT_REG_1);
             x.cmp_eq(NFT_REG_1, &[nfproto(*f)]);
+        }
+        // meta protocol ip → [ meta load protocol => reg 1 ] [ cmp eq reg 1 0x0800 ] (network order)
+        Match::Protocol(t) => {
+            x.meta(NFT_META_PROTOCOL, NFT_REG_1);
+            x.cmp_eq(NFT_REG_1, &t.value().to_be_bytes());
         }
         // ip saddr @set → [ payload load 4b @ network + 12 => reg 1 ] [ lookup reg 1 set ]
         Match::SaddrIn(f, s) => {
@@ -416,6 +422,25 @@ fn lower_action(x: &mut Exprs<'_>, a: &Action) {
                 b.attr_u32_be(4, NFT_REG_1); // NFTA_CT_SREG
             });
         }
+        Action::Accept => x.verdict(NF_ACCEPT as i32, None),
+        // meta mark set meta mark & ~MASK | MARK → [ meta load mark => reg 1 ]
+        //   [ bitwise reg 1 = (reg 1 & ~MASK) ^ MARK ] [ meta set mark with reg 1 ] (host order;
+        //   MARK within MASK, so the xor sets its bits)
+        Action::MarkExempt => {
+            let (mask, value) = (crate::plan::EXEMPT_MARK_MASK, crate::plan::EXEMPT_MARK);
+            x.meta(NFT_META_MARK, NFT_REG_1);
+            x.expr("bitwise", |b| {
+                b.attr_u32_be(1, NFT_REG_1); // NFTA_BITWISE_SREG
+                b.attr_u32_be(2, NFT_REG_1); // NFTA_BITWISE_DREG
+                b.attr_u32_be(3, 4); // NFTA_BITWISE_LEN
+                Exprs::data(b, 4, &(!mask).to_ne_bytes()); // NFTA_BITWISE_MASK
+                Exprs::data(b, 5, &value.to_ne_bytes()); // NFTA_BITWISE_XOR
+            });
+            x.expr("meta", |b| {
+                b.attr_u32_be(2, NFT_META_MARK); // NFTA_META_KEY
+                b.attr_u32_be(3, NFT_REG_1); // NFTA_META_SREG
+            });
+        }
     }
 }
 
@@ -427,40 +452,6 @@ fn label_bits(bit: u8) -> [u8; 16] {
     b
 }
 
-/// One NEWRULE appended to the netdev table's `chain`: `meta mark set meta mark & ~mask |
-/// value` → [ meta load mark => reg 1 ] [ bitwise reg 1 = (reg 1 & ~mask) ^ value ] [ meta set
-/// mark with reg 1 ] (the mark in host order; `value` within `mask`).
-pub fn new_mark_rule(b: &mut MsgBuf, chain: &str, mask: u32, value: u32, comment: &str) -> u32 {
-    let s = begin(
-        b,
-        TableFamily::Netdev,
-        NFT_MSG_NEWRULE,
-        NLM_F_CREATE | NLM_F_APPEND,
-    );
-    b.attr_str(NFTA_RULE_TABLE, TABLE);
-    b.attr_str(NFTA_RULE_CHAIN, chain);
-    let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);
-    {
-        let mut x = Exprs { b };
-        x.meta(NFT_META_MARK, NFT_REG_1);
-        x.expr("bitwise", |b| {
-            b.attr_u32_be(1, NFT_REG_1); // NFTA_BITWISE_SREG
-            b.attr_u32_be(2, NFT_REG_1); // NFTA_BITWISE_DREG
-            b.attr_u32_be(3, 4); // NFTA_BITWISE_LEN
-            Exprs::data(b, 4, &(!mask).to_ne_bytes()); // NFTA_BITWISE_MASK
-            Exprs::data(b, 5, &value.to_ne_bytes()); // NFTA_BITWISE_XOR
-        });
-        x.expr("meta", |b| {
-            b.attr_u32_be(2, NFT_META_MARK); // NFTA_META_KEY
-            b.attr_u32_be(3, NFT_REG_1); // NFTA_META_SREG
-        });
-    }
-    b.nest_end(list);
-    attr_comment(b, NFTA_RULE_USERDATA, comment);
-    b.end();
-    s
-}
-
 /// One NEWRULE appended to `chain`, commented with the plan's fingerprint.
 pub fn new_rule(
     b: &mut MsgBuf,
@@ -470,19 +461,39 @@ pub fn new_rule(
     names: &NetNames,
     comment: &str,
 ) -> u32 {
+    let counted = rule.count.is_some();
+    new_rule_of(
+        b,
+        t,
+        chain,
+        (&rule.matches, counted, &rule.action),
+        names,
+        comment,
+    )
+}
+
+/// One NEWRULE appended to `chain`: its matches, a counter if asked, its action.
+pub fn new_rule_of(
+    b: &mut MsgBuf,
+    t: TableFamily,
+    chain: &str,
+    (matches, counted, action): (&[Match], bool, &Action),
+    names: &NetNames,
+    comment: &str,
+) -> u32 {
     let s = begin(b, t, NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND);
     b.attr_str(NFTA_RULE_TABLE, TABLE);
     b.attr_str(NFTA_RULE_CHAIN, chain);
     let list = b.nest_begin(NFTA_RULE_EXPRESSIONS);
     {
         let mut x = Exprs { b };
-        for m in &rule.matches {
+        for m in matches {
             lower_match(&mut x, m, names);
         }
-        if rule.count.is_some() {
+        if counted {
             x.expr("counter", |_| {});
         }
-        lower_action(&mut x, &rule.action);
+        lower_action(&mut x, action);
     }
     b.nest_end(list);
     attr_comment(b, NFTA_RULE_USERDATA, comment);

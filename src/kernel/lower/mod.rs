@@ -261,10 +261,11 @@ const NF_NETDEV_INGRESS: u32 = 0;
 const XVETH_PRIORITY: i32 = 500;
 const NFTA_HOOK_DEV: u16 = 3;
 
-/// The ingress chain of an exempt pod's own veth, named after it, with its one rule (`meta
-/// mark set meta mark & ~EXEMPT_MARK_MASK | EXEMPT_MARK`): a NEWCHAIN (a base chain of the netdev family hooks
-/// one device), a flush and the rule, so an existing chain is rewritten whole.
-pub fn new_veth_chain(b: &mut MsgBuf, veth: &str, comment: &str) -> [u32; 3] {
+/// The ingress chain of an exempt pod's own veth, named after it, with its rules
+/// ([`crate::plan::veth_rules`]): a NEWCHAIN (a base chain of the netdev family hooks one
+/// device), a flush and the rules, so an existing chain is rewritten whole. The sequence
+/// numbers of the chain, the flush and each rule, with the rule's comment.
+pub fn new_veth_chain(b: &mut MsgBuf, veth: &str) -> (u32, u32, Vec<(u32, &'static str)>) {
     let t = TableFamily::Netdev;
     let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
@@ -278,14 +279,18 @@ pub fn new_veth_chain(b: &mut MsgBuf, veth: &str, comment: &str) -> [u32; 3] {
     b.attr_str(NFTA_CHAIN_TYPE, "filter");
     b.end();
     let f = flush_chain(b, t, veth);
-    let r = expr::new_mark_rule(
-        b,
-        veth,
-        crate::plan::EXEMPT_MARK_MASK,
-        crate::plan::EXEMPT_MARK,
-        comment,
-    );
-    [s, f, r]
+    let names = NetNames::new(crate::plan::NODE);
+    let rules = crate::plan::veth_rules()
+        .into_iter()
+        .map(|r| {
+            let part = (r.matches.as_slice(), false, &r.action);
+            (
+                expr::new_rule_of(b, t, veth, part, &names, r.comment),
+                r.comment,
+            )
+        })
+        .collect();
+    (s, f, rules)
 }
 
 /// Deletes an empty chain.
