@@ -42,6 +42,8 @@ pub(crate) struct Fake {
     pub read_at: Option<u32>,
     /// MACs pinned to bridge ports.
     pub pinned: std::collections::BTreeSet<(crate::plan::IfName, [u8; 6])>,
+    /// Interfaces that do not exist (every other name does).
+    pub gone_links: std::collections::BTreeSet<String>,
 }
 
 fn enoent(what: String) -> Error {
@@ -172,6 +174,9 @@ impl Kernel for Fake {
     }
     fn mac_pinned(&mut self, port: crate::plan::IfName, mac: [u8; 6]) -> Result<Option<bool>> {
         Ok(Some(self.pinned.contains(&(port, mac))))
+    }
+    fn link_exists(&mut self, name: &str) -> bool {
+        !self.gone_links.contains(name)
     }
     fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>> {
         Ok(self.tables.get(&t).copied())

@@ -423,16 +423,6 @@ fn link_reply(msgs: &[Msg]) -> Option<Link> {
     })
 }
 
-/// Whether interface `name` exists in the calling thread's network namespace. When the kernel
-/// cannot be asked, it is taken to exist: what is then built for it is refused by the kernel
-/// if it does not.
-pub(crate) fn exists(name: &str) -> bool {
-    match Links::open().and_then(|mut l| l.link(name)) {
-        Ok(found) => found.is_some(),
-        Err(_) => true,
-    }
-}
-
 impl Links {
     pub fn open() -> Result<Self> {
         let mut sock = NfSocket::open_route()?;

@@ -106,6 +106,11 @@ pub(crate) trait Kernel {
     fn chain_names(&mut self, t: TableFamily) -> Result<Vec<String>>;
     /// Every rule of natguard's table of family `t`, by chain, in order.
     fn rules(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<RuleRead>>>;
+    /// The rules of one chain of that table, in order; `None` when it has none (or there is no
+    /// such chain).
+    fn chain_rules(&mut self, t: TableFamily, chain: &str) -> Result<Option<Vec<RuleRead>>> {
+        Ok(self.rules(t)?.remove(chain))
+    }
     /// One element; `None` when it, its set or the table does not exist.
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>>;
     /// Every element of a non-interval set; empty when the set does not exist.
@@ -127,6 +132,9 @@ pub(crate) trait Kernel {
     fn pin_mac(&mut self, port: IfName, mac: [u8; 6], pin: bool) -> Result<()>;
     /// Whether `mac` is pinned to `port`; `None` when the port does not exist.
     fn mac_pinned(&mut self, port: IfName, mac: [u8; 6]) -> Result<Option<bool>>;
+    /// Whether interface `name` exists in the namespace. When the kernel cannot be asked, it
+    /// is taken to exist: what is then built for it is refused by the kernel if it does not.
+    fn link_exists(&mut self, name: &str) -> bool;
     /// Whether nf_tables and ctnetlink answer.
     fn probe(&mut self) -> Result<()>;
     /// The conntrack entries of the namespace (no walk).
@@ -176,6 +184,9 @@ pub(crate) struct Netfilter {
     set_counters: bool,
     /// The generation read by `begin_read`, for the next commit.
     generation: Option<u32>,
+    /// The rtnetlink socket of the same namespace, opened when first needed (an exempt pod's
+    /// veth and MAC pin): most verbs never need it.
+    links: Option<link::Links>,
 }
 
 impl Netfilter {
@@ -184,7 +195,15 @@ impl Netfilter {
             sock: NfSocket::open()?,
             set_counters: true,
             generation: None,
+            links: None,
         })
+    }
+
+    fn links(&mut self) -> Result<&mut link::Links> {
+        match &mut self.links {
+            Some(l) => Ok(l),
+            slot => Ok(slot.insert(link::Links::open()?)),
+        }
     }
 
     fn commit_once(
@@ -249,7 +268,10 @@ impl Kernel for Netfilter {
         nft::chain_names(&mut self.sock, t)
     }
     fn rules(&mut self, t: TableFamily) -> Result<HashMap<String, Vec<RuleRead>>> {
-        nft::rules_by_chain(&mut self.sock, t)
+        nft::rules_by_chain(&mut self.sock, t, None)
+    }
+    fn chain_rules(&mut self, t: TableFamily, chain: &str) -> Result<Option<Vec<RuleRead>>> {
+        Ok(nft::rules_by_chain(&mut self.sock, t, Some(chain))?.remove(chain))
     }
     fn get(&mut self, set: &SetRef, key: &Key) -> Result<Option<Stored>> {
         let t = set.kind.table();
@@ -300,7 +322,7 @@ impl Kernel for Netfilter {
         }
     }
     fn pin_mac(&mut self, port: IfName, mac: [u8; 6], pin: bool) -> Result<()> {
-        let mut links = link::Links::open()?;
+        let links = self.links()?;
         if pin {
             links.pin_mac(port.as_str(), mac).map(|_| ())
         } else {
@@ -308,7 +330,13 @@ impl Kernel for Netfilter {
         }
     }
     fn mac_pinned(&mut self, port: IfName, mac: [u8; 6]) -> Result<Option<bool>> {
-        link::Links::open()?.mac_pinned(port.as_str(), mac)
+        self.links()?.mac_pinned(port.as_str(), mac)
+    }
+    fn link_exists(&mut self, name: &str) -> bool {
+        match self.links().and_then(|l| l.link(name)) {
+            Ok(found) => found.is_some(),
+            Err(_) => true,
+        }
     }
     fn probe(&mut self) -> Result<()> {
         nft::probe(&mut self.sock)

@@ -528,11 +528,12 @@ pub fn dump_set(sock: &mut NfSocket, t: TableFamily, set: &str) -> Result<Vec<El
 pub fn rules_by_chain(
     sock: &mut NfSocket,
     t: TableFamily,
+    chain: Option<&str>,
 ) -> Result<std::collections::HashMap<String, Vec<RuleRead>>> {
     let mut out: std::collections::HashMap<String, Vec<RuleRead>> = Default::default();
     let msgs = match sock.request_retry(
         &|b| {
-            dump_rules(b, t, None);
+            dump_rules(b, t, chain);
         },
         "list rules",
     ) {

@@ -50,7 +50,7 @@ impl<K: Kernel> Store<K> {
             let what = match got {
                 Some(got) if got == plan::veth_rule_comments() => continue,
                 Some(got) => format!("differs (rules commented {got:?})"),
-                None if !(self.link_exists)(veth.as_str()) => continue,
+                None if !self.k.link_exists(veth.as_str()) => continue,
                 None => "is missing".to_string(),
             };
             return Err(Error::CheckFailed(format!(
@@ -258,9 +258,9 @@ impl<K: Kernel> Store<K> {
                 continue;
             };
             let t = TableFamily::Netdev;
-            let rules = self.k.rules(t)?;
+            let rules = self.k.chain_rules(t, veth.as_str())?;
             let got: Option<Vec<&str>> = rules
-                .get(veth.as_str())
+                .as_ref()
                 .map(|r| r.iter().map(|r| r.comment.as_str()).collect());
             match got {
                 None => {

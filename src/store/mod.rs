@@ -116,8 +116,6 @@ pub(crate) struct Store<K: Kernel> {
     locking: Locking,
     /// Whether a recorded network namespace path still exists (a unit test stubs it).
     netns_exists: fn(&str) -> bool,
-    /// Whether an interface of this network namespace exists (a unit test stubs it).
-    link_exists: fn(&str) -> bool,
     /// Which networks were last found intact, at which generation ([`verified`]).
     verified: verified::Cache,
 }
@@ -132,7 +130,6 @@ impl<K: Kernel> Store<K> {
             k,
             locking,
             netns_exists: path_exists,
-            link_exists: crate::kernel::link::exists,
             verified: verified::Cache::default(),
         }
     }
@@ -151,12 +148,6 @@ impl<K: Kernel> Store<K> {
     #[cfg(test)]
     pub fn with_netns_check(mut self, f: fn(&str) -> bool) -> Self {
         self.netns_exists = f;
-        self
-    }
-
-    #[cfg(test)]
-    pub fn with_link_check(mut self, f: fn(&str) -> bool) -> Self {
-        self.link_exists = f;
         self
     }
 
@@ -352,10 +343,9 @@ impl<K: Kernel> Store<K> {
             None
         };
         let netns_exists = self.netns_exists;
-        let link_exists = self.link_exists;
         let mut v = view::View::new(&mut self.k).emptied(emptied);
         stage_pod(&mut v, &shared.names, pod, netns_exists)?;
-        emit_settled(v, &mut batch, found.as_ref(), link_exists)?;
+        emit_settled(v, &mut batch, found.as_ref())?;
         self.k.commit(&batch)?;
         Ok(batch.len())
     }
@@ -455,12 +445,11 @@ impl<K: Kernel> Store<K> {
             }
         }
         let netns_exists = self.netns_exists;
-        let link_exists = self.link_exists;
         let mut v = view::View::new(&mut self.k).emptied(emptied);
         for (s, p) in pods {
             stage_pod(&mut v, &s.names, p, netns_exists)?;
         }
-        emit_settled(v, &mut batch, found.as_ref(), link_exists)?;
+        emit_settled(v, &mut batch, found.as_ref())?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -481,7 +470,6 @@ impl<K: Kernel> Store<K> {
         let given = addrs.len();
         self.read_modify_write("DEL", |s| {
             addrs.truncate(given);
-            let link_exists = s.link_exists;
             let mut v = view::View::new(&mut s.k);
             let pinned = exempt_mac_of(&mut v, names, owner)?;
             let recorded = remove_attachment(&mut v, names, owner, addrs)?;
@@ -491,7 +479,7 @@ impl<K: Kernel> Store<K> {
                 }
             }
             let mut batch = Batch::default();
-            emit_settled(v, &mut batch, None, link_exists)?;
+            emit_settled(v, &mut batch, None)?;
             let n = batch.len();
             let read = s.k.read_generation();
             s.k.commit(&batch)?;
@@ -520,7 +508,6 @@ impl<K: Kernel> Store<K> {
     }
 
     fn gc_once(&mut self, names: &NetNames, valid: &HashSet<OwnerKey>) -> Result<usize> {
-        let link_exists = self.link_exists;
         let mut v = view::View::new(&mut self.k);
         let pods = set_ref(names, SetKind::Pods);
         let att = set_ref(names, SetKind::Att);
@@ -580,7 +567,7 @@ impl<K: Kernel> Store<K> {
             v.set(&ifs, &Key::Iface(i), Some(plan::iface_comment(n)))?;
         }
         let mut batch = Batch::default();
-        emit_settled(v, &mut batch, None, link_exists)?;
+        emit_settled(v, &mut batch, None)?;
         let n = batch.len();
         self.k.commit(&batch)?;
         Ok(n)
@@ -795,9 +782,8 @@ fn emit_settled<K: Kernel>(
     mut v: view::View<'_, K>,
     batch: &mut Batch,
     found: Option<&Found>,
-    link_exists: fn(&str) -> bool,
 ) -> Result<()> {
-    let veth_chains = settle_veth_chains(&mut v, found, link_exists)?;
+    let veth_chains = settle_veth_chains(&mut v, found)?;
     v.emit(batch);
     batch.ops.extend(veth_chains);
     Ok(())
@@ -846,7 +832,6 @@ fn exempt_mac_of<K: Kernel>(
 fn settle_veth_chains<K: Kernel>(
     v: &mut view::View<'_, K>,
     found: Option<&Found>,
-    link_exists: fn(&str) -> bool,
 ) -> Result<Vec<Op>> {
     let set = SetRef {
         name: SetKind::XVeths.suffix(),
@@ -883,7 +868,7 @@ fn settle_veth_chains<K: Kernel>(
     sorted.sort();
     for veth in sorted {
         let have = chains.contains(veth.as_str());
-        if (converges || !have) && link_exists(veth.as_str()) {
+        if (converges || !have) && v.k.link_exists(veth.as_str()) {
             ops.push(Op::VethChain(*veth));
         }
     }
@@ -892,7 +877,7 @@ fn settle_veth_chains<K: Kernel>(
     let mut gone: Vec<&String> = chains
         .iter()
         .filter(|c| {
-            !want.iter().any(|w| w.as_str() == c.as_str()) || (converges && !link_exists(c))
+            !want.iter().any(|w| w.as_str() == c.as_str()) || (converges && !v.k.link_exists(c))
         })
         .collect();
     gone.sort();

@@ -15,9 +15,9 @@ const GONE: &str = "/run/netns/gone";
 const GONE_VETH: &str = "veth-gone";
 
 fn store() -> Store<Fake> {
-    Store::new(Fake::default(), Locking::Unlocked)
-        .with_netns_check(|p| p != GONE)
-        .with_link_check(|l| l != GONE_VETH)
+    let mut k = Fake::default();
+    k.gone_links.insert(GONE_VETH.to_string());
+    Store::new(k, Locking::Unlocked).with_netns_check(|p| p != GONE)
 }
 
 fn facts() -> NodeFacts {
@@ -583,7 +583,11 @@ fn an_exempt_pods_veth_chain_lives_and_goes_with_the_pod() {
     // chains come back, its chain is not asked for, and CHECK holds it no fault.
     let gone = pod(&cfg, "gone", "kube-system", &["10.1.0.9"]);
     s.apply_pod(&sh, &creds).unwrap();
-    *s.kernel() = Fake::default();
+    let links = std::mem::take(&mut s.kernel().gone_links);
+    *s.kernel() = Fake {
+        gone_links: links,
+        ..Fake::default()
+    };
     s.apply(&[], &[(&sh, &creds), (&sh, &gone)]).unwrap();
     assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
     s.check_shared(&sh).unwrap();

@@ -223,9 +223,7 @@ mod tests {
     }
 
     fn store() -> Store<Fake> {
-        Store::new(Fake::default(), Locking::Unlocked)
-            .with_netns_check(|_| true)
-            .with_link_check(|_| true)
+        Store::new(Fake::default(), Locking::Unlocked).with_netns_check(|_| true)
     }
 
     /// Someone flushed natguard's chains between the read and the commit.
