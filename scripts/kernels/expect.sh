@@ -48,7 +48,8 @@ ci_runs() {
 # bridge and on ptp, hand-made segments, another component's DNAT and NOTRACK in nft) and every
 # case of the node-wide guard (tags, MAC theft, tunnels, unseen pods, bypassing primaries,
 # counters, redirects and logs by sender, a flushed ruleset, unmanaged bridges, a link-local
-# neighbour advertisement, two attachments sharing one address on a bridge).
+# neighbour advertisement, two attachments sharing one address on a bridge, one exempt pod
+# claiming another's addresses).
 ci_filter() {
   case $1 in
   datapath)
@@ -83,7 +84,7 @@ ci_filter() {
       "a_host_side_that_is_not_the_pods_veth a_proxy_target_admits_only" \
       "vlan_tagged_claims_from_a_pod_natguard_never_saw an_exempt_pods_veth_marks_its_frames" \
       "claims_from_a_bridge_of_an_exempt_pod_on_ptp a_deny_networks_pod_with_an_exempt_pods_address" \
-      "a_second_attachment_with_an_exempt_pods_address"
+      "a_second_attachment_with_an_exempt_pods_address an_exempt_pod_claiming_another_exempt_pods"
     ;;
   endpoints)
     # The IPv6 metadata addresses (GCE's fd20:ce::254, Oracle's fd00:c1::a9fe:a9fe), each with
