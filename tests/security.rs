@@ -833,16 +833,7 @@ fn stale_exemption_of_a_vanished_pod_is_not_usable_by_a_neighbour() {
     w.h.delete_netns(&sys.ns);
 
     let (gw4, gw6) = gateways(&thief);
-    thief.ns.addr("eth0", &format!("{}/32", sys.v4));
-    thief.ns.addr("eth0", &format!("{}/128", sys.v6));
-    thief.ns.ip(&format!(
-        "route replace {META4}/32 via {gw4} src {}",
-        sys.v4
-    ));
-    thief.ns.ip(&format!(
-        "-6 route replace {META6}/128 via {gw6} src {}",
-        sys.v6
-    ));
+    claim_addresses(&thief, &sys, (gw4, gw6));
     let gw_macs = gateway_macs(&thief.ns, [gw4, gw6]);
     thief.ns.ip("neigh flush all");
     pin_gateways(&thief.ns, &gw_macs);
@@ -1891,14 +1882,7 @@ fn an_exempt_pod_claiming_another_exempt_pods_addresses_never_holds_its_identity
     second
         .ns
         .ip(&format!("-6 addr del {}/128 dev eth0", first.v6));
-    second.ns.ip(&format!(
-        "route replace {META4}/32 via {gw4} src {}",
-        second.v4
-    ));
-    second.ns.ip(&format!(
-        "-6 route replace {META6}/128 via {gw6} src {}",
-        second.v6
-    ));
+    route_metadata_from(&second, (gw4, gw6), (second.v4, second.v6));
     for t in metas() {
         let got = http_get(&second.ns, t);
         f.check(got == body(REAL), || {

@@ -878,13 +878,18 @@ pub fn send_frames(w: &World, pod: &Pod, srcmac: &str, dstmac: &str, tags: &str,
 pub fn claim_addresses(thief: &Pod, exempt: &Pod, gws: (IpAddr, IpAddr)) {
     thief.ns.addr("eth0", &format!("{}/32", exempt.v4));
     thief.ns.addr("eth0", &format!("{}/128", exempt.v6));
-    thief.ns.ip(&format!(
+    route_metadata_from(thief, gws, (exempt.v4, exempt.v6));
+}
+
+/// Routes the metadata addresses from `pod` through its gateways `gws` with `srcs` as sources.
+pub fn route_metadata_from(pod: &Pod, gws: (IpAddr, IpAddr), srcs: (IpAddr, IpAddr)) {
+    pod.ns.ip(&format!(
         "route replace {META4}/32 via {} src {}",
-        gws.0, exempt.v4
+        gws.0, srcs.0
     ));
-    thief.ns.ip(&format!(
+    pod.ns.ip(&format!(
         "-6 route replace {META6}/128 via {} src {}",
-        gws.1, exempt.v6
+        gws.1, srcs.1
     ));
 }
 
