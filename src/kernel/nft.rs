@@ -329,12 +329,13 @@ impl Tx {
             f,
             format!("flush chain netdev {} {veth}", crate::plan::TABLE),
         );
-        for (r, comment) in rules {
+        for (s, r) in rules {
             self.note(
-                r,
+                s,
                 format!(
-                    "add rule netdev {} {veth} (\"{comment}\")",
-                    crate::plan::TABLE
+                    "add rule netdev {} {veth} {}",
+                    crate::plan::TABLE,
+                    crate::plan::render_veth_rule(&r)
                 ),
             );
         }

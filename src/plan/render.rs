@@ -263,21 +263,26 @@ pub fn render_mac(m: &[u8; 6]) -> String {
 
 /// The ingress chain of an exempt pod's own veth, as `nft -f` reads it.
 pub fn render_veth_chain(veth: &str) -> String {
-    let names = NetNames::new(NODE);
     let mut out = format!(
         "add chain netdev {TABLE} {veth} {{ type filter hook ingress device \"{veth}\" priority 500; policy accept; }}\n"
     );
     for r in veth_rules() {
-        let mut parts: Vec<String> = r.matches.iter().map(|m| render_match(m, &names)).collect();
-        parts.push(render_action(&r.action));
         let _ = writeln!(
             out,
             "add rule netdev {TABLE} {veth} {} comment \"{}\"",
-            parts.join(" "),
+            render_veth_rule(&r),
             r.comment
         );
     }
     out
+}
+
+/// One rule of a veth chain as nft prints it (without its comment).
+pub fn render_veth_rule(r: &VethRule) -> String {
+    let names = NetNames::new(NODE);
+    let mut parts: Vec<String> = r.matches.iter().map(|m| render_match(m, &names)).collect();
+    parts.push(render_action(&r.action));
+    parts.join(" ")
 }
 
 pub fn render_pod(p: &PodPlan, names: &NetNames) -> String {

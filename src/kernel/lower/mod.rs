@@ -264,8 +264,8 @@ const NFTA_HOOK_DEV: u16 = 3;
 /// The ingress chain of an exempt pod's own veth, named after it, with its rules
 /// ([`crate::plan::veth_rules`]): a NEWCHAIN (a base chain of the netdev family hooks one
 /// device), a flush and the rules, so an existing chain is rewritten whole. The sequence
-/// numbers of the chain, the flush and each rule, with the rule's comment.
-pub fn new_veth_chain(b: &mut MsgBuf, veth: &str) -> (u32, u32, Vec<(u32, &'static str)>) {
+/// numbers of the chain, the flush and each rule, with the rule.
+pub fn new_veth_chain(b: &mut MsgBuf, veth: &str) -> (u32, u32, Vec<(u32, crate::plan::VethRule)>) {
     let t = TableFamily::Netdev;
     let s = begin(b, t, NFT_MSG_NEWCHAIN, NLM_F_CREATE);
     b.attr_str(NFTA_CHAIN_TABLE, TABLE);
@@ -284,10 +284,7 @@ pub fn new_veth_chain(b: &mut MsgBuf, veth: &str) -> (u32, u32, Vec<(u32, &'stat
         .into_iter()
         .map(|r| {
             let part = (r.matches.as_slice(), false, &r.action);
-            (
-                expr::new_rule_of(b, t, veth, part, &names, r.comment),
-                r.comment,
-            )
+            (expr::new_rule_of(b, t, veth, part, &names, r.comment), r)
         })
         .collect();
     (s, f, rules)
