@@ -44,6 +44,8 @@ pub(crate) struct Fake {
     pub pinned: std::collections::BTreeSet<(crate::plan::IfName, [u8; 6])>,
     /// Interfaces that do not exist (every other name does).
     pub gone_links: std::collections::BTreeSet<String>,
+    /// Every interface asked about (`link_exists`), in order.
+    pub links_asked: Vec<String>,
 }
 
 fn enoent(what: String) -> Error {
@@ -176,6 +178,7 @@ impl Kernel for Fake {
         Ok(Some(self.pinned.contains(&(port, mac))))
     }
     fn link_exists(&mut self, name: &str) -> bool {
+        self.links_asked.push(name.to_string());
         !self.gone_links.contains(name)
     }
     fn table_flags(&mut self, t: TableFamily) -> Result<Option<u32>> {

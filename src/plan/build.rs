@@ -482,10 +482,13 @@ pub fn plan_shared(network: &str, cfg: &Config, node: &NodeFacts) -> SharedPlan 
         })
         .collect();
 
-    let node_fingerprint = format!(
-        "{:016x}",
-        fnv1a64(render_rules(&node_rules, &names).as_bytes())
-    );
+    // The veth chains' rules are the node's too: a release that changes them changes the
+    // fingerprint, so its first converge rewrites every exempt pod's chain.
+    let mut guard_text = render_rules(&node_rules, &names);
+    for r in veth_rules() {
+        guard_text.push_str(&format!("veth {} {}\n", render_veth_rule(&r), r.comment));
+    }
+    let node_fingerprint = format!("{:016x}", fnv1a64(guard_text.as_bytes()));
     rules.extend(node_rules);
     let mut plan = SharedPlan {
         names,

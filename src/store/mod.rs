@@ -866,19 +866,24 @@ fn settle_veth_chains<K: Kernel>(
     let mut ops = Vec::new();
     let mut sorted: Vec<&IfName> = want.iter().collect();
     sorted.sort();
+    // The veths asked about that are gone: each is asked once.
+    let mut vanished: HashSet<&str> = HashSet::new();
     for veth in sorted {
         let have = chains.contains(veth.as_str());
-        if (converges || !have) && v.k.link_exists(veth.as_str()) {
-            ops.push(Op::VethChain(*veth));
+        if converges || !have {
+            if v.k.link_exists(veth.as_str()) {
+                ops.push(Op::VethChain(*veth));
+            } else {
+                vanished.insert(veth.as_str());
+            }
         }
     }
     // A converge also deletes the chain of a veth that is gone (a kernel that keeps a netdev
-    // chain without its device): the pod is leaving, and its DEL or GC takes its element.
+    // chain without its device): the pod is leaving, and its DEL or GC takes its element. (A
+    // converge asked about every veth `xveths` names, above.)
     let mut gone: Vec<&String> = chains
         .iter()
-        .filter(|c| {
-            !want.iter().any(|w| w.as_str() == c.as_str()) || (converges && !v.k.link_exists(c))
-        })
+        .filter(|c| !want.iter().any(|w| w.as_str() == c.as_str()) || vanished.contains(c.as_str()))
         .collect();
     gone.sort();
     for c in gone {

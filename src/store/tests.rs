@@ -594,8 +594,13 @@ fn an_exempt_pods_veth_chain_lives_and_goes_with_the_pod() {
     // A kernel that keeps a netdev chain without its device: the next converge deletes it.
     s.kernel().apply(&Op::VethChain(ifn(GONE_VETH))).unwrap();
     s.kernel().tables.remove(&TableFamily::Arp);
+    s.kernel().links_asked.clear();
     s.apply(&[], &[(&sh, &creds), (&sh, &gone)]).unwrap();
     assert_eq!(veth_chains(&mut s), vec!["veth-creds"]);
+    // One question to the kernel per veth: the converge asked about each once.
+    let mut asked = s.kernel().links_asked.clone();
+    asked.sort();
+    assert_eq!(asked, vec!["veth-creds", GONE_VETH]);
     s.check_shared(&sh).unwrap();
 }
 
