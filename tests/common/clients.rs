@@ -157,6 +157,16 @@ pub fn udp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
     })
 }
 
+/// One read, again where a signal interrupted it (the socket's read timeout still bounds it).
+fn read_some(s: &mut TcpStream, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match s.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            r => return r,
+        }
+    }
+}
+
 /// Reads one HTTP response (headers and a Content-Length body) from `s`; returns the body.
 pub fn read_response(s: &mut TcpStream) -> io::Result<String> {
     let mut buf = Vec::new();
@@ -165,7 +175,7 @@ pub fn read_response(s: &mut TcpStream) -> io::Result<String> {
         if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
             break i + 4;
         }
-        let n = s.read(&mut chunk)?;
+        let n = read_some(s, &mut chunk)?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -188,7 +198,7 @@ pub fn read_response(s: &mut TcpStream) -> io::Result<String> {
         })
         .ok_or_else(|| io::Error::other(format!("no Content-Length in {head:?}")))?;
     while buf.len() < head_end + len {
-        let n = s.read(&mut chunk)?;
+        let n = read_some(s, &mut chunk)?;
         if n == 0 {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
