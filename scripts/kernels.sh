@@ -194,7 +194,12 @@ for k in $KERNELS; do
       status="FAILED (exit $rc; see $out/$t.log)"
     fi
     report "$suite" "$t" "$passed" "$failed" "$tsecs" "$status"
-    [ "$status" = ok ] || FAILED+=("$suite/$t")
+    if [ "$status" != ok ]; then
+      FAILED+=("$suite/$t")
+      # What failed, where CI's output shows it: each panic with the assertion's lines.
+      grep -A8 -E 'panicked at' "$out/$t.log" 2>/dev/null | grep -v -E '^ +[0-9]+: |^ +at ' |
+        head -n 80 | sed 's/^/    | /' || true
+    fi
   done
   if ((BENCH)); then
     brc=$(cat "$out/bench.rc" 2>/dev/null || echo none)

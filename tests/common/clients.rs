@@ -101,7 +101,11 @@ pub fn parse_peer(text: &str) -> Result<IpAddr, String> {
 /// Asks the TCP who-am-i server at `addr` which source address it sees, from inside `ns`.
 pub fn tcp_whoami(ns: &Netns, addr: SocketAddr) -> Result<IpAddr, Outcome> {
     // Every caller expects the answer: its wait is a bound, stretched under emulation.
-    let wait = super::deadline(IO_TIMEOUT);
+    tcp_whoami_within(ns, addr, super::deadline(IO_TIMEOUT))
+}
+
+/// [`tcp_whoami`] with `wait` bounding the connect, the write and the read.
+pub fn tcp_whoami_within(ns: &Netns, addr: SocketAddr, wait: Duration) -> Result<IpAddr, Outcome> {
     in_netns(ns, move || {
         let go = || -> io::Result<String> {
             let mut s = TcpStream::connect_timeout(&addr, wait)?;

@@ -158,6 +158,14 @@ impl Harness {
         ns
     }
 
+    /// The namespaces this harness created and has not deleted yet (a failing test's dump).
+    pub fn netns_list(&self) -> Vec<Netns> {
+        lock(&self.netns)
+            .iter()
+            .map(|name| Netns { name: name.clone() })
+            .collect()
+    }
+
     /// Deletes a namespace this harness created (before the end of the test).
     pub fn delete_netns(&self, ns: &Netns) {
         let mut list = lock(&self.netns);

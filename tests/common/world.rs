@@ -308,6 +308,29 @@ impl World {
             "==== node: ip -6 route ====\n{}",
             sh(&self.node, &["ip", "-6", "route"])
         );
+        eprintln!(
+            "==== node: conntrack -L ====\n{}",
+            sh(&self.node, &["conntrack", "-L"])
+        );
+        // Every namespace of the test (pods, servers): what it holds and what it resolved.
+        for ns in self.h.netns_list() {
+            if ns.name == self.node.name {
+                eprintln!(
+                    "==== {}: ip neigh ====\n{}",
+                    ns.name,
+                    sh(&ns, &["ip", "neigh"])
+                );
+                continue;
+            }
+            eprintln!(
+                "==== {} ====\n{}{}{}{}",
+                ns.name,
+                sh(&ns, &["ip", "-br", "addr"]),
+                sh(&ns, &["ip", "route"]),
+                sh(&ns, &["ip", "-6", "route"]),
+                sh(&ns, &["ip", "neigh"])
+            );
+        }
         if let Ok(entries) = fs::read_dir(self.dir()) {
             for e in entries.flatten() {
                 let p = e.path();
