@@ -50,8 +50,23 @@ pub(crate) fn record(owner: OwnerKey, network: &str, container_id: &str, ifname:
         .unwrap_or_default()
         .to_string_lossy()
         .into_owned();
-    let r = std::fs::create_dir_all(&d)
-        .and_then(|()| std::fs::write(d.join(owner.hex()), format!("{name}\n")));
+    // A restore or another DEL removes the directory when it finds it empty: between our
+    // create and our write it may have, so the write is tried again (a bounded number of times).
+    // Written whole under a temporary name, then renamed: a DEL pruning beside it never reads
+    // a tombstone half written (empty, which it would take for one whose entry is gone).
+    let write = || {
+        let tmp = d.join(format!(".{}.new", owner.hex()));
+        std::fs::create_dir_all(&d)
+            .and_then(|()| std::fs::write(&tmp, format!("{name}\n")))
+            .and_then(|()| std::fs::rename(&tmp, d.join(owner.hex())))
+    };
+    let mut r = write();
+    for _ in 0..3 {
+        match &r {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => r = write(),
+            _ => break,
+        }
+    }
     if let Err(e) = r {
         crate::warn!(
             "cannot record the DEL of {} in {} ({e}): a restore from the runtime's cache before \
@@ -110,6 +125,19 @@ fn prune_gone() {
         return;
     };
     for e in rd.flatten() {
+        // Another DEL's tombstone being written; one a killed DEL left goes after a minute.
+        if e.file_name().to_string_lossy().starts_with('.') {
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > std::time::Duration::from_secs(60));
+            if stale {
+                let _ = std::fs::remove_file(e.path());
+            }
+            continue;
+        }
         let Ok(text) = std::fs::read_to_string(e.path()) else {
             continue;
         };

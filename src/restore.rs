@@ -16,8 +16,9 @@
 //! the network's allow set, so the fail-closed reject of metadata traffic from the pod networks
 //! lets them through); their metadata traffic is not intercepted and their flows are left alone.
 //! For the other adopted pods, [`run`] then deletes the conntrack entries of their TCP flows to
-//! the metadata addresses that bypassed the DNAT: those are the flows opened before the rules
-//! existed. That costs one kernel walk per metadata address, however many pods there are.
+//! the metadata addresses that bypassed the DNAT to the network's proxy: the flows opened before
+//! the rules existed, and flows DNATed elsewhere (another component's DNAT, or a proxy the
+//! network no longer has, as after a change to `deny`). That costs one kernel walk per metadata address, however many pods there are.
 //! Reconcile installs the same entries and touches no flow. Both are idempotent and report one
 //! entry per attachment. [`repair`] is reconcile in one batch, for `install --watch`'s
 //! self-repair; [`place_guard`] is the same batch with the node-wide guard planned from
@@ -28,7 +29,7 @@ use crate::config::{self, Config, MetadataMode};
 use crate::error::{Error, Result};
 use crate::kernel::podside::Unseen;
 use crate::kernel::Kernel;
-use crate::plan::OwnerKey;
+use crate::plan::{Elem, OwnerKey, SetKind};
 use crate::prepare::{prepare_pod, Identity, Prepared};
 use crate::store::{self, Store};
 use serde_json::Value;
@@ -540,9 +541,9 @@ pub fn run(opts: &Options) -> Result<Report> {
     let files = cache_files(&opts.cache_dir)?;
     let deleted = crate::deleted::read();
     let mut cached = HashSet::new();
-    let mut installed: Vec<(String, OwnerKey)> = Vec::new();
-    // Metadata flows to delete: (sources, destinations, ports), per network config.
-    let mut flows: Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)> = Vec::new();
+    let mut installed: Vec<Installed> = Vec::new();
+    // Metadata flows to delete, per network config.
+    let mut flows: Vec<Bypassed> = Vec::new();
     for path in files {
         let file = path
             .file_name()
@@ -570,15 +571,19 @@ pub fn run(opts: &Options) -> Result<Report> {
             adopt_entry(&mut store, &entry, &networks, &mut flows)
         };
         if matches!(outcome, Outcome::Adopted { .. }) {
-            installed.push((entry.network.clone(), owner));
+            installed.push(Installed {
+                network: entry.network.clone(),
+                owner,
+                cache_file: path.clone(),
+            });
         }
         report.entries.push(entry_of(file, entry, outcome));
     }
     take_back_deleted(&mut store, &installed, &deleted);
     crate::deleted::prune(&cached);
     if !opts.reconcile {
-        for (srcs, dsts, ports) in flows {
-            match store.flush_undnatted(&srcs, &dsts, &ports, ct_path) {
+        for f in flows {
+            match store.flush_bypassed(&f.srcs, &f.dsts, &f.ports, &f.proxies, ct_path) {
                 Ok(r) => report.conntrack_deleted += r.deleted,
                 Err(e) => report.conntrack_error = Some(e.to_string()),
             }
@@ -689,11 +694,21 @@ fn prepare_entry(
     Ok((p, exempt))
 }
 
+/// An adopted pod's metadata flows that bypassed natguard's DNAT: TCP from `srcs` to `dsts` on
+/// `ports`, not DNATed to one of `proxies` (the network's proxy addresses and port; none where
+/// no endpoint is proxied).
+struct Bypassed {
+    srcs: Vec<IpAddr>,
+    dsts: Vec<IpAddr>,
+    ports: Vec<u16>,
+    proxies: Vec<(IpAddr, u16)>,
+}
+
 fn adopt_entry<K: Kernel>(
     store: &mut Store<K>,
     entry: &CacheEntry,
     networks: &Networks,
-    flows: &mut Vec<(Vec<IpAddr>, Vec<IpAddr>, Vec<u16>)>,
+    flows: &mut Vec<Bypassed>,
 ) -> Outcome {
     let (p, exempt) = match prepare_entry(entry, networks) {
         Ok(x) => x,
@@ -706,11 +721,25 @@ fn adopt_entry<K: Kernel>(
     }
     let cfg = &networks.configs[&entry.network];
     if exempt.is_none() && cfg.metadata.mode != MetadataMode::Off {
-        flows.push((
-            p.addrs.clone(),
-            cfg.metadata.addresses.clone(),
-            cfg.metadata.ports.clone(),
-        ));
+        // The network's proxy targets as its plan installs them (empty in `deny` mode): a
+        // flow DNATed there is the pod talking to the proxy; any other is deleted.
+        let proxies = p
+            .shared
+            .sets
+            .iter()
+            .filter(|s| matches!(s.kind, SetKind::Pxy(_)))
+            .flat_map(|s| s.elements.iter().flatten())
+            .filter_map(|e| match e {
+                Elem::AddrPort(a, port) => Some((*a, *port)),
+                _ => None,
+            })
+            .collect();
+        flows.push(Bypassed {
+            srcs: p.addrs.clone(),
+            dsts: cfg.metadata.addresses.clone(),
+            ports: cfg.metadata.ports.clone(),
+            proxies,
+        });
     }
     Outcome::Adopted {
         addrs: p.addrs,
@@ -718,20 +747,33 @@ fn adopt_entry<K: Kernel>(
     }
 }
 
+/// An attachment a restore installed, and the cache file it was read from.
+struct Installed {
+    network: String,
+    owner: OwnerKey,
+    cache_file: PathBuf,
+}
+
 /// Removes again what a restore installed for attachments whose DEL ran meanwhile: DEL writes
 /// its tombstone before it removes the entries, so an attachment tombstoned now that was not
 /// when the restore was planned may have had its DEL's removal before the restore's install.
+/// Its tombstone may be gone already: the runtime removes the cache file once every plugin's
+/// DEL has run, and the next DEL or restore then prunes the tombstone, all within a slow
+/// restore's planning. So an attachment whose cache file is gone is removed again too: its
+/// DEL has run to the end.
 fn take_back_deleted<K: Kernel>(
     store: &mut Store<K>,
-    installed: &[(String, OwnerKey)],
+    installed: &[Installed],
     before: &HashSet<OwnerKey>,
 ) {
     if installed.is_empty() {
         return;
     }
     let now = crate::deleted::read();
-    for (network, owner) in installed {
-        if now.contains(owner) && !before.contains(owner) {
+    for i in installed {
+        let (network, owner) = (&i.network, &i.owner);
+        let tombstoned = now.contains(owner) && !before.contains(owner);
+        if tombstoned || !i.cache_file.exists() {
             let names = crate::plan::NetNames::new(network);
             match store.remove_pod(&names, *owner, &mut Vec::new()) {
                 Ok(_) => crate::info!(
@@ -818,6 +860,8 @@ pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
         ..Repair::default()
     };
     let mut prepared: Vec<Prepared> = Vec::new();
+    // The cache file of each of `prepared`, in the same order.
+    let mut files: Vec<PathBuf> = Vec::new();
     let deleted = crate::deleted::read();
     let mut cached = HashSet::new();
     for path in cache_files(&opts.cache_dir)? {
@@ -833,6 +877,7 @@ pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
             cached.insert(m.owner);
             if !deleted.contains(&m.owner) {
                 prepared.push(m.prepared.clone());
+                files.push(path.clone());
             }
             continue;
         }
@@ -881,7 +926,8 @@ pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
                         },
                     );
                 }
-                prepared.push(p)
+                prepared.push(p);
+                files.push(path.clone());
             }
             Err(Outcome::Failed { reason }) => out.failed.push(format!(
                 "{} {} {}: {reason}",
@@ -925,9 +971,14 @@ pub fn repair_with(opts: &Options, memo: &mut Memo) -> Result<Repair> {
             }
         }
     }
-    let installed: Vec<(String, OwnerKey)> = prepared
+    let installed: Vec<Installed> = prepared
         .iter()
-        .map(|p| (p.shared.names.network.clone(), p.pod.owner))
+        .zip(files)
+        .map(|(p, cache_file)| Installed {
+            network: p.shared.names.network.clone(),
+            owner: p.pod.owner,
+            cache_file,
+        })
         .collect();
     take_back_deleted(&mut store, &installed, &deleted);
     Ok(out)

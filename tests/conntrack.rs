@@ -405,7 +405,7 @@ fn auto_path_flushes_and_empty_input_does_nothing() {
 }
 
 #[test]
-fn undnatted_flows_to_metadata_are_deleted_and_dnated_ones_stay() {
+fn metadata_flows_that_bypassed_the_proxy_are_deleted_and_proxied_ones_stay() {
     let (_h, ns) = namespace("adopt");
     in_netns(&ns, || {
         let (a, b, c) = ("10.1.0.11", "10.1.0.12", "10.1.0.13");
@@ -417,16 +417,24 @@ fn undnatted_flows_to_metadata_are_deleted_and_dnated_ones_stay() {
             plain(TCP, a, meta4, 41001, 80),
             plain(TCP, b, meta4, 41000, 80),
             plain(TCP, a6, meta6, 41000, 80),
+            // DNATed, but not to the proxy: another component's DNAT, or a proxy port the
+            // network no longer has.
+            dnat(TCP, a, meta4, 41100, 80, "10.1.0.99", 9999),
+            dnat(TCP, b, meta4, 41101, 80, "10.1.0.1", 8182),
+            dnat(TCP, a6, meta6, 41100, 80, "fd00:1::99", 9999),
         ];
         let on_8080 = plain(TCP, b, meta4, 41002, 8080);
-        let mut keep = vec![
-            // Went through the DNAT to the node-local proxy.
+        // Went through the DNAT to the node-local proxy: what `deny` deletes too.
+        let proxied = vec![
             dnat(TCP, a, meta4, 42000, 80, "10.1.0.1", 8181),
             dnat(TCP, b, meta4, 42000, 80, "10.1.0.1", 8181),
             dnat(TCP, a6, meta6, 42000, 80, "fd00:1::1", 8181),
-            // Sources that are not being adopted.
+        ];
+        let mut keep = vec![
+            // Sources that are not being adopted, DNATed or not.
             plain(TCP, c, meta4, 43000, 80),
             plain(TCP, c6, meta6, 43000, 80),
+            dnat(TCP, c, meta4, 43001, 80, "10.1.0.99", 9999),
             // Other ports, protocols and destinations of the adopted pods.
             plain(TCP, a, meta4, 44000, 443),
             plain(UDP, a, meta4, 44001, 80),
@@ -438,23 +446,31 @@ fn undnatted_flows_to_metadata_are_deleted_and_dnated_ones_stay() {
         keep.extend(background(1000));
         create(&bypassed);
         create(&[on_8080]);
+        create(&proxied);
         create(&keep);
         let srcs = [ip(a), ip(b), ip(a6)];
         let dsts = [ip(meta4), ip(meta6)];
+        let proxies = [(ip("10.1.0.1"), 8181), (ip("fd00:1::1"), 8181)];
 
-        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[80]).unwrap();
+        let r = conntrack::flush_bypassed_flows(&srcs, &dsts, &[80], &proxies).unwrap();
         assert_eq!(r.deleted, bypassed.len() as u64, "{r:?}");
         // One walk for the IPv4 destination, one for all IPv6 destinations.
         assert_eq!(r.walks, 2, "{r:?}");
         // Several ports: the port is matched in userspace, still one walk per destination.
-        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[80, 8080]).unwrap();
+        let r = conntrack::flush_bypassed_flows(&srcs, &dsts, &[80, 8080], &proxies).unwrap();
         assert_eq!((r.deleted, r.walks), (1, 2), "{r:?}");
         // Nothing left to do; empty lists match nothing.
-        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[80, 8080]).unwrap();
+        let r = conntrack::flush_bypassed_flows(&srcs, &dsts, &[80, 8080], &proxies).unwrap();
         assert_eq!(r.deleted, 0, "{r:?}");
-        let r = conntrack::flush_undnatted_flows(&srcs, &dsts, &[]).unwrap();
+        let r = conntrack::flush_bypassed_flows(&srcs, &dsts, &[], &proxies).unwrap();
         assert_eq!((r.deleted, r.walks), (0, 0), "{r:?}");
+        let mut want: BTreeSet<Flow> = keep.iter().copied().collect();
+        want.extend(proxied.iter().copied());
+        assert_eq!(dump(), want);
 
+        // `deny`: no proxy, so the proxied flows bypass it too.
+        let r = conntrack::flush_bypassed_flows(&srcs, &dsts, &[80], &[]).unwrap();
+        assert_eq!(r.deleted, proxied.len() as u64, "{r:?}");
         let want: BTreeSet<Flow> = keep.iter().copied().collect();
         assert_eq!(dump(), want);
     });

@@ -421,6 +421,29 @@ fn an_exempt_pods_veth_chain_deleted_by_someone_else_is_put_back() {
     });
 }
 
+/// Waits until every thread of process `pid` is stopped: kill(2) returns before a SIGSTOP
+/// takes effect, and a thread woken from its read by the signal still takes what has arrived
+/// before it stops.
+fn wait_stopped(pid: u32) {
+    let stopped = |stat: &str| stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)) == Some("T");
+    let end = Instant::now() + RESTORE_DEADLINE;
+    loop {
+        let tasks: Vec<String> = fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .flatten()
+            .map(|t| fs::read_to_string(t.path().join("stat")).unwrap_or_default())
+            .collect();
+        if !tasks.is_empty() && tasks.iter().all(|t| stopped(t)) {
+            return;
+        }
+        assert!(
+            Instant::now() < end,
+            "the watcher (pid {pid}) did not stop within {RESTORE_DEADLINE:?}: {tasks:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 /// A receive buffer too small for a flush's notifications: the kernel drops them and the next
 /// read fails with ENOBUFS. The watcher cannot know what it missed, so it checks everything:
 /// the flush is repaired, the watcher lives on, and someone else's storm (which overflows the
@@ -454,6 +477,7 @@ fn lost_notifications_lead_to_a_full_check_not_a_crash() {
         assert!(st.success(), "kill {sig} {}", watcher.pid());
     };
     signal("-STOP");
+    wait_stopped(watcher.pid());
     w.node.run(&["nft", "flush", "ruleset"]);
     signal("-CONT");
     watcher.wait_until("the repair after lost notifications", || {

@@ -301,11 +301,12 @@ impl Kernel for Fake {
             path: "fake",
         })
     }
-    fn flush_undnatted(
+    fn flush_bypassed(
         &mut self,
         srcs: &[IpAddr],
         _dsts: &[IpAddr],
         _dports: &[u16],
+        _proxies: &[(IpAddr, u16)],
         _path: Path,
     ) -> Result<FlushReport> {
         self.flushed.push(srcs.to_vec());

@@ -147,12 +147,14 @@ pub(crate) trait Kernel {
         path: conntrack::Path,
         scope: &conntrack::Scope,
     ) -> Result<FlushReport>;
-    /// Deletes the TCP flows from `srcs` to `dsts`:`dports` that were not destination-NATed.
-    fn flush_undnatted(
+    /// Deletes the TCP flows from `srcs` to `dsts`:`dports` that were not destination-NATed
+    /// to one of `proxies` ([`conntrack::flush_bypassed_flows`]).
+    fn flush_bypassed(
         &mut self,
         srcs: &[IpAddr],
         dsts: &[IpAddr],
         dports: &[u16],
+        proxies: &[(IpAddr, u16)],
         path: conntrack::Path,
     ) -> Result<FlushReport>;
 }
@@ -355,14 +357,15 @@ impl Kernel for Netfilter {
     ) -> Result<FlushReport> {
         conntrack::flush_scoped_on(&mut self.sock, addrs, path, scope)
     }
-    fn flush_undnatted(
+    fn flush_bypassed(
         &mut self,
         srcs: &[IpAddr],
         dsts: &[IpAddr],
         dports: &[u16],
+        proxies: &[(IpAddr, u16)],
         path: conntrack::Path,
     ) -> Result<FlushReport> {
-        conntrack::flush_undnatted_flows_with(&mut self.sock, srcs, dsts, dports, path)
+        conntrack::flush_bypassed_flows_with(&mut self.sock, srcs, dsts, dports, proxies, path)
     }
 }
 

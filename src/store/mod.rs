@@ -668,15 +668,16 @@ impl<K: Kernel> Store<K> {
         Ok(bits)
     }
 
-    /// Deletes metadata flows from `srcs` that bypassed the DNAT.
-    pub fn flush_undnatted(
+    /// Deletes metadata flows from `srcs` that bypassed the DNAT to one of `proxies`.
+    pub fn flush_bypassed(
         &mut self,
         srcs: &[IpAddr],
         dsts: &[IpAddr],
         dports: &[u16],
+        proxies: &[(IpAddr, u16)],
         path: Path,
     ) -> Result<FlushReport> {
-        self.k.flush_undnatted(srcs, dsts, dports, path)
+        self.k.flush_bypassed(srcs, dsts, dports, proxies, path)
     }
 }
 

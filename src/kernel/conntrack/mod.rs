@@ -6,8 +6,8 @@
 //!
 //! * [`flush_addresses`]: every entry whose ORIGINAL source or REPLY source is one of the
 //!   addresses (the pod talking out, and anyone talking to the pod, DNATed or not).
-//! * [`flush_undnatted_flows`]: TCP flows from the pods to the metadata addresses that did not go
-//!   through the DNAT (reply source == original destination), for `adopt`.
+//! * [`flush_bypassed_flows`]: TCP flows from the pods to the metadata addresses that did not go
+//!   through natguard's DNAT to its proxy (not DNATed, or DNATed elsewhere), for `adopt`.
 //!
 //! A flush of addresses can be scoped ([`Scope`], [`flush_scoped_on`]) by the conntrack label
 //! bit each network sets on the connections entering on its pods' host sides, so that a network
@@ -465,39 +465,51 @@ pub fn flush_scoped_on(
 }
 
 /// Deletes the conntrack entries of TCP flows from any of `srcs` to any of `dsts` on a port in
-/// `dports` that did not go through a DNAT (reply source address and port equal the original
-/// destination). One kernel walk per IPv4 destination and one for all IPv6 destinations,
-/// whatever the number of sources. An empty list matches nothing.
+/// `dports` that did not go through natguard's DNAT to one of `proxies` (the network's proxy
+/// addresses and port, none in `deny` mode): flows that were not DNATed (reply source address
+/// and port equal the original destination), and flows DNATed anywhere else (another
+/// component's DNAT, or a proxy that is no longer the network's). A flow DNATed to a proxy is
+/// the pod talking to it and stays. One kernel walk per IPv4 destination and one for all IPv6
+/// destinations, whatever the number of sources. An empty list matches nothing.
+///
+/// Such a flow cannot be left to the guard's reject: the guard judges it after the DNAT, and
+/// where the bridge hands frames to netfilter (`br_netfilter`, on every Kubernetes node) the
+/// kernel sends the reset straight out of the pod's port without undoing the DNAT, from the
+/// address the pod never dialled, so the pod ignores it and waits out its own timeout. Deleted,
+/// the flow's next packet is judged before any DNAT and reset from the address the pod dialled.
 ///
 /// There is no filtered delete for this: the sources are a set, which a kernel filter cannot
 /// express, so it is a filtered dump (destination, TCP, not DNATed) and the match on sources
 /// and ports happens here.
-pub fn flush_undnatted_flows(
+pub fn flush_bypassed_flows(
     srcs: &[IpAddr],
     dsts: &[IpAddr],
     dports: &[u16],
+    proxies: &[(IpAddr, u16)],
 ) -> Result<FlushReport> {
     let mut sock = NfSocket::open().map_err(|e| e.context("conntrack"))?;
-    flush_undnatted_flows_on(&mut sock, srcs, dsts, dports)
+    flush_bypassed_flows_on(&mut sock, srcs, dsts, dports, proxies)
 }
 
-/// [`flush_undnatted_flows`] on a netfilter socket the caller already has.
-pub fn flush_undnatted_flows_on(
+/// [`flush_bypassed_flows`] on a netfilter socket the caller already has.
+pub fn flush_bypassed_flows_on(
     sock: &mut NfSocket,
     srcs: &[IpAddr],
     dsts: &[IpAddr],
     dports: &[u16],
+    proxies: &[(IpAddr, u16)],
 ) -> Result<FlushReport> {
-    flush_undnatted_flows_with(sock, srcs, dsts, dports, Path::Auto)
+    flush_bypassed_flows_with(sock, srcs, dsts, dports, proxies, Path::Auto)
 }
 
-/// [`flush_undnatted_flows_on`] along a chosen path: [`Path::FullDump`] makes it one unfiltered
+/// [`flush_bypassed_flows_on`] along a chosen path: [`Path::FullDump`] makes it one unfiltered
 /// dump; any other path is a filtered dump (there is no filtered delete for this).
-pub fn flush_undnatted_flows_with(
+pub fn flush_bypassed_flows_with(
     sock: &mut NfSocket,
     srcs: &[IpAddr],
     dsts: &[IpAddr],
     dports: &[u16],
+    proxies: &[(IpAddr, u16)],
     path: Path,
 ) -> Result<FlushReport> {
     let refused = Refused::default();
@@ -524,19 +536,21 @@ pub fn flush_undnatted_flows_with(
     let mut wants: Vec<Want> = dsts
         .iter()
         .filter(|d| d.is_ipv4() && has_src(false))
-        .map(|d| Want::Undnatted {
+        .map(|d| Want::Bypassed {
             family: AF_INET,
             dsts: std::slice::from_ref(d),
             srcs: &srcs,
             dports: &dports,
+            proxies,
         })
         .collect();
     if !dsts6.is_empty() {
-        wants.push(Want::Undnatted {
+        wants.push(Want::Bypassed {
             family: AF_INET6,
             dsts: &dsts6,
             srcs: &srcs,
             dports: &dports,
+            proxies,
         });
     }
     if wants.is_empty() || dports.is_empty() {
@@ -606,13 +620,15 @@ enum Want<'a> {
     /// IPv6 entries whose original or reply source is one of `addrs`. The kernel only narrows
     /// to the IPv6 family: its IPv6 address match is inverted (see the module documentation).
     Sources6 { addrs: &'a [IpAddr] },
-    /// Not-DNATed TCP flows of `family` from one of `srcs` to one of `dsts` on one of `dports`.
-    /// The kernel matches the destination only for a single IPv4 one.
-    Undnatted {
+    /// TCP flows of `family` from one of `srcs` to one of `dsts` on one of `dports` whose
+    /// reply does not come from one of `proxies` (not DNATed, or DNATed elsewhere). The kernel
+    /// matches the destination only for a single IPv4 one.
+    Bypassed {
         family: u8,
         dsts: &'a [IpAddr],
         srcs: &'a [IpAddr],
         dports: &'a [u16],
+        proxies: &'a [(IpAddr, u16)],
     },
 }
 
@@ -621,7 +637,7 @@ impl Want<'_> {
         match *self {
             Want::Source4 { .. } => AF_INET,
             Want::Source6 { .. } | Want::Sources6 { .. } => AF_INET6,
-            Want::Undnatted { family, .. } => family,
+            Want::Bypassed { family, .. } => family,
         }
     }
 
@@ -651,7 +667,7 @@ impl Want<'_> {
             }
             // The family in nfgenmsg is the whole filter.
             Want::Sources6 { .. } => {}
-            Want::Undnatted {
+            Want::Bypassed {
                 family,
                 dsts,
                 dports,
@@ -677,9 +693,8 @@ impl Want<'_> {
                 let f = b.nest_begin(CTA_FILTER);
                 b.attr(CTA_FILTER_ORIG_FLAGS, &flags.to_ne_bytes());
                 b.nest_end(f);
-                // status & IPS_DST_NAT == 0 (older kernels ignore it; checked here too).
-                b.attr_u32_be(CTA_STATUS, 0);
-                b.attr_u32_be(CTA_STATUS_MASK, IPS_DST_NAT);
+                // DNATed or not: a flow DNATed elsewhere than a proxy goes too, so no status
+                // match; the reply source is checked here.
             }
         }
     }
@@ -699,15 +714,21 @@ impl Want<'_> {
                 t.src == IpAddr::V6(addr)
             }
             Want::Sources6 { addrs } => addrs.contains(&e.orig.src) || addrs.contains(&e.reply.src),
-            Want::Undnatted {
-                dsts, srcs, dports, ..
+            Want::Bypassed {
+                dsts,
+                srcs,
+                dports,
+                proxies,
+                ..
             } => {
                 e.orig.proto == IPPROTO_TCP
                     && dsts.contains(&e.orig.dst)
                     && srcs.contains(&e.orig.src)
                     && e.orig.dport.is_some_and(|p| dports.contains(&p))
-                    && e.reply.src == e.orig.dst
-                    && e.reply.sport == e.orig.dport
+                    && !e
+                        .reply
+                        .sport
+                        .is_some_and(|p| proxies.contains(&(e.reply.src, p)))
             }
         }
     }

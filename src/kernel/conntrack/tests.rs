@@ -69,19 +69,33 @@ fn parses_and_matches_entries() {
     assert_eq!(plain.orig.dport, Some(80));
     let srcs = [pod];
     let dsts = [meta];
-    let undnatted = Want::Undnatted {
+    let proxies = [(proxy, 8181)];
+    let bypassed = Want::Bypassed {
         family: AF_INET,
         dsts: &dsts,
         srcs: &srcs,
         dports: &[80],
+        proxies: &proxies,
     };
-    assert!(undnatted.matches(&plain));
-    assert!(!undnatted.matches(&dnat));
-    let other_port = Want::Undnatted {
+    assert!(bypassed.matches(&plain));
+    assert!(!bypassed.matches(&dnat));
+    // DNATed to the same address on another port, or with no proxy at all (`deny`): bypassed.
+    for other in [&[(proxy, 8182)][..], &[]] {
+        let elsewhere = Want::Bypassed {
+            family: AF_INET,
+            dsts: &dsts,
+            srcs: &srcs,
+            dports: &[80],
+            proxies: other,
+        };
+        assert!(elsewhere.matches(&plain) && elsewhere.matches(&dnat));
+    }
+    let other_port = Want::Bypassed {
         family: AF_INET,
         dsts: &dsts,
         srcs: &srcs,
         dports: &[443],
+        proxies: &proxies,
     };
     assert!(!other_port.matches(&plain));
     let by_reply = Want::Source4 {
@@ -152,11 +166,12 @@ fn filters_name_no_full_tuple_and_no_ipv6_address() {
     let v6 = ["fd00::5".parse().unwrap()];
     assert!(tuple_ips(&filter_of(Want::Sources6 { addrs: &v6 })).is_empty());
     let srcs = ["fd00::7".parse().unwrap()];
-    let six = Want::Undnatted {
+    let six = Want::Bypassed {
         family: AF_INET6,
         dsts: &v6,
         srcs: &srcs,
         dports: &[80],
+        proxies: &[],
     };
     assert!(tuple_ips(&filter_of(six)).is_empty());
 }
