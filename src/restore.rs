@@ -18,7 +18,9 @@
 //! For the other adopted pods, [`run`] then deletes the conntrack entries of their TCP flows to
 //! the metadata addresses that bypassed the DNAT to the network's proxy: the flows opened before
 //! the rules existed, and flows DNATed elsewhere (another component's DNAT, or a proxy the
-//! network no longer has, as after a change to `deny`). That costs one kernel walk per metadata address, however many pods there are.
+//! network no longer has, as after a change to `deny`); other networks' pods with the same
+//! addresses keep theirs. That costs one kernel walk per metadata address, however many pods
+//! there are.
 //! Reconcile installs the same entries and touches no flow. Both are idempotent and report one
 //! entry per attachment. [`repair`] is reconcile in one batch, for `install --watch`'s
 //! self-repair; [`place_guard`] is the same batch with the node-wide guard planned from
@@ -583,7 +585,7 @@ pub fn run(opts: &Options) -> Result<Report> {
     crate::deleted::prune(&cached);
     if !opts.reconcile {
         for f in flows {
-            match store.flush_bypassed(&f.srcs, &f.dsts, &f.ports, &f.proxies, ct_path) {
+            match store.flush_bypassed(&f.srcs, &f.dsts, &f.ports, &f.proxies, ct_path, &f.scope) {
                 Ok(r) => report.conntrack_deleted += r.deleted,
                 Err(e) => report.conntrack_error = Some(e.to_string()),
             }
@@ -702,6 +704,8 @@ struct Bypassed {
     dsts: Vec<IpAddr>,
     ports: Vec<u16>,
     proxies: Vec<(IpAddr, u16)>,
+    /// Other networks' pods with the same addresses keep their flows.
+    scope: crate::kernel::conntrack::Scope,
 }
 
 fn adopt_entry<K: Kernel>(
@@ -734,7 +738,9 @@ fn adopt_entry<K: Kernel>(
                 _ => None,
             })
             .collect();
+        let scope = store.add_scope(&p.shared.names, cfg, &p.addrs);
         flows.push(Bypassed {
+            scope,
             srcs: p.addrs.clone(),
             dsts: cfg.metadata.addresses.clone(),
             ports: cfg.metadata.ports.clone(),

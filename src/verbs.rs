@@ -157,7 +157,7 @@ fn cmd_add(env: &Env, conf: &NetConf, ct_path: Path) -> Result<Value> {
             .join(",")
     );
     if cfg.conntrack.flush_on_add && !p.addrs.is_empty() {
-        let scope = add_scope(&mut store, &p.shared.names, cfg, &p.addrs);
+        let scope = store.add_scope(&p.shared.names, cfg, &p.addrs);
         flush_conntrack(&mut store, &p.addrs, ct_path, &scope, "ADD");
     }
     if converged == store::Converged::Yes {
@@ -191,35 +191,6 @@ fn restore_cached_pods(network: &str, cfg: &Config) {
     }
 }
 
-/// The conntrack label bit a network's connections carry: masquerading networks label what
-/// enters on their pods' host sides (see [`NetNames::label_bit`]); others label nothing.
-fn own_label(names: &NetNames, cfg: &Config) -> Option<u8> {
-    cfg.masquerade.enabled.then(|| names.label_bit())
-}
-
-/// Which of the pod's addresses' entries its ADD deletes: all of them (flushOnAdd: no flow
-/// from before the pod's rules survives into its life), except the flows of other networks'
-/// live attachments that hold one of the addresses (overlapping ranges), which carry their own
-/// network's label bit. When the table is empty, or the other networks cannot be read, every
-/// entry goes, as before scopes existed.
-fn add_scope<K: Kernel>(
-    store: &mut Store<K>,
-    names: &NetNames,
-    cfg: &Config,
-    addrs: &[IpAddr],
-) -> Scope {
-    if matches!(store.conntrack_entries(), Ok(0)) {
-        return Scope::All;
-    }
-    match store.label_holders(names, addrs) {
-        Ok(keep) => Scope::add(own_label(names, cfg), &keep),
-        Err(e) => {
-            warn!("cannot read which other networks hold the pod's addresses, so none of their flows are kept: {e}");
-            Scope::All
-        }
-    }
-}
-
 /// Which of the deleted pod's addresses' entries its DEL deletes. Where another network's live
 /// attachment holds one of the addresses (overlapping ranges), only this network's flows (its
 /// label bit; a network that labels nothing: the unlabelled ones, never a labelling network's),
@@ -236,7 +207,7 @@ fn del_scope<K: Kernel>(
     if matches!(store.conntrack_entries(), Ok(0)) {
         return Scope::All;
     }
-    let own = own_label(names, cfg).map_or(Scope::Unlabelled, Scope::Own);
+    let own = store::own_label(names, cfg).map_or(Scope::Unlabelled, Scope::Own);
     match store.label_holders(names, addrs) {
         Ok(holders) if holders.is_empty() => Scope::All,
         Ok(_) => own,

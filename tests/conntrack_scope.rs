@@ -38,16 +38,22 @@ fn bridge_entry(w: &World, name: &str, bridge: &str, v4: Value, v6: Value) -> Va
 /// address per family, so each network's pod gets 10.252.0.10 and fd00:252::10. Both are
 /// default natguard networks (they masquerade, so their connections carry their label bit).
 fn overlapping(w: &World) -> (Chain, Chain) {
-    let net = |name: &str, bridge: &str| {
-        let v4 = json!({ "subnet": "10.252.0.0/24", "rangeStart": "10.252.0.10", "rangeEnd": "10.252.0.10", "gateway": "10.252.0.1" });
-        let v6 = json!({ "subnet": "fd00:252::/64", "rangeStart": "fd00:252::10", "rangeEnd": "fd00:252::10", "gateway": "fd00:252::1" });
-        w.chain(json!({
-            "cniVersion": "1.1.0",
-            "name": name,
-            "plugins": [bridge_entry(w, name, bridge, v4, v6), w.natguard(json!({ "logLevel": "info" }))]
-        }))
-    };
-    (net("cta", "ctbra"), net("ctb", "ctbrb"))
+    let info = json!({ "logLevel": "info" });
+    (
+        overlapping_net(w, "cta", "ctbra", &info),
+        overlapping_net(w, "ctb", "ctbrb", &info),
+    )
+}
+
+/// One of [`overlapping`]'s networks, with `natguard` as its natguard entry's settings.
+fn overlapping_net(w: &World, name: &str, bridge: &str, natguard: &Value) -> Chain {
+    let v4 = json!({ "subnet": "10.252.0.0/24", "rangeStart": "10.252.0.10", "rangeEnd": "10.252.0.10", "gateway": "10.252.0.1" });
+    let v6 = json!({ "subnet": "fd00:252::/64", "rangeStart": "fd00:252::10", "rangeEnd": "fd00:252::10", "gateway": "fd00:252::1" });
+    w.chain(json!({
+        "cniVersion": "1.1.0",
+        "name": name,
+        "plugins": [bridge_entry(w, name, bridge, v4, v6), w.natguard(natguard.clone())]
+    }))
 }
 
 fn log_len(w: &World) -> usize {
@@ -283,4 +289,67 @@ fn ip_reuse_across_networks_flushes_a_gone_pods_flows_at_add() {
         });
     }
     f.finish("IP reuse across networks");
+}
+
+/// Network B in `deny` mode has a pod with A's pod's addresses; B's adopt deletes the metadata
+/// flows of its pods that bypassed its proxy (it has none), and never A's pod's proxied
+/// connections, which carry A's label: they keep being answered by A's proxy. With loose
+/// pickup off (as on nodes that set `nf_conntrack_tcp_loose=0`), a deleted flow is not picked
+/// up again by its next packet: A's connection would be cut.
+#[test]
+fn another_networks_adopt_in_deny_keeps_the_proxied_connections_of_a_pod_with_the_same_addresses() {
+    let mut w = real_world("ct-adopt-deny");
+    w.use_keepalive_servers();
+    w.node.sysctl("net.netfilter.nf_conntrack_tcp_loose", "0");
+    let a = overlapping_net(&w, "cta", "ctbra", &json!({ "logLevel": "info" }));
+    let deny = json!({ "logLevel": "info", "metadata": { "mode": "deny" } });
+    let b = overlapping_net(&w, "ctb", "ctbrb", &deny);
+    let poda = w.add_pod(&a, "ctkeepa", "default");
+    let podb = w.add_pod(&b, "ctkeepb", "default");
+    assert_eq!(
+        (podb.v4, podb.v6),
+        (poda.v4, poda.v6),
+        "control: the same addresses"
+    );
+    let mut conns: Vec<KeepAlive> = [META4, META6]
+        .into_iter()
+        .map(|m| {
+            let mut c = KeepAlive::open(&poda.ns, sa(m, HTTP_PORT))
+                .unwrap_or_else(|e| panic!("control: connect to {m}: {e}"));
+            assert_eq!(c.get(), body("proxy"), "control: A's pod is proxied ({m})");
+            c
+        })
+        .collect();
+    assert_eq!(
+        http_get(&podb.ns, sa(META4, HTTP_PORT)),
+        Outcome::Refused,
+        "control: B denies"
+    );
+    // B's adopt, as the watcher runs it after a change of B's list.
+    let netd = w.dir().join("netd-ctb");
+    std::fs::create_dir_all(&netd).unwrap();
+    std::fs::write(netd.join("10-ctb.conflist"), b.list.to_string()).unwrap();
+    let cache = b.cache_path(&podb.att);
+    let out = common::run::Natguard::new()
+        .args(&[
+            std::ffi::OsStr::new("adopt"),
+            "--cache-dir".as_ref(),
+            cache.parent().unwrap().as_os_str(),
+            "--netconf-dir".as_ref(),
+            netd.as_os_str(),
+        ])
+        .run_in(&w.node);
+    assert_eq!(out.exit, Some(0), "{}\n{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("adopted  ctb"), "{}", out.stdout);
+    let mut f = Findings::new();
+    for c in conns.iter_mut() {
+        let got = c.get();
+        f.check(got == body("proxy"), || {
+            format!(
+                "after B's adopt, A's pod's proxied connection {} -> {} got {got:?}",
+                c.local, c.target
+            )
+        });
+    }
+    f.finish("another network's adopt");
 }

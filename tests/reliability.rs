@@ -591,24 +591,6 @@ fn a_configmap_change_converges_running_pods_both_ways_and_check_passes() {
     assert_eq!(metadata_of(&late), body("proxy"));
 }
 
-/// One request on a connection the pod keeps open (an SDK's keep-alive client): the body, or
-/// how the request failed.
-fn request_on(s: &mut std::net::TcpStream) -> Outcome {
-    use std::io::Write;
-    let sent =
-        s.write_all(b"GET / HTTP/1.1\r\nHost: 169.254.169.254\r\nConnection: keep-alive\r\n\r\n");
-    match sent.and_then(|_| read_response(s)) {
-        Ok(body) => Outcome::Body(body),
-        Err(e) => match e.kind() {
-            std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::ConnectionRefused => {
-                Outcome::Refused
-            }
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => Outcome::TimedOut,
-            _ => Outcome::Error(e.to_string()),
-        },
-    }
-}
-
 /// A proxied connection that a pod keeps open across a ConfigMap change to `deny` is reset at
 /// its next request: never answered by the real server, and never left waiting. The guard
 /// judges such a flow after its DNAT to the proxy, and where the bridge hands frames to
@@ -633,16 +615,11 @@ fn a_proxied_connection_kept_open_across_a_change_to_deny_is_reset_at_its_next_r
     let log = || watcher.log_text();
     let adopts = || log().matches("natguard adopt: done").count();
     wait_for("the first adopt", &log, || adopts() >= 1);
-    let wait = deadline(IO_TIMEOUT);
-    let mut kept = in_netns(&web.ns, move || {
-        let s = std::net::TcpStream::connect_timeout(&sa(META4, HTTP_PORT), wait).unwrap();
-        s.set_read_timeout(Some(wait)).unwrap();
-        s.set_write_timeout(Some(wait)).unwrap();
-        s
-    });
+    let mut kept = common::attack::KeepAlive::open(&web.ns, sa(META4, HTTP_PORT))
+        .unwrap_or_else(|e| panic!("control: connect to the metadata address: {e}"));
     // Control: the kept connection is proxied, and stays open between requests.
-    assert_eq!(request_on(&mut kept), body("proxy"));
-    assert_eq!(request_on(&mut kept), body("proxy"));
+    assert_eq!(kept.get(), body("proxy"));
+    assert_eq!(kept.get(), body("proxy"));
 
     set_config(&w, &natguard_entry(&deny));
     wait_for("the change's adopt", &log, || adopts() >= 2);
@@ -652,7 +629,7 @@ fn a_proxied_connection_kept_open_across_a_change_to_deny_is_reset_at_its_next_r
         Outcome::Refused,
         "a new connection after the change"
     );
-    let got = request_on(&mut kept);
+    let got = kept.get();
     assert_eq!(
         got,
         Outcome::Refused,

@@ -308,6 +308,7 @@ impl Kernel for Fake {
         _dports: &[u16],
         _proxies: &[(IpAddr, u16)],
         _path: Path,
+        _scope: &crate::kernel::conntrack::Scope,
     ) -> Result<FlushReport> {
         self.flushed.push(srcs.to_vec());
         Ok(FlushReport {

@@ -156,6 +156,7 @@ pub(crate) trait Kernel {
         dports: &[u16],
         proxies: &[(IpAddr, u16)],
         path: conntrack::Path,
+        scope: &conntrack::Scope,
     ) -> Result<FlushReport>;
 }
 
@@ -364,8 +365,17 @@ impl Kernel for Netfilter {
         dports: &[u16],
         proxies: &[(IpAddr, u16)],
         path: conntrack::Path,
+        scope: &conntrack::Scope,
     ) -> Result<FlushReport> {
-        conntrack::flush_bypassed_flows_with(&mut self.sock, srcs, dsts, dports, proxies, path)
+        conntrack::flush_bypassed_flows_with(
+            &mut self.sock,
+            srcs,
+            dsts,
+            dports,
+            proxies,
+            path,
+            scope,
+        )
     }
 }
 

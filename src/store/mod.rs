@@ -35,6 +35,7 @@ pub(crate) use proxied::ProxiedPod;
 mod verified;
 mod view;
 
+use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernel::conntrack::{FlushReport, Path, Scope};
 use crate::kernel::{Batch, Kernel, Op, SetRef};
@@ -611,6 +612,24 @@ impl<K: Kernel> Store<K> {
         self.k.flush_conntrack(addrs, path, scope)
     }
 
+    /// Which entries of `addrs` an ADD (or an adopt) of `names`' network deletes: all of them
+    /// (flushOnAdd: no flow from before the pod's rules survives into its life), except the
+    /// flows of other networks' live attachments that hold one of the addresses (overlapping
+    /// ranges), which carry their own network's label bit. When the table is empty, or the
+    /// other networks cannot be read, every entry goes, as before scopes existed.
+    pub fn add_scope(&mut self, names: &NetNames, cfg: &Config, addrs: &[IpAddr]) -> Scope {
+        if matches!(self.conntrack_entries(), Ok(0)) {
+            return Scope::All;
+        }
+        match self.label_holders(names, addrs) {
+            Ok(keep) => Scope::add(own_label(names, cfg), &keep),
+            Err(e) => {
+                crate::warn!("cannot read which other networks hold the pod's addresses, so none of their flows are kept: {e}");
+                Scope::All
+            }
+        }
+    }
+
     /// The conntrack label bits of the other labelling networks (those whose DNAT chain marks
     /// their connections, see [`NetNames::label_bit`]) that hold one of `addrs` in their
     /// masquerade sets, owned by an attachment whose network namespace exists: networks with a
@@ -676,9 +695,17 @@ impl<K: Kernel> Store<K> {
         dports: &[u16],
         proxies: &[(IpAddr, u16)],
         path: Path,
+        scope: &Scope,
     ) -> Result<FlushReport> {
-        self.k.flush_bypassed(srcs, dsts, dports, proxies, path)
+        self.k
+            .flush_bypassed(srcs, dsts, dports, proxies, path, scope)
     }
+}
+
+/// The conntrack label bit a network's connections carry: masquerading networks label what
+/// enters on their pods' host sides (see [`NetNames::label_bit`]); others label nothing.
+pub fn own_label(names: &NetNames, cfg: &Config) -> Option<u8> {
+    cfg.masquerade.enabled.then(|| names.label_bit())
 }
 
 /// natguard's tables as a converging batch finds them, read once per batch however many

@@ -478,9 +478,12 @@ pub fn flush_scoped_on(
 /// address the pod never dialled, so the pod ignores it and waits out its own timeout. Deleted,
 /// the flow's next packet is judged before any DNAT and reset from the address the pod dialled.
 ///
+/// `scope` keeps the flows of other networks' pods that hold the same addresses (their label
+/// bits), as an ADD's flush does ([`Scope::Except`]).
+///
 /// There is no filtered delete for this: the sources are a set, which a kernel filter cannot
-/// express, so it is a filtered dump (destination, TCP, not DNATed) and the match on sources
-/// and ports happens here.
+/// express, so it is a filtered dump (destination, TCP) and the match on sources, ports, the
+/// reply's source and the labels happens here.
 pub fn flush_bypassed_flows(
     srcs: &[IpAddr],
     dsts: &[IpAddr],
@@ -499,7 +502,7 @@ pub fn flush_bypassed_flows_on(
     dports: &[u16],
     proxies: &[(IpAddr, u16)],
 ) -> Result<FlushReport> {
-    flush_bypassed_flows_with(sock, srcs, dsts, dports, proxies, Path::Auto)
+    flush_bypassed_flows_with(sock, srcs, dsts, dports, proxies, Path::Auto, &Scope::All)
 }
 
 /// [`flush_bypassed_flows_on`] along a chosen path: [`Path::FullDump`] makes it one unfiltered
@@ -511,6 +514,7 @@ pub fn flush_bypassed_flows_with(
     dports: &[u16],
     proxies: &[(IpAddr, u16)],
     path: Path,
+    scope: &Scope,
 ) -> Result<FlushReport> {
     let refused = Refused::default();
     let srcs = normalize(srcs);
@@ -560,10 +564,10 @@ pub fn flush_bypassed_flows_with(
         return Ok(report);
     }
     let ran = if path == Path::FullDump {
-        full_dump_delete(sock, &wants, &mut report, &Scope::All)?;
+        full_dump_delete(sock, &wants, &mut report, scope)?;
         Ran::Full
     } else {
-        dump_delete(sock, &wants, &mut report, &refused, &Scope::All)?
+        dump_delete(sock, &wants, &mut report, &refused, scope)?
     };
     report.path = if ran == Ran::Full {
         PATH_FULL
