@@ -320,10 +320,12 @@ fn another_networks_adopt_in_deny_keeps_the_proxied_connections_of_a_pod_with_th
             c
         })
         .collect();
-    assert_eq!(
-        http_get(&podb.ns, sa(META4, HTTP_PORT)),
-        Outcome::Refused,
-        "control: B denies"
+    // Control: B denies (its reset may not reach it where the kernel routes the reset by
+    // address, to A's bridge: 5.10, 6.1 and 6.12; it never gets an answer).
+    let got = http_get(&podb.ns, sa(META4, HTTP_PORT));
+    assert!(
+        matches!(got, Outcome::Refused | Outcome::TimedOut),
+        "control: B denies: {got:?}"
     );
     // B's adopt, as the watcher runs it after a change of B's list.
     let netd = w.dir().join("netd-ctb");
